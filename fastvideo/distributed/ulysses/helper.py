@@ -1,0 +1,440 @@
+"""The Ulysses helper: collective agreement, the per-call vote, plans, fallbacks and "why".
+
+Nothing rank-local decides a collective. Construction agrees over a gloo group of the helper's own
+on capability and host identity, and enters each construction step only after every rank voted
+that the step before it succeeded. Every call then exchanges the 12-field contract
+(``contract.py``) and acts on the verdict every rank computes identically: run the agreed plan,
+decline together to the NCCL route, or raise the same error on every rank.
+
+    helper = UlyssesHelper(get_sp_group())           # collective
+    y = helper.all_to_all(x, mode=0)                  # collective, differentiable, host-blocking vote
+    helper.stats()                                    # counts, declines by reason, plans that ran
+    helper.destroy()                                  # collective
+
+A construction-time decline (no kernel, multi-host, not NVLink, ...) is itself agreed, so calls of a
+helper that declined at construction take the NCCL route without a vote. A vote that fails (timeout,
+dead peer) disposes the helper: its gloo group is unusable, and every later call raises.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import socket
+import statistics
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from fastvideo import envs
+from fastvideo.distributed.communication_op import nccl_route, validate_input
+from fastvideo.distributed.parallel_state import GroupCoordinator, get_sp_group
+from fastvideo.distributed.ulysses import contract
+from fastvideo.distributed.ulysses.contract import DeclineReason, Field, Phase, Verdict
+from fastvideo.distributed.ulysses.policy import (
+    MAX_CTAS,
+    MAX_WORLD_SIZE,
+    MIN_WORLD_SIZE,
+    TUNED_TABLE,
+    Geometry,
+    Plan,
+    TunedRow,
+    choose_plan,
+)
+from fastvideo.distributed.ulysses.transport import (
+    ENTRY_TUNED,
+    Capability,
+    ConstructionContext,
+    Transport,
+)
+from fastvideo.distributed.ulysses.vote import GlooVote, VoteTimeoutError
+
+logger = logging.getLogger(__name__)
+
+_GENERATIONS = itertools.count(1)
+
+
+class HelperDisposedError(RuntimeError):
+    """The helper was destroyed, or disposed itself after a failed vote; build a new one."""
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """What one call did, kept in ``helper.history`` so gates can assert the plans that actually ran."""
+
+    seq: int
+    phase: Phase
+    mode: int
+    route: str  # "fused" or "nccl"
+    plan: Plan | None
+    reason: DeclineReason | None
+    chunks: int
+
+
+def host_identity() -> tuple[str, str]:
+    """(hostname, boot id): the fused route needs every rank on one host, and LSA is not locality."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot_id = f.read().strip()
+    except OSError:
+        boot_id = ""
+    return socket.gethostname(), boot_id
+
+
+def _default_transport(device: torch.device) -> Transport | None:
+    if device.type != "cuda":
+        return None
+    from fastvideo.distributed.ulysses.native import NativeTransport
+
+    return NativeTransport()
+
+
+_TRANSPORT_FACTORY: Callable[[torch.device], Transport | None] = _default_transport
+
+
+class UlyssesHelper:
+    """Decides, identically on every SP rank, whether each call takes the fused route and how.
+
+    Construction and ``destroy()`` are collective over the SP group. ``all_to_all`` is collective
+    and blocks the host for the vote; it is not CUDA-graph-capturable on the fused route (capture
+    declines collectively to the NCCL route).
+    """
+
+    def __init__(
+        self,
+        sp: GroupCoordinator | None = None,
+        *,
+        transport: Transport | None = None,
+        window_bytes: int | None = None,
+        vote_timeout_s: float | None = None,
+        tuned_table: Sequence[TunedRow] = TUNED_TABLE,
+        gpu_name: str | None = None,
+        identity: Callable[[], tuple[str, str]] = host_identity,
+        history: int = 1024,
+    ) -> None:
+        self.sp = sp if sp is not None else get_sp_group()
+        self.world_size = self.sp.world_size
+        self.device = self.sp.device
+        self.generation = next(_GENERATIONS)
+        self.window_bytes = int(window_bytes if window_bytes is not None else envs.get("FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES"))
+        if self.window_bytes < 1:
+            raise ValueError(f"UlyssesHelper: window_bytes={self.window_bytes} must be positive.")
+        timeout = float(vote_timeout_s if vote_timeout_s is not None else envs.get("FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S"))
+        self.tuned_table = tuple(tuned_table)
+        if gpu_name is None:
+            gpu_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+        self.gpu_name = gpu_name
+        self.transport = transport if transport is not None else _TRANSPORT_FACTORY(self.device)
+        self.capability: Capability | None = None
+        self.construction_reason: DeclineReason | None = None
+        self.construction_detail = ""
+        self._seq = 0
+        self._destroyed = False
+        self._disposed_error: str | None = None
+        self._built = False
+        self._logged: set[DeclineReason] = set()
+        self._declines: Counter[DeclineReason] = Counter()
+        self._plans: Counter[str] = Counter()
+        self._calls = self._fused = self._raised = 0
+        self._vote_s: deque[float] = deque(maxlen=4096)
+        self.history: deque[CallRecord] = deque(maxlen=history)
+        self._vote = GlooVote(self.sp.ranks, timeout)
+        try:
+            self._construct(identity)
+        except VoteTimeoutError as exc:
+            self._dispose(str(exc))
+            raise
+
+    # ------------------------------------------------------------------ construction
+
+    def _construct(self, identity: Callable[[], tuple[str, str]]) -> None:
+        cap = self.transport.capability() if self.transport is not None else Capability("none", False, decline=DeclineReason.TRANSPORT_MISSING, detail="no transport for this device")
+        self.capability = cap
+        host, boot = identity()
+        info = (cap.agreement_key(), cap.decline, cap.detail, host, boot, self.window_bytes, self.gpu_name)
+        peers = self._vote.all_gather_object(info)
+        reason, detail = self._capability_verdict(peers)
+        if reason is None:
+            reason, detail = self._run_steps()
+        if reason is None:
+            reports = self._vote.all_gather_object(
+                (lambda r: (r.decline, r.detail))(self.transport.topology()) if self.transport else (None, "")
+            )
+            bad = [(r, d) for r, d in reports if r is not None]
+            if bad:
+                reason = min(r for r, _ in bad)
+                detail = "; ".join(f"rank {i}: {d}" for i, (r, d) in enumerate(reports) if r is not None)
+                self.transport.destroy()  # built on every rank: tear down together
+            else:
+                self._built = True
+        if reason is not None:
+            self._decline_construction(reason, detail)
+
+    def _capability_verdict(self, peers: list[tuple]) -> tuple[DeclineReason | None, str]:
+        if not MIN_WORLD_SIZE <= self.world_size <= MAX_WORLD_SIZE:
+            return DeclineReason.WORLD_SIZE, f"SP size {self.world_size} outside {MIN_WORLD_SIZE}..{MAX_WORLD_SIZE}"
+        declines = [(i, p[1], p[2]) for i, p in enumerate(peers) if p[1] is not None]
+        if declines:
+            return min(d for _, d, _ in declines), "; ".join(f"rank {i}: {d.label} ({why})" for i, d, why in declines)
+        for index, what in ((0, "transport capability"), (5, "window bytes"), (6, "GPU model")):
+            values = [p[index] for p in peers]
+            if any(v != values[0] for v in values):
+                return DeclineReason.PEER_DISAGREEMENT, f"ranks differ in {what}: {values}"
+        if len({(p[3], p[4]) for p in peers}) > 1:
+            hosts = [f"{p[3]}/{p[4][:8]}" for p in peers]
+            return DeclineReason.MULTI_HOST, f"ranks are on more than one host (hostname/boot id): {hosts}"
+        return None, ""
+
+    def _run_steps(self) -> tuple[DeclineReason | None, str]:
+        assert self.transport is not None
+        ctx = ConstructionContext(
+            rank=self.sp.rank_in_group,
+            world_size=self.world_size,
+            device=self.device,
+            window_bytes=self.window_bytes,
+            max_ctas=MAX_CTAS,
+            device_group=self.sp.device_group,
+            broadcast_object=lambda obj, src: self._vote.all_gather_object(obj)[src],
+        )
+        error = ""
+        try:
+            steps = self.transport.construction_steps(ctx)
+        except Exception as exc:  # noqa: BLE001 - reported collectively below
+            steps, error = [], f"construction_steps: {exc}"
+        done: list[str] = []
+        for step in [*steps, None]:
+            # Enter the next step only if every rank succeeded at the one before it.
+            results = self._vote.all_gather_object(error)
+            failed = [(i, e) for i, e in enumerate(results) if e]
+            if failed:
+                self.transport.abort()
+                detail = "; ".join(f"rank {i}: {e}" for i, e in failed)
+                return DeclineReason.CONSTRUCTION_FAILED, f"after steps {done}: {detail}"
+            if step is None:
+                break
+            try:
+                step.run()
+                done.append(step.name)
+            except Exception as exc:  # noqa: BLE001 - any local failure is voted on, never raised alone
+                error = f"{step.name}: {type(exc).__name__}: {exc}"
+        return None, ""
+
+    def _decline_construction(self, reason: DeclineReason, detail: str) -> None:
+        self.construction_reason, self.construction_detail = reason, detail
+        logger.warning("Ulysses fused all-to-all declined at construction (%s): %s; using the NCCL route.",
+                       reason.label, detail)
+        self._logged.add(reason)
+
+    # ------------------------------------------------------------------ per call
+
+    @property
+    def fused_available(self) -> bool:
+        """True when construction succeeded collectively (per-call votes still decide each call)."""
+        return self._built and not self._destroyed and self._disposed_error is None
+
+    def _check_alive(self) -> None:
+        if self._disposed_error is not None:
+            raise HelperDisposedError(
+                f"Ulysses helper gen{self.generation} was disposed after a failed vote ({self._disposed_error}); "
+                "its vote group is unusable. Tear down and rebuild the process groups."
+            )
+        if self._destroyed:
+            self._declines[DeclineReason.DISPOSED] += 1
+            raise HelperDisposedError(
+                f"Ulysses helper gen{self.generation} was destroyed; construct a new UlyssesHelper (collective)."
+            )
+
+    def plan_for(self, geom: Geometry, *, grad: bool, long_training: str | None = None):
+        """The policy's choice for ``geom`` on this helper (pure; no vote)."""
+        if long_training is None:
+            long_training = envs.get("FASTVIDEO_ULYSSES_A2A_LONG_TRAINING")
+        table = self.tuned_table
+        if self.capability is not None and ENTRY_TUNED not in self.capability.entry_points:
+            table = ()  # an older build with only the original entry point runs the original plan
+        return choose_plan(geom, gpu=self.gpu_name, window_bytes=self.window_bytes, grad=grad,
+                           long_training=long_training, table=table)
+
+    def _local_bits(self, x: torch.Tensor, geom: Geometry) -> int:
+        bits = 0
+        cap = self.capability
+        if cap is not None and x.dtype not in cap.dtypes:
+            bits |= DeclineReason.DTYPE.bit
+        if not x.is_contiguous():
+            bits |= DeclineReason.NON_CONTIGUOUS.bit
+        if x.device != self.device:
+            bits |= DeclineReason.DEVICE.bit
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            bits |= DeclineReason.CUDA_GRAPH_CAPTURE.bit
+        if not bits and self.transport is not None:
+            bits |= self.transport.eligibility(x)
+        return bits
+
+    def _run(
+        self, x: torch.Tensor, mode: int, phase: Phase, saved: tuple[Plan | None, DeclineReason | None] | None
+    ) -> tuple[torch.Tensor, Plan | None, DeclineReason | None]:
+        """One call: vote, then the fused plan or the NCCL route. Returns (output, plan, decline reason)."""
+        self._check_alive()
+        geom = Geometry.from_input(x.shape, mode, self.world_size, x.dtype)
+        seq = self._seq
+        self._seq += 1
+        self._calls += 1
+        if self.construction_reason is not None:
+            return self._decline(x, geom, seq, phase, self.construction_reason)
+        if torch.compiler.is_compiling():
+            # A host-side vote cannot be traced; every rank traces the same region, so every rank
+            # takes the (traceable) NCCL route here.
+            return self._decline(x, geom, seq, phase, DeclineReason.TORCH_COMPILE)
+        bits = self._local_bits(x, geom)
+        plan: Plan | None = None
+        if saved is not None:  # backward: the forward's plan, never a re-decision
+            plan, forward_reason = saved
+            if plan is None:
+                bits |= (forward_reason or DeclineReason.PEER_DISAGREEMENT).bit
+        elif not bits:
+            choice = self.plan_for(geom, grad=phase == Phase.FORWARD_GRAD)
+            plan = choice.plan
+            if plan is None:
+                bits |= (choice.reason or DeclineReason.WINDOW).bit
+        fields = [0] * contract.NUM_FIELDS
+        fields[Field.HEADER] = contract.header(self.generation)
+        fields[Field.SEQ] = seq
+        fields[Field.ELIGIBILITY] = bits
+        fields[Field.MODE] = mode
+        fields[Field.DTYPE] = contract.dtype_code(x.dtype)
+        fields[Field.B], fields[Field.S_LOCAL], fields[Field.H], fields[Field.D] = geom.B, geom.S, geom.H, geom.D
+        fields[Field.PHASE] = int(phase)
+        if plan is not None and not bits:
+            fields[Field.WINDOW_BYTES] = plan.window_bytes(geom)
+            fields[Field.PLAN] = plan.word
+        start = time.perf_counter()
+        try:
+            votes = self._vote.exchange(fields)
+        except VoteTimeoutError as exc:
+            self._dispose(str(exc))
+            raise
+        decision = contract.decide(votes)
+        self._vote_s.append(time.perf_counter() - start)
+        if decision.verdict is Verdict.RAISE:
+            self._raised += 1
+            assert decision.error is not None
+            raise decision.error
+        if decision.verdict is Verdict.DECLINE:
+            assert decision.reason is not None
+            return self._decline(x, geom, seq, phase, decision.reason)
+        plan = Plan.from_word(decision.plan_word)
+        assert self.transport is not None
+        out = self.transport.execute(x, geom, plan)
+        self._fused += 1
+        self._plans[plan.describe(geom)] += 1
+        self.history.append(CallRecord(seq, phase, mode, "fused", plan, None, plan.num_chunks(geom)))
+        return out, plan, None
+
+    def _decline(
+        self, x: torch.Tensor, geom: Geometry, seq: int, phase: Phase, reason: DeclineReason
+    ) -> tuple[torch.Tensor, None, DeclineReason]:
+        self._declines[reason] += 1
+        if reason not in self._logged:
+            self._logged.add(reason)
+            logger.warning("Ulysses fused all-to-all declined (%s) for %s; using the NCCL route. "
+                           "Run `python -m fastvideo.distributed.ulysses explain` for details.", reason.label, geom)
+        self.history.append(CallRecord(seq, phase, geom.mode, "nccl", None, reason, 0))
+        return nccl_route(x, geom.mode, self.sp.device_group), None, reason
+
+    def all_to_all(self, x: torch.Tensor, mode: int) -> torch.Tensor:
+        """The Ulysses all-to-all through this helper. Collective; differentiable.
+
+        The backward runs the inverse with the plan its forward ran and still votes.
+        """
+        validate_input(x, mode, self.world_size)
+        if torch.is_grad_enabled() and x.requires_grad:
+            return _HelperAllToAll.apply(x, mode, self)
+        return self._run(x, mode, Phase.FORWARD_NO_GRAD, None)[0]
+
+    # ------------------------------------------------------------------ reporting and lifecycle
+
+    def stats(self) -> dict:
+        """Counts since construction: calls, fused runs, declines by reason, plans that ran, vote cost."""
+        votes = sorted(self._vote_s)
+        return {
+            "generation": self.generation,
+            "world_size": self.world_size,
+            "transport": self.capability.name if self.capability else None,
+            "construction": self.construction_reason.label if self.construction_reason else ("ok" if self._built else "n/a"),
+            "construction_detail": self.construction_detail,
+            "calls": self._calls,
+            "fused": self._fused,
+            "raised": self._raised,
+            "declines": {r.label: n for r, n in sorted(self._declines.items())},
+            "plans": dict(self._plans),
+            "vote_us_median": statistics.median(votes) * 1e6 if votes else None,
+            "vote_us_p90": votes[int(0.9 * (len(votes) - 1))] * 1e6 if votes else None,
+            "disposed": self._disposed_error is not None,
+            "destroyed": self._destroyed,
+        }
+
+    def _dispose(self, why: str) -> None:
+        self._disposed_error = why
+        if self.transport is not None:
+            self.transport.abort()
+        self._declines[DeclineReason.DISPOSED] += 1
+
+    def destroy(self) -> None:
+        """Release the transport and the vote group. Collective over the SP group; a second call is a no-op."""
+        if self._destroyed:
+            return
+        self._destroyed = True
+        if self._built and self._disposed_error is None and self.transport is not None:
+            self.transport.destroy()
+        self._built = False
+        self._vote.destroy()
+
+
+class _HelperAllToAll(torch.autograd.Function):
+    """Forward saves the plan it ran (or its decline reason); backward runs the inverse with it."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, mode: int, helper: UlyssesHelper) -> torch.Tensor:  # type: ignore[override]
+        out, plan, reason = helper._run(x, mode, Phase.FORWARD_GRAD, None)
+        ctx.helper, ctx.mode, ctx.saved_plan = helper, mode, (plan, reason)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        out, _, _ = ctx.helper._run(grad.contiguous(), 1 - ctx.mode, Phase.BACKWARD, ctx.saved_plan)
+        return out, None, None
+
+
+# ---------------------------------------------------------------------- the op's default helper
+
+_DEFAULT: UlyssesHelper | None = None
+
+
+def get_default_helper() -> UlyssesHelper:
+    """The helper the public op uses under ``auto``; built (collectively) on first use."""
+    global _DEFAULT
+    if _DEFAULT is None or _DEFAULT._destroyed:
+        _DEFAULT = UlyssesHelper(get_sp_group())
+    return _DEFAULT
+
+
+def install_default_helper(helper: UlyssesHelper | None) -> None:
+    """Make ``helper`` the one the public op uses (tests inject one built on a CPU transport)."""
+    global _DEFAULT
+    _DEFAULT = helper
+
+
+def destroy_default_helper() -> None:
+    """Collective: destroy the op's helper, if any."""
+    global _DEFAULT
+    if _DEFAULT is not None:
+        _DEFAULT.destroy()
+    _DEFAULT = None
+
+
+def set_transport_factory(factory: Callable[[torch.device], Transport | None] | None) -> None:
+    """Override how helpers find their transport (``None`` restores the default: native on CUDA)."""
+    global _TRANSPORT_FACTORY
+    _TRANSPORT_FACTORY = factory if factory is not None else _default_transport

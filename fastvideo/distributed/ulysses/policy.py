@@ -1,0 +1,230 @@
+"""Plan selection for the fused route: pure functions, no GPU, no process group.
+
+Words (the same in both modes): a *plane* is one batch element of the operand; plane bytes =
+S_local x H x D x itemsize (input and output planes have the same size); *H* is the global head
+count; a *chunk* is what one launch step moves: ``planes_per_chunk`` planes, or a range of
+``rows_per_chunk`` S_local rows taken from every peer's block (sub-plane chunking).
+
+Rules (``docs/ulysses_policy.md``):
+
+* Window: a chunk fits when its full per-rank output bytes fit the window (1 GiB by default).
+* Untuned (original) plan: ``ORIGINAL_CTAS`` CTAs, the whole operand in one chunk if it fits,
+  else the NCCL route (``WINDOW``).
+* Tuned plans come only from ``TUNED_TABLE`` (measured rows, keyed by GPU model, SP size, dtype, H,
+  D). When one plane exceeds the window, chunk along S_local instead of declining.
+* Long training: a grad-tracked operand whose plane exceeds ``LONG_TRAINING_PLANE_BYTES`` keeps the
+  untuned policy unless ``long_training == "chunked"``. No-grad operands use tuned rows directly.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from fastvideo.distributed.ulysses.contract import DeclineReason
+
+ORIGINAL_CTAS = 36
+MAX_CTAS = 144  # the device communicator reserves one LSA barrier per CTA of the largest launch
+DEFAULT_WINDOW_BYTES = 1 << 30
+LONG_TRAINING_PLANE_BYTES = 512 << 20
+MIN_WORLD_SIZE, MAX_WORLD_SIZE = 2, 8
+KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+_CTA_BITS, _PLANE_BITS, _ROW_BITS = 10, 16, 36
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """One call's operand, in mode-independent terms (S = S_local, H = global heads)."""
+
+    mode: int
+    dtype: torch.dtype
+    B: int
+    S: int
+    H: int
+    D: int
+    world_size: int
+
+    @classmethod
+    def from_input(cls, shape: Sequence[int], mode: int, world_size: int, dtype: torch.dtype) -> Geometry:
+        b, s, h, d = (int(v) for v in shape)
+        if mode == 0:
+            return cls(mode, dtype, b, s, h, d, world_size)
+        return cls(mode, dtype, b, s // world_size, h * world_size, d, world_size)
+
+    @property
+    def itemsize(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one S_local row of one plane, all heads (the unit of sub-plane chunking)."""
+        return self.H * self.D * self.itemsize
+
+    @property
+    def plane_bytes(self) -> int:
+        return self.S * self.row_bytes
+
+    @property
+    def operand_bytes(self) -> int:
+        return self.B * self.plane_bytes
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A fused-route plan: CTAs per launch and the chunk shape. Packs into one int64 for the vote."""
+
+    ctas: int
+    planes_per_chunk: int
+    rows_per_chunk: int
+    tuned: bool
+
+    def __post_init__(self) -> None:
+        if not (1 <= self.ctas < 1 << _CTA_BITS and 1 <= self.planes_per_chunk < 1 << _PLANE_BITS):
+            raise ValueError(f"Plan out of range: {self}")
+        if not 1 <= self.rows_per_chunk < 1 << _ROW_BITS:
+            raise ValueError(f"Plan out of range: {self}")
+
+    @property
+    def word(self) -> int:
+        return (
+            self.ctas
+            | self.planes_per_chunk << _CTA_BITS
+            | self.rows_per_chunk << (_CTA_BITS + _PLANE_BITS)
+            | int(self.tuned) << (_CTA_BITS + _PLANE_BITS + _ROW_BITS)
+        )
+
+    @classmethod
+    def from_word(cls, word: int) -> Plan:
+        return cls(
+            ctas=word & ((1 << _CTA_BITS) - 1),
+            planes_per_chunk=(word >> _CTA_BITS) & ((1 << _PLANE_BITS) - 1),
+            rows_per_chunk=(word >> (_CTA_BITS + _PLANE_BITS)) & ((1 << _ROW_BITS) - 1),
+            tuned=bool(word >> (_CTA_BITS + _PLANE_BITS + _ROW_BITS) & 1),
+        )
+
+    def sub_plane(self, geom: Geometry) -> bool:
+        return self.rows_per_chunk < geom.S
+
+    def window_bytes(self, geom: Geometry) -> int:
+        """Per-rank output bytes of the largest chunk: what must fit the window."""
+        return min(self.planes_per_chunk, geom.B) * min(self.rows_per_chunk, geom.S) * geom.row_bytes
+
+    def chunks(self, geom: Geometry) -> Iterator[tuple[int, int, int, int]]:
+        """``(plane_start, plane_end, row_start, row_end)`` of every chunk, in launch order."""
+        for p0 in range(0, geom.B, self.planes_per_chunk):
+            p1 = min(p0 + self.planes_per_chunk, geom.B)
+            for r0 in range(0, geom.S, self.rows_per_chunk):
+                yield p0, p1, r0, min(r0 + self.rows_per_chunk, geom.S)
+
+    def num_chunks(self, geom: Geometry) -> int:
+        return -(-geom.B // self.planes_per_chunk) * -(-geom.S // self.rows_per_chunk)
+
+    def describe(self, geom: Geometry) -> str:
+        if self.sub_plane(geom):
+            chunking = f"sub-plane chunks of {self.rows_per_chunk} rows"
+        elif self.planes_per_chunk >= geom.B:
+            chunking = "whole operand in one chunk"
+        else:
+            n = self.planes_per_chunk
+            chunking = f"{n} plane{'s' if n > 1 else ''} per chunk"
+        kind = "tuned" if self.tuned else "original"
+        return f"{kind}: {self.ctas} CTAs, {chunking}, {self.num_chunks(geom)} chunk(s), window {self.window_bytes(geom)} B"
+
+
+@dataclass(frozen=True)
+class TunedRow:
+    """One measured geometry: the plan shape that won there, and where it was measured."""
+
+    gpu: str
+    world_size: int
+    dtype: torch.dtype
+    heads: int
+    head_dim: int
+    ctas: int
+    planes_per_chunk: int
+    source: str
+
+    @property
+    def key(self) -> tuple[str, int, torch.dtype, int, int]:
+        return (self.gpu, self.world_size, self.dtype, self.heads, self.head_dim)
+
+
+# Only measured rows belong here (docs/ulysses_performance.md says where each came from).
+TUNED_TABLE: tuple[TunedRow, ...] = (
+    TunedRow("GB200", 4, torch.bfloat16, 56, 128, ctas=144, planes_per_chunk=1,
+             source="upstream H3 measurements, 4x GB200, NCCL 2.29.7 (docs/ulysses_performance.md)"),
+)
+
+
+def normalize_gpu_name(name: str) -> str:
+    """'NVIDIA H200' -> 'H200', 'NVIDIA GB200' -> 'GB200', 'NVIDIA H100 80GB HBM3' -> 'H100'."""
+    tokens = [t for t in re.split(r"[\s_-]+", name.strip().upper()) if t and t != "NVIDIA"]
+    for token in tokens:
+        if re.fullmatch(r"[A-Z]{1,3}\d{2,4}[A-Z]?", token):
+            return token
+    return tokens[0] if tokens else ""
+
+
+def lookup(table: Sequence[TunedRow], gpu: str, geom: Geometry) -> TunedRow | None:
+    key = (normalize_gpu_name(gpu), geom.world_size, geom.dtype, geom.H, geom.D)
+    for row in table:
+        if row.key == key:
+            return row
+    return None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The policy's answer for one call: a plan, or the reason there is none; ``why`` says which rule."""
+
+    plan: Plan | None
+    reason: DeclineReason | None
+    why: str
+
+
+def original_plan(geom: Geometry, window_bytes: int) -> Choice:
+    if geom.operand_bytes <= window_bytes:
+        return Choice(Plan(ORIGINAL_CTAS, geom.B, geom.S, tuned=False), None, "original policy")
+    return Choice(
+        None,
+        DeclineReason.WINDOW,
+        f"original policy: the whole operand ({geom.operand_bytes} B) exceeds the window ({window_bytes} B)",
+    )
+
+
+def choose_plan(
+    geom: Geometry,
+    *,
+    gpu: str,
+    window_bytes: int = DEFAULT_WINDOW_BYTES,
+    grad: bool = False,
+    long_training: str = "auto",
+    table: Sequence[TunedRow] = TUNED_TABLE,
+) -> Choice:
+    """The plan for ``geom`` on ``gpu``, or why the fused route declines it. Pure."""
+    if long_training not in ("auto", "chunked"):
+        raise ValueError(f"choose_plan: long_training={long_training!r}; choose 'auto' or 'chunked'.")
+    if not MIN_WORLD_SIZE <= geom.world_size <= MAX_WORLD_SIZE:
+        return Choice(None, DeclineReason.WORLD_SIZE, f"SP size {geom.world_size} outside {MIN_WORLD_SIZE}..{MAX_WORLD_SIZE}")
+    if geom.dtype not in KERNEL_DTYPES:
+        return Choice(None, DeclineReason.DTYPE, f"dtype {geom.dtype} not moved by the kernel")
+    row = lookup(table, gpu, geom)
+    if row is None:
+        return original_plan(geom, window_bytes)
+    if grad and geom.plane_bytes > LONG_TRAINING_PLANE_BYTES and long_training != "chunked":
+        choice = original_plan(geom, window_bytes)
+        note = f"long training: grad-tracked plane {geom.plane_bytes} B > {LONG_TRAINING_PLANE_BYTES} B keeps the original policy"
+        return Choice(choice.plan, choice.reason, f"{note}; {choice.why}")
+    if geom.plane_bytes <= window_bytes:
+        planes = max(1, min(row.planes_per_chunk, geom.B, window_bytes // geom.plane_bytes))
+        return Choice(Plan(row.ctas, planes, geom.S, tuned=True), None, f"tuned row {row.gpu}/SP{row.world_size}")
+    rows = window_bytes // geom.row_bytes
+    if rows < 1:
+        return Choice(None, DeclineReason.WINDOW, f"one row ({geom.row_bytes} B) exceeds the window ({window_bytes} B)")
+    return Choice(
+        Plan(row.ctas, 1, rows, tuned=True), None, f"tuned row {row.gpu}/SP{row.world_size}, plane exceeds the window"
+    )

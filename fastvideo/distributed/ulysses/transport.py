@@ -1,0 +1,216 @@
+"""The fused transport's interface, and a CPU transport that executes plans honestly over gloo.
+
+The helper never talks to a kernel directly: it asks a ``Transport`` for its local capability,
+runs its construction steps with a vote before each one, asks it for per-call eligibility, and
+executes agreed plans through it. ``native.NativeTransport`` is the real one (the NCCL-device-API
+kernel); ``GlooPlanTransport`` runs the same plans on CPU so the vote, plans, chunking, autograd,
+declines and recovery are all exercised in CI:
+
+* the same chunk order (``Plan.chunks``: planes, then S_local row ranges taken from every peer),
+* one bounded, reused receive window of the agreed capacity (a chunk that does not fit is a bug
+  and raises),
+* outputs own their storage: every call returns a fresh tensor, never a view of the window.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from fastvideo.distributed.ulysses.contract import DeclineReason
+from fastvideo.distributed.ulysses.policy import Geometry, Plan
+
+ENTRY_ORIGINAL = "original"  # the 36-CTA whole-operand entry point
+ENTRY_TUNED = "tuned"  # CTA count and chunking as arguments
+
+
+@dataclass(frozen=True)
+class Capability:
+    """What this rank's transport can do, probed locally without any collective."""
+
+    name: str
+    present: bool
+    abi_version: int = 0
+    entry_points: frozenset[str] = frozenset()
+    nccl_build: int = 0
+    nccl_runtime: int = 0
+    dtypes: tuple[torch.dtype, ...] = ()
+    supports_unaligned: bool = False
+    decline: DeclineReason | None = None  # a local reason this rank cannot take part at all
+    detail: str = ""
+
+    def agreement_key(self) -> tuple:
+        """What every rank must have identically for the fused route to be constructed."""
+        return (self.name, self.present, self.abi_version, tuple(sorted(self.entry_points)), self.nccl_build,
+                self.nccl_runtime, tuple(str(d) for d in self.dtypes), self.supports_unaligned)
+
+
+@dataclass
+class ConstructionContext:
+    """What a transport's construction steps may use: this rank's place and a way to share bytes."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    window_bytes: int
+    max_ctas: int
+    device_group: dist.ProcessGroup
+    broadcast_object: Callable[[object, int], object]  # (obj on src, src) -> obj on every rank
+
+
+@dataclass
+class Step:
+    """One construction step; ``collective`` steps are entered only after every rank voted success."""
+
+    name: str
+    run: Callable[[], None]
+    collective: bool = False
+
+
+@dataclass
+class TopologyReport:
+    decline: DeclineReason | None = None
+    detail: str = ""
+    extras: dict[str, object] = field(default_factory=dict)
+
+
+class Transport(abc.ABC):
+    """A fused all-to-all transport. One object per helper; owns its native resources."""
+
+    name: str = "transport"
+
+    @abc.abstractmethod
+    def capability(self) -> Capability:
+        """Local probe: library present, ABI, entry points, NCCL versions. No collective."""
+
+    @abc.abstractmethod
+    def construction_steps(self, ctx: ConstructionContext) -> list[Step]:
+        """The ordered steps that build the window and communicator (the helper votes between them)."""
+
+    def topology(self) -> TopologyReport:
+        """Local check after construction: are all peers LSA-reachable over NVLink?"""
+        return TopologyReport()
+
+    def eligibility(self, x: torch.Tensor) -> int:
+        """Per-call, rank-local decline bits the generic checks do not cover (e.g. alignment)."""
+        return 0
+
+    @abc.abstractmethod
+    def execute(self, x: torch.Tensor, geom: Geometry, plan: Plan) -> torch.Tensor:
+        """Run the agreed plan. Collective over the SP group; returns a tensor the caller owns."""
+
+    def abort(self) -> None:
+        """Release local resources after a failed construction (no collective)."""
+
+    @abc.abstractmethod
+    def destroy(self) -> None:
+        """Release everything. Collective; called once by the helper."""
+
+
+def output_shape(geom: Geometry) -> tuple[int, int, int, int]:
+    p = geom.world_size
+    if geom.mode == 0:
+        return (geom.B, geom.S * p, geom.H // p, geom.D)
+    return (geom.B, geom.S, geom.H, geom.D)
+
+
+def chunk_views(
+    x: torch.Tensor, out: torch.Tensor, geom: Geometry, p0: int, p1: int, r0: int, r1: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(send, recv-destination) views of one chunk, both ``[P, planes, rows, H/P, D]``.
+
+    ``send[q]`` is this rank's share for rank ``q``; ``dest[q]`` is where rank ``q``'s share lands
+    in the output. Sub-plane chunks take rows ``[r0, r1)`` of every peer's S_local block.
+    """
+    p, hl = geom.world_size, geom.H // geom.world_size
+    if geom.mode == 0:
+        send = x.view(geom.B, geom.S, p, hl, geom.D)[p0:p1, r0:r1].permute(2, 0, 1, 3, 4)
+        dest = out.view(geom.B, p, geom.S, hl, geom.D)[p0:p1, :, r0:r1].permute(1, 0, 2, 3, 4)
+    else:
+        send = x.view(geom.B, p, geom.S, hl, geom.D)[p0:p1, :, r0:r1].permute(1, 0, 2, 3, 4)
+        dest = out.view(geom.B, geom.S, p, hl, geom.D)[p0:p1, r0:r1].permute(2, 0, 1, 3, 4)
+    return send, dest
+
+
+class GlooPlanTransport(Transport):
+    """CPU transport for tests and CPU-only runs: executes plans chunk by chunk over gloo.
+
+    It is honest about the things the helper relies on: the chunk order and sizes of the plan, a
+    receive window of exactly the agreed capacity reused across chunks and calls, and an output the
+    caller owns. ``fail_steps`` and ``capability_override`` let fault-injection tests make one rank
+    fail a step or lack a capability.
+    """
+
+    name = "gloo-plan"
+
+    def __init__(
+        self,
+        *,
+        fail_steps: tuple[str, ...] = (),
+        capability_override: Capability | None = None,
+        topology_override: TopologyReport | None = None,
+    ) -> None:
+        self._fail_steps = fail_steps
+        self._capability_override = capability_override
+        self._topology_override = topology_override
+        self._ctx: ConstructionContext | None = None
+        self._window: torch.Tensor | None = None
+        self.executed: list[tuple[Plan, int]] = []  # (plan, chunks) of every execute, for tests
+
+    def capability(self) -> Capability:
+        if self._capability_override is not None:
+            return self._capability_override
+        return Capability(
+            self.name, True, abi_version=1, entry_points=frozenset({ENTRY_ORIGINAL, ENTRY_TUNED}),
+            dtypes=(torch.bfloat16, torch.float16, torch.float32), supports_unaligned=True,
+        )
+
+    def construction_steps(self, ctx: ConstructionContext) -> list[Step]:
+        self._ctx = ctx
+
+        def alloc() -> None:
+            self._maybe_fail("alloc_window")
+            self._window = torch.empty(ctx.window_bytes, dtype=torch.uint8, device=ctx.device)
+
+        def connect() -> None:
+            self._maybe_fail("connect")
+            probe = torch.ones(ctx.world_size, dtype=torch.int64)
+            dist.all_to_all_single(torch.empty_like(probe), probe, group=ctx.device_group)
+
+        return [Step("alloc_window", alloc), Step("connect", connect, collective=True)]
+
+    def _maybe_fail(self, step: str) -> None:
+        if step in self._fail_steps:
+            raise RuntimeError(f"injected failure in construction step {step!r}")
+
+    def topology(self) -> TopologyReport:
+        return self._topology_override or TopologyReport()
+
+    def execute(self, x: torch.Tensor, geom: Geometry, plan: Plan) -> torch.Tensor:
+        assert self._ctx is not None and self._window is not None, "execute before construction"
+        out = torch.empty(output_shape(geom), dtype=x.dtype, device=x.device)
+        need = plan.window_bytes(geom)
+        if need > self._window.numel():
+            raise RuntimeError(f"plan needs {need} window bytes, window has {self._window.numel()}: policy bug")
+        n = 0
+        for p0, p1, r0, r1 in plan.chunks(geom):
+            send, dest = chunk_views(x, out, geom, p0, p1, r0, r1)
+            nbytes = send.numel() * x.element_size()
+            # The window receives the chunk (as the kernel's peers' stores would), then is copied out.
+            recv = self._window[:nbytes].view(x.dtype).view(send.shape)
+            dist.all_to_all_single(recv, send.contiguous(), group=self._ctx.device_group)
+            dest.copy_(recv)
+            n += 1
+        self.executed.append((plan, n))
+        return out
+
+    def abort(self) -> None:
+        self._window = None
+
+    def destroy(self) -> None:
+        self._window = None
+        self._ctx = None

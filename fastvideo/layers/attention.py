@@ -1,0 +1,69 @@
+"""A sequence-parallel DiT self-attention block and its single-device reference.
+
+Q, K and V are packed on the batch dim so one all-to-all carries all three (``[3B, S/P, H, D] ->
+[3B, S, H/P, D]``); attention runs on the local heads over the whole sequence; a second all-to-all
+returns ``[B, S/P, H, D]``. The reference is the same module run on the whole sequence with no
+collective, so ``forward_sp(x_shard)`` must equal ``forward_reference(x)[shard]`` up to rounding.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D
+
+
+def _flash_attn_usable(q: torch.Tensor) -> bool:
+    return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and importlib.util.find_spec("flash_attn") is not None
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Non-causal attention on ``[B, S, H, D]``: flash-attn when installed and applicable, SDPA otherwise."""
+    if _flash_attn_usable(q):
+        from flash_attn import flash_attn_func
+
+        return flash_attn_func(q, k, v)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    return out.transpose(1, 2)
+
+
+def attention_backend(q: torch.Tensor) -> str:
+    return "flash-attn" if _flash_attn_usable(q) else "sdpa"
+
+
+class SPSelfAttention(nn.Module):
+    """Multi-head self-attention whose sequence is sharded over the SP group (Ulysses)."""
+
+    def __init__(self, hidden: int, heads: int, *, dtype: torch.dtype = torch.float32, device=None) -> None:
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"SPSelfAttention: hidden={hidden} must be divisible by heads={heads}.")
+        self.heads, self.head_dim = heads, hidden // heads
+        self.qkv = nn.Linear(hidden, 3 * hidden, dtype=dtype, device=device)
+        self.proj = nn.Linear(hidden, hidden, dtype=dtype, device=device)
+
+    def _qkv(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        # [B, S, 3, H, D] -> [3B, S, H, D]: Q, K, V packed on the batch dim for one all-to-all.
+        qkv = self.qkv(x).view(b, s, 3, self.heads, self.head_dim)
+        return qkv.permute(2, 0, 1, 3, 4).reshape(3 * b, s, self.heads, self.head_dim)
+
+    def forward(self, x_local: torch.Tensor) -> torch.Tensor:
+        """``x_local``: this rank's ``[B, S/P, hidden]`` shard. Collective over the SP group."""
+        b = x_local.shape[0]
+        packed = sequence_model_parallel_all_to_all_4D(self._qkv(x_local), scatter_dim=2, gather_dim=1)
+        q, k, v = packed.split(b, dim=0)
+        out = attention(q, k, v)  # [B, S, H/P, D]
+        out = sequence_model_parallel_all_to_all_4D(out.contiguous(), scatter_dim=1, gather_dim=2)
+        return self.proj(out.reshape(b, out.shape[1], -1))
+
+    def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
+        """The same block on the whole ``[B, S, hidden]`` sequence on one device (no collective)."""
+        b = x.shape[0]
+        q, k, v = self._qkv(x).split(b, dim=0)
+        out = attention(q, k, v)
+        return self.proj(out.reshape(b, out.shape[1], -1))
