@@ -17,6 +17,10 @@ import torch.distributed as dist
 from fastvideo.distributed.ulysses.contract import NUM_FIELDS
 
 
+# torch 2.13 renamed all_gather_into_tensor (the GPU hosts run 2.11): one name for both.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 class VoteTimeoutError(RuntimeError):
     """A vote or construction exchange did not complete in time (or the vote group failed)."""
 
@@ -45,7 +49,7 @@ class GlooVote:
         """Gather every rank's fields: returns the reused ``[P, 12]`` buffer (read it before the next call)."""
         self._send_np[:] = fields
         try:
-            dist.all_gather_into_tensor(self._recv, self._send, group=self.group)
+            _all_gather(self._recv, self._send, group=self.group)
         except RuntimeError as exc:
             raise VoteTimeoutError(
                 f"Ulysses vote over SP ranks {self.ranks} did not complete within {self.timeout_s:g} s ({exc}). "
@@ -59,12 +63,12 @@ class GlooVote:
         payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
         try:
             sizes = torch.zeros(self.world_size, dtype=torch.int64)
-            dist.all_gather_into_tensor(sizes, torch.tensor([payload.numel()], dtype=torch.int64), group=self.group)
+            _all_gather(sizes, torch.tensor([payload.numel()], dtype=torch.int64), group=self.group)
             width = int(sizes.max())
             padded = torch.zeros(width, dtype=torch.uint8)
             padded[: payload.numel()] = payload
             gathered = torch.zeros(self.world_size * width, dtype=torch.uint8)
-            dist.all_gather_into_tensor(gathered, padded, group=self.group)
+            _all_gather(gathered, padded, group=self.group)
         except RuntimeError as exc:
             raise VoteTimeoutError(
                 f"Ulysses construction exchange over SP ranks {self.ranks} did not complete within "

@@ -1,0 +1,130 @@
+"""Run a function on N gloo ranks in separate processes, with a hard timeout (no hang eats CI).
+
+    results = run_ranks(4, my_module_level_fn, arg, sp_size=4)
+
+``fn(rank, world_size, *args)`` runs after ``init_process_group("gloo")`` and
+``initialize_sequence_parallel(sp_size)``; its return values come back as a list by rank. An
+exception on any rank is re-raised in the parent as ``RankError`` carrying every failed rank's
+traceback. Processes are forked from a forkserver that has torch preloaded, so a rank starts in
+well under a second.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing as mp
+import os
+import queue
+import socket
+import sys
+import traceback
+from collections.abc import Callable
+
+DEFAULT_TIMEOUT_S = 120.0
+GLOO_TIMEOUT_S = 30.0
+
+_CTX = mp.get_context("forkserver")
+_CTX.set_forkserver_preload(["torch", "torch.distributed"])
+
+
+class RankError(AssertionError):
+    """One or more ranks raised; ``errors`` maps rank -> (exception type name, message, traceback)."""
+
+    def __init__(self, errors: dict[int, tuple[str, str, str]]):
+        self.errors = errors
+        text = "\n".join(f"--- rank {r}: {t}: {m}\n{tb}" for r, (t, m, tb) in sorted(errors.items()))
+        super().__init__(f"ranks {sorted(errors)} failed:\n{text}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world_size, port, sp_size, module, name, args, env, paths, out) -> None:
+    try:
+        sys.path[:0] = [p for p in paths if p not in sys.path]
+        os.environ.update({k: v for k, v in env.items() if v is not None})
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        timeout = datetime.timedelta(seconds=GLOO_TIMEOUT_S)
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, timeout=timeout
+        )
+        from fastvideo.distributed import parallel_state
+
+        parallel_state.initialize_sequence_parallel(sp_size or world_size, timeout=timeout)
+        fn = getattr(importlib.import_module(module), name)
+        try:
+            result = fn(rank, world_size, *args)
+        finally:
+            try:
+                parallel_state.destroy_sequence_parallel()
+            except Exception:  # noqa: BLE001 - teardown after a failure must not mask it
+                pass
+        out.put((rank, "ok", result))
+        dist.destroy_process_group()
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        out.put((rank, "err", (type(exc).__name__, str(exc), traceback.format_exc())))
+
+
+def run_ranks(
+    world_size: int,
+    fn: Callable,
+    *args,
+    sp_size: int | None = None,
+    env: dict[str, str | None] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> list:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return results by rank."""
+    port = _free_port()
+    out = _CTX.Queue()
+    procs = [
+        _CTX.Process(
+            target=_entry,
+            args=(r, world_size, port, sp_size, fn.__module__, fn.__qualname__, args, env or {}, list(sys.path), out),
+            daemon=True,
+        )
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    results: dict[int, tuple[str, object]] = {}
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(results) < world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"{fn.__qualname__}: ranks {sorted(set(range(world_size)) - set(results))} did not finish "
+                    f"within {timeout_s:g} s (results so far: {results})"
+                )
+            try:
+                rank, status, value = out.get(timeout=min(remaining, 1.0))
+            except queue.Empty:
+                dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0) and i not in results]
+                if dead:
+                    raise RuntimeError(f"{fn.__qualname__}: ranks {dead} died (exit codes "
+                                       f"{[procs[i].exitcode for i in dead]}) without reporting") from None
+                continue
+            results[rank] = (status, value)
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    errors = {r: v for r, (s, v) in results.items() if s == "err"}
+    if errors:
+        raise RankError(errors)
+    return [results[r][1] for r in range(world_size)]
