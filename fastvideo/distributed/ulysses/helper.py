@@ -202,7 +202,7 @@ class UlyssesHelper:
         error = ""
         try:
             steps = self.transport.construction_steps(ctx)
-        except Exception as exc:  # noqa: BLE001 - reported collectively below
+        except Exception as exc:
             steps, error = [], f"construction_steps: {exc}"
         done: list[str] = []
         for step in [*steps, None]:
@@ -218,7 +218,7 @@ class UlyssesHelper:
             try:
                 step.run()
                 done.append(step.name)
-            except Exception as exc:  # noqa: BLE001 - any local failure is voted on, never raised alone
+            except Exception as exc:
                 error = f"{step.name}: {type(exc).__name__}: {exc}"
         return None, ""
 

@@ -130,7 +130,7 @@ class Plan:
             chunking = "whole operand in one chunk"
         else:
             n = self.planes_per_chunk
-            chunking = f"{n} plane{'s' if n > 1 else ''} per chunk"
+            chunking = "one plane per chunk" if n == 1 else f"{n} planes per chunk"
         kind = "tuned" if self.tuned else "original"
         return f"{kind}: {self.ctas} CTAs, {chunking}, {self.num_chunks(geom)} chunk(s), window {self.window_bytes(geom)} B"
 

@@ -16,7 +16,6 @@ import torch.distributed as dist
 
 from fastvideo.distributed.ulysses.contract import NUM_FIELDS
 
-
 # torch 2.13 renamed all_gather_into_tensor (the GPU hosts run 2.11): one name for both.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 

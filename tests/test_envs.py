@@ -1,0 +1,89 @@
+"""The env registry: parsing, errors that say how to fix, overrides, and docs/env_vars.md in sync."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import pytest
+
+from fastvideo import envs
+
+DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "env_vars.md"
+
+
+def _doc_rows() -> dict[str, tuple[str, str, str]]:
+    rows = {}
+    for line in DOC.read_text().splitlines():
+        m = re.match(r"\| `(FASTVIDEO_[A-Z0-9_]+)` \| (.+?) \| `(.*?)` \| (.+) \|$", line)
+        if m:
+            rows[m.group(1)] = (m.group(2), m.group(3), m.group(4))
+    return rows
+
+
+def test_doc_lists_exactly_the_registry():
+    assert set(_doc_rows()) == set(envs.registry()), "docs/env_vars.md and fastvideo/envs.py drifted apart"
+
+
+@pytest.mark.parametrize("name", sorted(envs.registry()))
+def test_doc_row_matches_registry(name):
+    var = envs.registry()[name]
+    kind, default, doc = _doc_rows()[name]
+    assert default == str(var.default)
+    assert doc == var.doc
+    if var.kind == "choice":
+        assert kind == " \\| ".join(f"`{c}`" for c in var.choices)
+    else:
+        assert kind == var.kind
+
+
+def test_defaults_when_unset():
+    with envs.override(FASTVIDEO_ULYSSES_A2A=None, FASTVIDEO_ULYSSES_A2A_LONG_TRAINING=None):
+        assert envs.get("FASTVIDEO_ULYSSES_A2A") == "off"
+        assert envs.get("FASTVIDEO_ULYSSES_A2A_LONG_TRAINING") == "auto"
+
+
+@pytest.mark.parametrize("raw,expected", [(" AUTO ", "auto"), ("Off", "off"), ("\tauto\n", "auto"), ("", "off")])
+def test_choice_is_case_and_space_insensitive(raw, expected):
+    with envs.override(FASTVIDEO_ULYSSES_A2A=raw):
+        assert envs.get("FASTVIDEO_ULYSSES_A2A") == expected
+
+
+@pytest.mark.parametrize("name,raw", [("FASTVIDEO_ULYSSES_A2A", "on"), ("FASTVIDEO_ULYSSES_A2A_LONG_TRAINING", "yes")])
+def test_bad_choice_names_variable_value_and_choices(name, raw):
+    with envs.override(**{name: raw}), pytest.raises(ValueError) as info:
+        envs.get(name)
+    message = str(info.value)
+    assert name in message and repr(raw) in message
+    for choice in envs.registry()[name].choices:
+        assert choice in message
+
+
+def test_numbers_parse_and_reject():
+    with envs.override(FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES="4096"):
+        assert envs.get("FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES") == 4096
+    with envs.override(FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES="1GiB"), pytest.raises(ValueError, match="integer"):
+        envs.get("FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES")
+    with envs.override(FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S="0"), pytest.raises(ValueError, match=">="):
+        envs.get("FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S")
+
+
+def test_read_when_asked_not_frozen(monkeypatch):
+    monkeypatch.setenv("FASTVIDEO_ULYSSES_A2A", "auto")
+    assert envs.get("FASTVIDEO_ULYSSES_A2A") == "auto"
+    monkeypatch.setenv("FASTVIDEO_ULYSSES_A2A", "off")
+    assert envs.get("FASTVIDEO_ULYSSES_A2A") == "off"
+
+
+def test_override_restores_previous_value(monkeypatch):
+    monkeypatch.setenv("FASTVIDEO_ULYSSES_A2A", "auto")
+    with envs.override(FASTVIDEO_ULYSSES_A2A="off"):
+        assert envs.get("FASTVIDEO_ULYSSES_A2A") == "off"
+    assert envs.get("FASTVIDEO_ULYSSES_A2A") == "auto"
+
+
+def test_unknown_variable_is_a_clear_error():
+    with pytest.raises(KeyError, match="not a FastVideo environment variable"):
+        envs.get("FASTVIDEO_NOPE")
+    with pytest.raises(KeyError, match="not a FastVideo environment variable"), envs.override(FASTVIDEO_NOPE="1"):
+        pass
