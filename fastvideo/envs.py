@@ -56,7 +56,9 @@ class EnvVar:
                 f"(default {self.default!r})."
             ) from None
         if self.minimum is not None and number < self.minimum:
-            raise ValueError(f"{self.name}={raw!r} is not valid: must be >= {self.minimum:g} (default {self.default!r}).")
+            raise ValueError(
+                f"{self.name}={raw!r} is not valid: must be >= {self.minimum:g} (default {self.default!r})."
+            )
         return number
 
 

@@ -113,9 +113,7 @@ class _NcclAllToAll(torch.autograd.Function):
         return nccl_route(grad.contiguous(), 1 - ctx.mode, ctx.group), None, None
 
 
-def sequence_model_parallel_all_to_all_4D(
-    x: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1
-) -> torch.Tensor:
+def sequence_model_parallel_all_to_all_4D(x: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1) -> torch.Tensor:
     """Ulysses all-to-all over the SP group. Collective, blocking on the host only under ``auto`` (the vote).
 
     ``(2, 1)``: ``[B, S/P, H, D] -> [B, S, H/P, D]``; ``(1, 2)``: the inverse. Differentiable.

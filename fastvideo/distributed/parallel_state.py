@@ -50,7 +50,9 @@ def initialize_sequence_parallel(sp_size: int, *, timeout: datetime.timedelta | 
     if not dist.is_initialized():
         raise RuntimeError("initialize_sequence_parallel: call torch.distributed.init_process_group first.")
     if _SP is not None:
-        raise RuntimeError("initialize_sequence_parallel: SP groups already exist; call destroy_sequence_parallel first.")
+        raise RuntimeError(
+            "initialize_sequence_parallel: SP groups already exist; call destroy_sequence_parallel first."
+        )
     world, rank = dist.get_world_size(), dist.get_rank()
     if not isinstance(sp_size, int) or sp_size < 1 or world % sp_size:
         raise ValueError(

@@ -42,7 +42,7 @@ def run_route(route: str, args, device: torch.device, dtype: torch.dtype) -> lis
     block = SPSelfAttention(args.hidden, args.heads, dtype=dtype, device=device)
     x = torch.randn(args.batch, args.seq, args.hidden, dtype=dtype, device=device)
     shard = args.seq // p
-    x_local = x[:, r * shard:(r + 1) * shard].detach().clone().requires_grad_()
+    x_local = x[:, r * shard : (r + 1) * shard].detach().clone().requires_grad_()
     x_ref = x.detach().clone().requires_grad_()
 
     with envs.override(FASTVIDEO_ULYSSES_A2A=route):
@@ -72,19 +72,29 @@ def run_route(route: str, args, device: torch.device, dtype: torch.dtype) -> lis
     y_ref.float().square().sum().backward()
 
     checks = {
-        "output": (y_local, y_ref[:, r * shard:(r + 1) * shard]),
-        "grad input": (x_local.grad, x_ref.grad[:, r * shard:(r + 1) * shard]),
-        "grad weights": (torch.cat([g.flatten() for g in sp_grads.values()]),
-                         torch.cat([prm.grad.flatten() for prm in block.parameters()])),
+        "output": (y_local, y_ref[:, r * shard : (r + 1) * shard]),
+        "grad input": (x_local.grad, x_ref.grad[:, r * shard : (r + 1) * shard]),
+        "grad weights": (
+            torch.cat([g.flatten() for g in sp_grads.values()]),
+            torch.cat([prm.grad.flatten() for prm in block.parameters()]),
+        ),
     }
     errs = torch.tensor([_rel_err(a, b) for a, b in checks.values()], dtype=torch.float64)
     dist.all_reduce(errs, op=dist.ReduceOp.MAX, group=sp.cpu_group)
     t = torch.tensor([elapsed_ms], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=sp.cpu_group)
-    shapes = f"x[{args.batch},{shard},{args.hidden}] qkv[{3 * args.batch},{shard},{args.heads},{args.hidden // args.heads}]"
+    shapes = (
+        f"x[{args.batch},{shard},{args.hidden}] qkv[{3 * args.batch},{shard},{args.heads},{args.hidden // args.heads}]"
+    )
     return [
-        {"route": f"{route}->{taken}", "check": name, "shapes": shapes, "ms": t.item(), "err": err,
-         "ok": err <= TOLERANCE[dtype]}
+        {
+            "route": f"{route}->{taken}",
+            "check": name,
+            "shapes": shapes,
+            "ms": t.item(),
+            "err": err,
+            "ok": err <= TOLERANCE[dtype],
+        }
         for name, err in zip(checks, errs.tolist())
     ]
 
@@ -122,12 +132,16 @@ def main(argv: list[str] | None = None) -> int:
         parallel_state.destroy_sequence_parallel()
     ok = all(row["ok"] for row in rows)
     if rank == 0:
-        print(f"SP attention block: {world} ranks over {backend} on {device.type}, {dtype}, "
-              f"attention {attention_backend(torch.empty(1, dtype=dtype, device=device))}, tolerance {TOLERANCE[dtype]:g}")
+        print(
+            f"SP attention block: {world} ranks over {backend} on {device.type}, {dtype}, "
+            f"attention {attention_backend(torch.empty(1, dtype=dtype, device=device))}, tolerance {TOLERANCE[dtype]:g}"
+        )
         print(f"{'route':34s} {'check':13s} {'shapes (per rank)':36s} {'time ms':>9s} {'max rel err':>12s}  result")
         for row in rows:
-            print(f"{row['route']:34s} {row['check']:13s} {row['shapes']:36s} {row['ms']:9.1f} {row['err']:12.3e}  "
-                  f"{'OK' if row['ok'] else 'FAIL'}")
+            print(
+                f"{row['route']:34s} {row['check']:13s} {row['shapes']:36s} {row['ms']:9.1f} {row['err']:12.3e}  "
+                f"{'OK' if row['ok'] else 'FAIL'}"
+            )
         print("OK" if ok else "FAIL")
     dist.destroy_process_group()
     return 0 if ok else 1

@@ -114,8 +114,10 @@ def run_ranks(
             except queue.Empty:
                 dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0) and i not in results]
                 if dead:
-                    raise RuntimeError(f"{fn.__qualname__}: ranks {dead} died (exit codes "
-                                       f"{[procs[i].exitcode for i in dead]}) without reporting") from None
+                    raise RuntimeError(
+                        f"{fn.__qualname__}: ranks {dead} died (exit codes "
+                        f"{[procs[i].exitcode for i in dead]}) without reporting"
+                    ) from None
                 continue
             results[rank] = (status, value)
     finally:

@@ -96,8 +96,12 @@ def bad_input(rank: int, world: int, case: str) -> None:
 
 @pytest.mark.parametrize(
     "case,needle",
-    [("ndim", "must be 4-D"), ("dims", "(scatter_dim, gather_dim)=(3, 1)"), ("heads", "heads (dim 2) = 3"),
-     ("seq", "sequence (dim 1) = 3")],
+    [
+        ("ndim", "must be 4-D"),
+        ("dims", "(scatter_dim, gather_dim)=(3, 1)"),
+        ("heads", "heads (dim 2) = 3"),
+        ("seq", "sequence (dim 1) = 3"),
+    ],
 )
 @pytest.mark.parametrize("route", ["off", "auto"])
 def test_bad_input_raises_value_error_on_every_rank_before_any_collective(case, needle, route):

@@ -20,8 +20,15 @@ import torch
 from fastvideo import envs
 from fastvideo.distributed.ulysses.policy import DEFAULT_WINDOW_BYTES, Geometry, choose_plan
 
-_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-           "float32": torch.float32, "fp32": torch.float32, "float64": torch.float64}
+_DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float64": torch.float64,
+}
 
 
 def _shape(text: str) -> tuple[int, int, int, int]:
@@ -45,11 +52,14 @@ def explain(args: argparse.Namespace) -> int:
         print(f"error: {exc}")
         return 2
     geom = Geometry.from_input(args.shape, mode, p, dtype)
-    choice = choose_plan(geom, gpu=args.gpu, window_bytes=args.window_bytes, grad=args.grad,
-                         long_training=args.long_training)
+    choice = choose_plan(
+        geom, gpu=args.gpu, window_bytes=args.window_bytes, grad=args.grad, long_training=args.long_training
+    )
     print(f"input      {list(args.shape)} {dtype} mode {mode} ({'scatter heads' if mode == 0 else 'scatter sequence'})")
-    print(f"geometry   SP {p}, B={geom.B} planes, S_local={geom.S}, H={geom.H}, D={geom.D}, plane {geom.plane_bytes} B, "
-          f"operand {geom.operand_bytes} B")
+    print(
+        f"geometry   SP {p}, B={geom.B} planes, S_local={geom.S}, H={geom.H}, D={geom.D}, plane {geom.plane_bytes} B, "
+        f"operand {geom.operand_bytes} B"
+    )
     print(f"policy     gpu={args.gpu} grad={args.grad} long_training={args.long_training} window={args.window_bytes} B")
     if choice.plan is None:
         assert choice.reason is not None
@@ -98,8 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--gpu", default="H200", help="GPU model, e.g. GB200, H200")
     ex.add_argument("--mode", type=int, choices=(0, 1), default=0, help="0: scatter heads (2,1); 1: the inverse (1,2)")
     ex.add_argument("--grad", action="store_true", help="the operand is grad-tracked (training)")
-    ex.add_argument("--long-training", choices=("auto", "chunked"), default=None,
-                    help="default: FASTVIDEO_ULYSSES_A2A_LONG_TRAINING")
+    ex.add_argument(
+        "--long-training",
+        choices=("auto", "chunked"),
+        default=None,
+        help="default: FASTVIDEO_ULYSSES_A2A_LONG_TRAINING",
+    )
     ex.add_argument("--window-bytes", type=int, default=None, help=f"default: env or {DEFAULT_WINDOW_BYTES}")
     sub.add_parser("doctor", help="versions, kernel library, GPUs, host, env")
     args = parser.parse_args(argv)

@@ -119,10 +119,14 @@ class UlyssesHelper:
         self.world_size = self.sp.world_size
         self.device = self.sp.device
         self.generation = next(_GENERATIONS)
-        self.window_bytes = int(window_bytes if window_bytes is not None else envs.get("FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES"))
+        self.window_bytes = int(
+            window_bytes if window_bytes is not None else envs.get("FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES")
+        )
         if self.window_bytes < 1:
             raise ValueError(f"UlyssesHelper: window_bytes={self.window_bytes} must be positive.")
-        timeout = float(vote_timeout_s if vote_timeout_s is not None else envs.get("FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S"))
+        timeout = float(
+            vote_timeout_s if vote_timeout_s is not None else envs.get("FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S")
+        )
         self.tuned_table = tuple(tuned_table)
         if gpu_name is None:
             gpu_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
@@ -151,7 +155,13 @@ class UlyssesHelper:
     # ------------------------------------------------------------------ construction
 
     def _construct(self, identity: Callable[[], tuple[str, str]]) -> None:
-        cap = self.transport.capability() if self.transport is not None else Capability("none", False, decline=DeclineReason.TRANSPORT_MISSING, detail="no transport for this device")
+        cap = (
+            self.transport.capability()
+            if self.transport is not None
+            else Capability(
+                "none", False, decline=DeclineReason.TRANSPORT_MISSING, detail="no transport for this device"
+            )
+        )
         self.capability = cap
         host, boot = identity()
         info = (cap.agreement_key(), cap.decline, cap.detail, host, boot, self.window_bytes, self.gpu_name)
@@ -224,8 +234,9 @@ class UlyssesHelper:
 
     def _decline_construction(self, reason: DeclineReason, detail: str) -> None:
         self.construction_reason, self.construction_detail = reason, detail
-        logger.warning("Ulysses fused all-to-all declined at construction (%s): %s; using the NCCL route.",
-                       reason.label, detail)
+        logger.warning(
+            "Ulysses fused all-to-all declined at construction (%s): %s; using the NCCL route.", reason.label, detail
+        )
         self._logged.add(reason)
 
     # ------------------------------------------------------------------ per call
@@ -254,8 +265,9 @@ class UlyssesHelper:
         table = self.tuned_table
         if self.capability is not None and ENTRY_TUNED not in self.capability.entry_points:
             table = ()  # an older build with only the original entry point runs the original plan
-        return choose_plan(geom, gpu=self.gpu_name, window_bytes=self.window_bytes, grad=grad,
-                           long_training=long_training, table=table)
+        return choose_plan(
+            geom, gpu=self.gpu_name, window_bytes=self.window_bytes, grad=grad, long_training=long_training, table=table
+        )
 
     def _local_bits(self, x: torch.Tensor, geom: Geometry) -> int:
         bits = 0
@@ -338,8 +350,12 @@ class UlyssesHelper:
         self._declines[reason] += 1
         if reason not in self._logged:
             self._logged.add(reason)
-            logger.warning("Ulysses fused all-to-all declined (%s) for %s; using the NCCL route. "
-                           "Run `python -m fastvideo.distributed.ulysses explain` for details.", reason.label, geom)
+            logger.warning(
+                "Ulysses fused all-to-all declined (%s) for %s; using the NCCL route. "
+                "Run `python -m fastvideo.distributed.ulysses explain` for details.",
+                reason.label,
+                geom,
+            )
         self.history.append(CallRecord(seq, phase, geom.mode, "nccl", None, reason, 0))
         return nccl_route(x, geom.mode, self.sp.device_group), None, reason
 
@@ -362,7 +378,9 @@ class UlyssesHelper:
             "generation": self.generation,
             "world_size": self.world_size,
             "transport": self.capability.name if self.capability else None,
-            "construction": self.construction_reason.label if self.construction_reason else ("ok" if self._built else "n/a"),
+            "construction": self.construction_reason.label
+            if self.construction_reason
+            else ("ok" if self._built else "n/a"),
             "construction_detail": self.construction_detail,
             "calls": self._calls,
             "fused": self._fused,

@@ -132,7 +132,8 @@ class Plan:
             n = self.planes_per_chunk
             chunking = "one plane per chunk" if n == 1 else f"{n} planes per chunk"
         kind = "tuned" if self.tuned else "original"
-        return f"{kind}: {self.ctas} CTAs, {chunking}, {self.num_chunks(geom)} chunk(s), window {self.window_bytes(geom)} B"
+        chunks, window = self.num_chunks(geom), self.window_bytes(geom)
+        return f"{kind}: {self.ctas} CTAs, {chunking}, {chunks} chunk(s), window {window} B"
 
 
 @dataclass(frozen=True)
@@ -155,8 +156,16 @@ class TunedRow:
 
 # Only measured rows belong here (docs/ulysses_performance.md says where each came from).
 TUNED_TABLE: tuple[TunedRow, ...] = (
-    TunedRow("GB200", 4, torch.bfloat16, 56, 128, ctas=144, planes_per_chunk=1,
-             source="upstream H3 measurements, 4x GB200, NCCL 2.29.7 (docs/ulysses_performance.md)"),
+    TunedRow(
+        "GB200",
+        4,
+        torch.bfloat16,
+        56,
+        128,
+        ctas=144,
+        planes_per_chunk=1,
+        source="upstream H3 measurements, 4x GB200, NCCL 2.29.7 (docs/ulysses_performance.md)",
+    ),
 )
 
 
@@ -209,7 +218,9 @@ def choose_plan(
     if long_training not in ("auto", "chunked"):
         raise ValueError(f"choose_plan: long_training={long_training!r}; choose 'auto' or 'chunked'.")
     if not MIN_WORLD_SIZE <= geom.world_size <= MAX_WORLD_SIZE:
-        return Choice(None, DeclineReason.WORLD_SIZE, f"SP size {geom.world_size} outside {MIN_WORLD_SIZE}..{MAX_WORLD_SIZE}")
+        return Choice(
+            None, DeclineReason.WORLD_SIZE, f"SP size {geom.world_size} outside {MIN_WORLD_SIZE}..{MAX_WORLD_SIZE}"
+        )
     if geom.dtype not in KERNEL_DTYPES:
         return Choice(None, DeclineReason.DTYPE, f"dtype {geom.dtype} not moved by the kernel")
     row = lookup(table, gpu, geom)
@@ -217,7 +228,10 @@ def choose_plan(
         return original_plan(geom, window_bytes)
     if grad and geom.plane_bytes > LONG_TRAINING_PLANE_BYTES and long_training != "chunked":
         choice = original_plan(geom, window_bytes)
-        note = f"long training: grad-tracked plane {geom.plane_bytes} B > {LONG_TRAINING_PLANE_BYTES} B keeps the original policy"
+        note = (
+            f"long training: grad-tracked plane {geom.plane_bytes} B > {LONG_TRAINING_PLANE_BYTES} B "
+            "keeps the original policy"
+        )
         return Choice(choice.plan, choice.reason, f"{note}; {choice.why}")
     if geom.plane_bytes <= window_bytes:
         planes = max(1, min(row.planes_per_chunk, geom.B, window_bytes // geom.plane_bytes))

@@ -45,8 +45,16 @@ class Capability:
 
     def agreement_key(self) -> tuple:
         """What every rank must have identically for the fused route to be constructed."""
-        return (self.name, self.present, self.abi_version, tuple(sorted(self.entry_points)), self.nccl_build,
-                self.nccl_runtime, tuple(str(d) for d in self.dtypes), self.supports_unaligned)
+        return (
+            self.name,
+            self.present,
+            self.abi_version,
+            tuple(sorted(self.entry_points)),
+            self.nccl_build,
+            self.nccl_runtime,
+            tuple(str(d) for d in self.dtypes),
+            self.supports_unaligned,
+        )
 
 
 @dataclass
@@ -165,8 +173,12 @@ class GlooPlanTransport(Transport):
         if self._capability_override is not None:
             return self._capability_override
         return Capability(
-            self.name, True, abi_version=1, entry_points=frozenset({ENTRY_ORIGINAL, ENTRY_TUNED}),
-            dtypes=(torch.bfloat16, torch.float16, torch.float32), supports_unaligned=True,
+            self.name,
+            True,
+            abi_version=1,
+            entry_points=frozenset({ENTRY_ORIGINAL, ENTRY_TUNED}),
+            dtypes=(torch.bfloat16, torch.float16, torch.float32),
+            supports_unaligned=True,
         )
 
     def construction_steps(self, ctx: ConstructionContext) -> list[Step]:
