@@ -1,0 +1,438 @@
+"""Pure policy and contract tests (no processes, no GPU): the plan table, chunking, and the verdict.
+
+Every geometry here is described, never allocated: 250k-token H3 operands are computed with
+``Geometry`` only (CI must never allocate real H3 shapes on CPU).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from fastvideo import envs
+from fastvideo.distributed.ulysses import policy
+from fastvideo.distributed.ulysses.contract import (
+    CONTRACT_VERSION,
+    DTYPE_CODES,
+    MUST_MATCH,
+    NUM_FIELDS,
+    ContractMismatchError,
+    DeclineReason,
+    Field,
+    Phase,
+    Verdict,
+    decide,
+    header,
+    reasons_from_bits,
+)
+from fastvideo.distributed.ulysses.policy import (
+    DEFAULT_WINDOW_BYTES,
+    LONG_TRAINING_PLANE_BYTES,
+    MAX_CTAS,
+    ORIGINAL_CTAS,
+    Geometry,
+    Plan,
+    TunedRow,
+    choose_plan,
+    lookup,
+    normalize_gpu_name,
+)
+
+GIB = 1 << 30
+BF16 = torch.bfloat16
+H3_SP4_250K = (3, 62500, 56, 128)  # packed QKV, S_local = 250000 / 4
+H3_SP2_250K = (3, 125000, 56, 128)  # packed QKV, S_local = 250000 / 2
+ONE_PLANE = re.compile(r"\b(one|1) plane per chunk")  # Plan.describe's wording for planes_per_chunk == 1
+GB200_SP2_ROW = TunedRow("GB200", 2, BF16, 56, 128, ctas=144, planes_per_chunk=1, source="test fixture")
+
+
+def geom(shape, world_size, dtype=BF16, mode=0) -> Geometry:
+    return Geometry.from_input(shape, mode, world_size, dtype)
+
+
+# ------------------------------------------------------------------------------------- original policy
+
+
+def test_original_plan_runs_whole_operand_in_one_launch_when_it_fits():
+    """No tuned row (H200 has none): the 36-CTA original plan moves the whole operand in one chunk."""
+    g = geom((3, 1024, 56, 128), 4)
+    choice = choose_plan(g, gpu="NVIDIA H200")
+    assert choice.reason is None
+    assert choice.plan == Plan(ORIGINAL_CTAS, 3, 1024, tuned=False)
+    assert choice.plan.num_chunks(g) == 1
+    assert choice.plan.window_bytes(g) == g.operand_bytes
+    assert "whole operand in one chunk" in choice.plan.describe(g)
+
+
+def test_original_plan_declines_window_when_the_operand_does_not_fit():
+    """Untuned and the whole operand exceeds the 1 GiB window: the NCCL route (WINDOW), never chunks."""
+    g = geom(H3_SP4_250K, 4)
+    assert g.operand_bytes > DEFAULT_WINDOW_BYTES
+    choice = choose_plan(g, gpu="NVIDIA H200")
+    assert choice.plan is None and choice.reason is DeclineReason.WINDOW
+    assert "exceeds the window" in choice.why
+
+
+def test_original_plan_boundary_is_inclusive():
+    """An operand of exactly the window's size fits; one byte of window less declines."""
+    g = geom((2, 4, 8, 16), 2, torch.float32)
+    assert choose_plan(g, gpu="H200", window_bytes=g.operand_bytes).plan is not None
+    assert choose_plan(g, gpu="H200", window_bytes=g.operand_bytes - 1).reason is DeclineReason.WINDOW
+
+
+# ------------------------------------------------------------------------------------- tuned table
+
+
+def test_gb200_sp4_inference_250k_runs_144_ctas_one_plane_per_chunk():
+    """The upstream-measured row: 250k tokens, SP4, bf16, H56/D128, no grad -> 144 CTAs, one plane a chunk."""
+    g = geom(H3_SP4_250K, 4)
+    assert g.plane_bytes == 62500 * 56 * 128 * 2 == 896_000_000
+    choice = choose_plan(g, gpu="NVIDIA GB200")
+    assert choice.plan == Plan(MAX_CTAS, 1, 62500, tuned=True)
+    assert choice.plan.num_chunks(g) == 3
+    assert choice.plan.window_bytes(g) == g.plane_bytes <= DEFAULT_WINDOW_BYTES
+    text = choice.plan.describe(g)
+    assert "144 CTAs" in text and ONE_PLANE.search(text) and text.startswith("tuned")
+
+
+def test_gb200_packed_qkvg_also_one_plane_per_chunk():
+    """Four packed planes (QKVG) at 250k: still one plane per chunk, four chunks."""
+    g = geom((4, 62500, 56, 128), 4)
+    choice = choose_plan(g, gpu="GB200")
+    assert choice.plan == Plan(MAX_CTAS, 1, 62500, tuned=True)
+    assert choice.plan.num_chunks(g) == 4
+
+
+def test_gb200_grad_tracked_250k_keeps_original_policy_and_declines_window():
+    """Grad-tracked with a plane > 512 MiB and LONG_TRAINING=auto: original policy, so WINDOW (NCCL route)."""
+    g = geom(H3_SP4_250K, 4)
+    assert g.plane_bytes > LONG_TRAINING_PLANE_BYTES
+    choice = choose_plan(g, gpu="NVIDIA GB200", grad=True, long_training="auto")
+    assert choice.plan is None and choice.reason is DeclineReason.WINDOW
+    assert "long training" in choice.why
+
+
+def test_gb200_grad_tracked_250k_long_training_chunked_opts_into_tuned():
+    """The same grad-tracked operand with long_training='chunked': 144 CTAs, one plane per chunk."""
+    g = geom(H3_SP4_250K, 4)
+    choice = choose_plan(g, gpu="NVIDIA GB200", grad=True, long_training="chunked")
+    assert choice.plan == Plan(MAX_CTAS, 1, 62500, tuned=True)
+
+
+def test_grad_plane_up_to_512mib_uses_tuned_and_one_row_more_does_not():
+    """The 512 MiB rule looks at one plane: S=37449 rows (<= 512 MiB) is tuned, 37450 keeps the original."""
+    row_bytes = 56 * 128 * 2
+    s_max = LONG_TRAINING_PLANE_BYTES // row_bytes
+    small, big = geom((3, s_max, 56, 128), 4), geom((3, s_max + 1, 56, 128), 4)
+    assert small.plane_bytes <= LONG_TRAINING_PLANE_BYTES < big.plane_bytes
+    assert choose_plan(small, gpu="GB200", grad=True).plan == Plan(MAX_CTAS, 1, s_max, tuned=True)
+    big_choice = choose_plan(big, gpu="GB200", grad=True)
+    assert big_choice.plan is None and big_choice.reason is DeclineReason.WINDOW  # 3 planes > 1 GiB
+
+
+def test_no_grad_uses_tuned_row_for_small_operands_too():
+    """Inference uses the tuned row directly even when the original plan would also fit."""
+    g = geom((3, 1024, 56, 128), 4)
+    assert choose_plan(g, gpu="GB200").plan == Plan(MAX_CTAS, 1, 1024, tuned=True)
+    assert choose_plan(g, gpu="GB200", grad=True).plan == Plan(MAX_CTAS, 1, 1024, tuned=True)
+
+
+def test_sub_plane_chunking_when_one_plane_exceeds_the_window():
+    """SP2 250k: a plane is 1.79 GB > 1 GiB, so tuned plans chunk along S_local (rows = window // row bytes)."""
+    g = geom(H3_SP2_250K, 2)
+    assert g.plane_bytes == 125000 * 56 * 128 * 2 > GIB
+    choice = choose_plan(g, gpu="GB200", table=(GB200_SP2_ROW,))
+    rows = GIB // g.row_bytes
+    assert choice.plan == Plan(144, 1, rows, tuned=True)
+    assert choice.plan.sub_plane(g)
+    chunks = list(choice.plan.chunks(g))
+    assert len(chunks) == 3 * 2 == choice.plan.num_chunks(g)
+    sizes = [r1 - r0 for _, _, r0, r1 in chunks[:2]]
+    assert sizes == [rows, 125000 - rows] and sizes[1] < sizes[0]  # the last chunk is smaller
+    assert choice.plan.window_bytes(g) == rows * g.row_bytes <= GIB
+    assert "sub-plane chunks of" in choice.plan.describe(g)
+
+
+def test_sub_plane_grad_follows_long_training():
+    """SP2 250k grad-tracked: auto keeps the original policy (WINDOW); chunked takes the sub-plane plan."""
+    g = geom(H3_SP2_250K, 2)
+    auto = choose_plan(g, gpu="GB200", grad=True, long_training="auto", table=(GB200_SP2_ROW,))
+    chunked = choose_plan(g, gpu="GB200", grad=True, long_training="chunked", table=(GB200_SP2_ROW,))
+    assert auto.reason is DeclineReason.WINDOW
+    assert chunked.plan == Plan(144, 1, GIB // g.row_bytes, tuned=True)
+
+
+def test_tuned_planes_per_chunk_bounded_by_window_and_batch():
+    """A row asking for 4 planes per chunk gets what the window holds (2) and never more than B."""
+    row = TunedRow("T100", 2, torch.float32, 4, 8, ctas=72, planes_per_chunk=4, source="test")
+    g = geom((3, 16, 4, 8), 2, torch.float32)
+    assert choose_plan(g, gpu="T100", window_bytes=2 * g.plane_bytes, table=(row,)).plan == Plan(72, 2, 16, True)
+    assert choose_plan(g, gpu="T100", window_bytes=10 * g.plane_bytes, table=(row,)).plan == Plan(72, 3, 16, True)
+
+
+def test_tuned_declines_window_when_one_row_does_not_fit():
+    """Sub-plane chunking cannot go below one S_local row: a smaller window declines WINDOW."""
+    row = TunedRow("T100", 2, torch.float32, 4, 8, ctas=72, planes_per_chunk=1, source="test")
+    g = geom((3, 16, 4, 8), 2, torch.float32)
+    choice = choose_plan(g, gpu="T100", window_bytes=g.row_bytes - 1, table=(row,))
+    assert choice.plan is None and choice.reason is DeclineReason.WINDOW
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int8, torch.int32])
+def test_dtype_the_kernel_does_not_move_declines(dtype):
+    """Only bf16/fp16/fp32 are moved by the kernel; anything else declines DTYPE before any table lookup."""
+    choice = choose_plan(geom((3, 16, 8, 8), 2, dtype), gpu="GB200")
+    assert choice.plan is None and choice.reason is DeclineReason.DTYPE
+
+
+@pytest.mark.parametrize("world_size", [1, 16])
+def test_world_size_outside_2_to_8_declines(world_size):
+    """SP sizes outside 2..8 decline WORLD_SIZE (the device communicator is built for that range)."""
+    choice = choose_plan(geom((3, 16, 16, 8), world_size), gpu="GB200")
+    assert choice.plan is None and choice.reason is DeclineReason.WORLD_SIZE
+
+
+def test_invalid_long_training_value_is_an_error():
+    with pytest.raises(ValueError, match="long_training"):
+        choose_plan(geom((3, 16, 8, 8), 2), gpu="GB200", long_training="always")
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [("NVIDIA GB200", "GB200"), ("NVIDIA H200", "H200"), ("NVIDIA H100 80GB HBM3", "H100"), ("gb200", "GB200"),
+     ("NVIDIA_H200-NVL", "H200"), ("", "")],
+)
+def test_gpu_name_normalisation(name, expected):
+    """torch's device names map onto the table's model names."""
+    assert normalize_gpu_name(name) == expected
+
+
+def test_lookup_matches_on_all_five_key_fields():
+    """Only GB200/SP4/bf16/H56/D128 hits the measured row; changing any one key misses."""
+    g = geom(H3_SP4_250K, 4)
+    assert lookup(policy.TUNED_TABLE, "NVIDIA GB200", g) is not None
+    assert lookup(policy.TUNED_TABLE, "NVIDIA H200", g) is None
+    assert lookup(policy.TUNED_TABLE, "GB200", geom(H3_SP4_250K, 4, torch.float16)) is None
+    assert lookup(policy.TUNED_TABLE, "GB200", geom((3, 62500, 48, 128), 4)) is None
+    assert lookup(policy.TUNED_TABLE, "GB200", geom((3, 62500, 56, 64), 4)) is None
+    assert lookup(policy.TUNED_TABLE, "GB200", geom((3, 125000, 56, 128), 2)) is None
+
+
+# ------------------------------------------------------------------------------------- plans and geometry
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [Plan(36, 3, 62500, False), Plan(144, 1, 74898, True), Plan(1, 1, 1, False),
+     Plan((1 << 10) - 1, (1 << 16) - 1, (1 << 36) - 1, True)],
+)
+def test_plan_word_round_trip(plan):
+    """Plan.word packs into one non-negative int64 and unpacks to the same plan."""
+    assert 0 < plan.word < 1 << 63
+    assert Plan.from_word(plan.word) == plan
+
+
+def test_plan_fields_out_of_range_are_rejected():
+    for bad in [(0, 1, 1), (1 << 10, 1, 1), (1, 0, 1), (1, 1 << 16, 1), (1, 1, 0), (1, 1, 1 << 36)]:
+        with pytest.raises(ValueError):
+            Plan(*bad, tuned=True)
+
+
+@pytest.mark.parametrize(
+    "shape, plan",
+    [((3, 16, 4, 8), Plan(36, 3, 16, False)), ((3, 16, 4, 8), Plan(144, 1, 16, True)),
+     ((3, 16, 4, 8), Plan(144, 1, 5, True)), ((4, 7, 4, 8), Plan(144, 3, 3, True)),
+     ((1, 1, 4, 8), Plan(8, 2, 9, True))],
+)
+def test_plan_chunks_cover_every_row_of_every_plane_exactly_once(shape, plan):
+    """Chunks tile the [B, S_local] grid with no gap and no overlap, in launch order, and match num_chunks."""
+    g = geom(shape, 2, torch.float32)
+    seen = torch.zeros(g.B, g.S, dtype=torch.int64)
+    chunks = list(plan.chunks(g))
+    for p0, p1, r0, r1 in chunks:
+        assert p0 < p1 <= g.B and r0 < r1 <= g.S
+        assert (p1 - p0) * (r1 - r0) * g.row_bytes <= plan.window_bytes(g)
+        seen[p0:p1, r0:r1] += 1
+    assert torch.equal(seen, torch.ones_like(seen))
+    assert len(chunks) == plan.num_chunks(g)
+
+
+def test_mode1_geometry_is_the_inverse_of_mode0():
+    """Mode 1 input [B, S_global, H/P, D] maps to the same (S_local, global H) as mode 0's input."""
+    g0 = geom(H3_SP4_250K, 4, mode=0)
+    g1 = geom((3, 250000, 14, 128), 4, mode=1)
+    assert (g1.B, g1.S, g1.H, g1.D, g1.mode) == (3, 62500, 56, 128, 1)
+    assert g1.plane_bytes == g0.plane_bytes and g1.row_bytes == g0.row_bytes
+    assert choose_plan(g1, gpu="GB200").plan == choose_plan(g0, gpu="GB200").plan
+
+
+def test_chosen_plans_always_fit_their_window():
+    """Property over a grid: whatever plan the policy picks, its largest chunk fits the window."""
+    row = TunedRow("T100", 2, torch.float32, 4, 8, ctas=144, planes_per_chunk=2, source="test")
+    for s in (1, 3, 16, 33):
+        for b in (1, 3, 4):
+            g = geom((b, s, 4, 8), 2, torch.float32)
+            for window in (g.row_bytes, 3 * g.row_bytes + 1, g.plane_bytes, g.operand_bytes, 1 << 20):
+                for table in ((), (row,)):
+                    choice = choose_plan(g, gpu="T100", window_bytes=window, table=table)
+                    assert (choice.plan is None) == (choice.reason is not None)
+                    if choice.plan is not None:
+                        assert choice.plan.window_bytes(g) <= window
+
+
+# ------------------------------------------------------------------------------------- contract
+
+
+def votes(rows: int = 2, **fields: list[int] | int) -> torch.Tensor:
+    """[rows, 12] votes that agree on everything and run a plan, with per-field overrides (list = per rank)."""
+    plan = Plan(144, 1, 16, True)
+    base = [0] * NUM_FIELDS
+    base[Field.HEADER], base[Field.MODE], base[Field.DTYPE] = header(1), 0, DTYPE_CODES[torch.float32]
+    base[Field.B], base[Field.S_LOCAL], base[Field.H], base[Field.D] = 3, 16, 4, 8
+    base[Field.PHASE], base[Field.WINDOW_BYTES], base[Field.PLAN] = int(Phase.FORWARD_NO_GRAD), 1536, plan.word
+    out = torch.tensor([base] * rows, dtype=torch.int64)
+    for name, value in fields.items():
+        out[:, Field[name]] = torch.tensor(value if isinstance(value, list) else [value] * rows)
+    return out
+
+
+def test_contract_wire_format_is_frozen():
+    """Exactly 12 int64 fields in this order; the header packs CONTRACT_VERSION and the generation."""
+    assert NUM_FIELDS == 12 and [f.value for f in Field] == list(range(12))
+    assert [f.name for f in Field] == ["HEADER", "SEQ", "ELIGIBILITY", "MODE", "DTYPE", "B", "S_LOCAL", "H", "D",
+                                       "PHASE", "WINDOW_BYTES", "PLAN"]
+    assert CONTRACT_VERSION == 1
+    assert header(7) >> 32 == CONTRACT_VERSION and header(7) & 0xFFFFFFFF == 7
+    assert {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}.items() <= DTYPE_CODES.items()
+    assert len(set(DTYPE_CODES.values())) == len(DTYPE_CODES)
+
+
+def test_decide_all_agree_runs_the_plan():
+    d = decide(votes(4))
+    assert d.verdict is Verdict.RUN and Plan.from_word(d.plan_word) == Plan(144, 1, 16, True)
+
+
+@pytest.mark.parametrize("field", MUST_MATCH, ids=lambda f: f.name)
+def test_decide_raises_naming_the_field_and_per_rank_values(field):
+    """A MUST_MATCH field that differs is a caller bug: RAISE, naming the field and every rank's value."""
+    v = votes(3)
+    v[2, field] += 1
+    d = decide(v)
+    assert d.verdict is Verdict.RAISE and isinstance(d.error, ContractMismatchError)
+    assert d.error.field is field and d.error.values == v[:, field].tolist()
+    message = str(d.error)
+    assert f"field {field.name}" in message and "rank 0:" in message and "rank 2:" in message
+
+
+def test_decide_dtype_and_phase_errors_are_readable():
+    """DTYPE values print as torch dtypes, PHASE values as phase names."""
+    dtype_err = decide(votes(DTYPE=[DTYPE_CODES[torch.float32], DTYPE_CODES[torch.bfloat16]])).error
+    assert "torch.float32" in str(dtype_err) and "torch.bfloat16" in str(dtype_err)
+    phase_err = decide(votes(PHASE=[int(Phase.FORWARD_GRAD), int(Phase.FORWARD_NO_GRAD)])).error
+    assert "forward_grad" in str(phase_err) and "forward_no_grad" in str(phase_err)
+
+
+def test_decide_eligibility_disagreement_declines_together():
+    """One rank with a decline bit, the other without: every rank declines PEER_DISAGREEMENT."""
+    d = decide(votes(ELIGIBILITY=[0, DeclineReason.ALIGNMENT.bit]))
+    assert d.verdict is Verdict.DECLINE and d.reason is DeclineReason.PEER_DISAGREEMENT
+
+
+def test_decide_common_bit_declines_with_that_reason():
+    """Every rank has the same bit: decline with that reason (the lowest, when several)."""
+    assert decide(votes(ELIGIBILITY=DeclineReason.TORCH_COMPILE.bit)).reason is DeclineReason.TORCH_COMPILE
+    both = DeclineReason.WINDOW.bit | DeclineReason.DTYPE.bit
+    assert decide(votes(ELIGIBILITY=both)).reason is DeclineReason.DTYPE
+
+
+@pytest.mark.parametrize("field", [Field.WINDOW_BYTES, Field.PLAN], ids=lambda f: f.name)
+def test_decide_plan_or_window_disagreement_declines(field):
+    v = votes(2)
+    v[1, field] += 1
+    d = decide(v)
+    assert d.verdict is Verdict.DECLINE and d.reason is DeclineReason.PEER_DISAGREEMENT
+
+
+def test_decide_eligible_without_plan_never_runs():
+    d = decide(votes(PLAN=0, WINDOW_BYTES=0))
+    assert d.verdict is Verdict.DECLINE and d.reason is DeclineReason.WINDOW
+
+
+def test_decide_rejects_malformed_votes():
+    with pytest.raises(ValueError):
+        decide(torch.zeros(2, 11, dtype=torch.int64))
+
+
+def test_decline_reason_bits_round_trip():
+    """Each reason is one distinct bit; reasons_from_bits recovers any set of them in enum order."""
+    assert len({r.bit for r in DeclineReason}) == len(DeclineReason)
+    chosen = [DeclineReason.DTYPE, DeclineReason.WINDOW, DeclineReason.CONSTRUCTION_FAILED]
+    assert reasons_from_bits(sum(r.bit for r in chosen)) == chosen
+    assert all(r.label == r.name.lower() for r in DeclineReason)
+
+
+# ------------------------------------------------------------------------------------- env registry
+
+
+def test_env_invalid_choice_names_the_variable_and_choices():
+    with envs.override(FASTVIDEO_ULYSSES_A2A_LONG_TRAINING="sometimes"), pytest.raises(ValueError) as info:
+        envs.get("FASTVIDEO_ULYSSES_A2A_LONG_TRAINING")
+    assert "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING" in str(info.value) and "auto, chunked" in str(info.value)
+
+
+def test_env_override_restores_previous_values():
+    import os
+
+    before = os.environ.get("FASTVIDEO_ULYSSES_A2A")
+    with envs.override(FASTVIDEO_ULYSSES_A2A="auto"):
+        assert envs.get("FASTVIDEO_ULYSSES_A2A") == "auto"
+        with envs.override(FASTVIDEO_ULYSSES_A2A=None):
+            assert envs.get("FASTVIDEO_ULYSSES_A2A") == "off"  # the default
+    assert os.environ.get("FASTVIDEO_ULYSSES_A2A") == before
+
+
+# ------------------------------------------------------------------------------------- CLI
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str]:
+    main = pytest.importorskip("fastvideo.distributed.ulysses.__main__").main
+    rc = main(list(argv))
+    return rc, capsys.readouterr().out
+
+
+EXPLAIN_H3 = ("explain", "--world-size", "4", "--shape", "3,62500,56,128", "--dtype", "bfloat16", "--gpu", "GB200")
+
+
+def test_cli_explain_inference_prints_144_ctas_one_plane_per_chunk(capsys):
+    rc, out = _cli(capsys, *EXPLAIN_H3, "--window-bytes", str(GIB))
+    assert rc == 0 and "144 CTAs" in out and ONE_PLANE.search(out) and "route      fused" in out
+
+
+def test_cli_explain_grad_declines_window_under_auto(capsys):
+    """--grad with --long-training auto (explicit: the ambient env must not decide) -> NCCL route, window."""
+    rc, out = _cli(capsys, *EXPLAIN_H3, "--grad", "--long-training", "auto", "--window-bytes", str(GIB))
+    assert rc == 0 and "route      nccl (declined: window)" in out and "144 CTAs" not in out
+
+
+def test_cli_explain_grad_long_training_chunked_runs_144_ctas(capsys):
+    rc, out = _cli(capsys, *EXPLAIN_H3, "--grad", "--long-training", "chunked", "--window-bytes", str(GIB))
+    assert rc == 0 and "144 CTAs" in out and ONE_PLANE.search(out)
+
+
+def test_cli_explain_reads_long_training_from_env_when_not_given(capsys):
+    """Without --long-training the CLI follows FASTVIDEO_ULYSSES_A2A_LONG_TRAINING (set explicitly here)."""
+    with envs.override(FASTVIDEO_ULYSSES_A2A_LONG_TRAINING="chunked", FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES=None):
+        rc, out = _cli(capsys, *EXPLAIN_H3, "--grad")
+    assert rc == 0 and "144 CTAs" in out
+
+
+def test_cli_explain_invalid_input_exits_nonzero(capsys):
+    rc, out = _cli(capsys, "explain", "--world-size", "4", "--shape", "3,62500,54,128", "--gpu", "GB200")
+    assert rc != 0 and "not divisible" in out
+
+
+def test_cli_doctor_runs_without_gpu(capsys):
+    rc, out = _cli(capsys, "doctor")
+    assert rc == 0 and "FASTVIDEO_ULYSSES_A2A" in out and "torch" in out
