@@ -68,11 +68,11 @@ def _entry(rank, world_size, port, sp_size, module, name, args, env, paths, out)
         finally:
             try:
                 parallel_state.destroy_sequence_parallel()
-            except Exception:
+            except Exception:  # noqa: BLE001 - teardown after a failure must not mask it
                 pass
         out.put((rank, "ok", result))
         dist.destroy_process_group()
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
         out.put((rank, "err", (type(exc).__name__, str(exc), traceback.format_exc())))
 
 

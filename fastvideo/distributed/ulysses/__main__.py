@@ -88,7 +88,7 @@ def doctor(_: argparse.Namespace) -> int:
         info = fastvideo_kernel.info()
         for key, value in info.items():
             print(f"kernel     {key}: {value}")
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - doctor reports, never fails
         print(f"kernel     not available: {exc}")
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     print(f"gpus       {count}")

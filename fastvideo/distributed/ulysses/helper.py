@@ -212,7 +212,7 @@ class UlyssesHelper:
         error = ""
         try:
             steps = self.transport.construction_steps(ctx)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - reported collectively below
             steps, error = [], f"construction_steps: {exc}"
         done: list[str] = []
         for step in [*steps, None]:
@@ -228,7 +228,7 @@ class UlyssesHelper:
             try:
                 step.run()
                 done.append(step.name)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a local failure is voted on, never raised alone
                 error = f"{step.name}: {type(exc).__name__}: {exc}"
         return None, ""
 

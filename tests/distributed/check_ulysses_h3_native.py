@@ -1,0 +1,359 @@
+"""The native gate: the fused route against the NCCL route on 2+ GPUs, with the plans that ran asserted.
+
+    torchrun --standalone --nproc_per_node=N tests/distributed/check_ulysses_h3_native.py [--quick] [--json PATH]
+
+Checks (each prints PASS/FAIL on rank 0; the summary line is ``N passed, N failed``):
+
+* parity: H=56, D=128, bf16, packed QKV (B=3) and QKVG (B=4) at 32k, 128k and 250k global tokens,
+  and Wan 720p (1, 75600, 40, 128): the fused forward is bit-identical to the NCCL route's, the
+  gradient (the inverse all-to-all of the same upstream gradient) too, and the forward and
+  backward plans that actually ran (route, CTAs, chunking) are the ones the policy promises;
+* long training: grad-tracked planes over 512 MiB keep the original policy under ``auto`` and take
+  tuned chunks under ``chunked``;
+* output ownership: a retained output is unchanged by later calls and never aliases the window;
+* recovery: one rank losing capability for one call declines every rank together, the next call
+  runs fused again;
+* stress: 100 rounds of random shapes, dtypes, modes and windows, bit-exact, plan asserted;
+* negative control: with tuning disabled the plan assertions of a parity case must fail.
+
+Where no measured tuned row exists for this GPU and geometry, the gate injects one (144 CTAs, one
+plane per chunk) as a fixture so that tuned and original plans differ; the negative control runs
+without it. With fewer than 2 GPUs the gate says so and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import pathlib
+import random
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from fastvideo import envs  # noqa: E402
+from fastvideo.distributed import parallel_state  # noqa: E402
+from fastvideo.distributed.communication_op import nccl_route  # noqa: E402
+from fastvideo.distributed.ulysses import helper as helper_mod  # noqa: E402
+from fastvideo.distributed.ulysses.contract import DeclineReason, Phase  # noqa: E402
+from fastvideo.distributed.ulysses.policy import (  # noqa: E402
+    TUNED_TABLE,
+    Geometry,
+    Plan,
+    TunedRow,
+    choose_plan,
+    lookup,
+    normalize_gpu_name,
+)
+
+H3 = {"32k": 32768, "128k": 131072, "250k": 250000}
+
+
+class PlanMismatch(AssertionError):
+    """The plan that ran is not the one the policy promises."""
+
+
+def _commit() -> str:
+    stamp = ROOT / "COMMIT"
+    if stamp.exists():
+        return stamp.read_text().strip()
+    try:
+        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _library() -> dict:
+    try:
+        import fastvideo_kernel
+
+        info = dict(fastvideo_kernel.info())
+    except Exception as exc:  # noqa: BLE001 - reported in the header
+        return {"error": str(exc)}
+    path = info.get("path")
+    if path and os.path.exists(path) and "sha256" not in info:
+        info["sha256"] = hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
+    return info
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def _wrong(a: torch.Tensor, b: torch.Tensor) -> int:
+    return int((_bits(a) != _bits(b)).sum().item())
+
+
+class Gate:
+    def __init__(self, quick: bool) -> None:
+        self.sp = parallel_state.get_sp_group()
+        self.p, self.rank = self.sp.world_size, self.sp.rank_in_group
+        self.device = self.sp.device
+        self.gpu = normalize_gpu_name(torch.cuda.get_device_name(self.device))
+        self.quick = quick
+        self.results: list[dict] = []
+        self.fixture = self._fixture_rows()
+
+    def _fixture_rows(self) -> tuple[TunedRow, ...]:
+        rows = list(TUNED_TABLE)
+        for heads in (56, 40):
+            geom = Geometry(0, torch.bfloat16, 1, 1, heads, 128, self.p)
+            if lookup(rows, self.gpu, geom) is None:
+                rows.append(TunedRow(self.gpu, self.p, torch.bfloat16, heads, 128, ctas=144, planes_per_chunk=1,
+                                     source="gate fixture (not a measurement)"))
+        return tuple(rows)
+
+    def helper(self, table=None, window_bytes=None) -> helper_mod.UlyssesHelper:
+        h = helper_mod.UlyssesHelper(self.sp, tuned_table=self.fixture if table is None else table,
+                                     window_bytes=window_bytes)
+        if not h.fused_available:
+            raise RuntimeError(f"fused route declined at construction: {h.construction_reason} "
+                               f"({h.construction_detail})")
+        return h
+
+    def check(self, name: str, fn: Callable[[], str]) -> None:
+        start = time.perf_counter()
+        error = ""
+        try:
+            detail = fn()
+        except Exception as exc:  # noqa: BLE001 - every check reports, the gate goes on
+            detail, error = "", f"{type(exc).__name__}: {exc}"
+            if os.environ.get("GATE_TRACEBACK"):
+                traceback.print_exc()
+        flags = torch.tensor([1 if error else 0], device=self.device)
+        dist.all_reduce(flags, group=self.sp.device_group)
+        ok = flags.item() == 0
+        row = {"check": name, "ok": ok, "detail": detail, "error": error, "s": time.perf_counter() - start}
+        self.results.append(row)
+        if self.rank == 0 or error:
+            status = "PASS" if ok else "FAIL"
+            print(f"[rank {self.rank}] {status} {name} ({row['s']:.1f} s) {detail or error}", flush=True)
+        torch.cuda.empty_cache()
+
+    # ------------------------------------------------------------------ expectations
+
+    def expected(self, h: helper_mod.UlyssesHelper, shape, grad: bool, long_training: str, table=None):
+        geom = Geometry.from_input(shape, 0, self.p, torch.bfloat16)
+        table = h.tuned_table if table is None else table
+        return choose_plan(geom, gpu=h.gpu_name, window_bytes=h.window_bytes, grad=grad, long_training=long_training,
+                           table=table), geom
+
+    @staticmethod
+    def assert_plan(record, want: Plan | None, phase: Phase) -> None:
+        if record.phase != phase:
+            raise PlanMismatch(f"expected a {phase.name} record, got {record.phase.name}")
+        ran = record.plan if record.route == "fused" else None
+        if ran != want:
+            raise PlanMismatch(f"{phase.name}: expected {want}, ran {record.route} {ran} ({record.reason})")
+
+    # ------------------------------------------------------------------ checks
+
+    def parity(self, h, b: int, s_global: int, heads: int, *, grad: bool, long_training: str,
+               expect_table=None) -> str:
+        """Fused forward (and backward when ``grad``) bit-identical to the NCCL route; plans asserted."""
+        shape = (b, s_global // self.p, heads, 128)
+        torch.manual_seed(1000 + self.rank + s_global + b)
+        x = torch.randn(shape, dtype=torch.bfloat16, device=self.device)
+        choice, geom = self.expected(h, shape, grad, long_training, expect_table)
+        with envs.override(FASTVIDEO_ULYSSES_A2A="auto", FASTVIDEO_ULYSSES_A2A_LONG_TRAINING=long_training):
+            if grad:
+                xg = x.clone().requires_grad_()
+                y = h.all_to_all(xg, 0)
+                upstream = torch.randn_like(y)
+                (gx,) = torch.autograd.grad(y, xg, upstream)
+            else:
+                with torch.no_grad():
+                    y = h.all_to_all(x, 0)
+        torch.cuda.synchronize()
+        ref = nccl_route(x, 0, self.sp.device_group)
+        wrong = _wrong(y, ref)
+        records = list(h.history)
+        if grad:
+            ref_g = nccl_route(upstream.contiguous(), 1, self.sp.device_group)
+            wrong_g = _wrong(gx, ref_g)
+            self.assert_plan(records[-2], choice.plan, Phase.FORWARD_GRAD)
+            self.assert_plan(records[-1], choice.plan, Phase.BACKWARD)  # backward runs the forward's plan
+        else:
+            wrong_g = 0
+            self.assert_plan(records[-1], choice.plan, Phase.FORWARD_NO_GRAD)
+        if wrong or wrong_g:
+            raise AssertionError(f"{wrong} wrong forward / {wrong_g} wrong gradient elements vs the NCCL route")
+        ran = choice.plan.describe(geom) if choice.plan else f"nccl ({choice.reason.label})"
+        return f"plane {geom.plane_bytes} B: {ran}; 0 wrong"
+
+    def ownership(self, h) -> str:
+        shape = (3, 4096, 56, 128)
+        x1 = torch.randn(shape, dtype=torch.bfloat16, device=self.device)
+        with envs.override(FASTVIDEO_ULYSSES_A2A="auto"), torch.no_grad():
+            y1 = h.all_to_all(x1, 0)
+            keep = y1.clone()
+            for _ in range(3):
+                h.all_to_all(torch.randn_like(x1), 0)
+        torch.cuda.synchronize()
+        if h.history[-1].route != "fused":
+            raise AssertionError("ownership check did not run the fused route")
+        if not torch.equal(_bits(y1), _bits(keep)):
+            raise AssertionError("a retained output changed after later calls")
+        window = getattr(h.transport, "window_range", None)
+        if window is not None:
+            lo, hi = window()
+            ptr = y1.data_ptr()
+            if lo <= ptr < hi:
+                raise AssertionError("the output aliases the symmetric window")
+        return "retained output unchanged after 3 later calls; not in the window"
+
+    def recovery(self, h) -> str:
+        shape = (3, 2048, 56, 128)
+        x = torch.randn(shape, dtype=torch.bfloat16, device=self.device)
+        original = h.transport.eligibility
+        if self.rank == self.p - 1:  # one rank loses a capability for exactly one call
+            h.transport.eligibility = lambda t: DeclineReason.ALIGNMENT.bit
+        with envs.override(FASTVIDEO_ULYSSES_A2A="auto"), torch.no_grad():
+            y_declined = h.all_to_all(x, 0)
+            h.transport.eligibility = original
+            first = h.history[-1]
+            y_recovered = h.all_to_all(x, 0)
+            second = h.history[-1]
+        ref = nccl_route(x, 0, self.sp.device_group)
+        if first.route != "nccl" or first.reason != DeclineReason.PEER_DISAGREEMENT:
+            raise AssertionError(f"disagreement did not decline together: {first}")
+        if second.route != "fused":
+            raise AssertionError(f"the next compatible call did not recover: {second}")
+        wrong = _wrong(y_declined, ref) + _wrong(y_recovered, ref)
+        if wrong:
+            raise AssertionError(f"{wrong} wrong elements")
+        return "declined (peer_disagreement) on every rank, then fused again; 0 wrong"
+
+    def stress(self, rounds: int) -> str:
+        rng = random.Random(4242)  # same sequence on every rank
+        dtypes = (torch.bfloat16, torch.float16, torch.float32)
+        windows = (1 << 30, 8 << 20, 1 << 20)
+        helpers = {w: self.helper(window_bytes=w) for w in windows}
+        fused = 0
+        try:
+            for i in range(rounds):
+                b, s, hl = rng.randint(1, 4), rng.randint(1, 700), rng.randint(1, 8)
+                d = rng.choice((128, 64, 80, 3, 7, 256))
+                mode, dtype, w = rng.randint(0, 1), rng.choice(dtypes), rng.choice(windows)
+                h = helpers[w]
+                shape = (b, s, hl * self.p, d) if mode == 0 else (b, s * self.p, hl, d)
+                gen = torch.Generator(device=self.device).manual_seed(i * 100 + self.rank)
+                x = torch.randn(shape, generator=gen, device=self.device, dtype=torch.float32).to(dtype)
+                grad = rng.random() < 0.3
+                with envs.override(FASTVIDEO_ULYSSES_A2A="auto"):
+                    if grad:
+                        xg = x.clone().requires_grad_()
+                        y = h.all_to_all(xg, mode)
+                        up = torch.randn_like(y)
+                        (gx,) = torch.autograd.grad(y, xg, up)
+                    else:
+                        with torch.no_grad():
+                            y = h.all_to_all(x, mode)
+                geom = Geometry.from_input(shape, mode, self.p, dtype)
+                want = choose_plan(geom, gpu=h.gpu_name, window_bytes=w, grad=grad, long_training="auto",
+                                   table=h.tuned_table).plan
+                record = h.history[-2] if grad else h.history[-1]
+                self.assert_plan(record, want, Phase.FORWARD_GRAD if grad else Phase.FORWARD_NO_GRAD)
+                wrong = _wrong(y, nccl_route(x, mode, self.sp.device_group))
+                if grad:
+                    self.assert_plan(h.history[-1], want, Phase.BACKWARD)
+                    wrong += _wrong(gx, nccl_route(up.contiguous(), 1 - mode, self.sp.device_group))
+                if wrong:
+                    raise AssertionError(f"round {i} {shape} {dtype} mode {mode} window {w}: {wrong} wrong")
+                fused += record.route == "fused"
+        finally:
+            for h in helpers.values():
+                h.destroy()
+        if fused < rounds // 2:
+            raise AssertionError(f"only {fused}/{rounds} rounds ran the fused route: the stress did not stress it")
+        return f"{rounds} rounds bit-exact, {fused} fused"
+
+    def run(self) -> int:
+        tokens = {"32k": H3["32k"]} if self.quick else H3
+        h = self.helper()
+        try:
+            for label, s_global in tokens.items():
+                for b, pack in ((3, "QKV"), (4, "QKVG")):
+                    for grad in (False, True):
+                        name = f"parity {label} {pack} {'train' if grad else 'infer'}"
+                        self.check(name, lambda b=b, s=s_global, g=grad: self.parity(h, b, s, 56, grad=g,
+                                                                                       long_training="auto"))
+                self.check(f"long-training chunked {label} QKV",
+                           lambda s=s_global: self.parity(h, 3, s, 56, grad=True, long_training="chunked"))
+            for grad in (False, True):
+                self.check(f"parity wan720p {'train' if grad else 'infer'}",
+                           lambda g=grad: self.parity(h, 1, 75600, 40, grad=g, long_training="auto"))
+            self.check("output ownership", lambda: self.ownership(h))
+            self.check("recovery after capability disagreement", lambda: self.recovery(h))
+        finally:
+            h.destroy()
+        self.check("stress", lambda: self.stress(20 if self.quick else 100))
+        self.check("negative control: tuning disabled must fail the plan assertions", self.negative_control)
+        failed = [r for r in self.results if not r["ok"]]
+        if self.rank == 0:
+            print(f"{len(self.results) - len(failed)} passed, {len(failed)} failed", flush=True)
+        return 1 if failed else 0
+
+    def negative_control(self) -> str:
+        """Tuning disabled in the helper while the expectation assumes it: the plan assertion must fail."""
+        untuned = self.helper(table=())
+        try:
+            self.parity(untuned, 3, H3["32k"], 56, grad=False, long_training="auto", expect_table=self.fixture)
+        except PlanMismatch as exc:
+            return f"plan assertion failed as it must: {exc}"
+        finally:
+            untuned.destroy()
+        raise AssertionError("the plan assertions passed with tuning disabled: they cannot tell plans apart")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="32k only and a 20-round stress")
+    parser.add_argument("--json", type=pathlib.Path, help="write the results here (rank 0)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2 or int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        print(f"check_ulysses_h3_native: needs 2+ GPUs and torchrun --nproc_per_node>=2 (found "
+              f"{torch.cuda.device_count() if torch.cuda.is_available() else 0} GPUs, WORLD_SIZE="
+              f"{os.environ.get('WORLD_SIZE', '1')}); nothing was checked.", file=sys.stderr)
+        return 2
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local), timeout=datetime.timedelta(minutes=5))
+    parallel_state.initialize_sequence_parallel(dist.get_world_size())
+    gate = Gate(args.quick)
+    if gate.rank == 0:
+        header = {
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "commit": _commit(),
+            "gpu": torch.cuda.get_device_name(),
+            "sp": gate.p,
+            "torch": torch.__version__,
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+            "library": _library(),
+            "argv": sys.argv,
+        }
+        print(json.dumps(header, indent=1), flush=True)
+    try:
+        rc = gate.run()
+    finally:
+        parallel_state.destroy_sequence_parallel()
+    if gate.rank == 0 and args.json:
+        args.json.write_text(json.dumps({"header": header, "results": gate.results}, indent=1))
+    dist.destroy_process_group()
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
