@@ -1,0 +1,490 @@
+"""Ulysses all-to-all benchmark: NCCL route vs fused route, host-to-completion, with exactness per row.
+
+Launch (one process per GPU; the SP group spans all ranks):
+
+    torchrun --standalone --nproc_per_node=2 benchmarks/benchmark_ulysses_a2a.py --json a2a.json
+    torchrun --standalone --nproc_per_node=2 benchmarks/benchmark_ulysses_a2a.py --geometry h3-250k --overlap
+    torchrun --standalone --nproc_per_node=1 benchmarks/benchmark_ulysses_a2a.py          # SP1: routes degenerate
+    torchrun --standalone --nproc_per_node=2 benchmarks/benchmark_ulysses_a2a.py --device cpu --geometry toy --quick
+    python benchmarks/benchmark_ulysses_a2a.py --compare-revs /tmp/rev_a /tmp/rev_b --nproc 2 -- --geometry h3-32k
+
+Rows: every ``--geometry`` x ``--modes`` x ``--routes``. Route ``off`` is ``FASTVIDEO_ULYSSES_A2A=off``
+(the NCCL baseline: permute + all_to_all_single + permute); ``auto`` votes on every call and takes the
+fused route where every rank agrees (on CPU the helper is built on ``GlooPlanTransport`` so the whole
+fused pipeline runs over gloo; its timings mean nothing). Columns:
+
+* ``median/p10/p90 ms``: host-to-completion latency of the public op, vote included: ``perf_counter``
+  around the call plus a device synchronize, ranks lined up by a barrier before each iteration, rank-max
+  per iteration, over ``--iters`` (>= 50 by default) iterations after ``--warmup``.
+* ``vote us``: median per-call vote time of the row (the helper's own vote timings; 0 for ``off``),
+  ``vote %`` its share of the median latency.
+* ``xfer ms``: the transfer alone, CUDA events around ``all_to_all_single`` of the send layout (``off``)
+  or around ``helper.transport.execute`` with the plan the helper ran (``auto``); rank-max median.
+* ``GB/s``: bytes moved per rank / xfer time (``common.bandwidth_gbps``; bytes moved per rank =
+  operand bytes x (P-1)/P).
+* ``fabric %``: the fabric reference's time / xfer time. The reference moves the same bytes per rank
+  to the same peers, in both directions at once, with ``torch.distributed.batch_isend_irecv`` over the
+  SP device group (flat buffers, no relayout); measured in the same run for each geometry.
+* ``wrong``: elements whose bits differ from the NCCL route's output for the same input (``nccl_route``
+  computed in the same row), summed over ranks. The script exits 1 when any row has wrong > 0.
+* ``ran``: what the helper's history says actually ran for the row (``fused`` / ``nccl`` / ``mixed``),
+  with the plan and any decline reasons in the JSON (``route_ran``, ``plan``, ``declines``).
+
+``--overlap`` (CUDA only) runs a bf16 GEMM chain on a side stream alone and then beside back-to-back
+op calls of each route, and reports the chain's slowdown. ``--compare-revs DIR_A DIR_B`` runs this
+script with identical benchmark arguments against two exported trees (``FASTVIDEO_BENCH_TREE``),
+interleaved A/B/A/B, prints per-row latency ratios B/A, and compares the outputs each revision saved
+(``--save-outputs``) bit for bit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import common  # sets up sys.path for the FastVideo tree under test
+
+import torch  # noqa: I001 - after common, which chooses the tree
+import torch.distributed as dist
+
+from fastvideo.distributed.communication_op import (
+    _send_layout,
+    nccl_route,
+    sequence_model_parallel_all_to_all_4D,
+)
+from fastvideo.distributed.parallel_state import get_sp_group
+from fastvideo.distributed.ulysses.policy import Geometry
+
+# (B, S_global, H, D); h3 presets are packed QKV (B = 3 planes).
+PRESETS: dict[str, tuple[int, int, int, int]] = {
+    "wan720p": (1, 75600, 40, 128),
+    "h3-32k": (3, 32768, 56, 128),
+    "h3-128k": (3, 131072, 56, 128),
+    "h3-250k": (3, 250000, 56, 128),
+    "toy": (3, 512, 8, 32),
+}
+DEFAULT_GEOMETRIES = ("wan720p", "h3-32k", "h3-128k", "h3-250k")
+MODE_DIMS = {0: (2, 1), 1: (1, 2)}
+COMPARE_ONLY = {"--compare-revs": 2, "--rounds": 1, "--nproc": 1, "--json": 1, "--save-outputs": 1,
+                "--compare-out": 1}
+
+
+def parse_geometry(text: str) -> tuple[str, tuple[int, int, int, int]]:
+    if text in PRESETS:
+        return text, PRESETS[text]
+    try:
+        b, s, h, d = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--geometry {text!r}: use a preset ({', '.join(PRESETS)}) or B,S_global,H,D") from None
+    return f"{b}x{s}x{h}x{d}", (b, s, h, d)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--geometry", action="append", type=parse_geometry,
+                   help=f"preset ({', '.join(PRESETS)}) or B,S_global,H,D; repeatable (default: "
+                        f"{', '.join(DEFAULT_GEOMETRIES)}; 'toy' on CPU)")
+    p.add_argument("--modes", default="0,1", help="comma list of modes: 0 = (2,1) before attention, 1 = (1,2) after")
+    p.add_argument("--routes", default="off,auto", help="comma list of FASTVIDEO_ULYSSES_A2A values")
+    p.add_argument("--dtype", choices=sorted(common.DTYPES), default="bf16")
+    p.add_argument("--iters", type=int, default=50, help="timed iterations per row (>= 50 for the latency stats)")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--quick", action="store_true", help="smoke run: 5 iterations, 2 warm-up")
+    p.add_argument("--overlap", action="store_true", help="GEMM-chain slowdown beside each route (CUDA only)")
+    p.add_argument("--gemm-size", type=int, default=8192, help="--overlap: square bf16 GEMM size")
+    p.add_argument("--gemm-chain", type=int, default=20, help="--overlap: GEMMs in the chain")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--json", help="write the header and rows here (rank 0)")
+    p.add_argument("--save-outputs", help="directory: each rank saves its outputs with safetensors (rank{r}.safetensors)")
+    p.add_argument("--save-max-bytes", type=int, default=512 << 20,
+                   help="--save-outputs: tensors above this keep only their SHA-256 (in the file's metadata)")
+    p.add_argument("--compare-revs", nargs=2, metavar=("DIR_A", "DIR_B"),
+                   help="run the benchmark against two exported trees, A/B/A/B, and compare (plain python, not torchrun)")
+    p.add_argument("--rounds", type=int, default=2, help="--compare-revs: A/B rounds")
+    p.add_argument("--nproc", type=int, default=2, help="--compare-revs: processes per run")
+    p.add_argument("--compare-out", help="--compare-revs: where runs keep their JSON and outputs (default: a temp dir)")
+    return p
+
+
+# ---------------------------------------------------------------------------------------------- one row
+
+
+def make_input(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, seed: int) -> torch.Tensor:
+    """Deterministic input (the same bits for the same seed in every revision and route)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+
+
+def fabric_reference(nbytes_per_peer: int, device: torch.device, iters: int, warmup: int) -> float | None:
+    """Median seconds for every rank to send ``nbytes_per_peer`` to each peer and receive as much, at once."""
+    sp = get_sp_group()
+    p, me = sp.world_size, sp.rank_in_group
+    if p < 2 or nbytes_per_peer == 0:
+        return None
+    send = torch.ones(p, nbytes_per_peer, dtype=torch.uint8, device=device)
+    recv = torch.empty_like(send)
+
+    def exchange() -> None:
+        ops = []
+        for q in range(p):
+            if q != me:
+                ops.append(dist.P2POp(dist.isend, send[q], sp.ranks[q], group=sp.device_group))
+                ops.append(dist.P2POp(dist.irecv, recv[q], sp.ranks[q], group=sp.device_group))
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+
+    return common.median(common.device_times(exchange, device, iters, warmup))
+
+
+def vote_times_us(helper, n_calls: int) -> float | None:
+    """Median vote time (us) of the last ``n_calls`` calls of ``helper``, rank-max; None without votes."""
+    if helper is None or n_calls == 0:
+        return None
+    recent = list(getattr(helper, "_vote_s", ()))[-n_calls:]
+    local = statistics.median(recent) * 1e6 if recent else (helper.stats().get("vote_us_median") or 0.0)
+    return common.rank_max([local])[0]
+
+
+def summarize_history(helper, since_seq: int) -> dict:
+    """What the helper's history says ran since ``since_seq``: routes, plans, decline reasons."""
+    records = [r for r in helper.history if r.seq >= since_seq]
+    routes = collections.Counter(r.route for r in records)
+    plans = sorted({(r.plan.word, r.plan) for r in records if r.plan is not None}, key=lambda t: t[0])
+    reasons = collections.Counter(r.reason.label for r in records if r.reason is not None)
+    ran = "fused" if set(routes) == {"fused"} else "nccl" if set(routes) == {"nccl"} else "mixed" if routes else "none"
+    return {"route_ran": ran, "calls": dict(routes), "plans": [p for _, p in plans], "declines": dict(reasons)}
+
+
+def run_row(args, name, shape_global, mode, route, helper, dtype, device, fabric_cache, saved) -> dict:
+    sp = get_sp_group()
+    p, rank = sp.world_size, sp.rank_in_group
+    b, s, h, d = shape_global
+    if h % p or s % p:
+        return {"geometry": name, "mode": mode, "route": route, "skipped": f"H={h} or S={s} not divisible by SP{p}"}
+    in_shape = (b, s // p, h, d) if mode == 0 else (b, s, h // p, d)
+    seed = args.seed + 1000 * rank + 7 * mode + sum(shape_global)
+    x = make_input(in_shape, dtype, device, seed)
+    geom = Geometry.from_input(x.shape, mode, p, dtype)
+    operand_bytes = x.numel() * x.element_size()
+    ref = nccl_route(x, mode, sp.device_group) if p > 1 else x
+    common.set_route(route)
+    scatter, gather = MODE_DIMS[mode]
+
+    def op() -> torch.Tensor:
+        return sequence_model_parallel_all_to_all_4D(x, scatter_dim=scatter, gather_dim=gather)
+
+    use_helper = route == "auto" and p > 1 and helper is not None
+    mark = helper.stats()["calls"] if use_helper else 0
+    lat = common.host_latencies(op, device, args.iters, args.warmup)
+    out = op()
+    common.synchronize(device)
+    wrong = common.rank_sum(common.count_bitwise_diff(out, ref))
+    row: dict = {"geometry": name, "shape_global": list(shape_global), "input_shape": list(in_shape), "mode": mode,
+                 "route": route, "dtype": str(dtype).replace("torch.", ""), "sp_size": p,
+                 "operand_bytes_per_rank": operand_bytes,
+                 "bytes_moved_per_rank": common.bytes_moved_per_rank(operand_bytes, p), **common.summarize(lat)}
+
+    # What actually ran.
+    plan = None
+    if p == 1:
+        row.update(route_ran="identity (SP1)", plans=[], declines={})
+    elif route == "off":
+        row.update(route_ran="nccl", plans=[], declines={})
+    elif helper is None:
+        row.update(route_ran="nccl?", plans=[], declines={}, note="no helper (construction failed): see header")
+    else:
+        hist = summarize_history(helper, mark)
+        plan = hist["plans"][-1] if hist["route_ran"] == "fused" else None
+        row.update(route_ran=hist["route_ran"], calls=hist["calls"], declines=hist["declines"],
+                   plans=[pl.describe(geom) for pl in hist["plans"]])
+        if helper.fused_available and hist["route_ran"] != "fused":
+            row["note"] = f"UNEXPECTED: fused route constructed but calls declined: {hist['declines']}"
+        elif not helper.fused_available:
+            row["note"] = f"helper declined at construction: {helper.stats()['construction']}"
+    row["plan"] = row["plans"][-1] if row.get("plans") else None
+    n_votes = (args.iters + args.warmup + 1) if use_helper and helper.construction_reason is None else 0
+    row["vote_us"] = vote_times_us(helper, n_votes) if use_helper else 0.0
+    if row["vote_us"] is None:
+        row["vote_us"] = 0.0
+    row["vote_share"] = (row["vote_us"] / 1e3 / row["median_ms"]) if row["median_ms"] else None
+
+    # The transfer alone.
+    if plan is not None:
+        def transfer() -> object:
+            return helper.transport.execute(x, geom, plan)
+        row["transfer_what"] = "transport.execute"
+    else:
+        send = _send_layout(x, mode, p)
+        recv = torch.empty_like(send)
+
+        def transfer() -> object:
+            return dist.all_to_all_single(recv, send, group=sp.device_group)
+        row["transfer_what"] = "all_to_all_single"
+    xfer = common.median(common.device_times(transfer, device, args.iters, args.warmup))
+    row["transfer_ms"] = xfer * 1e3 if xfer is not None else None
+    row["gbps"] = common.bandwidth_gbps(operand_bytes, p, xfer)
+    row["gbps_latency"] = common.bandwidth_gbps(operand_bytes, p, row["median_ms"] / 1e3 if row["median_ms"] else None)
+
+    # The fabric reference, once per operand size.
+    key = operand_bytes
+    if key not in fabric_cache:
+        fabric_cache[key] = fabric_reference(operand_bytes // p if p > 1 else 0, device, args.iters, args.warmup)
+    fab = fabric_cache[key]
+    row["fabric_ms"] = fab * 1e3 if fab else None
+    row["fabric_fraction"] = (fab / xfer) if fab and xfer else None
+    row["wrong"] = wrong
+
+    if args.overlap:
+        row.update(overlap(args, op, device, row["median_ms"]))
+    if args.save_outputs:
+        saved[f"{name}/m{mode}/{route}"] = out.detach()
+    del x, ref, out
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
+def overlap(args, op, device: torch.device, op_ms: float | None) -> dict:
+    """Slowdown of a bf16 GEMM chain on a side stream caused by back-to-back calls of ``op`` (CUDA only)."""
+    if device.type != "cuda":
+        return {"gemm_slowdown": None, "overlap_note": "skipped: --overlap needs CUDA"}
+    n = args.gemm_size
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    bmat = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    side = torch.cuda.Stream(device)
+
+    def chain_ms(with_op: bool, calls: int) -> float:
+        common.barrier()
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(side):
+            start.record(side)
+            for _ in range(args.gemm_chain):
+                torch.mm(a, bmat)
+            end.record(side)
+        if with_op:
+            for _ in range(calls):
+                op()
+        torch.cuda.synchronize(device)
+        return start.elapsed_time(end)
+
+    chain_ms(False, 0)
+    alone = common.rank_max([statistics.median(chain_ms(False, 0) for _ in range(5))])[0]
+    calls = max(1, math.ceil(alone / op_ms)) if op_ms else 1
+    chain_ms(True, calls)
+    beside = common.rank_max([statistics.median(chain_ms(True, calls) for _ in range(5))])[0]
+    return {"gemm_chain_ms": alone, "gemm_chain_beside_ms": beside, "overlap_calls": calls,
+            "gemm_slowdown": beside / alone - 1.0}
+
+
+# ---------------------------------------------------------------------------------------------- outputs
+
+
+def save_outputs(directory: str, rank: int, tensors: dict[str, torch.Tensor], max_bytes: int) -> None:
+    """``rank{r}.safetensors``: every output (CPU copy) up to ``max_bytes``; metadata holds every SHA-256."""
+    from safetensors.torch import save_file
+
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    meta = {k: common.tensor_sha256(t) for k, t in tensors.items()}
+    small = {k: t.cpu().contiguous() for k, t in tensors.items() if t.numel() * t.element_size() <= max_bytes}
+    save_file(small, str(Path(directory) / f"rank{rank}.safetensors"), metadata=meta)
+
+
+def compare_saved(dir_a: str | Path, dir_b: str | Path) -> list[dict]:
+    """Bit-for-bit comparison of two ``--save-outputs`` directories, per rank file and tensor."""
+    from safetensors import safe_open
+
+    results = []
+    for file_a in sorted(Path(dir_a).glob("rank*.safetensors")):
+        file_b = Path(dir_b) / file_a.name
+        if not file_b.exists():
+            results.append({"file": file_a.name, "key": None, "identical": False, "note": "missing in B"})
+            continue
+        with safe_open(str(file_a), "pt") as fa, safe_open(str(file_b), "pt") as fb:
+            meta_a, meta_b = fa.metadata() or {}, fb.metadata() or {}
+            for key in sorted(set(meta_a) | set(meta_b)):
+                entry = {"file": file_a.name, "key": key}
+                if key not in meta_a or key not in meta_b:
+                    entry.update(identical=False, note="present in one revision only")
+                elif key in fa.keys() and key in fb.keys():
+                    diff = common.count_bitwise_diff(fa.get_tensor(key), fb.get_tensor(key))
+                    entry.update(identical=diff == 0, wrong=diff, how="tensor")
+                else:
+                    entry.update(identical=meta_a[key] == meta_b[key], how="sha256")
+                results.append(entry)
+    return results
+
+
+# ---------------------------------------------------------------------------------------------- revisions
+
+
+def child_argv(argv: list[str]) -> list[str]:
+    """``argv`` without the options that only the --compare-revs parent uses (and a leading ``--``)."""
+    out, skip = [], 0
+    for token in argv:
+        if skip:
+            skip -= 1
+            continue
+        name = token.split("=", 1)[0]
+        if name in COMPARE_ONLY:
+            skip = 0 if "=" in token else COMPARE_ONLY[name]
+            continue
+        if token == "--":
+            continue
+        out.append(token)
+    return out
+
+
+def compare_revs(args, argv: list[str]) -> int:
+    tree_a, tree_b = (Path(d).resolve() for d in args.compare_revs)
+    for tree in (tree_a, tree_b):
+        if not (tree / "fastvideo").is_dir():
+            raise SystemExit(f"--compare-revs: {tree} has no fastvideo/ package (export a tree with git archive)")
+    work = Path(args.compare_out or tempfile.mkdtemp(prefix="a2a_revs_"))
+    work.mkdir(parents=True, exist_ok=True)
+    bench_args = child_argv(argv)
+    print(f"# compare-revs: A={tree_a} B={tree_b} rounds={args.rounds} nproc={args.nproc} out={work}")
+    print(f"# identical benchmark argv: {' '.join(bench_args)}")
+    runs: dict[str, list[dict]] = {"A": [], "B": []}
+    for rnd in range(args.rounds):
+        for label, tree in (("A", tree_a), ("B", tree_b)):
+            out_json = work / f"{label}{rnd}.json"
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
+                   str(Path(__file__).resolve()), *bench_args, "--json", str(out_json)]
+            if rnd == 0:
+                cmd += ["--save-outputs", str(work / f"{label}_outputs")]
+            env = dict(os.environ, **{common.TREE_ENV: str(tree)})
+            print(f"# round {rnd} {label}: {' '.join(cmd)}", flush=True)
+            proc = subprocess.run(cmd, env=env, cwd=str(tree), capture_output=True, text=True)
+            if proc.returncode not in (0, 1):  # 1 = ran, but some row had wrong > 0 (reported below)
+                print(proc.stdout[-4000:], proc.stderr[-4000:], sep="\n")
+                raise SystemExit(f"--compare-revs: run {label}{rnd} failed with exit code {proc.returncode}")
+            runs[label].append(json.loads(out_json.read_text()))
+
+    def medians(label: str) -> dict[tuple, float]:
+        acc: dict[tuple, list[float]] = collections.defaultdict(list)
+        for run in runs[label]:
+            for row in run["rows"]:
+                if row.get("median_ms"):
+                    acc[(row["geometry"], row["mode"], row["route"])].append(row["median_ms"])
+        return {k: statistics.median(v) for k, v in acc.items()}
+
+    med_a, med_b = medians("A"), medians("B")
+    print(f"# A commit {runs['A'][0]['header']['commit']}   B commit {runs['B'][0]['header']['commit']}")
+    print(f"{'geometry':>12} {'mode':>4} {'route':>5} {'A ms':>9} {'B ms':>9} {'B/A':>7}")
+    ratios = []
+    for key in sorted(set(med_a) & set(med_b), key=str):
+        ratio = med_b[key] / med_a[key]
+        ratios.append({"geometry": key[0], "mode": key[1], "route": key[2], "a_median_ms": med_a[key],
+                       "b_median_ms": med_b[key], "ratio_b_over_a": ratio})
+        print(f"{key[0]:>12} {key[1]:>4} {key[2]:>5} {med_a[key]:9.3f} {med_b[key]:9.3f} {ratio:7.3f}")
+    outputs = compare_saved(work / "A_outputs", work / "B_outputs")
+    different = [o for o in outputs if not o["identical"]]
+    print(f"# outputs compared bit for bit: {len(outputs)} tensors, {len(different)} differ")
+    for o in different:
+        print(f"#   differs: {o}")
+    if args.json:
+        common.write_json(args.json, {"compare_revs": [str(tree_a), str(tree_b)], "argv": sys.argv,
+                                      "bench_argv": bench_args, "commit_a": runs["A"][0]["header"]["commit"],
+                                      "commit_b": runs["B"][0]["header"]["commit"]},
+                          ratios, outputs=outputs, runs=runs)
+    return 0 if not different and outputs else 1
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def print_table(rows: list[dict]) -> None:
+    cols = (f"{'geometry':>12} {'mode':>4} {'route':>5} {'ran':>9} {'median':>8} {'p10':>8} {'p90':>8} {'vote us':>8} "
+            f"{'vote %':>6} {'xfer ms':>8} {'GB/s':>7} {'fabric%':>7} {'wrong':>6}")
+    print(cols)
+
+    def f(v, fmt):
+        return format(v, fmt) if isinstance(v, (int, float)) else format("-", ">" + fmt.split(".")[0].lstrip(">"))
+
+    for r in rows:
+        if "skipped" in r:
+            print(f"{r['geometry']:>12} {r['mode']:>4} {r['route']:>5} skipped: {r['skipped']}")
+            continue
+        share = r["vote_share"] * 100 if r.get("vote_share") is not None else None
+        frac = r["fabric_fraction"] * 100 if r.get("fabric_fraction") is not None else None
+        print(f"{r['geometry']:>12} {r['mode']:>4} {r['route']:>5} {r['route_ran'][:9]:>9} {f(r['median_ms'], '8.3f')} "
+              f"{f(r['p10_ms'], '8.3f')} {f(r['p90_ms'], '8.3f')} {f(r['vote_us'], '8.1f')} {f(share, '6.1f')} "
+              f"{f(r['transfer_ms'], '8.3f')} {f(r['gbps'], '7.1f')} {f(frac, '7.1f')} {r['wrong']:>6}")
+        if r.get("plan"):
+            print(f"{'':>12}      plan: {r['plan']}")
+        if r.get("note"):
+            print(f"{'':>12}      note: {r['note']}")
+        if r.get("gemm_slowdown") is not None:
+            print(f"{'':>12}      overlap: GEMM chain {r['gemm_chain_ms']:.3f} ms alone, {r['gemm_chain_beside_ms']:.3f} ms "
+                  f"beside {r['overlap_calls']} calls: slowdown {r['gemm_slowdown'] * 100:.1f}%")
+        elif r.get("overlap_note"):
+            print(f"{'':>12}      overlap: {r['overlap_note']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args([a for a in argv if a != "--"])
+    if args.compare_revs:
+        return compare_revs(args, argv)
+    if args.quick:
+        args.iters, args.warmup = 5, 2
+    rank, world, device = common.init_distributed(args.device)
+    dtype = common.DTYPES[args.dtype]
+    geometries = args.geometry or [parse_geometry(g) for g in (DEFAULT_GEOMETRIES if device.type == "cuda" else ("toy",))]
+    modes = [int(m) for m in args.modes.split(",")]
+    routes = [r.strip() for r in args.routes.split(",")]
+    for r in routes:
+        if r not in ("off", "auto"):
+            raise SystemExit(f"--routes: {r!r} is not a FASTVIDEO_ULYSSES_A2A value (off, auto)")
+
+    helper, helper_note = None, None
+    if "auto" in routes and world > 1:
+        try:
+            if device.type == "cpu":
+                helper = common.install_cpu_transport_helper()
+                helper_note = "CPU: GlooPlanTransport injected (timings mean nothing)"
+            else:
+                from fastvideo.distributed.ulysses.helper import get_default_helper
+
+                helper = get_default_helper()
+        except Exception as exc:  # noqa: BLE001 - reported; auto rows then say so
+            helper_note = f"helper construction failed: {type(exc).__name__}: {exc}"
+    header = common.env_header(device, world, helper, {
+        "benchmark": "ulysses_a2a", "dtype": args.dtype, "iters": args.iters, "warmup": args.warmup,
+        "helper": helper.stats() if helper is not None else None, "helper_note": helper_note,
+        "bandwidth_definition": "bytes moved per rank / time; bytes moved per rank = operand bytes x (P-1)/P",
+        "fabric_reference": "batch_isend_irecv of operand/P bytes to and from every peer at once (same run)",
+    })
+    if rank == 0:
+        common.print_header(header)
+    rows, fabric_cache, saved = [], {}, {}
+    for name, shape in geometries:
+        for mode in modes:
+            for route in routes:
+                rows.append(run_row(args, name, shape, mode, route, helper, dtype, device, fabric_cache, saved))
+    if args.save_outputs:
+        save_outputs(args.save_outputs, rank, saved, args.save_max_bytes)
+    if helper is not None:
+        header["helper_after"] = helper.stats()
+    if rank == 0:
+        print_table(rows)
+        common.write_json(args.json, header, rows)
+    common.set_route("off")
+    common.shutdown()
+    return 1 if any(r.get("wrong") for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,358 @@
+"""Shared pieces of the benchmarks: process setup, the environment header, timing, bandwidth.
+
+Not a script. ``benchmark_ulysses_a2a.py``, ``benchmark_dit_step.py`` and ``tune_ulysses_a2a.py``
+import it as ``common`` (their own directory is first on ``sys.path`` when they run as scripts).
+
+The ONE bandwidth definition every benchmark uses (``docs/benchmarks.md``):
+
+    GB/s = bytes moved per rank / time,  bytes moved per rank = operand bytes x (P - 1) / P
+
+i.e. the bytes each rank sends to its peers (its 1/P self-share never crosses the fabric), divided by
+the measured time, in 1e9 bytes per second. With P = 1 nothing moves and the bandwidth is 0.
+
+The FastVideo tree under test is the one named by ``FASTVIDEO_BENCH_TREE`` (set by
+``benchmark_ulysses_a2a.py --compare-revs``), else the repository this file lives in.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parent
+TREE_ENV = "FASTVIDEO_BENCH_TREE"
+
+
+def add_tree_to_path() -> Path:
+    """Put the FastVideo tree under test on ``sys.path`` (after this directory) and return it."""
+    tree = Path(os.environ.get(TREE_ENV) or REPO_ROOT).resolve()
+    if str(tree) not in sys.path:
+        sys.path.insert(1, str(tree))
+    return tree
+
+
+add_tree_to_path()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+          "fp32": torch.float32, "float32": torch.float32}
+
+
+# ---------------------------------------------------------------------------------------------- process setup
+
+
+def init_distributed(device: str) -> tuple[int, int, torch.device]:
+    """``init_process_group`` from torchrun's env (NCCL on CUDA, gloo on CPU) and one SP group over the world.
+
+    Works without torchrun too (a single process, SP1). Returns (rank, world size, device).
+    """
+    from fastvideo.distributed.parallel_state import initialize_sequence_parallel
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here; use --device cpu for a gloo smoke run.")
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dev = torch.device("cuda", torch.cuda.current_device())
+        dist.init_process_group("nccl", device_id=dev)
+    else:
+        dev = torch.device("cpu")
+        dist.init_process_group("gloo")
+    initialize_sequence_parallel(dist.get_world_size())
+    return dist.get_rank(), dist.get_world_size(), dev
+
+
+def shutdown() -> None:
+    from fastvideo.distributed.parallel_state import destroy_sequence_parallel
+
+    destroy_sequence_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def cpu_group():
+    """The SP group's gloo group (host-side reductions of timings never touch the device)."""
+    from fastvideo.distributed.parallel_state import get_sp_group
+
+    return get_sp_group().cpu_group
+
+
+def install_cpu_transport_helper():
+    """On CPU, build a helper on ``GlooPlanTransport`` and make it the op's default (collective).
+
+    Without it, ``auto`` on CPU declines at construction (TRANSPORT_MISSING) and every call takes the
+    NCCL route; with it the whole fused pipeline (vote, plans, chunks, window) runs over gloo.
+    """
+    from fastvideo.distributed.ulysses.helper import UlyssesHelper, install_default_helper
+    from fastvideo.distributed.ulysses.transport import GlooPlanTransport
+
+    helper = UlyssesHelper(transport=GlooPlanTransport())
+    install_default_helper(helper)
+    return helper
+
+
+def set_route(route: str) -> None:
+    """Select the op's route for the following calls (``off`` = NCCL baseline, ``auto`` = fused where agreed)."""
+    os.environ["FASTVIDEO_ULYSSES_A2A"] = route
+
+
+# ---------------------------------------------------------------------------------------------- environment header
+
+
+def tree_commit(tree: Path) -> str:
+    """``git rev-parse HEAD`` of ``tree`` (plus ``-dirty`` for uncommitted changes), or its COMMIT file."""
+    try:
+        head = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        top = subprocess.run(["git", "-C", str(tree), "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout.strip()
+        if Path(top).resolve() == tree.resolve():
+            dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=10).stdout.strip()
+            return head + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    stamp = tree / "COMMIT"
+    if stamp.is_file():
+        return stamp.read_text().strip()
+    return "unknown"
+
+
+def fastvideo_tree() -> Path:
+    import fastvideo
+
+    return Path(fastvideo.__file__).resolve().parent.parent
+
+
+def nccl_version() -> str | None:
+    if not torch.cuda.is_available():
+        return None
+    try:
+        version = torch.cuda.nccl.version()
+    except Exception:  # noqa: BLE001 - a CPU build or a broken NCCL: report it as missing
+        return None
+    return ".".join(str(v) for v in version) if isinstance(version, tuple) else str(version)
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def native_library(helper=None) -> dict | None:
+    """Path and SHA-256 of the native communication library the fused route loaded, if any.
+
+    Looked for on the helper's transport (``library_path`` / ``lib_path`` / ``path``), then among the
+    shared objects this process has mapped (``/proc/self/maps``) whose name mentions fastvideo.
+    """
+    candidates: list[str] = []
+    transport = getattr(helper, "transport", None)
+    for attr in ("library_path", "lib_path", "path"):
+        value = getattr(transport, attr, None)
+        if isinstance(value, (str, os.PathLike)) and value:
+            candidates.append(str(value))
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1] if len(line.split()) >= 6 else ""
+                if path.endswith(".so") or ".so." in path:
+                    name = os.path.basename(path).lower()
+                    if "fastvideo" in name or "ulysses" in name:
+                        candidates.append(path)
+    except OSError:
+        pass
+    for path in candidates:
+        if os.path.isfile(path):
+            return {"path": os.path.realpath(path), "sha256": sha256_file(path)}
+    return None
+
+
+def gpu_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or 'host'})"
+
+
+def env_header(device: torch.device, sp_size: int, helper=None, extra: dict | None = None) -> dict:
+    """The header every benchmark prints and writes: what exactly ran, where and when."""
+    tree = fastvideo_tree()
+    header = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": gpu_name(device),
+        "device": str(device),
+        "sp_size": sp_size,
+        "torch": torch.__version__,
+        "nccl": nccl_version(),
+        "commit": tree_commit(tree),
+        "fastvideo_tree": str(tree),
+        "argv": list(sys.argv),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "native_library": native_library(helper),
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("FASTVIDEO_")},
+    }
+    header.update(extra or {})
+    return header
+
+
+def print_header(header: dict) -> None:
+    lib = header.get("native_library")
+    lib_text = f"{lib['path']} sha256={lib['sha256']}" if lib else "none loaded"
+    print(f"# date {header['date']}  host {header['host']}  gpu {header['gpu']}  SP{header['sp_size']}")
+    print(f"# torch {header['torch']}  nccl {header['nccl']}  commit {header['commit']}  tree {header['fastvideo_tree']}")
+    print(f"# native library: {lib_text}")
+    print(f"# argv: {' '.join(header['argv'])}")
+    for key, value in header.items():
+        if key not in {"date", "host", "gpu", "sp_size", "torch", "nccl", "commit", "fastvideo_tree", "native_library",
+                       "argv", "device", "python", "env"}:
+            print(f"# {key}: {value}")
+    if header.get("env"):
+        print("# env: " + " ".join(f"{k}={v}" for k, v in header["env"].items()))
+
+
+def write_json(path: str | None, header: dict, rows: Sequence[dict], **extra) -> None:
+    if not path:
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"header": header, "rows": list(rows), **extra}, f, indent=2, default=str)
+        f.write("\n")
+
+
+# ---------------------------------------------------------------------------------------------- timing
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def barrier() -> None:
+    """Line the ranks up (over gloo, outside any timed region)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier(group=cpu_group())
+
+
+def rank_max(values: Sequence[float]) -> list[float]:
+    """Element-wise max over ranks of a list of timings (every rank passes the same length)."""
+    t = torch.tensor(list(values), dtype=torch.float64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=cpu_group())
+    return t.tolist()
+
+
+def rank_sum(value: int) -> int:
+    t = torch.tensor([int(value)], dtype=torch.int64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=cpu_group())
+    return int(t.item())
+
+
+def summarize(values: Sequence[float]) -> dict:
+    """median / p10 / p90 (nearest rank) of a list of seconds, returned in milliseconds."""
+    v = sorted(values)
+    if not v:
+        return {"median_ms": None, "p10_ms": None, "p90_ms": None}
+
+    def pick(q: float) -> float:
+        return v[min(len(v) - 1, max(0, round(q * (len(v) - 1))))] * 1e3
+
+    return {"median_ms": statistics.median(v) * 1e3, "p10_ms": pick(0.10), "p90_ms": pick(0.90)}
+
+
+def host_latencies(fn: Callable[[], object], device: torch.device, iters: int, warmup: int) -> list[float]:
+    """Host-to-completion seconds of ``fn`` per iteration: perf_counter around the call + device sync.
+
+    Ranks are lined up with a barrier before each iteration; the result is the rank-max per iteration.
+    """
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    times = []
+    for _ in range(iters):
+        barrier()
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return rank_max(times)
+
+
+def device_times(fn: Callable[[], object], device: torch.device, iters: int, warmup: int) -> list[float]:
+    """Device seconds of ``fn`` per iteration: CUDA events around it (perf_counter + sync on CPU); rank-max."""
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    times = []
+    for _ in range(iters):
+        barrier()
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return rank_max(times)
+
+
+def median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+# ---------------------------------------------------------------------------------------------- bandwidth
+
+
+def bytes_moved_per_rank(operand_bytes: int, world_size: int) -> int:
+    """Bytes one rank sends to its peers in one all-to-all of an ``operand_bytes`` per-rank operand."""
+    return operand_bytes * (world_size - 1) // world_size
+
+
+def bandwidth_gbps(operand_bytes: int, world_size: int, seconds: float | None) -> float | None:
+    """THE bandwidth definition: bytes moved per rank / time, in GB/s (1e9 B/s)."""
+    if not seconds or world_size < 2:
+        return 0.0 if world_size < 2 else None
+    return bytes_moved_per_rank(operand_bytes, world_size) / seconds / 1e9
+
+
+# ---------------------------------------------------------------------------------------------- comparisons
+
+
+def count_bitwise_diff(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Elements of ``a`` and ``b`` whose bits differ (NaN payloads included); shapes must match."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return max(a.numel(), b.numel())
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return int((a.contiguous().view(ints) != b.contiguous().view(ints)).sum().item())
+
+
+def tensor_sha256(t: torch.Tensor) -> str:
+    """SHA-256 of a tensor's bytes (bit-for-bit identity of large outputs without keeping them)."""
+    flat = t.detach().contiguous().reshape(-1).view(torch.uint8).cpu()
+    return hashlib.sha256(memoryview(flat.numpy())).hexdigest()
