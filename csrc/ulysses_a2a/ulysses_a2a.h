@@ -1,0 +1,96 @@
+/*
+ * fastvideo-kernel: the Ulysses fused all-to-all, plain C ABI (loaded from Python with ctypes).
+ *
+ * Every function returns FVK_OK (0) or an FVK_ERR_* code; fvk_last_error() then returns a message
+ * (thread-local, valid until the next call on the same thread) naming the failing CUDA/NCCL call,
+ * its code and its text. Nothing here aborts the process.
+ *
+ * Geometry is passed in the project's mode-independent terms (fastvideo/distributed/ulysses/policy.py):
+ *   mode 0: input [B, S, H, D]   -> output [B, P*S, H/P, D]   (scatter heads, gather sequence)
+ *   mode 1: input [B, P*S, H/P, D] -> output [B, S, H, D]     (the inverse)
+ *   S = S_local (rows per rank), H = global head count, P = world size of the communicator.
+ * dtype codes are the contract's wire codes: 1 = float32, 2 = float16, 3 = bfloat16.
+ * A plan is (ctas, planes_per_chunk, rows_per_chunk); chunks run planes-major, then S_local row
+ * ranges taken from every peer's block (policy.Plan.chunks).
+ *
+ * Construction is split into the steps the helper votes between. Local: fvk_create,
+ * fvk_window_alloc. Collective over the communicator's ranks, entered by every rank in the same
+ * order: fvk_comm_init, fvk_window_register, fvk_devcomm_create, fvk_destroy, and every execute.
+ */
+#ifndef FASTVIDEO_ULYSSES_A2A_H_
+#define FASTVIDEO_ULYSSES_A2A_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FVK_ABI_VERSION 1
+
+/* The library is built with -fvisibility=hidden: only these functions are exported. */
+#define FVK_API __attribute__((visibility("default")))
+
+enum {
+  FVK_OK = 0,
+  FVK_ERR_INVALID = 1,        /* bad argument or geometry */
+  FVK_ERR_CUDA = 2,           /* a CUDA runtime call failed */
+  FVK_ERR_NCCL = 3,           /* an NCCL call failed */
+  FVK_ERR_NOT_CORESIDENT = 4, /* the CTA count cannot be co-resident: launching would risk deadlock */
+  FVK_ERR_STATE = 5,          /* step called out of order (e.g. execute before the device comm) */
+  FVK_ERR_UNAVAILABLE = 6     /* an optional facility (NVML) is missing */
+};
+
+typedef struct fvk_ctx fvk_ctx;
+
+/* ---- library identity ---- */
+FVK_API int fvk_abi_version(void);
+FVK_API int fvk_nccl_build_version(void);             /* NCCL_VERSION_CODE of the headers compiled against */
+FVK_API int fvk_nccl_runtime_version(int* version);   /* ncclGetVersion of the libnccl.so.2 in this process */
+FVK_API const char* fvk_last_error(void);
+FVK_API int fvk_max_ctas(void);                       /* LSA barrier slots reserved by fvk_devcomm_create (144) */
+/* CTAs of the fused kernel one device can hold at once (occupancy x SMs), the co-residency limit. */
+FVK_API int fvk_coresident_ctas(int device, int* ctas);
+
+/* ---- topology helpers (local) ---- */
+FVK_API int fvk_pci_bus_id(int device, char* buf, int len);
+/* *nvlink = 1 when NVML reports NVLink P2P between the two GPUs (PCI bus ids), else 0. */
+FVK_API int fvk_nvlink_p2p(const char* bus_id_a, const char* bus_id_b, int* nvlink);
+
+/* ---- construction (see the header comment for which steps are collective) ---- */
+FVK_API int fvk_unique_id_bytes(void);
+FVK_API int fvk_get_unique_id(void* out, size_t len);
+FVK_API int fvk_create(int device, fvk_ctx** out);
+FVK_API int fvk_comm_init(fvk_ctx* ctx, const void* unique_id, size_t len, int nranks, int rank);
+FVK_API int fvk_window_alloc(fvk_ctx* ctx, size_t bytes);
+FVK_API int fvk_window_register(fvk_ctx* ctx);
+FVK_API int fvk_devcomm_create(fvk_ctx* ctx);
+/* LSA coverage: the fused route needs lsa_size == nranks (every SP peer load/store addressable). */
+FVK_API int fvk_lsa_info(fvk_ctx* ctx, int* nranks, int* rank, int* lsa_size, int* lsa_rank);
+
+/* ---- execution (collective; enqueued on `stream`, a cudaStream_t; returns once enqueued) ---- */
+/* The original entry point: 36 CTAs, the whole operand as one chunk. */
+FVK_API int fvk_a2a_original(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S,
+                             int64_t H, int64_t D, void* stream);
+/* The tuned entry point: CTA count and chunk shape as arguments. */
+FVK_API int fvk_a2a_tuned(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H,
+                          int64_t D, int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, void* stream);
+
+/* ---- simulated peers on one device (no NCCL): the same movement code, P ranks' buffers ---- */
+/* xs/windows/outs: `world` device pointers each (host arrays). Barriers become launch boundaries. */
+FVK_API int fvk_sim_a2a(int world, const void* const* xs, void* const* windows, size_t window_bytes, void* const* outs,
+                        int mode, int dtype, int64_t B, int64_t S, int64_t H, int64_t D, int ctas,
+                        int64_t planes_per_chunk, int64_t rows_per_chunk, void* stream);
+
+/* ---- teardown ---- */
+/* Collective: device comm, window deregistration, ncclMemFree, ncclCommDestroy; frees ctx. */
+FVK_API int fvk_destroy(fvk_ctx* ctx);
+/* Local, after a failed construction: ncclCommAbort and free whatever this rank holds; frees ctx. */
+FVK_API int fvk_abort(fvk_ctx* ctx);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FASTVIDEO_ULYSSES_A2A_H_ */
