@@ -50,9 +50,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-import common  # sets up sys.path for the FastVideo tree under test
-
-import torch  # noqa: I001 - after common, which chooses the tree
+import common  # first: puts the FastVideo tree under test on sys.path
+import torch
 import torch.distributed as dist
 
 from fastvideo.distributed.communication_op import (
@@ -106,11 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gemm-chain", type=int, default=20, help="--overlap: GEMMs in the chain")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--json", help="write the header and rows here (rank 0)")
-    p.add_argument("--save-outputs", help="directory: each rank saves its outputs with safetensors (rank{r}.safetensors)")
+    p.add_argument("--save-outputs",
+                   help="directory: each rank saves its outputs with safetensors (rank{r}.safetensors)")
     p.add_argument("--save-max-bytes", type=int, default=512 << 20,
                    help="--save-outputs: tensors above this keep only their SHA-256 (in the file's metadata)")
     p.add_argument("--compare-revs", nargs=2, metavar=("DIR_A", "DIR_B"),
-                   help="run the benchmark against two exported trees, A/B/A/B, and compare (plain python, not torchrun)")
+                   help="run the benchmark against two exported trees, A/B/A/B, and compare "
+                        "(launch with plain python, not torchrun)")
     p.add_argument("--rounds", type=int, default=2, help="--compare-revs: A/B rounds")
     p.add_argument("--nproc", type=int, default=2, help="--compare-revs: processes per run")
     p.add_argument("--compare-out", help="--compare-revs: where runs keep their JSON and outputs (default: a temp dir)")
@@ -248,10 +249,8 @@ def run_row(args, name, shape_global, mode, route, helper, dtype, device, fabric
     if args.overlap:
         row.update(overlap(args, op, device, row["median_ms"]))
     if args.save_outputs:
-        saved[f"{name}/m{mode}/{route}"] = out.detach()
-    del x, ref, out
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+        small = out.numel() * out.element_size() <= args.save_max_bytes
+        saved[f"{name}/m{mode}/{route}"] = (common.tensor_sha256(out), out.detach().cpu() if small else None)
     return row
 
 
@@ -291,14 +290,14 @@ def overlap(args, op, device: torch.device, op_ms: float | None) -> dict:
 # ---------------------------------------------------------------------------------------------- outputs
 
 
-def save_outputs(directory: str, rank: int, tensors: dict[str, torch.Tensor], max_bytes: int) -> None:
-    """``rank{r}.safetensors``: every output (CPU copy) up to ``max_bytes``; metadata holds every SHA-256."""
+def save_outputs(directory: str, rank: int, saved: dict[str, tuple[str, torch.Tensor | None]]) -> None:
+    """``rank{r}.safetensors``: the kept outputs (CPU copies up to --save-max-bytes); metadata: every SHA-256."""
     from safetensors.torch import save_file
 
     Path(directory).mkdir(parents=True, exist_ok=True)
-    meta = {k: common.tensor_sha256(t) for k, t in tensors.items()}
-    small = {k: t.cpu().contiguous() for k, t in tensors.items() if t.numel() * t.element_size() <= max_bytes}
-    save_file(small, str(Path(directory) / f"rank{rank}.safetensors"), metadata=meta)
+    meta = {k: sha for k, (sha, _) in saved.items()}
+    kept = {k: t.contiguous() for k, (_, t) in saved.items() if t is not None}
+    save_file(kept, str(Path(directory) / f"rank{rank}.safetensors"), metadata=meta)
 
 
 def compare_saved(dir_a: str | Path, dir_b: str | Path) -> list[dict]:
@@ -427,7 +426,8 @@ def print_table(rows: list[dict]) -> None:
         if r.get("note"):
             print(f"{'':>12}      note: {r['note']}")
         if r.get("gemm_slowdown") is not None:
-            print(f"{'':>12}      overlap: GEMM chain {r['gemm_chain_ms']:.3f} ms alone, {r['gemm_chain_beside_ms']:.3f} ms "
+            print(f"{'':>12}      overlap: GEMM chain {r['gemm_chain_ms']:.3f} ms alone, "
+                  f"{r['gemm_chain_beside_ms']:.3f} ms "
                   f"beside {r['overlap_calls']} calls: slowdown {r['gemm_slowdown'] * 100:.1f}%")
         elif r.get("overlap_note"):
             print(f"{'':>12}      overlap: {r['overlap_note']}")
@@ -442,7 +442,8 @@ def main(argv: list[str] | None = None) -> int:
         args.iters, args.warmup = 5, 2
     rank, world, device = common.init_distributed(args.device)
     dtype = common.DTYPES[args.dtype]
-    geometries = args.geometry or [parse_geometry(g) for g in (DEFAULT_GEOMETRIES if device.type == "cuda" else ("toy",))]
+    default = DEFAULT_GEOMETRIES if device.type == "cuda" else ("toy",)
+    geometries = args.geometry or [parse_geometry(g) for g in default]
     modes = [int(m) for m in args.modes.split(",")]
     routes = [r.strip() for r in args.routes.split(",")]
     for r in routes:
@@ -474,8 +475,10 @@ def main(argv: list[str] | None = None) -> int:
         for mode in modes:
             for route in routes:
                 rows.append(run_row(args, name, shape, mode, route, helper, dtype, device, fabric_cache, saved))
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()  # the row's operands are gone; keep big geometries from stacking up
     if args.save_outputs:
-        save_outputs(args.save_outputs, rank, saved, args.save_max_bytes)
+        save_outputs(args.save_outputs, rank, saved)
     if helper is not None:
         header["helper_after"] = helper.stats()
     if rank == 0:

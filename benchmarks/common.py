@@ -221,7 +221,8 @@ def print_header(header: dict) -> None:
     lib = header.get("native_library")
     lib_text = f"{lib['path']} sha256={lib['sha256']}" if lib else "none loaded"
     print(f"# date {header['date']}  host {header['host']}  gpu {header['gpu']}  SP{header['sp_size']}")
-    print(f"# torch {header['torch']}  nccl {header['nccl']}  commit {header['commit']}  tree {header['fastvideo_tree']}")
+    print(f"# torch {header['torch']}  nccl {header['nccl']}  commit {header['commit']}  "
+          f"tree {header['fastvideo_tree']}")
     print(f"# native library: {lib_text}")
     print(f"# argv: {' '.join(header['argv'])}")
     for key, value in header.items():
