@@ -1,0 +1,153 @@
+"""Loader for the fastvideo-kernel native library (the Ulysses fused all-to-all, a plain C ABI).
+
+    import fastvideo_kernel
+    lib = fastvideo_kernel.load()      # ctypes.CDLL with argtypes declared; imports torch first
+    fastvideo_kernel.info()            # path, sha256, ABI, entry points, NCCL build/runtime versions
+
+``FASTVIDEO_KERNEL_LIBRARY`` points at a development build instead of the packaged one. ``load()``
+imports torch before opening the library so that the ``libnccl.so.2`` torch already mapped is the
+one the kernel binds to (the NCCL device API is header-inline: the runtime must be the same
+major.minor as the build, and there must be exactly one copy in the process).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+from pathlib import Path
+
+__all__ = [
+    "ENTRY_SYMBOLS",
+    "ENV_LIBRARY",
+    "LIBRARY_NAME",
+    "KernelUnavailable",
+    "entry_points",
+    "info",
+    "last_error",
+    "library_path",
+    "load",
+    "nccl_version_tuple",
+]
+
+LIBRARY_NAME = "libfastvideo_ulysses_a2a.so"
+ENV_LIBRARY = "FASTVIDEO_KERNEL_LIBRARY"
+# Entry point name (as the Python transport knows it) -> exported symbol. Older builds may lack some.
+ENTRY_SYMBOLS = {"original": "fvk_a2a_original", "tuned": "fvk_a2a_tuned", "sim": "fvk_sim_a2a"}
+
+_c_int_p = ctypes.POINTER(ctypes.c_int)
+_VOIDP = ctypes.c_void_p
+_I64 = ctypes.c_int64
+# Every exported function and its ctypes signature; all return an int status except fvk_last_error.
+_SIGNATURES: dict[str, tuple[type, list]] = {
+    "fvk_abi_version": (ctypes.c_int, []),
+    "fvk_nccl_build_version": (ctypes.c_int, []),
+    "fvk_nccl_runtime_version": (ctypes.c_int, [_c_int_p]),
+    "fvk_last_error": (ctypes.c_char_p, []),
+    "fvk_max_ctas": (ctypes.c_int, []),
+    "fvk_coresident_ctas": (ctypes.c_int, [ctypes.c_int, _c_int_p]),
+    "fvk_pci_bus_id": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_int]),
+    "fvk_nvlink_p2p": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, _c_int_p]),
+    "fvk_unique_id_bytes": (ctypes.c_int, []),
+    "fvk_get_unique_id": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_size_t]),
+    "fvk_create": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(_VOIDP)]),
+    "fvk_comm_init": (ctypes.c_int, [_VOIDP, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int]),
+    "fvk_window_alloc": (ctypes.c_int, [_VOIDP, ctypes.c_size_t]),
+    "fvk_window_register": (ctypes.c_int, [_VOIDP]),
+    "fvk_devcomm_create": (ctypes.c_int, [_VOIDP]),
+    "fvk_lsa_info": (ctypes.c_int, [_VOIDP, _c_int_p, _c_int_p, _c_int_p, _c_int_p]),
+    "fvk_a2a_original": (ctypes.c_int, [_VOIDP, _VOIDP, _VOIDP, ctypes.c_int, ctypes.c_int, _I64, _I64, _I64, _I64,
+                                        _VOIDP]),
+    "fvk_a2a_tuned": (ctypes.c_int, [_VOIDP, _VOIDP, _VOIDP, ctypes.c_int, ctypes.c_int, _I64, _I64, _I64, _I64,
+                                     ctypes.c_int, _I64, _I64, _VOIDP]),
+    "fvk_sim_a2a": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(_VOIDP), ctypes.POINTER(_VOIDP), ctypes.c_size_t,
+                                   ctypes.POINTER(_VOIDP), ctypes.c_int, ctypes.c_int, _I64, _I64, _I64, _I64,
+                                   ctypes.c_int, _I64, _I64, _VOIDP]),
+    "fvk_destroy": (ctypes.c_int, [_VOIDP]),
+    "fvk_abort": (ctypes.c_int, [_VOIDP]),
+}
+
+_LOADED: dict[str, ctypes.CDLL] = {}
+
+
+class KernelUnavailable(RuntimeError):
+    """The native library is missing or cannot be loaded; the message says which path and why."""
+
+
+def library_path() -> Path:
+    """``$FASTVIDEO_KERNEL_LIBRARY`` if set, else the library packaged in this wheel."""
+    override = os.environ.get(ENV_LIBRARY)
+    if override:
+        return Path(override)
+    return Path(__file__).resolve().parent / "lib" / LIBRARY_NAME
+
+
+def load() -> ctypes.CDLL:
+    """Open the library (once per path) with every present function's signature declared.
+
+    Raises ``KernelUnavailable`` when the file is missing or the dynamic loader rejects it.
+    """
+    path = library_path()
+    key = str(path)
+    if key in _LOADED:
+        return _LOADED[key]
+    if not path.is_file():
+        source = f"${ENV_LIBRARY}" if os.environ.get(ENV_LIBRARY) else "the fastvideo-kernel wheel"
+        raise KernelUnavailable(f"no kernel library at {path} (from {source}); build it with "
+                                "`pip install --no-build-isolation --no-deps ./fastvideo-kernel`")
+    import torch  # noqa: F401  - maps torch's libnccl.so.2 first, so the kernel binds to that copy
+
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as exc:
+        raise KernelUnavailable(f"cannot load kernel library {path}: {exc}") from exc
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        if hasattr(lib, name):
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = restype, argtypes
+    if not hasattr(lib, "fvk_abi_version") or not hasattr(lib, "fvk_last_error"):
+        raise KernelUnavailable(f"{path} is not a fastvideo-kernel library (no fvk_abi_version/fvk_last_error)")
+    _LOADED[key] = lib
+    return lib
+
+
+def entry_points(lib: ctypes.CDLL) -> frozenset[str]:
+    """The entry points this build exports (``original``, ``tuned``, ``sim``)."""
+    return frozenset(name for name, symbol in ENTRY_SYMBOLS.items() if hasattr(lib, symbol))
+
+
+def nccl_version_tuple(code: int) -> tuple[int, int, int]:
+    """NCCL_VERSION_CODE -> (major, minor, patch); 22809 -> (2, 28, 9)."""
+    if code >= 10000:  # NCCL >= 2.9: major * 10000 + minor * 100 + patch
+        return code // 10000, code // 100 % 100, code % 100
+    return code // 1000, code // 100 % 10, code % 100
+
+
+def last_error(lib: ctypes.CDLL) -> str:
+    return (lib.fvk_last_error() or b"").decode(errors="replace")
+
+
+def info() -> dict:
+    """Identity of the library that would be used: path, sha256, ABI, entry points, NCCL versions.
+
+    Never raises for a missing library: ``error`` says why it is unavailable.
+    """
+    path = library_path()
+    result: dict = {"path": str(path), "exists": path.is_file()}
+    if path.is_file():
+        result["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    try:
+        lib = load()
+    except KernelUnavailable as exc:
+        result["error"] = str(exc)
+        return result
+    result["abi_version"] = lib.fvk_abi_version()
+    result["entry_points"] = sorted(entry_points(lib))
+    result["nccl_build"] = lib.fvk_nccl_build_version()
+    runtime = ctypes.c_int(0)
+    if lib.fvk_nccl_runtime_version(ctypes.byref(runtime)) == 0:
+        result["nccl_runtime"] = runtime.value
+    else:
+        result["nccl_runtime_error"] = last_error(lib)
+    result["max_ctas"] = lib.fvk_max_ctas()
+    return result
