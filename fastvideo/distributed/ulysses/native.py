@@ -1,0 +1,275 @@
+"""The native transport: the fused all-to-all kernel of ``fastvideo-kernel`` (NCCL device API).
+
+Importing this module never loads the library and never fails: a missing or unusable kernel is a
+``Capability`` with a decline reason, reported by ``capability()``.
+
+Construction (``construction_steps``; the helper votes before each step, ``collective`` steps are
+entered by every rank only when every rank succeeded so far):
+
+==================  ==========  ==============================================================
+step                collective  what
+==================  ==========  ==============================================================
+create              no          context on this rank's device; rank 0 makes the NCCL unique id
+exchange            yes         share the unique id (from rank 0) and every rank's PCI bus id
+comm_init           yes         ``ncclCommInitRank`` over exactly the SP group
+window_alloc        no          ``ncclMemAlloc`` of the agreed window capacity
+window_register     yes         ``ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC)``
+devcomm_create      yes         ``ncclDevCommCreate`` with 144 LSA barriers (one per CTA)
+==================  ==========  ==============================================================
+
+``topology()`` then declines with ``NOT_LSA`` unless the LSA team covers the communicator, and
+with ``NOT_NVLINK`` unless NVML reports NVLink P2P to every peer (a check it cannot make declines).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Any
+
+import torch
+
+from fastvideo.distributed.ulysses.contract import DeclineReason, dtype_code
+from fastvideo.distributed.ulysses.policy import KERNEL_DTYPES, MAX_CTAS, ORIGINAL_CTAS, Geometry, Plan
+from fastvideo.distributed.ulysses.transport import (
+    ENTRY_ORIGINAL,
+    ENTRY_TUNED,
+    Capability,
+    ConstructionContext,
+    Step,
+    TopologyReport,
+    Transport,
+    output_shape,
+)
+
+MIN_ABI_VERSION = 1  # the oldest C ABI this module can drive
+
+
+class NativeKernelError(RuntimeError):
+    """A native call failed; the message carries the library's CUDA/NCCL error text."""
+
+
+def nccl_libraries_mapped(maps_text: str) -> set[str]:
+    """Distinct ``libnccl.so*`` files mapped in a ``/proc/<pid>/maps`` text (by resolved path)."""
+    paths = set()
+    for line in maps_text.splitlines():
+        fields = line.split(maxsplit=5)
+        path = fields[5].strip() if len(fields) == 6 else ""
+        if os.path.basename(path).startswith("libnccl.so"):
+            paths.add(os.path.realpath(path))
+    return paths
+
+
+def nccl_mismatch(build: int, runtime: int) -> str | None:
+    """Why a runtime NCCL cannot serve a build (the device API is header-inline), or None."""
+    from fastvideo_kernel import nccl_version_tuple
+
+    b, r = nccl_version_tuple(build), nccl_version_tuple(runtime)
+    if b[:2] != r[:2]:
+        return f"kernel built against NCCL {'.'.join(map(str, b))}, process runs NCCL {'.'.join(map(str, r))}"
+    return None
+
+
+class NativeTransport(Transport):
+    """The fused route on CUDA: one window, one device communicator, one call at a time."""
+
+    name = "native"
+
+    def __init__(self) -> None:
+        self._lib: Any = None
+        self._entries: frozenset[str] = frozenset()
+        self._handle: ctypes.c_void_p | None = None
+        self._ctx: ConstructionContext | None = None
+        self._unique_id: bytes | None = None
+        self._bus_id = ""
+        self._bus_ids: list[str] = []
+        self._event: torch.cuda.Event | None = None
+        self._last_stream: torch.cuda.Stream | None = None
+
+    # ------------------------------------------------------------------ probing (local)
+
+    def capability(self) -> Capability:
+        def declined(reason: DeclineReason, detail: str, **known: Any) -> Capability:
+            return Capability(self.name, False, decline=reason, detail=detail, **known)
+
+        try:
+            import fastvideo_kernel
+        except ImportError as exc:
+            return declined(DeclineReason.TRANSPORT_MISSING, f"fastvideo_kernel is not installed ({exc})")
+        try:
+            lib = fastvideo_kernel.load()
+        except fastvideo_kernel.KernelUnavailable as exc:
+            return declined(DeclineReason.TRANSPORT_MISSING, str(exc))
+        abi = lib.fvk_abi_version()
+        entries = fastvideo_kernel.entry_points(lib)
+        known: dict[str, Any] = {"abi_version": abi, "entry_points": entries}
+        if abi < MIN_ABI_VERSION or ENTRY_ORIGINAL not in entries:
+            return declined(DeclineReason.TRANSPORT_TOO_OLD,
+                            f"kernel ABI {abi} with entry points {sorted(entries)}; need ABI >= {MIN_ABI_VERSION} "
+                            f"with '{ENTRY_ORIGINAL}'", **known)
+        build = lib.fvk_nccl_build_version()
+        runtime = ctypes.c_int(0)
+        if lib.fvk_nccl_runtime_version(ctypes.byref(runtime)) != 0:
+            return declined(DeclineReason.NCCL_RUNTIME_MISMATCH,
+                            f"ncclGetVersion failed: {fastvideo_kernel.last_error(lib)}", **known)
+        known.update(nccl_build=build, nccl_runtime=runtime.value)
+        why = nccl_mismatch(build, runtime.value)
+        if why:
+            return declined(DeclineReason.NCCL_RUNTIME_MISMATCH, why, **known)
+        try:
+            with open("/proc/self/maps") as f:
+                copies = nccl_libraries_mapped(f.read())
+        except OSError as exc:
+            return declined(DeclineReason.NCCL_RUNTIME_MISMATCH, f"cannot read /proc/self/maps: {exc}", **known)
+        if len(copies) != 1:
+            return declined(DeclineReason.NCCL_RUNTIME_MISMATCH,
+                            f"expected exactly one libnccl.so mapped, found {sorted(copies)}", **known)
+        self._lib, self._entries = lib, entries
+        return Capability(self.name, True, abi_version=abi, entry_points=entries, nccl_build=build,
+                          nccl_runtime=runtime.value, dtypes=KERNEL_DTYPES, supports_unaligned=True,
+                          detail=f"{fastvideo_kernel.library_path()}")
+
+    # ------------------------------------------------------------------ construction
+
+    def _check(self, status: int, what: str) -> None:
+        if status != 0:
+            import fastvideo_kernel
+
+            raise NativeKernelError(f"{what}: {fastvideo_kernel.last_error(self._lib)} (status {status})")
+
+    def construction_steps(self, ctx: ConstructionContext) -> list[Step]:
+        if self._lib is None:
+            cap = self.capability()
+            if not cap.present:
+                raise NativeKernelError(f"kernel unavailable: {cap.detail}")
+        lib = self._lib
+        self._ctx = ctx
+        device = ctx.device.index if ctx.device.index is not None else torch.cuda.current_device()
+
+        def create() -> None:
+            handle = ctypes.c_void_p()
+            self._check(lib.fvk_create(device, ctypes.byref(handle)), "fvk_create")
+            self._handle = handle
+            bus = ctypes.create_string_buffer(32)
+            self._check(lib.fvk_pci_bus_id(device, bus, len(bus)), "fvk_pci_bus_id")
+            self._bus_id = bus.value.decode()
+            if ctx.rank == 0:
+                uid = ctypes.create_string_buffer(lib.fvk_unique_id_bytes())
+                self._check(lib.fvk_get_unique_id(uid, len(uid)), "fvk_get_unique_id")
+                self._unique_id = uid.raw
+
+        def exchange() -> None:
+            self._unique_id = ctx.broadcast_object(self._unique_id, 0)
+            self._bus_ids = [ctx.broadcast_object(self._bus_id, r) for r in range(ctx.world_size)]
+
+        def comm_init() -> None:
+            uid = self._unique_id
+            assert uid is not None
+            self._check(lib.fvk_comm_init(self._handle, uid, len(uid), ctx.world_size, ctx.rank), "fvk_comm_init")
+
+        def window_alloc() -> None:
+            self._check(lib.fvk_window_alloc(self._handle, ctx.window_bytes), "fvk_window_alloc")
+
+        def window_register() -> None:
+            self._check(lib.fvk_window_register(self._handle), "fvk_window_register")
+
+        def devcomm_create() -> None:
+            if ctx.max_ctas > lib.fvk_max_ctas():
+                raise NativeKernelError(f"helper wants {ctx.max_ctas} CTAs, the kernel reserves {lib.fvk_max_ctas()}")
+            self._check(lib.fvk_devcomm_create(self._handle), "fvk_devcomm_create")
+            self._event = torch.cuda.Event()
+
+        return [
+            Step("create", create),
+            Step("exchange", exchange, collective=True),
+            Step("comm_init", comm_init, collective=True),
+            Step("window_alloc", window_alloc),
+            Step("window_register", window_register, collective=True),
+            Step("devcomm_create", devcomm_create, collective=True),
+        ]
+
+    def lsa_info(self) -> dict[str, int]:
+        """nranks, rank, lsa_size, lsa_rank of the device communicator."""
+        values = [ctypes.c_int(0) for _ in range(4)]
+        self._check(self._lib.fvk_lsa_info(self._handle, *(ctypes.byref(v) for v in values)), "fvk_lsa_info")
+        return dict(zip(("nranks", "rank", "lsa_size", "lsa_rank"), (v.value for v in values), strict=True))
+
+    def topology(self) -> TopologyReport:
+        lsa = self.lsa_info()
+        extras: dict[str, object] = {**lsa, "bus_ids": list(self._bus_ids)}
+        if lsa["lsa_size"] != lsa["nranks"] or lsa["lsa_rank"] != lsa["rank"]:
+            return TopologyReport(DeclineReason.NOT_LSA,
+                                  f"LSA team of {lsa['lsa_size']} covers only part of the {lsa['nranks']} SP ranks",
+                                  extras)
+        for peer, bus in enumerate(self._bus_ids):
+            if bus == self._bus_id:
+                continue
+            nvlink = ctypes.c_int(0)
+            status = self._lib.fvk_nvlink_p2p(self._bus_id.encode(), bus.encode(), ctypes.byref(nvlink))
+            if status != 0:
+                import fastvideo_kernel
+
+                return TopologyReport(DeclineReason.NOT_NVLINK,
+                                      f"cannot verify NVLink to rank {peer} ({bus}): "
+                                      f"{fastvideo_kernel.last_error(self._lib)}", extras)
+            if not nvlink.value:
+                return TopologyReport(DeclineReason.NOT_NVLINK,
+                                      f"rank {peer} ({bus}) is reachable from {self._bus_id} only without NVLink",
+                                      extras)
+        return TopologyReport(None, "", extras)
+
+    # ------------------------------------------------------------------ per call
+
+    def eligibility(self, x: torch.Tensor) -> int:
+        # The kernel moves any itemsize-aligned operand (16-byte vectors where alignment allows,
+        # narrower otherwise); only a pointer misaligned for its own dtype cannot be served.
+        return DeclineReason.ALIGNMENT.bit if x.data_ptr() % x.element_size() else 0
+
+    def execute(self, x: torch.Tensor, geom: Geometry, plan: Plan) -> torch.Tensor:
+        if self._handle is None or self._event is None:
+            raise NativeKernelError("execute before construction (or after destroy)")
+        out = torch.empty(output_shape(geom), dtype=x.dtype, device=x.device)
+        stream = torch.cuda.current_stream(x.device)
+        # Calls share one window and one set of barrier slots: order this call after the previous
+        # one when it was issued on another stream (same-stream calls are already ordered).
+        if self._last_stream is not None and self._last_stream != stream:
+            stream.wait_event(self._event)
+        whole = plan.planes_per_chunk >= geom.B and plan.rows_per_chunk >= geom.S
+        args = (self._handle, x.data_ptr(), out.data_ptr(), geom.mode, dtype_code(x.dtype), geom.B, geom.S, geom.H,
+                geom.D)
+        if plan.ctas == ORIGINAL_CTAS and whole and ENTRY_ORIGINAL in self._entries:
+            status = self._lib.fvk_a2a_original(*args, stream.cuda_stream)
+            what = "fvk_a2a_original"
+        elif ENTRY_TUNED in self._entries:
+            if plan.ctas > MAX_CTAS:
+                raise NativeKernelError(f"plan asks for {plan.ctas} CTAs, at most {MAX_CTAS}")
+            status = self._lib.fvk_a2a_tuned(*args, plan.ctas, plan.planes_per_chunk, plan.rows_per_chunk,
+                                             stream.cuda_stream)
+            what = "fvk_a2a_tuned"
+        else:
+            raise NativeKernelError(f"plan {plan} needs the tuned entry point, which this kernel build lacks")
+        self._check(status, what)
+        self._event.record(stream)
+        self._last_stream = stream
+        return out
+
+    # ------------------------------------------------------------------ teardown
+
+    def abort(self) -> None:
+        if self._handle is not None:
+            # Local and best effort: peers may be anywhere after a failed step; errors are moot here.
+            self._lib.fvk_abort(self._handle)
+        self._reset()
+
+    def destroy(self) -> None:
+        if self._handle is None:
+            return
+        handle = self._handle
+        self._reset()
+        self._check(self._lib.fvk_destroy(handle), "fvk_destroy")
+
+    def _reset(self) -> None:
+        self._handle = None
+        self._event = None
+        self._last_stream = None
+        self._unique_id = None
