@@ -77,7 +77,8 @@ class GlooVote:
         return [pickle.loads(rows[r, : int(sizes[r])].numpy().tobytes()) for r in range(self.world_size)]
 
     def destroy(self) -> None:
-        try:
-            dist.destroy_process_group(self.group)
-        except (RuntimeError, ValueError):
-            pass
+        # Not dist.destroy_process_group: torch names a group created with use_local_synchronization
+        # after len(_world.pg_names), so deregistering this one makes the next GlooVote on the same
+        # ranks reuse its name and store keys, and peers then connect to stale addresses (connect
+        # timeouts on helper rebuild). The group is released with the default process group.
+        self.destroyed = True
