@@ -1,0 +1,273 @@
+"""Fault injection on gloo ranks: caller bugs raise on every rank, capability gaps decline together,
+construction failures decline without hanging, a dead peer times out and disposes the helper.
+
+Each scenario returns what every rank saw; the test asserts all ranks agree. ``ranks(..., timeout_s=)``
+bounds every scenario, so a hang fails the test instead of eating CI.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastvideo.distributed.ulysses.contract import DeclineReason
+from fastvideo.distributed.ulysses.policy import Plan
+from tests.distributed.conftest import bit_equal, build_helper, catch, last, oracle, rank_input
+
+SHAPE = (3, 16, 12, 8)
+FUSED = ("fused", Plan(144, 1, 16, True).word, None, 3, "FORWARD_NO_GRAD")
+
+
+def _call_and_check(h, rank, seed=0, shape=SHAPE, dtype=torch.float32):
+    """One call; returns (bit-exact vs the NCCL route, the call's record)."""
+    x = rank_input(rank, shape, dtype, seed=seed)
+    y = h.all_to_all(x, 0)
+    return bit_equal(y, oracle(x, 0)), last(h)
+
+
+# ------------------------------------------------------------------------------------- caller bugs: raise
+
+
+def _geometry_mismatch(rank, world_size, what):
+    h = build_helper()
+    shape, dtype, mode = SHAPE, torch.float32, 0
+    if rank == world_size - 1:  # the last rank passes something different
+        if what == "S_LOCAL":
+            shape = (3, 8, 12, 8)
+        elif what == "DTYPE":
+            dtype = torch.bfloat16
+        elif what == "B":
+            shape = (4, 16, 12, 8)
+        elif what == "MODE":
+            mode, shape = 1, (3, 16 * world_size, 12 // world_size, 8)
+    got = catch(h.all_to_all, rank_input(rank, shape, dtype), mode)
+    after = _call_and_check(h, rank, seed=1)  # the helper stays usable: no rank entered a collective
+    h.destroy()
+    return got, after
+
+
+@pytest.mark.parametrize("world_size, what", [(2, "S_LOCAL"), (2, "DTYPE"), (3, "B"), (4, "MODE")])
+def test_geometry_mismatch_raises_on_every_rank_naming_the_field(ranks, world_size, what):
+    """One rank passes a different S, dtype, B or mode: every rank raises ContractMismatchError naming the
+    field and every rank's value; the next agreeing call runs fused (nobody was left inside a collective)."""
+    results = ranks(world_size, _geometry_mismatch, what, timeout_s=60)
+    for kind, message, field in (r[0] for r in results):
+        assert (kind, field) == ("ContractMismatchError", what)
+        assert f"field {what}" in message and f"rank {world_size - 1}:" in message
+    if what == "DTYPE":
+        assert "torch.float32" in results[0][0][1] and "torch.bfloat16" in results[0][0][1]
+    assert len({r[0][1] for r in results}) == 1  # the same message on every rank
+    for exact, record in (r[1] for r in results):
+        assert exact and record == FUSED
+
+
+def _one_call_ahead(rank, world_size):
+    h = build_helper()
+    local_failure = None
+    if rank == 0:
+        # Rank 0's first call fails locally after taking its sequence number and before voting (a
+        # transport check raising); rank 0 retries, so it is now one call ahead of its peers.
+        original = h.transport.eligibility
+
+        def broken(x):
+            h.transport.eligibility = original
+            raise RuntimeError("injected local failure")
+
+        h.transport.eligibility = broken
+        local_failure = catch(h.all_to_all, rank_input(rank, SHAPE), 0)[0]
+    got = catch(h.all_to_all, rank_input(rank, SHAPE), 0)
+    again = catch(h.all_to_all, rank_input(rank, SHAPE), 0)  # still desynchronised: raises again, no hang
+    h.destroy()
+    return local_failure, got, again
+
+
+def test_rank_one_call_ahead_raises_seq_mismatch_on_every_rank(ranks):
+    """Same geometry on every rank but rank 0 already consumed a call: every rank raises naming SEQ with
+    the per-rank sequence numbers (otherwise identical DiT layers would pair the wrong calls)."""
+    results = ranks(2, _one_call_ahead, timeout_s=60)
+    assert results[0][0] == "RuntimeError"
+    for _, got, again in results:
+        assert got[0] == "ContractMismatchError" and got[2] == "SEQ"
+        assert "rank 0: 1, rank 1: 0" in got[1]
+        assert again[0] == "ContractMismatchError" and again[2] == "SEQ"
+
+
+def _grad_flag_mismatch(rank, world_size):
+    h = build_helper()
+    x = rank_input(rank, SHAPE, requires_grad=(rank == 0))
+    got = catch(h.all_to_all, x, 0)
+    h.destroy()
+    return got
+
+
+def test_grad_flag_mismatch_raises_phase_on_every_rank(ranks):
+    """requires_grad differs between ranks (they would run different numbers of backward collectives):
+    every rank raises naming PHASE."""
+    for kind, message, field in ranks(2, _grad_flag_mismatch, timeout_s=60):
+        assert (kind, field) == ("ContractMismatchError", "PHASE")
+        assert "forward_grad" in message and "forward_no_grad" in message
+
+
+# ------------------------------------------------------------------------------------- capability: decline
+
+
+def _construction_decline(rank, world_size, scenario):
+    from fastvideo.distributed.ulysses.transport import Capability, GlooPlanTransport, TopologyReport
+
+    kw = {}
+    transport = GlooPlanTransport()
+    if scenario == "missing" and rank == 1:
+        transport = GlooPlanTransport(capability_override=Capability(
+            "gloo-plan", False, decline=DeclineReason.TRANSPORT_MISSING, detail="no kernel library on this rank"))
+    elif scenario == "abi" and rank == 1:
+        cap = transport.capability()
+        transport = GlooPlanTransport(capability_override=Capability(
+            cap.name, True, abi_version=2, entry_points=cap.entry_points, dtypes=cap.dtypes,
+            supports_unaligned=True))
+    elif scenario == "hosts":
+        kw["identity"] = lambda: (f"host{rank}", "boot")
+    elif scenario == "boot_id":
+        kw["identity"] = lambda: ("samehost", f"boot{rank}")
+    elif scenario == "alloc" and rank == 1:
+        transport = GlooPlanTransport(fail_steps=("alloc_window",))
+    elif scenario == "nvlink" and rank == 1:
+        transport = GlooPlanTransport(topology_override=TopologyReport(DeclineReason.NOT_NVLINK, "PCIe only"))
+    h = build_helper(transport=transport, **kw)
+    stats = h.stats()
+    window_after = transport._window is not None
+    calls = [_call_and_check(h, rank, seed=s) for s in range(2)]
+    result = (stats["construction"], stats["construction_detail"], h.fused_available, window_after, calls,
+              h.stats()["declines"], transport.executed)
+    h.destroy()
+    return result
+
+
+@pytest.mark.parametrize(
+    "scenario, reason, detail",
+    [
+        ("missing", DeclineReason.TRANSPORT_MISSING, "rank 1: transport_missing (no kernel library on this rank)"),
+        ("abi", DeclineReason.PEER_DISAGREEMENT, "transport capability"),
+        ("hosts", DeclineReason.MULTI_HOST, "host0"),
+        ("boot_id", DeclineReason.MULTI_HOST, "more than one host"),
+        ("alloc", DeclineReason.CONSTRUCTION_FAILED, "rank 1: alloc_window"),
+        ("nvlink", DeclineReason.NOT_NVLINK, "rank 1: PCIe only"),
+    ],
+)
+def test_construction_declines_collectively_and_calls_take_the_nccl_route(ranks, scenario, reason, detail):
+    """One rank lacks the kernel, has another ABI, sits on another host (hostname or boot id), fails to
+    allocate its window, or reaches peers over PCIe only: every rank declines at construction with the
+    same reason (no hang), and every call takes the NCCL route, still exact, counted under that reason."""
+    results = ranks(2, _construction_decline, scenario, timeout_s=60)
+    # The detail names the failing rank everywhere (its "after steps" prefix is rank-local).
+    for construction, why, available, window_after, calls, declines, executed in results:
+        assert construction == reason.label and detail in why and not available
+        if scenario in ("alloc", "nvlink"):
+            assert not window_after  # construction released what it had built (abort / collective destroy)
+        for exact, record in calls:
+            assert exact and record == ("nccl", 0, reason.label, 0, "FORWARD_NO_GRAD")
+        assert declines == {reason.label: 2} and executed == []
+
+
+def _per_call_loss(rank, world_size, everywhere):
+    h = build_helper()
+    original = h.transport.eligibility
+    if everywhere or rank == 1:
+        h.transport.eligibility = lambda x: DeclineReason.ALIGNMENT.bit
+    first = _call_and_check(h, rank, seed=0)
+    h.transport.eligibility = original
+    second = _call_and_check(h, rank, seed=1)
+    declines = h.stats()["declines"]
+    h.destroy()
+    return first, second, declines
+
+
+def test_one_rank_losing_eligibility_declines_everywhere_then_recovers(ranks):
+    """Rank 1 alone reports ALIGNMENT for one call: every rank declines PEER_DISAGREEMENT (exact via the NCCL
+    route); the next compatible call takes the fused route again."""
+    for first, second, declines in ranks(3, _per_call_loss, False, timeout_s=60):
+        assert first == (True, ("nccl", 0, "peer_disagreement", 0, "FORWARD_NO_GRAD"))
+        assert second == (True, FUSED)
+        assert declines == {"peer_disagreement": 1}
+
+
+def test_common_eligibility_bit_declines_with_that_reason(ranks):
+    """Every rank reports ALIGNMENT: the collective reason is ALIGNMENT itself, then recovery."""
+    for first, second, declines in ranks(2, _per_call_loss, True, timeout_s=60):
+        assert first == (True, ("nccl", 0, "alignment", 0, "FORWARD_NO_GRAD"))
+        assert second == (True, FUSED)
+        assert declines == {"alignment": 1}
+
+
+def _capture(rank, world_size, everywhere):
+    # CUDA graph capture cannot happen on CPU: UlyssesHelper._local_bits only consults
+    # torch.cuda.is_current_stream_capturing() for CUDA tensors. We stand in for that branch by adding
+    # the CUDA_GRAPH_CAPTURE bit to the rank-local bits, which is exactly what the branch does; the vote,
+    # verdict, counting and fallback that follow are the real code paths.
+    h = build_helper()
+    original = h._local_bits
+    if everywhere or rank == 0:
+        h._local_bits = lambda x, geom: original(x, geom) | DeclineReason.CUDA_GRAPH_CAPTURE.bit
+    first = _call_and_check(h, rank, seed=0)
+    h._local_bits = original
+    second = _call_and_check(h, rank, seed=1)
+    declines = h.stats()["declines"]
+    h.destroy()
+    return first, second, declines
+
+
+@pytest.mark.parametrize("everywhere, reason", [(True, "cuda_graph_capture"), (False, "peer_disagreement")])
+def test_capture_declines_collectively(ranks, everywhere, reason):
+    """Capture on every rank declines CUDA_GRAPH_CAPTURE; capture on one rank only declines PEER_DISAGREEMENT;
+    after capture the fused route is back (bit-level stand-in, see the rank function's comment)."""
+    for first, second, declines in ranks(2, _capture, everywhere, timeout_s=60):
+        assert first == (True, ("nccl", 0, reason, 0, "FORWARD_NO_GRAD"))
+        assert second == (True, FUSED) and declines == {reason: 1}
+
+
+def _compile(rank, world_size):
+    h = build_helper()
+    original = torch.compiler.is_compiling
+    torch.compiler.is_compiling = lambda: True
+    try:
+        inside = [_call_and_check(h, rank, seed=s) for s in range(3)]
+    finally:
+        torch.compiler.is_compiling = original
+    outside = _call_and_check(h, rank, seed=4)
+    stats = h.stats()
+    h.destroy()
+    return inside, outside, stats["declines"], stats["fused"]
+
+
+def test_torch_compile_region_declines_and_is_counted(ranks):
+    """Inside torch.compile (is_compiling() True on every rank) calls take the traceable NCCL route, exact,
+    counted under TORCH_COMPILE; outside, the fused route runs."""
+    for inside, outside, declines, fused in ranks(2, _compile, timeout_s=60):
+        assert inside == [(True, ("nccl", 0, "torch_compile", 0, "FORWARD_NO_GRAD"))] * 3
+        assert outside == (True, FUSED) and declines == {"torch_compile": 3} and fused == 1
+
+
+# ------------------------------------------------------------------------------------- dead peer: timeout
+
+
+def _vote_timeout(rank, world_size):
+    import torch.distributed as dist
+
+    h = build_helper(vote_timeout_s=3.0)
+    result = None
+    if rank == 0:  # rank 1 never calls the helper (a dead peer, or a peer with FASTVIDEO_ULYSSES_A2A=off)
+        first = catch(h.all_to_all, rank_input(rank, SHAPE), 0)
+        later = catch(h.all_to_all, rank_input(rank, SHAPE), 0)
+        stats = h.stats()
+        result = (first[0], first[1], later[0], later[1], stats["disposed"], h.fused_available)
+    dist.barrier()  # rank 1 waits here (on the world group) until rank 0 has timed out
+    h.destroy()
+    return result
+
+
+def test_vote_timeout_raises_and_disposes_the_helper(ranks):
+    """A peer that never votes: rank 0 raises VoteTimeoutError (bounded by the vote timeout, not a hang), the
+    helper disposes itself, and every later call raises HelperDisposedError."""
+    first_kind, first_msg, later_kind, later_msg, disposed, available = ranks(2, _vote_timeout, timeout_s=60)[0]
+    assert first_kind == "VoteTimeoutError" and "did not complete within 3 s" in first_msg
+    assert later_kind == "HelperDisposedError" and "disposed after a failed vote" in later_msg
+    assert disposed and not available
