@@ -89,6 +89,10 @@ A2A = {"fn": sequence_model_parallel_all_to_all_4D}  # swapped for ``local_a2a``
 # ---------------------------------------------------------------------------------------------- attention
 
 
+def _sparse_mask_mod(b, h, q_idx, kv_idx):
+    return (q_idx // SPARSE_BLOCK - kv_idx // SPARSE_BLOCK) % SPARSE_KEEP_EVERY == 0
+
+
 class SparseAttention:
     """flex_attention with a fixed 90%-sparse block mask (CUDA; built once per sequence length)."""
 
@@ -108,11 +112,15 @@ class SparseAttention:
             # Key blocks j with (i - j) % 10 == 0 for query block i: the diagonal plus every 10th block.
             first = q % SPARSE_KEEP_EVERY
             count = (n - 1 - first) // SPARSE_KEEP_EVERY + 1
-            width = int(count.max().item())
-            idx = first[:, None] + SPARSE_KEEP_EVERY * torch.arange(width, device=self.device)[None, :]
+            # kv_indices is [q blocks, kv blocks]: the first count[i] entries of row i are used.
+            idx = first[:, None] + SPARSE_KEEP_EVERY * torch.arange(n, device=self.device)[None, :]
             idx = torch.where(idx < n, idx, torch.zeros_like(idx)).to(torch.int32)
-            self.masks[s] = BlockMask.from_kv_blocks(count.to(torch.int32)[None, None], idx[None, None],
-                                                     BLOCK_SIZE=SPARSE_BLOCK, seq_lengths=(s, s))
+            # Listed as full blocks (the kernel applies no mask_mod inside them); mask_mod states the same
+            # pattern element-wise for paths that evaluate it (eager flex_attention, to_dense).
+            self.masks[s] = BlockMask.from_kv_blocks(
+                torch.zeros_like(count, dtype=torch.int32)[None, None], idx[None, None],
+                full_kv_num_blocks=count.to(torch.int32)[None, None], full_kv_indices=idx[None, None],
+                BLOCK_SIZE=SPARSE_BLOCK, mask_mod=_sparse_mask_mod, seq_lengths=(s, s))
         return self.masks[s]
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
