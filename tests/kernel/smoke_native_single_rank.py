@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""One-GPU smoke of the real NCCL path through ``NativeTransport``: a 1-rank communicator.
+
+Runs every construction step (comm init with nranks=1, ncclMemAlloc window, symmetric
+registration, device communicator with 144 LSA barriers), reports LSA coverage and topology,
+executes the fused kernel with P=1 (every share is the rank's own, so the output equals the input;
+the kernel still opens its LSA barrier sessions and syncs them for every chunk) through the
+original and the tuned entry points and across a stream change, checks that bad plans are refused
+with a message, exercises abort after a partial construction, and destroys collectively.
+Exits non-zero on any failure. Multi-rank LSA needs 2+ GPUs: tests/distributed/check_ulysses_h3_native.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+try:
+    import fastvideo_kernel
+except ImportError:
+    sys.path.insert(0, str(REPO / "fastvideo-kernel"))
+    import fastvideo_kernel
+
+import torch  # noqa: E402
+
+from fastvideo.distributed.ulysses.native import NativeKernelError, NativeTransport  # noqa: E402
+from fastvideo.distributed.ulysses.policy import ORIGINAL_CTAS, Geometry, Plan  # noqa: E402
+from fastvideo.distributed.ulysses.transport import ConstructionContext  # noqa: E402
+
+failures: list[str] = []
+
+
+def check(ok: bool, what: str) -> None:
+    print(f"{'PASS' if ok else 'FAIL'} {what}", flush=True)
+    if not ok:
+        failures.append(what)
+
+
+def context(device: torch.device, window_bytes: int) -> ConstructionContext:
+    # One rank: sharing an object with "every rank" is returning it.
+    return ConstructionContext(rank=0, world_size=1, device=device, window_bytes=window_bytes, max_ctas=144,
+                               device_group=None, broadcast_object=lambda obj, src: obj)
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("smoke_native_single_rank: no CUDA device", file=sys.stderr)
+        return 2
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    print("library:", json.dumps(fastvideo_kernel.info()))
+    transport = NativeTransport()
+    cap = transport.capability()
+    print("capability:", cap)
+    check(cap.present, f"capability present ({cap.detail})")
+    if not cap.present:
+        return 1
+    lib = fastvideo_kernel.load()
+    coresident = ctypes.c_int(0)
+    check(lib.fvk_coresident_ctas(0, ctypes.byref(coresident)) == 0 and coresident.value >= 144,
+          f"144 CTAs co-resident (device holds {coresident.value})")
+
+    window = 64 << 20
+    for step in transport.construction_steps(context(device, window)):
+        try:
+            step.run()
+            check(True, f"construction step {step.name} (collective={step.collective})")
+        except Exception as exc:  # noqa: BLE001 - reported as a failure with its message
+            check(False, f"construction step {step.name}: {exc}")
+            transport.abort()
+            return 1
+    lsa = transport.lsa_info()
+    print("lsa:", lsa)
+    check(lsa["lsa_size"] == lsa["nranks"] == 1, f"LSA team covers the communicator: {lsa}")
+    topo = transport.topology()
+    check(topo.decline is None, f"topology (1 rank, no peers): decline={topo.decline} {topo.detail}")
+
+    gen = torch.Generator(device=device).manual_seed(7)
+    side = torch.cuda.Stream(device)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for mode in (0, 1):
+            x = torch.randn(3, 257, 8, 128, generator=gen, device=device).to(dtype)
+            geom = Geometry.from_input(x.shape, mode, 1, dtype)
+            plans = {
+                "original": Plan(ORIGINAL_CTAS, geom.B, geom.S, tuned=False),
+                "tuned plane": Plan(144, 1, geom.S, tuned=True),
+                "tuned rows": Plan(144, 1, 100, tuned=True),
+                "tuned 7 ctas": Plan(7, 2, 64, tuned=True),
+            }
+            for name, plan in plans.items():
+                out = transport.execute(x, geom, plan)
+                torch.cuda.synchronize()
+                check(torch.equal(out.view(torch.uint8), x.view(torch.uint8)),
+                      f"{dtype} mode{mode} {name}: P=1 output equals input")
+            with torch.cuda.stream(side):  # a stream change: the transport orders it after the last call
+                out = transport.execute(x, geom, plans["tuned rows"])
+            torch.cuda.synchronize()
+            check(torch.equal(out.view(torch.uint8), x.view(torch.uint8)), f"{dtype} mode{mode}: side-stream call")
+    odd = torch.randn(2, 9, 4, 3, generator=gen, device=device).to(torch.bfloat16)
+    geom = Geometry.from_input(odd.shape, 0, 1, odd.dtype)
+    out = transport.execute(odd, geom, Plan(144, 1, 4, tuned=True))
+    torch.cuda.synchronize()
+    check(torch.equal(out.view(torch.uint8), odd.view(torch.uint8)), "bf16 D=3 (element-wise path)")
+
+    big = Geometry.from_input((4, 8192, 8, 128), 0, 1, torch.bfloat16)  # 64 MiB: exactly the window
+    try:
+        transport.execute(torch.empty((5, 8192, 8, 128), dtype=torch.bfloat16, device=device),
+                          Geometry.from_input((5, 8192, 8, 128), 0, 1, torch.bfloat16),
+                          Plan(144, 5, 8192, tuned=True))
+        check(False, "a chunk larger than the window is refused")
+    except NativeKernelError as exc:
+        check("window" in str(exc), f"a chunk larger than the window is refused: {exc}")
+    out = transport.execute(torch.ones((4, 8192, 8, 128), dtype=torch.bfloat16, device=device), big,
+                            Plan(144, 4, 8192, tuned=True))
+    torch.cuda.synchronize()
+    check(bool((out == 1).all()), "a chunk of exactly the window size")
+    status = lib.fvk_a2a_tuned(transport._handle, odd.data_ptr(), out.data_ptr(), 0, 3, 2, 9, 4, 3, 145, 1, 9,
+                               torch.cuda.current_stream().cuda_stream)
+    check(status != 0 and "ctas" in fastvideo_kernel.last_error(lib),
+          f"ctas=145 refused: {fastvideo_kernel.last_error(lib)}")
+
+    try:
+        transport.destroy()
+        check(True, "destroy (devcomm, deregister, free, comm destroy)")
+    except NativeKernelError as exc:
+        check(False, f"destroy: {exc}")
+
+    partial = NativeTransport()
+    partial.capability()
+    steps = partial.construction_steps(context(device, 1 << 20))
+    for step in steps[:4]:  # up to the window allocation, then a local abort
+        step.run()
+    partial.abort()
+    check(partial._handle is None, "abort after a partial construction")
+
+    print(f"{'OK' if not failures else 'FAILED'}: {len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""CPU tests of the kernel's host side: loader, NativeTransport's probing, and a built library's ABI.
+
+No GPU needed. The built-library tests use ``build/kernel/libfastvideo_ulysses_a2a.so`` (what
+``scripts/build_kernel.sh`` produces; ``FASTVIDEO_KERNEL_TEST_BUILD`` overrides) and skip, saying
+why, when it is absent or cannot be loaded on this machine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastvideo.distributed.ulysses.contract import DeclineReason
+from fastvideo.distributed.ulysses.native import (
+    NativeKernelError,
+    NativeTransport,
+    nccl_libraries_mapped,
+    nccl_mismatch,
+)
+from fastvideo.distributed.ulysses.policy import Geometry, Plan
+
+REPO = Path(__file__).resolve().parents[2]
+try:
+    import fastvideo_kernel
+except ImportError:  # the loader is pure Python: use it from the source tree
+    sys.path.insert(0, str(REPO / "fastvideo-kernel"))
+    import fastvideo_kernel
+
+BUILT = Path(os.environ.get("FASTVIDEO_KERNEL_TEST_BUILD")
+             or REPO / "build" / "kernel" / fastvideo_kernel.LIBRARY_NAME)
+EXPECTED_SYMBOLS = {
+    "fvk_abi_version", "fvk_nccl_build_version", "fvk_nccl_runtime_version", "fvk_last_error", "fvk_max_ctas",
+    "fvk_coresident_ctas", "fvk_pci_bus_id", "fvk_nvlink_p2p", "fvk_unique_id_bytes", "fvk_get_unique_id",
+    "fvk_create", "fvk_comm_init", "fvk_window_alloc", "fvk_window_register", "fvk_devcomm_create", "fvk_lsa_info",
+    "fvk_a2a_original", "fvk_a2a_tuned", "fvk_sim_a2a", "fvk_destroy", "fvk_abort",
+}
+
+
+def test_importing_native_loads_no_library():
+    code = ("import sys, fastvideo.distributed.ulysses.native as n; "
+            "assert 'fastvideo_kernel' not in sys.modules, 'loader imported at import time'; print('ok')")
+    env = {**os.environ, "FASTVIDEO_KERNEL_LIBRARY": "/nonexistent/lib.so", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr
+
+
+def test_missing_library_is_a_decline_not_an_error(monkeypatch):
+    monkeypatch.setenv(fastvideo_kernel.ENV_LIBRARY, "/nonexistent/dir/libfastvideo_ulysses_a2a.so")
+    assert fastvideo_kernel.library_path() == Path("/nonexistent/dir/libfastvideo_ulysses_a2a.so")
+    with pytest.raises(fastvideo_kernel.KernelUnavailable, match="no kernel library at /nonexistent/dir"):
+        fastvideo_kernel.load()
+    cap = NativeTransport().capability()
+    assert not cap.present and cap.decline is DeclineReason.TRANSPORT_MISSING
+    assert "/nonexistent/dir" in cap.detail
+    info = fastvideo_kernel.info()
+    assert info["exists"] is False and "no kernel library" in info["error"]
+
+
+def test_unloadable_file_is_a_decline(monkeypatch, tmp_path):
+    bogus = tmp_path / "libfastvideo_ulysses_a2a.so"
+    bogus.write_bytes(b"not an ELF file")
+    monkeypatch.setenv(fastvideo_kernel.ENV_LIBRARY, str(bogus))
+    with pytest.raises(fastvideo_kernel.KernelUnavailable, match="cannot load kernel library"):
+        fastvideo_kernel.load()
+    cap = NativeTransport().capability()
+    assert not cap.present and cap.decline is DeclineReason.TRANSPORT_MISSING and str(bogus) in cap.detail
+
+
+def test_capability_on_this_machine_never_raises(monkeypatch):
+    monkeypatch.delenv(fastvideo_kernel.ENV_LIBRARY, raising=False)
+    cap = NativeTransport().capability()
+    if not cap.present:
+        assert cap.decline in (DeclineReason.TRANSPORT_MISSING, DeclineReason.TRANSPORT_TOO_OLD,
+                               DeclineReason.NCCL_RUNTIME_MISMATCH)
+        assert cap.detail
+
+
+def test_execute_before_construction_raises():
+    x = torch.zeros(1, 2, 4, 8)
+    with pytest.raises(NativeKernelError, match="before construction"):
+        NativeTransport().execute(x, Geometry.from_input(x.shape, 0, 2, x.dtype), Plan(36, 1, 2, tuned=False))
+
+
+def test_eligibility_accepts_dtype_aligned_operands():
+    assert NativeTransport().eligibility(torch.zeros(2, 3, 4, 3, dtype=torch.bfloat16)) == 0
+
+
+def test_nccl_libraries_mapped_counts_distinct_files():
+    maps = "\n".join([
+        "7f0000000000-7f0000001000 r-xp 00000000 08:01 1 /site/nvidia/nccl/lib/libnccl.so.2",
+        "7f0000001000-7f0000002000 r--p 00001000 08:01 1 /site/nvidia/nccl/lib/libnccl.so.2",
+        "7f0000003000-7f0000004000 rw-p 00000000 00:00 0",
+        "7f0000005000-7f0000006000 r-xp 00000000 08:01 2 /usr/lib/libncclnet.so",
+    ])
+    assert nccl_libraries_mapped(maps) == {os.path.realpath("/site/nvidia/nccl/lib/libnccl.so.2")}
+    second = maps + "\n7f0000007000-7f0000008000 r-xp 00000000 08:01 3 /opt/nccl/lib/libnccl.so.2.28.9"
+    assert len(nccl_libraries_mapped(second)) == 2
+
+
+def test_nccl_versions():
+    assert fastvideo_kernel.nccl_version_tuple(22809) == (2, 28, 9)
+    assert fastvideo_kernel.nccl_version_tuple(23007) == (2, 30, 7)
+    assert nccl_mismatch(22809, 22805) is None
+    assert "2.28.9" in nccl_mismatch(22809, 23007) and "2.30.7" in nccl_mismatch(22809, 23007)
+
+
+# ---------------------------------------------------------------------- a built library, if present
+
+@pytest.fixture
+def built(monkeypatch):
+    if not BUILT.is_file():
+        pytest.skip(f"no built library at {BUILT} (run scripts/build_kernel.sh 2.28.9)")
+    monkeypatch.setenv(fastvideo_kernel.ENV_LIBRARY, str(BUILT))
+    return BUILT
+
+
+def test_built_library_exports_the_abi(built):
+    if not shutil.which("nm"):
+        pytest.skip("nm not installed")
+    out = subprocess.run(["nm", "-D", "--defined-only", str(built)], capture_output=True, text=True, check=True).stdout
+    exported = {line.split()[-1] for line in out.splitlines() if line.split()[-2:-1] == ["T"]}
+    assert EXPECTED_SYMBOLS <= exported, f"missing: {sorted(EXPECTED_SYMBOLS - exported)}"
+    assert not {s for s in exported if not s.startswith("fvk_")}, "only the C ABI is exported (visibility=hidden)"
+
+
+def test_built_library_abi_query(built):
+    try:
+        lib = fastvideo_kernel.load()
+    except fastvideo_kernel.KernelUnavailable as exc:
+        pytest.skip(f"the built library cannot be loaded on this machine (e.g. its libnccl.so.2 is absent): {exc}")
+    assert lib.fvk_abi_version() == 1
+    assert fastvideo_kernel.entry_points(lib) == {"original", "tuned", "sim"}
+    assert fastvideo_kernel.nccl_version_tuple(lib.fvk_nccl_build_version())[:2] >= (2, 28)
+    assert lib.fvk_max_ctas() == 144
+    assert lib.fvk_unique_id_bytes() == 128
+    # Argument checks answer with a code and a message, before touching CUDA.
+    table = ctypes.c_void_p * 2
+    ptrs = table(1, 2)
+    status = lib.fvk_sim_a2a(2, ptrs, ptrs, 1 << 20, ptrs, 0, 9, 1, 4, 4, 8, 36, 1, 4, None)
+    assert status == 1 and "dtype code 9" in fastvideo_kernel.last_error(lib)
+    status = lib.fvk_sim_a2a(2, ptrs, ptrs, 16, ptrs, 0, 3, 1, 4, 4, 8, 36, 1, 4, None)
+    assert status == 1 and "window" in fastvideo_kernel.last_error(lib)
+    status = lib.fvk_a2a_tuned(None, None, None, 0, 3, 1, 4, 4, 8, 36, 1, 4, None)
+    assert status == 5 and "constructed context" in fastvideo_kernel.last_error(lib)
+    info = fastvideo_kernel.info()
+    assert info["abi_version"] == 1 and len(info["sha256"]) == 64
+
+
+def test_built_library_reports_cuda_errors_without_aborting(built):
+    if torch.cuda.is_available():
+        pytest.skip("checks the no-GPU error path")
+    try:
+        lib = fastvideo_kernel.load()
+    except fastvideo_kernel.KernelUnavailable as exc:
+        pytest.skip(f"the built library cannot be loaded on this machine: {exc}")
+    handle = ctypes.c_void_p()
+    status = lib.fvk_create(0, ctypes.byref(handle))
+    assert status == 2 and "cudaGetDeviceCount" in fastvideo_kernel.last_error(lib)
