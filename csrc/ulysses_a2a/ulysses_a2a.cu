@@ -257,6 +257,8 @@ int fvk_max_ctas(void) { return kMaxCtas; }
 
 int fvk_coresident_ctas(int device, int* ctas) {
   if (!ctas) return set_error(FVK_ERR_INVALID, "ctas is null");
+  DeviceGuard guard;  // the occupancy calculator answers for the current device
+  FVK_TRY(guard.set(device));
   return coresident_ctas(device, *ctas);
 }
 
@@ -478,9 +480,12 @@ int fvk_destroy(fvk_ctx* ctx) {
     DeviceGuard guard;
     rc = guard.set(ctx->device);
     // Kernels still in flight read the window and barriers: let them finish before teardown.
-    if (rc == FVK_OK && cudaDeviceSynchronize() != cudaSuccess)
-      rc = set_error(FVK_ERR_CUDA, "cudaDeviceSynchronize before teardown failed: %s",
-                     cudaGetErrorString(cudaGetLastError()));
+    if (rc == FVK_OK) {
+      const cudaError_t e = cudaDeviceSynchronize();
+      if (e != cudaSuccess)
+        rc = set_error(FVK_ERR_CUDA, "cudaDeviceSynchronize before teardown failed: CUDA error %d %s: %s",
+                       static_cast<int>(e), cudaGetErrorName(e), cudaGetErrorString(e));
+    }
     // Keep going after a failure so that every resource gets its release call; report the first.
     auto keep = [&rc](int status) {
       if (rc == FVK_OK) rc = status;

@@ -47,6 +47,34 @@ def context(device: torch.device, window_bytes: int) -> ConstructionContext:
                                device_group=None, broadcast_object=lambda obj, src: obj)
 
 
+def report_local_throughput(transport: NativeTransport, device: torch.device, window: int) -> None:
+    """Informational: the P=1 kernel's copy rate (all shares local: HBM, not NVLink) beside torch's.
+
+    It shows what the addressing and the per-chunk barriers cost on one GPU; it is no NVLink number.
+    """
+    x = torch.randn(1, 65536, 32, 128, device=device).to(torch.bfloat16)  # 512 MiB
+    geom = Geometry.from_input(x.shape, 0, 1, x.dtype)
+    rows = window // geom.row_bytes
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def rate(fn, iters: int = 10) -> float:
+        fn()
+        start.record()
+        for _ in range(iters):
+            fn()
+        stop.record()
+        stop.synchronize()
+        seconds = start.elapsed_time(stop) / 1e3 / iters
+        return 2 * x.numel() * x.element_size() / seconds / 1e9  # bytes read + written
+
+    lines = [f"torch clone: {rate(x.clone):.0f} GB/s"]
+    for ctas in (36, 144):
+        plan = Plan(ctas, 1, rows, tuned=True)
+        lines.append(f"fused P=1 {ctas} CTAs, {plan.num_chunks(geom)} chunks of {rows} rows: "
+                     f"{rate(lambda plan=plan: transport.execute(x, geom, plan)):.0f} GB/s")
+    print("local copy throughput (informational):", "; ".join(lines), flush=True)
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("smoke_native_single_rank: no CUDA device", file=sys.stderr)
@@ -123,6 +151,8 @@ def main() -> int:
                                torch.cuda.current_stream().cuda_stream)
     check(status != 0 and "ctas" in fastvideo_kernel.last_error(lib),
           f"ctas=145 refused: {fastvideo_kernel.last_error(lib)}")
+
+    report_local_throughput(transport, device, window)
 
     try:
         transport.destroy()
