@@ -202,15 +202,13 @@ def run_row(args, name, shape_global, mode, route, helper, dtype, device, fabric
         row.update(route_ran="identity (SP1)", plans=[], declines={})
     elif route == "off":
         row.update(route_ran="nccl", plans=[], declines={})
-    elif helper is None:
-        row.update(route_ran="nccl?", plans=[], declines={}, note="no helper (construction failed): see header")
     else:
         hist = summarize_history(helper, mark)
         plan = hist["plans"][-1] if hist["route_ran"] == "fused" else None
         row.update(route_ran=hist["route_ran"], calls=hist["calls"], declines=hist["declines"],
                    plans=[pl.describe(geom) for pl in hist["plans"]])
         if helper.fused_available and hist["route_ran"] != "fused":
-            row["note"] = f"UNEXPECTED: fused route constructed but calls declined: {hist['declines']}"
+            row["note"] = f"fused route constructed, but the calls declined (policy or vote): {hist['declines']}"
         elif not helper.fused_available:
             row["note"] = f"helper declined at construction: {helper.stats()['construction']}"
     row["plan"] = row["plans"][-1] if row.get("plans") else None
@@ -460,8 +458,11 @@ def main(argv: list[str] | None = None) -> int:
                 from fastvideo.distributed.ulysses.helper import get_default_helper
 
                 helper = get_default_helper()
-        except Exception as exc:  # noqa: BLE001 - reported; auto rows then say so
-            helper_note = f"helper construction failed: {type(exc).__name__}: {exc}"
+        except Exception as exc:  # noqa: BLE001 - reported; the op under auto would raise the same way
+            helper_note = f"auto rows dropped: helper construction failed: {type(exc).__name__}: {exc}"
+            routes = [r for r in routes if r != "auto"]
+            if rank == 0:
+                print(f"# {helper_note}", flush=True)
     header = common.env_header(device, world, helper, {
         "benchmark": "ulysses_a2a", "dtype": args.dtype, "iters": args.iters, "warmup": args.warmup,
         "helper": helper.stats() if helper is not None else None, "helper_note": helper_note,
