@@ -166,8 +166,10 @@ def sha256_file(path: str | os.PathLike) -> str:
 def native_library(helper=None) -> dict | None:
     """Path and SHA-256 of the native communication library the fused route loaded, if any.
 
-    Looked for on the helper's transport (``library_path`` / ``lib_path`` / ``path``), then among the
-    shared objects this process has mapped (``/proc/self/maps``) whose name mentions fastvideo.
+    Looked for on the helper's transport (``library_path`` / ``lib_path`` / ``path``), in its capability
+    (``NativeTransport`` puts the path in ``detail``), from ``fastvideo_kernel.library_path()`` when the
+    transport imported it, then among the shared objects this process has mapped (``/proc/self/maps``)
+    whose name mentions fastvideo or ulysses.
     """
     candidates: list[str] = []
     transport = getattr(helper, "transport", None)
@@ -175,6 +177,12 @@ def native_library(helper=None) -> dict | None:
         value = getattr(transport, attr, None)
         if isinstance(value, (str, os.PathLike)) and value:
             candidates.append(str(value))
+    capability = getattr(helper, "capability", None)
+    if capability is not None and capability.present and capability.detail:
+        candidates.append(capability.detail)  # NativeTransport reports the loaded library's path here
+    kernel = sys.modules.get("fastvideo_kernel")  # only if the transport already imported it
+    if kernel is not None and hasattr(kernel, "library_path"):
+        candidates.append(str(kernel.library_path()))
     try:
         with open("/proc/self/maps") as f:
             for line in f:
