@@ -105,6 +105,11 @@ def main() -> int:
     lsa = transport.lsa_info()
     print("lsa:", lsa)
     check(lsa["lsa_size"] == lsa["nranks"] == 1, f"LSA team covers the communicator: {lsa}")
+    bus = transport._bus_id.encode()
+    nvlink = ctypes.c_int(-1)
+    status = lib.fvk_nvlink_p2p(bus, bus, ctypes.byref(nvlink))
+    check(status in (0, 6), f"NVML query answers (GPU with itself, informational): status {status}, "
+          f"nvlink={nvlink.value}, {fastvideo_kernel.last_error(lib) if status else 'ok'}")
     topo = transport.topology()
     check(topo.decline is None, f"topology (1 rank, no peers): decline={topo.decline} {topo.detail}")
 

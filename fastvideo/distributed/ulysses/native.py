@@ -226,8 +226,10 @@ class NativeTransport(Transport):
         return DeclineReason.ALIGNMENT.bit if x.data_ptr() % x.element_size() else 0
 
     def execute(self, x: torch.Tensor, geom: Geometry, plan: Plan) -> torch.Tensor:
-        if self._handle is None or self._event is None:
+        if self._handle is None or self._event is None or self._ctx is None:
             raise NativeKernelError("execute before construction (or after destroy)")
+        if geom.world_size != self._ctx.world_size:
+            raise NativeKernelError(f"geometry for SP size {geom.world_size}, communicator has {self._ctx.world_size}")
         out = torch.empty(output_shape(geom), dtype=x.dtype, device=x.device)
         stream = torch.cuda.current_stream(x.device)
         # Calls share one window and one set of barrier slots: order this call after the previous
@@ -270,6 +272,7 @@ class NativeTransport(Transport):
 
     def _reset(self) -> None:
         self._handle = None
+        self._ctx = None
         self._event = None
         self._last_stream = None
         self._unique_id = None
