@@ -59,6 +59,7 @@ import common  # first: puts the FastVideo tree under test on sys.path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D

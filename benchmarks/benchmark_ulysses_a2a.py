@@ -26,7 +26,8 @@ fused pipeline runs over gloo; its timings mean nothing). Columns:
   to the same peers, in both directions at once, with ``torch.distributed.batch_isend_irecv`` over the
   SP device group (flat buffers, no relayout); measured in the same run for each geometry.
 * ``wrong``: elements whose bits differ from the NCCL route's output for the same input (``nccl_route``
-  computed in the same row), summed over ranks. The script exits 1 when any row has wrong > 0.
+  computed in the same row), summed over ranks. The script exits 1 when any row has wrong > 0 (and,
+  with ``--require-fused``, when an ``auto`` row at SP >= 2 did not run the fused route).
 * ``ran``: what the helper's history says actually ran for the row (``fused`` / ``nccl`` / ``mixed``),
   with the plan and any decline reasons in the JSON (``route_ran``, ``plan``, ``declines``).
 
@@ -103,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overlap", action="store_true", help="GEMM-chain slowdown beside each route (CUDA only)")
     p.add_argument("--gemm-size", type=int, default=8192, help="--overlap: square bf16 GEMM size")
     p.add_argument("--gemm-chain", type=int, default=20, help="--overlap: GEMMs in the chain")
+    p.add_argument("--require-fused", action="store_true",
+                   help="exit 1 unless every auto row at SP >= 2 actually ran the fused route (helper history)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--json", help="write the header and rows here (rank 0)")
     p.add_argument("--save-outputs",
@@ -485,9 +488,15 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         print_table(rows)
         common.write_json(args.json, header, rows)
+    not_fused = [r for r in rows
+                 if r.get("route") == "auto" and r.get("sp_size", 1) > 1 and r.get("route_ran") != "fused"]
+    if rank == 0 and args.require_fused and not_fused:
+        for r in not_fused:
+            print(f"# REQUIRED FUSED, ran {r.get('route_ran')}: {r['geometry']} mode {r['mode']} "
+                  f"declines {r.get('declines')} {r.get('note', '')}")
     common.set_route("off")
     common.shutdown()
-    return 1 if any(r.get("wrong") for r in rows) else 0
+    return 1 if any(r.get("wrong") for r in rows) or (args.require_fused and not_fused) else 0
 
 
 if __name__ == "__main__":
