@@ -98,8 +98,8 @@ struct TensorBlock {  // block q of a head-split or seq-split tensor
 };
 
 // Copy units [u0, u1) (V-sized, counted linearly over the block's [plane][row][run] order) from
-// `src` to `dst`, the whole CTA cooperating. Unit counts within a block fit 32 bits (the host
-// checks), which keeps the per-unit index arithmetic in 32-bit divisions.
+// `src` to `dst`, the whole CTA cooperating. Unit counts within a block stay below 2^31 (the host
+// checks), which keeps the per-unit index arithmetic in 32-bit divisions without wrap-around.
 template <typename V, typename Src, typename Dst>
 __device__ inline void copy_block(const Src& src, const Dst& dst, const Chunk& c, int64_t run_bytes, uint32_t u0,
                                   uint32_t u1) {

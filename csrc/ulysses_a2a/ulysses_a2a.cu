@@ -185,8 +185,9 @@ int make_problem(int world, int mode, int dtype, int64_t B, int64_t S, int64_t H
   if (static_cast<uint64_t>(chunk_bytes) > window_bytes)
     return set_error(FVK_ERR_INVALID, "a chunk needs %lld window bytes, the window has %zu", (long long)chunk_bytes,
                      window_bytes);
-  // copy_block counts units of one block in 32 bits; the smallest unit is 2 bytes.
-  if (chunk_bytes / world / 2 > static_cast<int64_t>(UINT32_MAX))
+  // copy_block counts the units of one block in 32 bits (with headroom for its loop stride, so
+  // below 2^31); the smallest unit is 2 bytes.
+  if (chunk_bytes / world / 2 > static_cast<int64_t>(INT32_MAX))
     return set_error(FVK_ERR_INVALID, "a chunk of %lld bytes per peer exceeds the kernel's 32-bit unit index",
                      (long long)(chunk_bytes / world));
   return FVK_OK;
@@ -202,11 +203,10 @@ int vector_bytes(const Problem& p, const void* const* extra, int n_extra) {
 
 template <typename V>
 int occupancy(int device, int& blocks) {
-  cudaDeviceProp prop;
-  FVK_CUDA(cudaGetDeviceProperties(&prop, device));
-  int per_sm = 0;
+  int sms = 0, per_sm = 0;
+  FVK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   FVK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_a2a_kernel<V>, kThreads, 0));
-  blocks = per_sm * prop.multiProcessorCount;
+  blocks = per_sm * sms;
   return FVK_OK;
 }
 
