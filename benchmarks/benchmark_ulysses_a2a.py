@@ -26,7 +26,8 @@ fused pipeline runs over gloo; its timings mean nothing). Columns:
   to the same peers, in both directions at once, with ``torch.distributed.batch_isend_irecv`` over the
   SP device group (flat buffers, no relayout); measured in the same run for each geometry.
 * ``wrong``: elements whose bits differ from the NCCL route's output for the same input (``nccl_route``
-  computed in the same row), summed over ranks. The script exits 1 when any row has wrong > 0 (and,
+  computed in the same row), summed over ranks, for the op's output and (auto rows) the direct
+  ``transport.execute`` output. The script exits 1 when any row has wrong > 0 (and,
   with ``--require-fused``, when an ``auto`` row at SP >= 2 did not run the fused route).
 * ``ran``: what the helper's history says actually ran for the row (``fused`` / ``nccl`` / ``mixed``),
   with the plan and any decline reasons in the JSON (``route_ran``, ``plan``, ``declines``).
@@ -226,6 +227,8 @@ def run_row(args, name, shape_global, mode, route, helper, dtype, device, fabric
         def transfer() -> object:
             return helper.transport.execute(x, geom, plan)
         row["transfer_what"] = "transport.execute"
+        # The direct execute must be as exact as the voted call.
+        wrong += common.rank_sum(common.count_bitwise_diff(transfer(), ref))
     else:
         send = _send_layout(x, mode, p)
         recv = torch.empty_like(send)

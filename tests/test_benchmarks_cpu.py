@@ -47,7 +47,8 @@ def _load(path: Path) -> dict:
 def test_a2a_benchmark_cpu(tmp_path: Path) -> None:
     out = tmp_path / "a2a.json"
     _torchrun("benchmark_ulysses_a2a.py", "--device", "cpu", "--geometry", "toy", "--geometry", "2,64,4,8",
-              "--quick", "--overlap", "--require-fused", "--json", str(out), "--save-outputs", str(tmp_path / "outputs"))
+              "--quick", "--overlap", "--require-fused", "--json", str(out),
+              "--save-outputs", str(tmp_path / "outputs"))
     data = _load(out)
     assert data["header"]["sp_size"] == 2
     rows = data["rows"]
