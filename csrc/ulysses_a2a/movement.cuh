@@ -13,9 +13,9 @@
 //
 // A chunk is planes [p0, p0+np) x rows [r0, r0+nr) of every peer's block. Its receiver-side window
 // layout, from window offset 0, is [src rank][plane][row][run]: src's share is one contiguous block
-// of np*nr*run bytes. The chunk's window bytes are partitioned among CTAs in `granule` units
-// (a function of the geometry only, so every rank computes identical ranges): CTA i on a sender
-// writes exactly the part of each receiver's window that CTA i on that receiver later copies out.
+// of np*nr*run bytes. Each block is partitioned among CTAs in `granule` units (a function of the
+// geometry only, so every rank computes identical slices): CTA i on a sender writes exactly the
+// part of each receiver's window that CTA i on that receiver later copies out.
 #pragma once
 
 #include <cstdint>
@@ -69,13 +69,16 @@ __host__ __device__ inline int64_t block_bytes(const Problem& p, const Chunk& c)
   return c.np * c.nr * p.run_bytes;
 }
 
-// Granules [lo, hi) of the receiver's chunk window that CTA `cta` of `ctas` owns, on every rank.
-struct Range {
-  int64_t lo, hi;
-};
-__device__ inline Range cta_range(const Problem& p, const Chunk& c, int cta, int ctas) {
-  const int64_t total = p.world * block_bytes(p, c) / p.granule;
-  return {total * cta / ctas, total * (cta + 1) / ctas};
+// The V units [u0, u1) of every source rank's block that CTA `cta` of `ctas` owns: the same slice
+// of each block, counted in `granule` units, on every rank. Slicing each block (rather than the
+// whole [src][...] window) gives every CTA work in both phases: it stores its slice of this rank's
+// block to every peer, then copies its slice of every peer's block out of its own window.
+template <typename V>
+__device__ inline void cta_units(const Problem& p, const Chunk& c, int cta, int ctas, uint32_t& u0, uint32_t& u1) {
+  const int64_t granules = block_bytes(p, c) / p.granule;
+  const int64_t per = p.granule / static_cast<int64_t>(sizeof(V));
+  u0 = static_cast<uint32_t>(granules * cta / ctas * per);
+  u1 = static_cast<uint32_t>(granules * (cta + 1) / ctas * per);
 }
 
 // Where row (plane pl, row r) of the chunk lives, for the two kinds of endpoint of a copy.
@@ -125,29 +128,15 @@ __device__ inline void copy_block(const Src& src, const Dst& dst, const Chunk& c
   }
 }
 
-// The part of block `owner` (in granules [owner*block, (owner+1)*block)) that range g covers, as
-// V units relative to the block start. Empty when u0 >= u1.
-template <typename V>
-__device__ inline void block_units(const Range& g, int64_t owner, int64_t block_granules, int64_t granule,
-                                   uint32_t& u0, uint32_t& u1) {
-  const int64_t first = owner * block_granules;
-  const int64_t lo = g.lo > first ? g.lo : first;
-  const int64_t hi = g.hi < first + block_granules ? g.hi : first + block_granules;
-  const int64_t per = granule / static_cast<int64_t>(sizeof(V));
-  u0 = static_cast<uint32_t>((lo - first) * per);
-  u1 = hi > lo ? static_cast<uint32_t>((hi - first) * per) : u0;
-}
-
 // Store phase: this CTA's share of chunk c into every peer's window (LSA stores), and its own
 // block straight into the output (it never needs the window). Peers are visited starting after
 // `rank` so that ranks spread their stores over different links at any moment.
 template <typename V, typename Windows>
 __device__ void store_chunk(const Problem& p, const Chunk& c, const Windows& windows, int cta, int ctas) {
-  const Range g = cta_range(p, c, cta, ctas);
-  const int64_t bytes = block_bytes(p, c), granules = bytes / p.granule;
   uint32_t u0, u1;
-  block_units<V>(g, p.rank, granules, p.granule, u0, u1);
+  cta_units<V>(p, c, cta, ctas, u0, u1);
   if (u0 >= u1) return;
+  const int64_t bytes = block_bytes(p, c);
   const bool in_head_split = p.mode == 0;
   for (int j = 1; j <= p.world; ++j) {
     const int q = (p.rank + j) % p.world;
@@ -165,14 +154,13 @@ __device__ void store_chunk(const Problem& p, const Chunk& c, const Windows& win
 // Copy-out phase: this CTA's range of this rank's window (every other rank's block) into the output.
 template <typename V>
 __device__ void copy_out_chunk(const Problem& p, const Chunk& c, char* window, int cta, int ctas) {
-  const Range g = cta_range(p, c, cta, ctas);
-  const int64_t bytes = block_bytes(p, c), granules = bytes / p.granule;
+  uint32_t u0, u1;
+  cta_units<V>(p, c, cta, ctas, u0, u1);
+  if (u0 >= u1) return;
+  const int64_t bytes = block_bytes(p, c);
   const bool out_head_split = p.mode == 1;
   for (int src_rank = 0; src_rank < p.world; ++src_rank) {
     if (src_rank == p.rank) continue;  // written straight to the output by the store phase
-    uint32_t u0, u1;
-    block_units<V>(g, src_rank, granules, p.granule, u0, u1);
-    if (u0 >= u1) continue;
     const WindowBlock src{window + src_rank * bytes, c.nr, p.run_bytes};
     const TensorBlock dst{p.out, p.S, p.run_bytes, p.world, src_rank, out_head_split};
     copy_block<V>(src, dst, c, p.run_bytes, u0, u1);

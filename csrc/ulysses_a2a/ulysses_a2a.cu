@@ -8,9 +8,9 @@
 //      straight into its output;
 //   3. waits at LSA barrier i again: every peer's CTA i has stored into region i of this window;
 //   4. copies region i of its window into its output.
-// Region i is defined on the receiver's chunk layout with the same partition on every rank, so the
-// only CTAs that touch region i of any window are the CTAs i of all ranks: per-CTA barriers suffice
-// and no grid-wide synchronisation is needed. Consecutive calls are ordered on each rank by its
+// Region i (slice i of every source block of the receiver's chunk layout, movement.cuh) is the same
+// on every rank, so the only CTAs that touch region i of any window are the CTAs i of all ranks:
+// per-CTA barriers suffice and no grid-wide synchronisation is needed. Consecutive calls are ordered on each rank by its
 // stream (the Python side adds an event when the caller's stream changes), so a call's first
 // barrier also covers the previous call's copy-out, whatever its CTA count.
 #include <cuda_runtime.h>
