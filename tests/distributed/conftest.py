@@ -38,13 +38,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "ulysses_ambient" not in metafunc.fixturenames:
-        return
-    if metafunc.config.getoption("--ulysses-ambient") == "all":
+    # Only with --ulysses-ambient=all: otherwise test ids stay unchanged and the shell's values apply.
+    if "ulysses_ambient" in metafunc.fixturenames and metafunc.config.getoption("--ulysses-ambient") == "all":
         ids = [f"{c['FASTVIDEO_ULYSSES_A2A']}-{c['FASTVIDEO_ULYSSES_A2A_LONG_TRAINING']}" for c in AMBIENT_COMBOS]
         metafunc.parametrize("ulysses_ambient", AMBIENT_COMBOS, ids=ids, indirect=True)
-    else:
-        metafunc.parametrize("ulysses_ambient", [None], ids=["ambient"], indirect=True)
 
 
 @pytest.fixture(autouse=True)
