@@ -92,7 +92,7 @@ def test_float64_gradients_exact_through_the_dtype_decline(ranks):
 # ------------------------------------------------------------------------------------- backward keeps the plan
 
 
-def _backward_keeps_forward_plan(rank, world_size, forward_lt, backward_lt, window):
+def _backward_keeps_forward_plan(rank, world_size, forward_lt, backward_lt, window, drop_table):
     from fastvideo import envs
     from fastvideo.distributed.ulysses import policy
 
@@ -105,6 +105,8 @@ def _backward_keeps_forward_plan(rank, world_size, forward_lt, backward_lt, wind
         y = h.all_to_all(x, 0)
     w = rank_input(rank, y.shape, seed=6)
     with envs.override(FASTVIDEO_ULYSSES_A2A_LONG_TRAINING=backward_lt):
+        if drop_table:
+            h.tuned_table = ()  # the policy changes under the backward's feet in a second way too
         geom = Geometry.from_input(x.shape, 0, world_size, x.dtype)
         now = h.plan_for(geom, grad=True)  # what the policy would choose at backward time
         (y * w).sum().backward()
@@ -115,10 +117,10 @@ def _backward_keeps_forward_plan(rank, world_size, forward_lt, backward_lt, wind
 
 
 def test_backward_runs_the_forwards_tuned_plan_after_the_policy_changed(ranks):
-    """Forward under LONG_TRAINING=chunked runs the tuned plan; switching to auto before backward would make
-    the policy pick the original plan, yet BACKWARD runs the forward's tuned plan."""
+    """Forward under LONG_TRAINING=chunked runs the tuned plan; switching to auto (and dropping the tuned
+    rows) before backward makes the policy pick the original plan, yet BACKWARD runs the forward's tuned plan."""
     tuned, original = Plan(144, 1, S, True).word, Plan(ORIGINAL_CTAS, B, S, False).word
-    for exact, recs, now in ranks(2, _backward_keeps_forward_plan, "chunked", "auto", 1 << 20):
+    for exact, recs, now in ranks(2, _backward_keeps_forward_plan, "chunked", "auto", 1 << 20, True):
         assert exact and now == original
         assert recs == [("FORWARD_GRAD", "fused", tuned, None, B), ("BACKWARD", "fused", tuned, None, B)]
 
@@ -126,7 +128,7 @@ def test_backward_runs_the_forwards_tuned_plan_after_the_policy_changed(ranks):
 def test_backward_keeps_the_forwards_decline_after_the_policy_changed(ranks):
     """Forward under auto declines WINDOW (original policy, operand > 4 KiB window); switching to chunked
     would now allow a tuned sub-plane plan, yet BACKWARD declines WINDOW like its forward."""
-    for exact, recs, now in ranks(2, _backward_keeps_forward_plan, "auto", "chunked", 4096):
+    for exact, recs, now in ranks(2, _backward_keeps_forward_plan, "auto", "chunked", 4096, False):
         assert exact and now == Plan(144, 1, 4096 // (H * D * 4), True).word
         assert recs == [("FORWARD_GRAD", "nccl", 0, "window", 0), ("BACKWARD", "nccl", 0, "window", 0)]
 
