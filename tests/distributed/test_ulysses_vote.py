@@ -95,8 +95,8 @@ def test_fused_bf16_is_bit_exact(ranks):
 # ------------------------------------------------------------------------------------- outputs own storage
 
 
-def _retained(rank, world_size):
-    h = build_helper(window_bytes=4096)
+def _retained(rank, world_size, window):
+    h = build_helper(window_bytes=window)
     x1, x2 = rank_input(rank, (B, S, H, D), seed=1), rank_input(rank, (B, S, H, D), seed=2)
     y1 = h.all_to_all(x1, 0)
     kept = y1.clone()
@@ -117,9 +117,11 @@ def _retained(rank, world_size):
     return result
 
 
-def test_retained_output_is_unchanged_by_a_later_call(ranks):
-    """Output 1 survives call 2 unchanged and shares no storage with the window or with output 2."""
-    for unchanged, exact, differ, outside_window, distinct, routes in ranks(2, _retained):
+@pytest.mark.parametrize("window", [4096, 1 << 20], ids=["sub-plane-window", "whole-output-fits-window"])
+def test_retained_output_is_unchanged_by_a_later_call(ranks, window):
+    """Output 1 survives call 2 unchanged and shares no storage with the window or with output 2 (also when
+    the window could hold the whole output, where returning a window view would be tempting)."""
+    for unchanged, exact, differ, outside_window, distinct, routes in ranks(2, _retained, window):
         assert unchanged and exact and differ and outside_window and distinct
         assert routes == ["fused", "fused"]
 
