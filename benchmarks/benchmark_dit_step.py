@@ -32,11 +32,13 @@ Measurements, per ``--tokens`` value (global sequence; ``Nk`` = N x 1024):
   optimizer step). Each is timed as rank-max host wall time (barrier, perf_counter, device sync);
   rows report the median (and every trial), and ``torch.cuda.memory_stats()['num_alloc_retries']``
   deltas per trial (rank-max; ``-`` on CPU).
-* Correctness in the same run: the fused route's inference output must be bit-identical to the NCCL
-  route's (``wrong`` = differing elements, summed over ranks). Gradients (local FSDP shards, before
-  clipping) are compared by max abs difference against a threshold calibrated from two repeated
-  NCCL-route steps: threshold = ``--grad-factor`` x (max abs diff between the two NCCL runs); when
-  the NCCL route is deterministic that is 0 and gradients must match exactly.
+* Correctness in the same run (one more untimed inference and training step per route after the
+  trials, so copying gradients to the host is never timed): the fused route's inference output must
+  be bit-identical to the NCCL route's (``wrong`` = differing elements, summed over ranks).
+  Gradients (local FSDP shards, before clipping) are compared by max abs difference against a
+  threshold calibrated from two repeated NCCL-route steps: threshold = ``--grad-factor`` x (max abs
+  diff between the two NCCL runs); when the NCCL route is deterministic that is 0 and gradients must
+  match exactly.
 
 Columns: ``tokens``, ``route``, ``kind`` (infer/train), ``ran`` (fused/nccl calls of the helper during
 the route's timed trials; ``-`` for off), ``long`` (``FASTVIDEO_ULYSSES_A2A_LONG_TRAINING``),
@@ -381,14 +383,14 @@ def main(argv: list[str] | None = None) -> int:
                 nccl_s, local_s = statistics.median(t_nccl), statistics.median(t_local)
                 share[kind] = {"nccl_s": nccl_s, "local_s": local_s, "share": 1 - local_s / nccl_s}
             shares.append(share)
-        elif world == 1:
-            share["note"] = "SP1: the op returns its input, so the all-to-all's share is 0"
-            shares.append(share)
             if rank == 0:
                 print(f"# a2a share at {n_tok} tokens (NCCL route): inference {share['infer']['share'] * 100:.1f}% "
                       f"({share['infer']['nccl_s']:.4f} s vs {share['infer']['local_s']:.4f} s local), training "
                       f"{share['train']['share'] * 100:.1f}% ({share['train']['nccl_s']:.4f} s vs "
                       f"{share['train']['local_s']:.4f} s local)", flush=True)
+        elif world == 1:
+            share["note"] = "SP1: the op returns its input, so the all-to-all's share is 0"
+            shares.append(share)
 
         # Gradient threshold from two repeated NCCL-route steps.
         ref_grads = runner.train(x, capture=True)
@@ -410,17 +412,21 @@ def main(argv: list[str] | None = None) -> int:
                         def fn(x=x):
                             return runner.infer(x)
                     else:
-                        def fn(x=x, capture=trial == 0):
-                            return runner.train(x, capture=capture)
-                    seconds, result = timed(fn, device)
+                        def fn(x=x):
+                            return runner.train(x)
+                    seconds, _ = timed(fn, device)
                     r1 = alloc_retries(device)
                     results[(route, kind)]["times"].append(seconds)
                     results[(route, kind)]["retries"].append(
-                        common.rank_max([r1 - r0])[0] if r0 is not None else None)
-                    if trial == 0:
-                        (outputs if kind == "infer" else grads)[route] = result
+                        int(common.rank_max([r1 - r0])[0]) if r0 is not None else None)
                     if before is not None:
                         add_calls(ran, (route, kind), before, helper.stats())
+        # The outputs and gradients compared: one more (untimed) inference and step per route, so
+        # copying gradients to the host never lands in a timed trial. LR 0: same weights as every trial.
+        for route in routes:
+            common.set_route(route)
+            outputs[route] = runner.infer(x)
+            grads[route] = runner.train(x, capture=True)
         for route in routes:
             for kind in ("infer", "train"):
                 info = ran.get((route, kind))

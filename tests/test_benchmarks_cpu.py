@@ -113,6 +113,16 @@ def test_dit_step_benchmark_cpu(tmp_path: Path) -> None:
     assert (tmp_path / "save" / "dit_rank1.safetensors").exists()
 
 
+@pytest.mark.timeout(60)
+def test_dit_step_benchmark_sp1(tmp_path: Path) -> None:
+    out = tmp_path / "dit1.json"
+    _torchrun("benchmark_dit_step.py", "--device", "cpu", "--hidden", "32", "--heads", "2", "--blocks", "1",
+              "--tokens", "64", "--json", str(out), nproc=1)
+    data = _load(out)
+    assert not data["failures"] and "SP1" in data["a2a_share"][0]["note"]
+    assert all(r["route_ran"].startswith("identity") for r in data["rows"])
+
+
 @pytest.mark.timeout(120)
 def test_tune_cpu(tmp_path: Path) -> None:
     out = tmp_path / "tune.json"
