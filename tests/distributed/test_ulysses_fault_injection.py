@@ -63,10 +63,31 @@ def test_geometry_mismatch_raises_on_every_rank_naming_the_field(ranks, world_si
 
 def _one_call_ahead(rank, world_size):
     h = build_helper()
-    local_failure = None
     if rank == 0:
-        # Rank 0's first call fails locally after taking its sequence number and before voting (a
-        # transport check raising); rank 0 retries, so it is now one call ahead of its peers.
+        # White-box: rank 0's helper has counted one call its peers never made (what a rank that
+        # skipped a vote would look like). Identical DiT layers would otherwise pair the wrong calls.
+        h._seq += 1
+    got = catch(h.all_to_all, rank_input(rank, SHAPE), 0)
+    again = catch(h.all_to_all, rank_input(rank, SHAPE), 0)  # still desynchronised: raises again, no hang
+    h.destroy()
+    return got, again
+
+
+def test_rank_one_call_ahead_raises_seq_mismatch_on_every_rank(ranks):
+    """Same geometry on every rank but rank 0 is one call ahead: every rank raises naming SEQ with the
+    per-rank sequence numbers, on this call and the next (no rank enters a collective)."""
+    results = ranks(2, _one_call_ahead, timeout_s=60)
+    for got, again in results:
+        assert got[0] == "ContractMismatchError" and got[2] == "SEQ"
+        assert "rank 0: 1, rank 1: 0" in got[1]
+        assert again[0] == "ContractMismatchError" and again[2] == "SEQ"
+
+
+def _local_failure(rank, world_size):
+    h = build_helper()
+    if rank == 0:
+        # A rank-local step of the call raises on rank 0 only (a transport check here; a bad
+        # FASTVIDEO_ULYSSES_A2A_LONG_TRAINING value on that rank would do the same).
         original = h.transport.eligibility
 
         def broken(x):
@@ -74,22 +95,19 @@ def _one_call_ahead(rank, world_size):
             raise RuntimeError("injected local failure")
 
         h.transport.eligibility = broken
-        local_failure = catch(h.all_to_all, rank_input(rank, SHAPE), 0)[0]
     got = catch(h.all_to_all, rank_input(rank, SHAPE), 0)
-    again = catch(h.all_to_all, rank_input(rank, SHAPE), 0)  # still desynchronised: raises again, no hang
+    after = _call_and_check(h, rank, seed=1)  # nobody was left a call ahead
     h.destroy()
-    return local_failure, got, again
+    return got, after
 
 
-def test_rank_one_call_ahead_raises_seq_mismatch_on_every_rank(ranks):
-    """Same geometry on every rank but rank 0 already consumed a call: every rank raises naming SEQ with
-    the per-rank sequence numbers (otherwise identical DiT layers would pair the wrong calls)."""
-    results = ranks(2, _one_call_ahead, timeout_s=60)
-    assert results[0][0] == "RuntimeError"
-    for _, got, again in results:
-        assert got[0] == "ContractMismatchError" and got[2] == "SEQ"
-        assert "rank 0: 1, rank 1: 0" in got[1]
-        assert again[0] == "ContractMismatchError" and again[2] == "SEQ"
+def test_local_failure_on_one_rank_raises_on_every_rank_and_keeps_ranks_in_step(ranks):
+    """A local exception on one rank is voted, not raised alone: every rank raises PeerCallError for that
+    call (naming rank 0), and the next call runs fused with the sequence numbers still in step."""
+    results = ranks(2, _local_failure, timeout_s=60)
+    for got, (exact, record) in results:
+        assert got[0] == "PeerCallError" and "rank(s) [0]" in got[1]
+        assert exact and record == FUSED
 
 
 def _grad_flag_mismatch(rank, world_size):

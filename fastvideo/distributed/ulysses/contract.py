@@ -21,6 +21,8 @@ Wire format (frozen; ``CONTRACT_VERSION`` changes when it does; ``docs/ulysses_c
 
 Verdict (``decide``), computed identically on every rank from the gathered ``[P, 12]`` votes:
 
+* A rank set the LOCAL_ERROR bit (a rank-local step of the call raised there): ``RAISE`` on every
+  rank (``PeerCallError``), so no rank is left a call ahead of its peers.
 * HEADER, SEQ, MODE, DTYPE, B, S_LOCAL, H, D or PHASE differ: a caller bug (the NCCL route would
   hang too). ``RAISE`` naming the field and the per-rank values; no rank enters a collective.
 * ELIGIBILITY, WINDOW_BYTES or PLAN differ, or any rank has a decline bit: ``DECLINE`` together.
@@ -84,6 +86,7 @@ class DeclineReason(enum.IntEnum):
     PEER_DISAGREEMENT = 15  # ranks disagree on eligibility, capability or plan
     DEVICE = 16  # operand not on the helper's device
     CONSTRUCTION_FAILED = 17  # a collective construction step failed on some rank
+    LOCAL_ERROR = 18  # not a decline: a rank-local step of the call raised; every rank raises
 
     @property
     def bit(self) -> int:
@@ -145,6 +148,17 @@ def _describe(field: Field, value: int) -> str:
     return str(value)
 
 
+class PeerCallError(RuntimeError):
+    """A rank-local step of the call raised on some rank (e.g. a bad env value there). Raised on every rank."""
+
+    def __init__(self, ranks: list[int]):
+        self.ranks = ranks
+        super().__init__(
+            f"Ulysses all-to-all: rank(s) {ranks} raised while preparing this call (their own traceback has the "
+            "cause); every rank raises so that no rank is left a call ahead of its peers."
+        )
+
+
 class Verdict(enum.Enum):
     RUN = "run"
     DECLINE = "decline"
@@ -156,7 +170,7 @@ class Decision:
     verdict: Verdict
     reason: DeclineReason | None = None  # DECLINE: the counted reason
     plan_word: int = 0  # RUN: the agreed plan
-    error: ContractMismatchError | None = None  # RAISE
+    error: RuntimeError | None = None  # RAISE: ContractMismatchError or PeerCallError
 
 
 def decide(votes: torch.Tensor) -> Decision:
@@ -164,6 +178,9 @@ def decide(votes: torch.Tensor) -> Decision:
     if votes.dim() != 2 or votes.shape[1] != NUM_FIELDS:
         raise ValueError(f"decide: votes must be [P, {NUM_FIELDS}], got {tuple(votes.shape)}")
     rows = votes.tolist()
+    failed = [r for r, row in enumerate(rows) if row[Field.ELIGIBILITY] & DeclineReason.LOCAL_ERROR.bit]
+    if failed:
+        return Decision(Verdict.RAISE, error=PeerCallError(failed))
     for field in MUST_MATCH:
         column = [row[field] for row in rows]
         if any(v != column[0] for v in column):

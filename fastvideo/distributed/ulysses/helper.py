@@ -214,20 +214,20 @@ class UlyssesHelper:
             steps = self.transport.construction_steps(ctx)
         except Exception as exc:  # noqa: BLE001 - reported collectively below
             steps, error = [], f"construction_steps: {exc}"
-        done: list[str] = []
-        for step in [*steps, None]:
+        names = [step.name for step in steps]
+        for index, step in enumerate([*steps, None]):
             # Enter the next step only if every rank succeeded at the one before it.
             results = self._vote.all_gather_object(error)
             failed = [(i, e) for i, e in enumerate(results) if e]
             if failed:
                 self.transport.abort()
                 detail = "; ".join(f"rank {i}: {e}" for i, e in failed)
-                return DeclineReason.CONSTRUCTION_FAILED, f"after steps {done}: {detail}"
+                where = f"step {index}/{len(names)} ({names[index - 1]})" if index else "preparing the steps"
+                return DeclineReason.CONSTRUCTION_FAILED, f"failed at {where}: {detail}"
             if step is None:
                 break
             try:
                 step.run()
-                done.append(step.name)
             except Exception as exc:  # noqa: BLE001 - a local failure is voted on, never raised alone
                 error = f"{step.name}: {type(exc).__name__}: {exc}"
         return None, ""
@@ -299,17 +299,23 @@ class UlyssesHelper:
             # A host-side vote cannot be traced; every rank traces the same region, so every rank
             # takes the (traceable) NCCL route here.
             return self._decline(x, geom, seq, phase, DeclineReason.TORCH_COMPILE)
-        bits = self._local_bits(x, geom)
         plan: Plan | None = None
-        if saved is not None:  # backward: the forward's plan, never a re-decision
-            plan, forward_reason = saved
-            if plan is None:
-                bits |= (forward_reason or DeclineReason.PEER_DISAGREEMENT).bit
-        elif not bits:
-            choice = self.plan_for(geom, grad=phase == Phase.FORWARD_GRAD)
-            plan = choice.plan
-            if plan is None:
-                bits |= (choice.reason or DeclineReason.WINDOW).bit
+        local_error: Exception | None = None
+        try:
+            bits = self._local_bits(x, geom)
+            if saved is not None:  # backward: the forward's plan, never a re-decision
+                plan, forward_reason = saved
+                if plan is None:
+                    bits |= (forward_reason or DeclineReason.PEER_DISAGREEMENT).bit
+            elif not bits:
+                choice = self.plan_for(geom, grad=phase == Phase.FORWARD_GRAD)
+                plan = choice.plan
+                if plan is None:
+                    bits |= (choice.reason or DeclineReason.WINDOW).bit
+        except Exception as exc:  # noqa: BLE001 - raised on every rank after the vote, never alone
+            # Raising here alone would leave this rank a call ahead and its peers inside the vote:
+            # vote the failure instead, so every rank raises together.
+            local_error, plan, bits = exc, None, DeclineReason.LOCAL_ERROR.bit
         fields = [0] * contract.NUM_FIELDS
         fields[Field.HEADER] = contract.header(self.generation)
         fields[Field.SEQ] = seq
@@ -332,7 +338,7 @@ class UlyssesHelper:
         if decision.verdict is Verdict.RAISE:
             self._raised += 1
             assert decision.error is not None
-            raise decision.error
+            raise decision.error from local_error
         if decision.verdict is Verdict.DECLINE:
             assert decision.reason is not None
             return self._decline(x, geom, seq, phase, decision.reason)

@@ -189,9 +189,11 @@ class GlooPlanTransport(Transport):
             self._window = torch.empty(ctx.window_bytes, dtype=torch.uint8, device=ctx.device)
 
         def connect() -> None:
-            self._maybe_fail("connect")
             probe = torch.ones(ctx.world_size, dtype=torch.int64)
             dist.all_to_all_single(torch.empty_like(probe), probe, group=ctx.device_group)
+            # Fail after the collective, as a real step that errors locally would: peers are not
+            # left inside it, and the vote after this step reports the failure.
+            self._maybe_fail("connect")
 
         return [Step("alloc_window", alloc), Step("connect", connect, collective=True)]
 
