@@ -43,7 +43,8 @@ Measurements, per ``--tokens`` value (global sequence; ``Nk`` = N x 1024):
 Columns: ``tokens``, ``route``, ``kind`` (infer/train), ``ran`` (fused/nccl calls of the helper during
 the route's timed trials; ``-`` for off), ``long`` (``FASTVIDEO_ULYSSES_A2A_LONG_TRAINING``),
 ``median s``, ``min s``/``max s`` over trials, ``retries`` (alloc-retry deltas summed over trials),
-``wrong`` (inference), ``grad diff``/``thresh``/``ok`` (training). The process exits 1 when any
+``peak GiB`` (``torch.cuda.max_memory_allocated`` over the trials, rank-max), ``wrong`` (inference),
+``grad diff``/``thresh``/``ok`` (training). The process exits 1 when any
 check fails.
 """
 
@@ -291,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-checkpointing", action="store_true", help="disable full activation checkpointing")
     p.add_argument("--long-training", choices=("auto", "chunked"), default=None,
                    help="sets FASTVIDEO_ULYSSES_A2A_LONG_TRAINING (default: leave the environment's value)")
-    p.add_argument("--grad-factor", type=float, default=2.0,
+    p.add_argument("--grad-factor", type=float, default=4.0,
                    help="gradient threshold = factor x max abs diff of two repeated NCCL-route steps")
     p.add_argument("--clip", type=float, default=1.0, help="clip_grad_norm_ max norm")
     p.add_argument("--skip-share", action="store_true", help="skip the all-to-all share measurement")
@@ -399,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         ref_out = runner.infer(x)
 
         # Rotated trials.
-        results = {(route, kind): {"times": [], "retries": []} for route in routes for kind in ("infer", "train")}
+        results = {(route, kind): {"times": [], "retries": [], "peak": []}
+                   for route in routes for kind in ("infer", "train")}
         outputs, grads, ran = {}, {}, {}
         for trial in range(args.trials):
             order = routes[trial % len(routes):] + routes[: trial % len(routes)]
@@ -407,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
                 common.set_route(route)
                 for kind in ("infer", "train"):
                     before = helper.stats() if helper is not None and route == "auto" else None
+                    if device.type == "cuda":
+                        torch.cuda.reset_peak_memory_stats(device)
                     r0 = alloc_retries(device)
                     if kind == "infer":
                         def fn(x=x):
@@ -416,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
                             return runner.train(x)
                     seconds, _ = timed(fn, device)
                     r1 = alloc_retries(device)
+                    if device.type == "cuda":
+                        peak = common.rank_max([torch.cuda.max_memory_allocated(device) / 2**30])[0]
+                        results[(route, kind)]["peak"].append(peak)
                     results[(route, kind)]["times"].append(seconds)
                     results[(route, kind)]["retries"].append(
                         int(common.rank_max([r1 - r0])[0]) if r0 is not None else None)
@@ -439,7 +446,8 @@ def main(argv: list[str] | None = None) -> int:
                 row = {"tokens": n_tok, "route": route, "kind": kind, "long_training": long_training,
                        "route_ran": ran_text, "helper_calls": info, "median_s": statistics.median(res["times"]),
                        "trial_s": res["times"], "alloc_retries": res["retries"],
-                       "alloc_retries_total": sum(retries) if retries else None}
+                       "alloc_retries_total": sum(retries) if retries else None,
+                       "peak_mem_gib": max(res["peak"]) if res["peak"] else None}
                 if kind == "infer":
                     row["wrong"] = common.rank_sum(common.count_bitwise_diff(outputs[route], ref_out))
                     if row["wrong"]:
@@ -481,16 +489,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_table(rows: list[dict]) -> None:
     print(f"{'tokens':>7} {'route':>5} {'kind':>5} {'ran':>8} {'long':>7} {'median s':>9} {'min s':>8} {'max s':>8} "
-          f"{'retries':>7} {'wrong':>6} {'grad diff':>10} {'thresh':>10} {'ok':>3}")
+          f"{'retries':>7} {'peak GiB':>8} {'wrong':>6} {'grad diff':>10} {'thresh':>10} {'ok':>3}")
     for r in rows:
         retries = "-" if r["alloc_retries_total"] is None else str(r["alloc_retries_total"])
+        peak = "-" if r["peak_mem_gib"] is None else f"{r['peak_mem_gib']:.1f}"
         wrong = str(r["wrong"]) if "wrong" in r else "-"
         diff = f"{r['grad_max_abs_diff']:10.3g}" if "grad_max_abs_diff" in r else f"{'-':>10}"
         thresh = f"{r['grad_threshold']:10.3g}" if "grad_threshold" in r else f"{'-':>10}"
         ok = ("yes" if r["grad_ok"] else "NO") if "grad_ok" in r else ("yes" if r.get("wrong") == 0 else "NO")
         print(f"{r['tokens']:>7} {r['route']:>5} {r['kind']:>5} {r['route_ran'][:8]:>8} {r['long_training']:>7} "
-              f"{r['median_s']:9.4f} {min(r['trial_s']):8.4f} {max(r['trial_s']):8.4f} {retries:>7} {wrong:>6} "
-              f"{diff} {thresh} {ok:>3}")
+              f"{r['median_s']:9.4f} {min(r['trial_s']):8.4f} {max(r['trial_s']):8.4f} {retries:>7} {peak:>8} "
+              f"{wrong:>6} {diff} {thresh} {ok:>3}")
 
 
 if __name__ == "__main__":
