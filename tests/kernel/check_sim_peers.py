@@ -164,6 +164,12 @@ def build_cases(quick: bool = False) -> list[Case]:
                     for b in unaligned_b:
                         add(Operand(dtype, mode, world, b, s, hl, d, -1), unaligned_ctas)
                 add(Operand(dtype, mode, world, 2, 5, 2, 128, 1), (144,))
+            if not quick:
+                # Larger operands: many units per thread, so the strided, unrolled loop, partial
+                # unroll tails and CTA slices that end mid-row all run (the small cases fit in one pass).
+                for world in (2, 4, 7):
+                    add(Operand(dtype, mode, world, 3, 1000, 7, 128, -1), (36, 144))
+                    add(Operand(dtype, mode, world, 2, 999, 5, 3, -1), (36, 144))
     return cases
 
 
