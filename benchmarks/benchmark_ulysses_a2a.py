@@ -156,7 +156,7 @@ def vote_times_us(helper, n_calls: int) -> float | None:
     """Median vote time (us) of the last ``n_calls`` calls of ``helper``, rank-max; None without votes."""
     if helper is None or n_calls == 0:
         return None
-    recent = list(getattr(helper, "_vote_s", ()))[-n_calls:]
+    recent = helper.vote_seconds(n_calls)
     local = statistics.median(recent) * 1e6 if recent else (helper.stats().get("vote_us_median") or 0.0)
     return common.rank_max([local])[0]
 

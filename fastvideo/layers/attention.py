@@ -52,7 +52,8 @@ class SPSelfAttention(nn.Module):
         b, s, _ = x.shape
         # [B, S, 3, H, D] -> [3B, S, H, D]: Q, K, V packed on the batch dim for one all-to-all.
         qkv = self.qkv(x).view(b, s, 3, self.heads, self.head_dim)
-        return qkv.permute(2, 0, 1, 3, 4).reshape(3 * b, s, self.heads, self.head_dim)
+        # contiguous(): with B = 1 the reshape is a strided view, which the fused route would decline.
+        return qkv.permute(2, 0, 1, 3, 4).reshape(3 * b, s, self.heads, self.head_dim).contiguous()
 
     def forward(self, x_local: torch.Tensor) -> torch.Tensor:
         """``x_local``: this rank's ``[B, S/P, hidden]`` shard. Collective over the SP group."""

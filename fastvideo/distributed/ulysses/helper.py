@@ -393,11 +393,17 @@ class UlyssesHelper:
             "raised": self._raised,
             "declines": {r.label: n for r, n in sorted(self._declines.items())},
             "plans": dict(self._plans),
+            "vote": "shm" if isinstance(self._call_vote, ShmVote) else "gloo",
             "vote_us_median": statistics.median(votes) * 1e6 if votes else None,
             "vote_us_p90": votes[int(0.9 * (len(votes) - 1))] * 1e6 if votes else None,
             "disposed": self._disposed_error is not None,
             "destroyed": self._destroyed,
         }
+
+    def vote_seconds(self, last: int | None = None) -> list[float]:
+        """Host seconds of the most recent ``last`` votes (all kept, up to 4096): for benchmarks."""
+        votes = list(self._vote_s)
+        return votes if last is None else votes[-last:]
 
     def _dispose(self, why: str) -> None:
         self._disposed_error = why
