@@ -1,7 +1,7 @@
 """Compile the fastvideo-kernel native library with nvcc: the one place that knows the build command.
 
 Used by ``setup.py`` (the wheel) and by ``scripts/build_kernel.sh`` (CI builds against pinned NCCL
-releases). No torch and no CMake needed: one translation unit, one nvcc call.
+releases). No torch and no CMake needed: one nvcc call (the kernel's .cu and the host-only vote's .cpp).
 
     python fastvideo-kernel/build_lib.py --out build/kernel [--nccl-home DIR] [--archs 90,100]
 
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 LIBRARY_NAME = "libfastvideo_ulysses_a2a.so"
-SOURCES = ("ulysses_a2a.cu",)
+SOURCES = ("ulysses_a2a.cu", "shm_vote.cpp")  # shm_vote.cpp: host-only C++ (the vote)
 DEFAULT_ARCHS = "90"
 
 
@@ -83,7 +83,7 @@ def build(out_dir: Path, nccl: str | None = None, arch_list: str | None = None) 
     cmd = [compiler, "-std=c++17", "-O3", "-shared", "-Xcompiler", "-fPIC,-fvisibility=hidden",
            *(f"-gencode=arch=compute_{a},code=sm_{a}" for a in sm),
            f"-I{home / 'include'}", *(str(src / s) for s in SOURCES), "-o", str(target),
-           f"-L{lib}", "-l:libnccl.so.2", "-ldl",
+           f"-L{lib}", "-l:libnccl.so.2", "-ldl", "-lrt",
            # Installed wheel: fastvideo_kernel/lib -> site-packages/nvidia/nccl/lib. Build dir: absolute.
            "-Xlinker", "-rpath,$ORIGIN/../../nvidia/nccl/lib", "-Xlinker", f"-rpath,{lib.resolve()}"]
     start = time.monotonic()

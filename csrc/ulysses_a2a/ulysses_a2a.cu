@@ -27,13 +27,10 @@
 #include "ulysses_a2a.h"
 
 namespace fvk {
-namespace {
-
-constexpr int kMaxCtas = 144;  // LSA barrier slots: one per CTA of the largest launch
-constexpr int kOriginalCtas = 36;
 
 thread_local char g_error[1024];
 
+// Not in the anonymous namespace: shm_vote.cpp reports through it too (hidden, not exported).
 int set_error(int code, const char* fmt, ...) {
   va_list args;
   va_start(args, fmt);
@@ -41,6 +38,11 @@ int set_error(int code, const char* fmt, ...) {
   va_end(args);
   return code;
 }
+
+namespace {
+
+constexpr int kMaxCtas = 144;  // LSA barrier slots: one per CTA of the largest launch
+constexpr int kOriginalCtas = 36;
 
 #define FVK_CUDA(call)                                                                                   \
   do {                                                                                                   \

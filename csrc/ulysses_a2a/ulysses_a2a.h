@@ -39,7 +39,8 @@ enum {
   FVK_ERR_NCCL = 3,           /* an NCCL call failed */
   FVK_ERR_NOT_CORESIDENT = 4, /* the CTA count cannot be co-resident: launching would risk deadlock */
   FVK_ERR_STATE = 5,          /* step called out of order (e.g. execute before the device comm) */
-  FVK_ERR_UNAVAILABLE = 6     /* an optional facility (NVML) is missing */
+  FVK_ERR_UNAVAILABLE = 6,    /* an optional facility (NVML, POSIX shared memory) is missing */
+  FVK_ERR_TIMEOUT = 7         /* the shared-memory vote's deadline passed */
 };
 
 typedef struct fvk_ctx fvk_ctx;
@@ -88,6 +89,17 @@ FVK_API int fvk_sim_a2a(int world, const void* const* xs, void* const* windows, 
 FVK_API int fvk_destroy(fvk_ctx* ctx);
 /* Local, after a failed construction: ncclCommAbort and free whatever this rank holds; frees ctx. */
 FVK_API int fvk_abort(fvk_ctx* ctx);
+
+/* ---- same-host shared-memory vote (host only, shm_vote.cpp; protocol in that file) ---- */
+/* Open (create = 1: the one creating rank, O_EXCL) the POSIX shm segment `name` ("/x") for `world` ranks. */
+FVK_API int fvk_vote_open(const char* name, int world, int rank, int create, void** handle);
+/* One call: publish 12 int64 `fields`, gather every rank's into out[world * 12] (row r = rank r).
+   FVK_ERR_TIMEOUT after `timeout_ns`; any failure leaves the handle unusable for further exchanges. */
+FVK_API int fvk_vote_exchange(void* handle, const int64_t* fields, int64_t* out, int64_t timeout_ns);
+/* shm_unlink the segment's name (existing mappings stay valid): nothing leaks if the job dies. */
+FVK_API int fvk_vote_unlink(void* handle);
+/* Unmap and free the handle (unlink = 1 also unlinks the name); a closed handle is an error, not a crash. */
+FVK_API int fvk_vote_close(void* handle, int unlink);
 
 #ifdef __cplusplus
 }

@@ -65,6 +65,12 @@ _SIGNATURES: dict[str, tuple[type, list]] = {
                                    ctypes.c_int, _I64, _I64, _VOIDP]),
     "fvk_destroy": (ctypes.c_int, [_VOIDP]),
     "fvk_abort": (ctypes.c_int, [_VOIDP]),
+    # The same-host shared-memory vote (shm_vote.cpp); absent from older builds.
+    "fvk_vote_open": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                     ctypes.POINTER(_VOIDP)]),
+    "fvk_vote_exchange": (ctypes.c_int, [_VOIDP, _VOIDP, _VOIDP, _I64]),
+    "fvk_vote_unlink": (ctypes.c_int, [_VOIDP]),
+    "fvk_vote_close": (ctypes.c_int, [_VOIDP, ctypes.c_int]),
 }
 
 _LOADED: dict[str, ctypes.CDLL] = {}

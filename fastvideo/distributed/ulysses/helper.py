@@ -14,6 +14,10 @@ decline together to the NCCL route, or raise the same error on every rank.
 A construction-time decline (no kernel, multi-host, not NVLink, ...) is itself agreed, so calls of a
 helper that declined at construction take the NCCL route without a vote. A vote that fails (timeout,
 dead peer) disposes the helper: its gloo group is unusable, and every later call raises.
+
+The per-call exchange runs over a same-host shared-memory segment instead of gloo when every rank
+loads the kernel library's vote and all ranks are on one host (``vote="auto"``, agreed at
+construction; construction itself always runs over gloo). ``stats()["vote"]`` says which.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from fastvideo.distributed.ulysses.transport import (
     ConstructionContext,
     Transport,
 )
-from fastvideo.distributed.ulysses.vote import GlooVote, VoteTimeoutError
+from fastvideo.distributed.ulysses.vote import GlooVote, ShmVote, VoteTimeoutError, load_vote_library
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +118,10 @@ class UlyssesHelper:
         gpu_name: str | None = None,
         identity: Callable[[], tuple[str, str]] = host_identity,
         history: int = 1024,
+        vote: str = "auto",
     ) -> None:
+        if vote not in ("gloo", "shm", "auto"):
+            raise ValueError(f"UlyssesHelper: vote={vote!r} must be 'gloo', 'shm' or 'auto'.")
         self.sp = sp if sp is not None else get_sp_group()
         self.world_size = self.sp.world_size
         self.device = self.sp.device
@@ -145,7 +152,9 @@ class UlyssesHelper:
         self._calls = self._fused = self._raised = 0
         self._vote_s: deque[float] = deque(maxlen=4096)
         self.history: deque[CallRecord] = deque(maxlen=history)
-        self._vote = GlooVote(self.sp.ranks, timeout)
+        self._vote = GlooVote(self.sp.ranks, timeout)  # construction, and the per-call vote unless shm
+        self._call_vote: GlooVote | ShmVote = self._vote
+        self._vote_request = vote
         try:
             self._construct(identity)
         except VoteTimeoutError as exc:
@@ -164,7 +173,8 @@ class UlyssesHelper:
         )
         self.capability = cap
         host, boot = identity()
-        info = (cap.agreement_key(), cap.decline, cap.detail, host, boot, self.window_bytes, self.gpu_name)
+        shm_ok = self._vote_request != "gloo" and load_vote_library() is not None
+        info = (cap.agreement_key(), cap.decline, cap.detail, host, boot, self.window_bytes, self.gpu_name, shm_ok)
         peers = self._vote.all_gather_object(info)
         reason, detail = self._capability_verdict(peers)
         if reason is None:
@@ -180,8 +190,24 @@ class UlyssesHelper:
                 self.transport.destroy()  # built on every rank: tear down together
             else:
                 self._built = True
+                self._choose_vote(peers)
         if reason is not None:
             self._decline_construction(reason, detail)
+
+    def _choose_vote(self, peers: list[tuple]) -> None:
+        """The per-call vote channel, decided from the construction exchange (so identically everywhere):
+        shared memory when every rank asked for it and loads it and all ranks share one host, else gloo."""
+        one_host = len({(p[3], p[4]) for p in peers}) == 1
+        if not (one_host and all(p[7] for p in peers)):
+            if self._vote_request == "shm":
+                logger.warning("Ulysses shared-memory vote requested but unavailable (library with the vote on "
+                               "every rank: %s, one host: %s); voting over gloo.", [p[7] for p in peers], one_host)
+            return
+        shm, why = ShmVote.create(self._vote, self.sp.rank_in_group, load_vote_library())
+        if shm is None:  # the open failed somewhere: every rank saw the same errors and keeps gloo
+            logger.warning("Ulysses shared-memory vote could not be set up (%s); voting over gloo.", why)
+            return
+        self._call_vote = shm
 
     def _capability_verdict(self, peers: list[tuple]) -> tuple[DeclineReason | None, str]:
         if not MIN_WORLD_SIZE <= self.world_size <= MAX_WORLD_SIZE:
@@ -329,7 +355,7 @@ class UlyssesHelper:
             fields[Field.PLAN] = plan.word
         start = time.perf_counter()
         try:
-            votes = self._vote.exchange(fields)
+            votes = self._call_vote.exchange(fields)
         except VoteTimeoutError as exc:
             self._dispose(str(exc))
             raise
@@ -419,6 +445,8 @@ class UlyssesHelper:
         if self._built and self._disposed_error is None and self.transport is not None:
             self.transport.destroy()
         self._built = False
+        if self._call_vote is not self._vote:
+            self._call_vote.destroy()
         self._vote.destroy()
 
 

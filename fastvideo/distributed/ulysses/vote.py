@@ -4,17 +4,26 @@ Buffers are allocated once per helper and reused (no per-call allocation on the 
 group is created with the vote timeout, so a vote that never completes (a dead peer, a peer with
 ``FASTVIDEO_ULYSSES_A2A=off``) raises instead of hanging; a gloo group is unusable after that, so
 the caller must treat any failure as terminal.
+
+``ShmVote`` is the same-host fast path for the per-call exchange: a POSIX shared-memory segment
+driven by the kernel library's ``fvk_vote_*`` functions (``csrc/ulysses_a2a/shm_vote.cpp``), set up
+collectively over the ``GlooVote``. Same interface, same timeout rule, same terminal failure.
 """
 
 from __future__ import annotations
 
+import ctypes
 import datetime
+import logging
 import pickle
+import uuid
 
 import torch
 import torch.distributed as dist
 
 from fastvideo.distributed.ulysses.contract import NUM_FIELDS
+
+logger = logging.getLogger(__name__)
 
 # torch 2.13 renamed all_gather_into_tensor (the GPU hosts run 2.11): one name for both.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -82,3 +91,104 @@ class GlooVote:
         # ranks reuse its name and store keys, and peers then connect to stale addresses (connect
         # timeouts on helper rebuild). The group is released with the default process group.
         self.destroyed = True
+
+
+
+VOTE_SYMBOLS = ("fvk_vote_open", "fvk_vote_exchange", "fvk_vote_unlink", "fvk_vote_close")
+_FVK_ERR_TIMEOUT = 7
+
+
+def load_vote_library():
+    """The kernel library (``fastvideo_kernel.load()``) if it exports the shm vote, else None. Never raises."""
+    try:
+        import fastvideo_kernel
+
+        lib = fastvideo_kernel.load()
+    except Exception as exc:  # noqa: BLE001 - an optional speed-up: absence means the gloo vote
+        logger.debug("shared-memory vote unavailable: %s", exc)
+        return None
+    return lib if all(hasattr(lib, name) for name in VOTE_SYMBOLS) else None
+
+
+def _last_error(lib) -> str:
+    return (lib.fvk_last_error() or b"").decode(errors="replace")
+
+
+class ShmVote:
+    """The per-call exchange over a same-host shared-memory segment. Build it with ``ShmVote.create``."""
+
+    def __init__(self, lib, handle: ctypes.c_void_p, ranks: list[int], timeout_s: float) -> None:
+        self.ranks = list(ranks)
+        self.world_size = len(ranks)
+        self.timeout_s = timeout_s
+        self._lib = lib
+        self._handle: ctypes.c_void_p | None = handle
+        self._send = torch.zeros(NUM_FIELDS, dtype=torch.int64)
+        self._send_np = self._send.numpy()
+        self._recv = torch.zeros(self.world_size * NUM_FIELDS, dtype=torch.int64)
+        self._recv_rows = self._recv.view(self.world_size, NUM_FIELDS)
+        # Everything the call passes is converted once here: the hot path allocates nothing.
+        self._exchange = lib.fvk_vote_exchange
+        self._args = (
+            handle,
+            ctypes.c_void_p(self._send.data_ptr()),
+            ctypes.c_void_p(self._recv.data_ptr()),
+            ctypes.c_int64(int(timeout_s * 1e9)),
+        )
+
+    @classmethod
+    def create(cls, gloo: GlooVote, rank: int, lib) -> tuple[ShmVote | None, str]:
+        """Collective over ``gloo``'s ranks: every rank gets a ``ShmVote``, or every rank ``(None, why)``.
+
+        Rank 0 creates a uniquely named segment and shares the name; the others open it; all agree on
+        success; then rank 0 unlinks the name (the mappings stay), so nothing leaks if the job dies.
+        """
+        world = gloo.world_size
+        handle = ctypes.c_void_p()
+
+        def open_segment(name: str, create: bool) -> str:
+            if lib is None:
+                return "the kernel library with the shared-memory vote did not load"
+            try:
+                if lib.fvk_vote_open(name.encode(), world, rank, int(create), ctypes.byref(handle)) != 0:
+                    return _last_error(lib)
+            except Exception as exc:  # noqa: BLE001 - agreed on below, never raised alone
+                return f"{type(exc).__name__}: {exc}"
+            return ""
+
+        name, error = "", ""
+        if rank == 0:
+            name = f"/fastvideo-vote-{uuid.uuid4().hex}"
+            error = open_segment(name, create=True)
+        name, creator_error = gloo.all_gather_object((name, error))[0]
+        if not creator_error and rank != 0:
+            error = open_segment(name, create=False)
+        errors = gloo.all_gather_object(error)
+        if handle.value and rank == 0:
+            lib.fvk_vote_unlink(handle)  # every rank has tried to open it: the name is no longer needed
+        failed = "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e)
+        if failed:
+            if handle.value:
+                lib.fvk_vote_close(handle, int(rank == 0))
+            return None, failed
+        return cls(lib, handle, gloo.ranks, gloo.timeout_s), ""
+
+    def exchange(self, fields: list[int]) -> torch.Tensor:
+        """Gather every rank's fields: returns the reused ``[P, 12]`` buffer (read it before the next call)."""
+        self._send_np[:] = fields
+        status = self._exchange(*self._args) if self._handle is not None else -1
+        if status != 0:
+            detail = _last_error(self._lib) if self._handle is not None else "the vote was destroyed"
+            what = f"did not complete within {self.timeout_s:g} s" if status == _FVK_ERR_TIMEOUT else "failed"
+            raise VoteTimeoutError(
+                f"Ulysses vote over SP ranks {self.ranks} (shared memory) {what} ({detail}). A peer is dead, stuck, "
+                "or is not calling the helper (e.g. FASTVIDEO_ULYSSES_A2A differs between ranks: set it identically "
+                "everywhere)."
+            )
+        return self._recv_rows
+
+    def destroy(self) -> None:
+        """Unmap the segment (local; the name was unlinked at construction). A second call is a no-op."""
+        if self._handle is not None:
+            self._lib.fvk_vote_close(self._handle, 0)
+            self._handle = None

@@ -1,0 +1,217 @@
+"""The same-host shared-memory vote (``ShmVote``, ``csrc/ulysses_a2a/shm_vote.cpp``) on gloo ranks.
+
+Needs a built kernel library: ``build/kernel/libfastvideo_ulysses_a2a.so`` (``scripts/build_kernel.sh``;
+``FASTVIDEO_KERNEL_TEST_BUILD`` overrides), the same discovery as ``tests/kernel/test_kernel_host.py``.
+Skips, saying why, when it is absent, cannot be loaded here, or predates the vote. The ranks load it
+through ``FASTVIDEO_KERNEL_LIBRARY``, as the helper does in production.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.distributed.conftest import bit_equal, build_helper, catch, last, oracle, rank_input
+
+REPO = Path(__file__).resolve().parents[2]
+try:
+    import fastvideo_kernel
+except ImportError:  # the loader is pure Python: use it from the source tree (sys.path reaches the ranks)
+    sys.path.insert(0, str(REPO / "fastvideo-kernel"))
+    import fastvideo_kernel
+
+from fastvideo.distributed.ulysses.vote import VOTE_SYMBOLS  # noqa: E402
+
+BUILT = Path(os.environ.get("FASTVIDEO_KERNEL_TEST_BUILD") or REPO / "build" / "kernel" / fastvideo_kernel.LIBRARY_NAME)
+
+
+def _skip_reason() -> str | None:
+    if not BUILT.is_file():
+        return f"no built kernel library at {BUILT} (run scripts/build_kernel.sh 2.28.9 build/kernel)"
+    try:
+        lib = ctypes.CDLL(str(BUILT))
+    except OSError as exc:
+        return f"built library {BUILT} cannot be loaded here: {exc}"
+    missing = [s for s in VOTE_SYMBOLS if not hasattr(lib, s)]
+    return f"built library {BUILT} predates the shared-memory vote (lacks {missing})" if missing else None
+
+
+SKIP = _skip_reason()
+pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
+ENV = {"FASTVIDEO_KERNEL_LIBRARY": str(BUILT)}
+SHAPE = (3, 16, 12, 8)
+
+
+def _fields(rank: int, call: int) -> list[int]:
+    return [rank * 1_000_003 + call * 7 + i - (1 << 40) * (i % 3) for i in range(12)]
+
+
+# ------------------------------------------------------------------------------------- raw exchange
+
+
+def _exchange_rounds(rank, world_size, rounds):
+    from fastvideo.distributed.parallel_state import get_sp_group
+    from fastvideo.distributed.ulysses.vote import GlooVote, ShmVote, load_vote_library
+
+    gloo = GlooVote(get_sp_group().ranks, timeout_s=30.0)
+    vote, why = ShmVote.create(gloo, get_sp_group().rank_in_group, load_vote_library())
+    assert vote is not None, why
+    bad = []
+    first_ptr = None
+    for call in range(rounds):
+        rows = vote.exchange(_fields(rank, call))
+        first_ptr = first_ptr or rows.data_ptr()
+        got = rows.tolist()
+        want = [_fields(r, call) for r in range(world_size)]
+        if got != want or rows.data_ptr() != first_ptr:
+            bad.append((call, got))
+    vote.destroy()
+    vote.destroy()  # idempotent
+    leftover = [n for n in os.listdir("/dev/shm") if n.startswith("fastvideo-vote-")] if rank == 0 else []
+    return bad[:3], leftover
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_every_rank_sees_every_peers_exact_fields_every_round(ranks, world_size):
+    """1500 rounds of rank- and round-dependent fields (double buffering wraps 750 times): every rank sees
+    every rank's exact fields in the reused buffer, and the segment's name was unlinked at construction."""
+    for bad, leftover in ranks(world_size, _exchange_rounds, 1500, env=ENV, timeout_s=120):
+        assert bad == []
+        assert leftover == []
+
+
+# ------------------------------------------------------------------------------------- through the helper
+
+
+def _helper_fused(rank, world_size, vote):
+    h = build_helper(vote=vote)
+    results = []
+    for seed in range(5):
+        x = rank_input(rank, SHAPE, seed=seed)
+        results.append((bit_equal(h.all_to_all(x, 0), oracle(x, 0)), last(h)[0]))
+    stats = h.stats()
+    h.destroy()
+    return results, stats["vote"], stats["fused"]
+
+
+@pytest.mark.parametrize("vote", ["shm", "auto"])
+def test_helper_runs_fused_calls_bit_exact_over_the_shm_vote(ranks, vote):
+    for results, channel, fused in ranks(2, _helper_fused, vote, env=ENV, timeout_s=60):
+        assert results == [(True, "fused")] * 5
+        assert (channel, fused) == ("shm", 5)
+
+
+def test_helper_vote_gloo_is_respected(ranks):
+    for results, channel, _ in ranks(2, _helper_fused, "gloo", env=ENV, timeout_s=60):
+        assert results == [(True, "fused")] * 5 and channel == "gloo"
+
+
+def _mismatch(rank, world_size):
+    h = build_helper(vote="shm")
+    shape = (3, 8, 12, 8) if rank == world_size - 1 else SHAPE
+    got = catch(h.all_to_all, rank_input(rank, shape), 0)
+    x = rank_input(rank, SHAPE, seed=1)
+    after = (bit_equal(h.all_to_all(x, 0), oracle(x, 0)), last(h)[0])
+    vote = h.stats()["vote"]
+    h.destroy()
+    return got, after, vote
+
+
+def test_contract_mismatch_raises_on_every_rank_through_the_shm_vote(ranks):
+    results = ranks(3, _mismatch, env=ENV, timeout_s=60)
+    for (kind, message, field), after, vote in results:
+        assert (kind, field, vote) == ("ContractMismatchError", "S_LOCAL", "shm") and "field S_LOCAL" in message
+        assert after == (True, "fused")
+    assert len({r[0][1] for r in results}) == 1
+
+
+def _timeout(rank, world_size):
+    import time
+
+    import torch.distributed as dist
+
+    h = build_helper(vote="shm", vote_timeout_s=2.0)
+    result = None
+    if rank == 0:  # rank 1 never calls
+        start = time.monotonic()
+        first = catch(h.all_to_all, rank_input(rank, SHAPE), 0)
+        waited = time.monotonic() - start
+        later = catch(h.all_to_all, rank_input(rank, SHAPE), 0)
+        result = (first[0], first[1], waited, later[0], h.stats()["disposed"], h.fused_available, h.stats()["vote"])
+    dist.barrier()
+    h.destroy()
+    return result
+
+
+def test_shm_vote_timeout_raises_and_disposes_the_helper(ranks):
+    kind, message, waited, later, disposed, available, vote = ranks(2, _timeout, env=ENV, timeout_s=60)[0]
+    assert kind == "VoteTimeoutError" and "(shared memory) did not complete within 2 s" in message, message
+    assert "waited" in message and "for rank 1 at call 1" in message
+    assert 1.9 < waited < 4.0
+    assert later == "HelperDisposedError" and disposed and not available and vote == "shm"
+
+
+def _fake_hosts(rank, world_size):
+    h = build_helper(vote="auto", identity=lambda: (f"host{rank}", "boot"))
+    out = (h.stats()["vote"], h.stats()["construction"])
+    h.destroy()
+    return out
+
+
+def test_auto_keeps_gloo_across_hosts(ranks):
+    assert ranks(2, _fake_hosts, env=ENV, timeout_s=60) == [("gloo", "multi_host")] * 2
+
+
+def _one_rank_without_library(rank, world_size):
+    if rank == 1:
+        os.environ["FASTVIDEO_KERNEL_LIBRARY"] = "/nonexistent/libfastvideo_ulysses_a2a.so"
+    h = build_helper(vote="auto")
+    x = rank_input(rank, SHAPE)
+    out = (h.stats()["vote"], bit_equal(h.all_to_all(x, 0), oracle(x, 0)), last(h)[0])
+    h.destroy()
+    return out
+
+
+def test_auto_keeps_gloo_everywhere_when_one_rank_lacks_the_library(ranks):
+    assert ranks(2, _one_rank_without_library, env=ENV, timeout_s=60) == [("gloo", True, "fused")] * 2
+
+
+# ------------------------------------------------------------------------------------- C-level negative controls
+
+
+def test_c_level_errors_are_statuses_not_crashes():
+    import uuid
+
+    lib = ctypes.CDLL(str(BUILT))
+    lib.fvk_vote_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                  ctypes.POINTER(ctypes.c_void_p)]
+    lib.fvk_vote_exchange.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    lib.fvk_vote_close.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.fvk_last_error.restype = ctypes.c_char_p
+    name = f"/fastvideo-vote-test-{uuid.uuid4().hex}".encode()
+    h, h2 = ctypes.c_void_p(), ctypes.c_void_p()
+    fields = (ctypes.c_int64 * 12)(*range(12))
+    out = (ctypes.c_int64 * 24)()
+    assert lib.fvk_vote_open(name, 2, 2, 1, ctypes.byref(h)) == 1  # rank outside the world
+    assert lib.fvk_vote_open(b"no-slash", 2, 0, 1, ctypes.byref(h)) == 1
+    assert lib.fvk_vote_open(name, 2, 0, 0, ctypes.byref(h)) == 6  # does not exist
+    assert lib.fvk_vote_open(name, 2, 0, 1, ctypes.byref(h)) == 0
+    try:
+        assert lib.fvk_vote_open(name, 3, 1, 0, ctypes.byref(h2)) == 5  # wrong world size: stale/foreign
+        assert b"needs" in lib.fvk_last_error()
+        assert lib.fvk_vote_open(name, 2, 0, 0, ctypes.byref(h2)) == 5  # rank 0 already attached
+        assert b"already attached" in lib.fvk_last_error()
+        # rank 1 never publishes: a 50 ms timeout, then the handle refuses further exchanges
+        assert lib.fvk_vote_exchange(h, fields, out, 50_000_000) == 7
+        assert b"for rank 1 at call 1" in lib.fvk_last_error()
+        assert lib.fvk_vote_exchange(h, fields, out, 50_000_000) == 5
+    finally:
+        assert lib.fvk_vote_close(h, 1) == 0
+    assert lib.fvk_vote_exchange(h, fields, out, 0) == 5  # closed handle
+    assert b"not open" in lib.fvk_last_error()
+    assert lib.fvk_vote_close(h, 1) == 5  # double close
+    assert not os.path.exists(f"/dev/shm/{name.decode()[1:]}")
