@@ -7,6 +7,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 cd "$ROOT"
 echo "== ruff"
 "$PY" -m ruff check .
+echo "== clang-format (csrc/)"
+"$(dirname "$PY")/clang-format" --dry-run --Werror csrc/ulysses_a2a/*.cu csrc/ulysses_a2a/*.cuh csrc/ulysses_a2a/*.cpp \
+  csrc/ulysses_a2a/*.h
 run_pytest() {
   local rc=0
   "$PY" -m pytest "$@" || rc=$?

@@ -101,7 +101,9 @@ bool live(Vote* v) {
   return g_live.count(v) != 0;
 }
 
-size_t segment_bytes(int world) { return sizeof(Header) + sizeof(Slot) * static_cast<size_t>(world); }
+size_t segment_bytes(int world) {
+  return sizeof(Header) + sizeof(Slot) * static_cast<size_t>(world);
+}
 
 int64_t now_ns() {
   timespec ts;
@@ -119,9 +121,9 @@ inline void cpu_relax() {
 #endif
 }
 
-constexpr int kSpins = 256;                 // pause-hint iterations before yielding the CPU
-constexpr int64_t kYieldNs = 200 * 1000;    // then sched_yield for up to 200 us
-constexpr long kSleepNs = 50 * 1000;        // then sleep in 50 us steps
+constexpr int kSpins = 256;               // pause-hint iterations before yielding the CPU
+constexpr int64_t kYieldNs = 200 * 1000;  // then sched_yield for up to 200 us
+constexpr long kSleepNs = 50 * 1000;      // then sleep in 50 us steps
 
 // Waits until slot->seq >= n. Returns the value seen, or 0 on timeout.
 uint64_t wait_for(const Slot* slot, uint64_t n, int64_t start, int64_t deadline) {
@@ -168,8 +170,8 @@ int fvk_vote_open(const char* name, int world, int rank, int create, void** hand
   struct stat st;
   if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
     close(fd);
-    return set_error(FVK_ERR_STATE, "vote: segment %s has %lld bytes, world size %d needs %zu (stale segment?)",
-                     name, static_cast<long long>(st.st_size), world, bytes);
+    return set_error(FVK_ERR_STATE, "vote: segment %s has %lld bytes, world size %d needs %zu (stale segment?)", name,
+                     static_cast<long long>(st.st_size), world, bytes);
   }
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int map_errno = errno;
@@ -190,8 +192,10 @@ int fvk_vote_open(const char* name, int world, int rank, int create, void** hand
     unsigned long long magic = h->magic.load(std::memory_order_relaxed);
     unsigned v = h->layout_version, w = h->world;
     munmap(base, bytes);
-    return set_error(FVK_ERR_STATE, "vote: segment %s is not a layout-%u vote for %d ranks (magic %llx, layout %u, "
-                     "world %u): stale or foreign segment", name, kLayoutVersion, world, magic, v, w);
+    return set_error(FVK_ERR_STATE,
+                     "vote: segment %s is not a layout-%u vote for %d ranks (magic %llx, layout %u, "
+                     "world %u): stale or foreign segment",
+                     name, kLayoutVersion, world, magic, v, w);
   }
   const uint64_t bit = 1ull << rank;
   if (h->attached.fetch_or(bit, std::memory_order_acq_rel) & bit) {
@@ -236,16 +240,18 @@ int fvk_vote_exchange(void* handle, const int64_t* fields, int64_t* out, int64_t
     uint64_t seen = wait_for(peer, n, start, deadline);
     if (seen == 0) {
       v->broken = true;
-      return set_error(FVK_ERR_TIMEOUT, "shared-memory vote %s: rank %d waited %.3f s for rank %d at call %llu "
-                       "(rank %d is at call %llu)", v->name, v->rank, (now_ns() - start) * 1e-9, p,
-                       static_cast<unsigned long long>(n), p,
+      return set_error(FVK_ERR_TIMEOUT,
+                       "shared-memory vote %s: rank %d waited %.3f s for rank %d at call %llu "
+                       "(rank %d is at call %llu)",
+                       v->name, v->rank, (now_ns() - start) * 1e-9, p, static_cast<unsigned long long>(n), p,
                        static_cast<unsigned long long>(peer->seq.load(std::memory_order_relaxed)));
     }
     if (seen > n + 1) {
       v->broken = true;
-      return set_error(FVK_ERR_STATE, "shared-memory vote %s: rank %d is at call %llu while rank %d is at call %llu "
-                       "(stale segment or duplicate rank)", v->name, p, static_cast<unsigned long long>(seen),
-                       v->rank, static_cast<unsigned long long>(n));
+      return set_error(FVK_ERR_STATE,
+                       "shared-memory vote %s: rank %d is at call %llu while rank %d is at call %llu "
+                       "(stale segment or duplicate rank)",
+                       v->name, p, static_cast<unsigned long long>(seen), v->rank, static_cast<unsigned long long>(n));
     }
     memcpy(out + static_cast<size_t>(p) * kFields, peer->buf[par], sizeof(int64_t) * kFields);
   }

@@ -10,9 +10,9 @@
 //   4. copies region i of its window into its output.
 // Region i (slice i of every source block of the receiver's chunk layout, movement.cuh) is the same
 // on every rank, so the only CTAs that touch region i of any window are the CTAs i of all ranks:
-// per-CTA barriers suffice and no grid-wide synchronisation is needed. Consecutive calls are ordered on each rank by its
-// stream (the Python side adds an event when the caller's stream changes), so a call's first
-// barrier also covers the previous call's copy-out, whatever its CTA count.
+// per-CTA barriers suffice and no grid-wide synchronisation is needed. Consecutive calls are ordered on each rank by
+// its stream (the Python side adds an event when the caller's stream changes), so a call's first barrier also covers
+// the previous call's copy-out, whatever its CTA count.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <nccl.h>
@@ -44,20 +44,20 @@ namespace {
 constexpr int kMaxCtas = 144;  // LSA barrier slots: one per CTA of the largest launch
 constexpr int kOriginalCtas = 36;
 
-#define FVK_CUDA(call)                                                                                   \
-  do {                                                                                                   \
-    cudaError_t e_ = (call);                                                                             \
-    if (e_ != cudaSuccess)                                                                               \
-      return set_error(FVK_ERR_CUDA, "%s failed: CUDA error %d %s: %s", #call, static_cast<int>(e_),    \
-                       cudaGetErrorName(e_), cudaGetErrorString(e_));                                    \
+#define FVK_CUDA(call)                                                                               \
+  do {                                                                                               \
+    cudaError_t e_ = (call);                                                                         \
+    if (e_ != cudaSuccess)                                                                           \
+      return set_error(FVK_ERR_CUDA, "%s failed: CUDA error %d %s: %s", #call, static_cast<int>(e_), \
+                       cudaGetErrorName(e_), cudaGetErrorString(e_));                                \
   } while (0)
 
-#define FVK_NCCL(call)                                                                                   \
-  do {                                                                                                   \
-    ncclResult_t r_ = (call);                                                                            \
-    if (r_ != ncclSuccess)                                                                               \
-      return set_error(FVK_ERR_NCCL, "%s failed: NCCL error %d %s: %s", #call, static_cast<int>(r_),    \
-                       ncclGetErrorString(r_), ncclGetLastError(nullptr));                               \
+#define FVK_NCCL(call)                                                                               \
+  do {                                                                                               \
+    ncclResult_t r_ = (call);                                                                        \
+    if (r_ != ncclSuccess)                                                                           \
+      return set_error(FVK_ERR_NCCL, "%s failed: NCCL error %d %s: %s", #call, static_cast<int>(r_), \
+                       ncclGetErrorString(r_), ncclGetLastError(nullptr));                           \
   } while (0)
 
 #define FVK_TRY(call)            \
@@ -98,8 +98,7 @@ template <typename V>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     fused_a2a_kernel(Problem p, ncclWindow_t window, ncclDevComm dev_comm) {
   ncclCoopCta cta;
-  ncclLsaBarrierSession<ncclCoopCta> barrier{cta, dev_comm, ncclTeamLsa(dev_comm), dev_comm.lsaBarrier,
-                                            blockIdx.x};
+  ncclLsaBarrierSession<ncclCoopCta> barrier{cta, dev_comm, ncclTeamLsa(dev_comm), dev_comm.lsaBarrier, blockIdx.x};
   const LsaWindows windows{window};
   char* own = windows(p.rank);
   const int64_t chunks = num_chunks(p);
@@ -164,11 +163,12 @@ int make_problem(int world, int mode, int dtype, int64_t B, int64_t S, int64_t H
                  int64_t& operand_bytes) {
   const int itemsize = itemsize_of(dtype);
   if (itemsize == 0) return set_error(FVK_ERR_INVALID, "dtype code %d is not 1 (f32), 2 (f16) or 3 (bf16)", dtype);
-  if (world < 1 || world > kMaxWorld) return set_error(FVK_ERR_INVALID, "world size %d outside 1..%d", world, kMaxWorld);
+  if (world < 1 || world > kMaxWorld)
+    return set_error(FVK_ERR_INVALID, "world size %d outside 1..%d", world, kMaxWorld);
   if (mode != 0 && mode != 1) return set_error(FVK_ERR_INVALID, "mode %d is not 0 or 1", mode);
   if (B < 1 || S < 1 || H < 1 || D < 1 || H % world)
-    return set_error(FVK_ERR_INVALID, "geometry B=%lld S=%lld H=%lld D=%lld invalid for world size %d",
-                     (long long)B, (long long)S, (long long)H, (long long)D, world);
+    return set_error(FVK_ERR_INVALID, "geometry B=%lld S=%lld H=%lld D=%lld invalid for world size %d", (long long)B,
+                     (long long)S, (long long)H, (long long)D, world);
   if (ctas < 1 || ctas > max_ctas) return set_error(FVK_ERR_INVALID, "ctas=%d outside 1..%d", ctas, max_ctas);
   if (planes_per_chunk < 1 || rows_per_chunk < 1)
     return set_error(FVK_ERR_INVALID, "planes_per_chunk=%lld rows_per_chunk=%lld must be >= 1",
@@ -197,8 +197,8 @@ int make_problem(int world, int mode, int dtype, int64_t B, int64_t S, int64_t H
 
 // The widest vector (<= the partition granule) every pointer this rank moves data through allows.
 int vector_bytes(const Problem& p, const void* const* extra, int n_extra) {
-  uint64_t bits = reinterpret_cast<uintptr_t>(p.x) | reinterpret_cast<uintptr_t>(p.out) |
-                  static_cast<uint64_t>(p.granule);
+  uint64_t bits =
+      reinterpret_cast<uintptr_t>(p.x) | reinterpret_cast<uintptr_t>(p.out) | static_cast<uint64_t>(p.granule);
   for (int i = 0; i < n_extra; ++i) bits |= reinterpret_cast<uintptr_t>(extra[i]);
   return static_cast<int>(pow2_divisor(bits));
 }
@@ -243,9 +243,13 @@ struct fvk_ctx {
 
 extern "C" {
 
-int fvk_abi_version(void) { return FVK_ABI_VERSION; }
+int fvk_abi_version(void) {
+  return FVK_ABI_VERSION;
+}
 
-int fvk_nccl_build_version(void) { return NCCL_VERSION_CODE; }
+int fvk_nccl_build_version(void) {
+  return NCCL_VERSION_CODE;
+}
 
 int fvk_nccl_runtime_version(int* version) {
   if (!version) return set_error(FVK_ERR_INVALID, "version is null");
@@ -253,9 +257,13 @@ int fvk_nccl_runtime_version(int* version) {
   return FVK_OK;
 }
 
-const char* fvk_last_error(void) { return g_error; }
+const char* fvk_last_error(void) {
+  return g_error;
+}
 
-int fvk_max_ctas(void) { return kMaxCtas; }
+int fvk_max_ctas(void) {
+  return kMaxCtas;
+}
 
 int fvk_coresident_ctas(int device, int* ctas) {
   if (!ctas) return set_error(FVK_ERR_INVALID, "ctas is null");
@@ -294,15 +302,19 @@ int fvk_nvlink_p2p(const char* bus_id_a, const char* bus_id_b, int* nvlink) {
     int status = -1, r = handle(bus_id_a, &a);
     if (r == 0) r = handle(bus_id_b, &b);
     if (r == 0) r = p2p(a, b, /*NVML_P2P_CAPS_INDEX_NVLINK*/ 2, &status);
-    if (r != 0) rc = set_error(FVK_ERR_UNAVAILABLE, "NVML P2P query %s -> %s failed: NVML error %d", bus_id_a, bus_id_b, r);
-    else *nvlink = status == 0;
+    if (r != 0)
+      rc = set_error(FVK_ERR_UNAVAILABLE, "NVML P2P query %s -> %s failed: NVML error %d", bus_id_a, bus_id_b, r);
+    else
+      *nvlink = status == 0;
     shutdown();
   }
   dlclose(nvml);
   return rc;
 }
 
-int fvk_unique_id_bytes(void) { return static_cast<int>(sizeof(ncclUniqueId)); }
+int fvk_unique_id_bytes(void) {
+  return static_cast<int>(sizeof(ncclUniqueId));
+}
 
 int fvk_get_unique_id(void* out, size_t len) {
   if (!out || len != sizeof(ncclUniqueId))
@@ -438,8 +450,8 @@ int fvk_sim_a2a(int world, const void* const* xs, void* const* windows, size_t w
   Problem base;
   int64_t operand_bytes = 0;
   // No inter-CTA waiting here, so any CTA count the plan word can carry (10 bits) is allowed.
-  FVK_TRY(make_problem(world, mode, dtype, B, S, H, D, ctas, 1023, planes_per_chunk, rows_per_chunk, window_bytes,
-                       base, operand_bytes));
+  FVK_TRY(make_problem(world, mode, dtype, B, S, H, D, ctas, 1023, planes_per_chunk, rows_per_chunk, window_bytes, base,
+                       operand_bytes));
   SimWindows table{};
   for (int r = 0; r < world; ++r) {
     if (!xs[r] || !windows[r] || !outs[r]) return set_error(FVK_ERR_INVALID, "null buffer for simulated rank %d", r);
@@ -517,12 +529,14 @@ int fvk_abort(fvk_ctx* ctx) {
     if (ctx->comm) {
       ncclResult_t r = ncclCommAbort(ctx->comm);
       if (r != ncclSuccess && rc == FVK_OK)
-        rc = set_error(FVK_ERR_NCCL, "ncclCommAbort failed: NCCL error %d %s", static_cast<int>(r), ncclGetErrorString(r));
+        rc = set_error(FVK_ERR_NCCL, "ncclCommAbort failed: NCCL error %d %s", static_cast<int>(r),
+                       ncclGetErrorString(r));
     }
     if (ctx->buffer) {
       ncclResult_t r = ncclMemFree(ctx->buffer);
       if (r != ncclSuccess && rc == FVK_OK)
-        rc = set_error(FVK_ERR_NCCL, "ncclMemFree failed: NCCL error %d %s", static_cast<int>(r), ncclGetErrorString(r));
+        rc =
+            set_error(FVK_ERR_NCCL, "ncclMemFree failed: NCCL error %d %s", static_cast<int>(r), ncclGetErrorString(r));
     }
   }
   delete ctx;

@@ -47,10 +47,10 @@ typedef struct fvk_ctx fvk_ctx;
 
 /* ---- library identity ---- */
 FVK_API int fvk_abi_version(void);
-FVK_API int fvk_nccl_build_version(void);             /* NCCL_VERSION_CODE of the headers compiled against */
-FVK_API int fvk_nccl_runtime_version(int* version);   /* ncclGetVersion of the libnccl.so.2 in this process */
+FVK_API int fvk_nccl_build_version(void);           /* NCCL_VERSION_CODE of the headers compiled against */
+FVK_API int fvk_nccl_runtime_version(int* version); /* ncclGetVersion of the libnccl.so.2 in this process */
 FVK_API const char* fvk_last_error(void);
-FVK_API int fvk_max_ctas(void);                       /* LSA barrier slots reserved by fvk_devcomm_create (144) */
+FVK_API int fvk_max_ctas(void); /* LSA barrier slots reserved by fvk_devcomm_create (144) */
 /* CTAs of the fused kernel one device can hold at once (occupancy x SMs), the co-residency limit. */
 FVK_API int fvk_coresident_ctas(int device, int* ctas);
 
