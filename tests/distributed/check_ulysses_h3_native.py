@@ -19,6 +19,12 @@ Checks (each prints PASS/FAIL on rank 0; the summary line is ``N passed, N faile
 Where no measured tuned row exists for this GPU and geometry, the gate injects one (144 CTAs, one
 plane per chunk) as a fixture so that tuned and original plans differ; the negative control runs
 without it. With fewer than 2 GPUs the gate says so and exits non-zero.
+
+``--cpu-dry-run`` runs the same checks over gloo ranks with the CPU transport (GlooPlanTransport),
+with every sequence length, the window and the 512 MiB long-training boundary divided by the same
+factor (512), so every policy branch the real gate meets (tuned planes, the long-training fallback,
+sub-plane chunks) is taken at a size a CPU can hold. It tests the gate's own logic; it is never a
+gate result (it says so, and the native transport does not run).
 """
 
 from __future__ import annotations
@@ -58,6 +64,8 @@ from fastvideo.distributed.ulysses.policy import (  # noqa: E402
 )
 
 H3 = {"32k": 32768, "128k": 131072, "250k": 250000}
+WAN720P = 75600
+DRY_RUN_SCALE = 512  # --cpu-dry-run divides sequences, the window and the long-training boundary by this
 
 
 class PlanMismatch(AssertionError):
@@ -96,27 +104,45 @@ def _wrong(a: torch.Tensor, b: torch.Tensor) -> int:
 
 
 class Gate:
-    def __init__(self, quick: bool) -> None:
+    def __init__(self, quick: bool, dry_run: bool = False) -> None:
         self.sp = parallel_state.get_sp_group()
         self.p, self.rank = self.sp.world_size, self.sp.rank_in_group
         self.device = self.sp.device
-        self.gpu = normalize_gpu_name(torch.cuda.get_device_name(self.device))
+        self.cuda = self.device.type == "cuda"
+        self.gpu = normalize_gpu_name(torch.cuda.get_device_name(self.device)) if self.cuda else "CPU"
         self.quick = quick
+        self.dry_run = dry_run
+        self.scale = DRY_RUN_SCALE if dry_run else 1
+        self.window_bytes = (1 << 30) // self.scale
+        # The upstream head counts; an SP size that does not divide them (3, 5, 6, 7) runs the same
+        # checks with the heads padded up to a multiple of it, and the check names say so.
+        self.h3_heads, self.wan_heads = -(-56 // self.p) * self.p, -(-40 // self.p) * self.p
         self.results: list[dict] = []
         self.fixture = self._fixture_rows()
 
     def _fixture_rows(self) -> tuple[TunedRow, ...]:
         rows = list(TUNED_TABLE)
-        for heads in (56, 40):
+        for heads in (self.h3_heads, self.wan_heads):
             geom = Geometry(0, torch.bfloat16, 1, 1, heads, 128, self.p)
             if lookup(rows, self.gpu, geom) is None:
                 rows.append(TunedRow(self.gpu, self.p, torch.bfloat16, heads, 128, ctas=144, planes_per_chunk=1,
                                      source="gate fixture (not a measurement)"))
         return tuple(rows)
 
+    def tokens(self, s_global: int) -> int:
+        """A global sequence length as this run uses it (scaled down in a dry run, a multiple of P)."""
+        s = s_global // self.scale
+        return max(self.p, s - s % self.p)
+
     def helper(self, table=None, window_bytes=None) -> helper_mod.UlyssesHelper:
+        transport = None
+        if self.dry_run:
+            from fastvideo.distributed.ulysses.transport import GlooPlanTransport
+
+            transport = GlooPlanTransport()
         h = helper_mod.UlyssesHelper(self.sp, tuned_table=self.fixture if table is None else table,
-                                     window_bytes=window_bytes)
+                                     window_bytes=window_bytes or self.window_bytes, transport=transport,
+                                     gpu_name=None if self.cuda else self.gpu)
         if not h.fused_available:
             raise RuntimeError(f"fused route declined at construction: {h.construction_reason} "
                                f"({h.construction_detail})")
@@ -139,7 +165,12 @@ class Gate:
         if self.rank == 0 or error:
             status = "PASS" if ok else "FAIL"
             print(f"[rank {self.rank}] {status} {name} ({row['s']:.1f} s) {detail or error}", flush=True)
-        torch.cuda.empty_cache()
+        if self.cuda:
+            torch.cuda.empty_cache()
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
 
     # ------------------------------------------------------------------ expectations
 
@@ -162,7 +193,7 @@ class Gate:
     def parity(self, h, b: int, s_global: int, heads: int, *, grad: bool, long_training: str,
                expect_table=None) -> str:
         """Fused forward (and backward when ``grad``) bit-identical to the NCCL route; plans asserted."""
-        shape = (b, s_global // self.p, heads, 128)
+        shape = (b, self.tokens(s_global) // self.p, heads, 128)
         torch.manual_seed(1000 + self.rank + s_global + b)
         x = torch.randn(shape, dtype=torch.bfloat16, device=self.device)
         choice, geom = self.expected(h, shape, grad, long_training, expect_table)
@@ -175,7 +206,7 @@ class Gate:
             else:
                 with torch.no_grad():
                     y = h.all_to_all(x, 0)
-        torch.cuda.synchronize()
+        self.sync()
         ref = nccl_route(x, 0, self.sp.device_group)
         wrong = _wrong(y, ref)
         records = list(h.history)
@@ -193,14 +224,14 @@ class Gate:
         return f"plane {geom.plane_bytes} B: {ran}; 0 wrong"
 
     def ownership(self, h) -> str:
-        shape = (3, 4096, 56, 128)
+        shape = (3, max(1, 4096 // self.scale), self.h3_heads, 128)
         x1 = torch.randn(shape, dtype=torch.bfloat16, device=self.device)
         with envs.override(FASTVIDEO_ULYSSES_A2A="auto"), torch.no_grad():
             y1 = h.all_to_all(x1, 0)
             keep = y1.clone()
             for _ in range(3):
                 h.all_to_all(torch.randn_like(x1), 0)
-        torch.cuda.synchronize()
+        self.sync()
         if h.history[-1].route != "fused":
             raise AssertionError("ownership check did not run the fused route")
         if not torch.equal(_bits(y1), _bits(keep)):
@@ -214,7 +245,7 @@ class Gate:
         return "retained output unchanged after 3 later calls; not in the window"
 
     def recovery(self, h) -> str:
-        shape = (3, 2048, 56, 128)
+        shape = (3, max(1, 2048 // self.scale), self.h3_heads, 128)
         x = torch.randn(shape, dtype=torch.bfloat16, device=self.device)
         original = h.transport.eligibility
         if self.rank == self.p - 1:  # one rank loses a capability for exactly one call
@@ -236,17 +267,30 @@ class Gate:
         return "declined (peer_disagreement) on every rank, then fused again; 0 wrong"
 
     def stress(self, rounds: int) -> str:
+        """Random shapes, dtypes, modes, grad flags, windows and plans; bit-exact, plan asserted every round.
+
+        Tuned helpers carry a fixture row for every geometry the rounds can draw (random CTA counts and
+        planes per chunk), so most rounds run tuned plans, sub-plane chunks included; the untuned
+        helpers run the original whole-operand plan where it fits and decline where it does not.
+        """
         rng = random.Random(4242)  # same sequence on every rank
         dtypes = (torch.bfloat16, torch.float16, torch.float32)
-        windows = (1 << 30, 8 << 20, 1 << 20)
-        helpers = {w: self.helper(window_bytes=w) for w in windows}
+        head_dims = (128, 64, 80, 3, 7, 256)
+        table = tuple(
+            TunedRow(self.gpu, self.p, dt, hl * self.p, d, ctas=rng.choice((5, 36, 72, 132, 144)),
+                     planes_per_chunk=rng.choice((1, 2)), source="gate stress fixture")
+            for dt in dtypes for hl in range(1, 9) for d in head_dims
+        )
+        windows = (64 << 20, 1 << 20, 256 << 10)  # every row (<= 64 KiB at SP8) fits the smallest
+        helpers = {(w, tuned): self.helper(table=table if tuned else (), window_bytes=w)
+                   for w in windows for tuned in (True, False)}
         fused = 0
         try:
             for i in range(rounds):
                 b, s, hl = rng.randint(1, 4), rng.randint(1, 700), rng.randint(1, 8)
-                d = rng.choice((128, 64, 80, 3, 7, 256))
+                d = rng.choice(head_dims)
                 mode, dtype, w = rng.randint(0, 1), rng.choice(dtypes), rng.choice(windows)
-                h = helpers[w]
+                h = helpers[(w, rng.random() < 0.75)]
                 shape = (b, s, hl * self.p, d) if mode == 0 else (b, s * self.p, hl, d)
                 gen = torch.Generator(device=self.device).manual_seed(i * 100 + self.rank)
                 x = torch.randn(shape, generator=gen, device=self.device, dtype=torch.float32).to(dtype)
@@ -281,19 +325,21 @@ class Gate:
 
     def run(self) -> int:
         tokens = {"32k": H3["32k"]} if self.quick else H3
+        h3 = f"H={self.h3_heads}" + (" (56 padded)" if self.h3_heads != 56 else "")
+        wan = f"H={self.wan_heads}" + (" (40 padded)" if self.wan_heads != 40 else "")
         h = self.helper()
         try:
             for label, s_global in tokens.items():
                 for b, pack in ((3, "QKV"), (4, "QKVG")):
                     for grad in (False, True):
-                        name = f"parity {label} {pack} {'train' if grad else 'infer'}"
-                        self.check(name, lambda b=b, s=s_global, g=grad: self.parity(h, b, s, 56, grad=g,
-                                                                                       long_training="auto"))
-                self.check(f"long-training chunked {label} QKV",
-                           lambda s=s_global: self.parity(h, 3, s, 56, grad=True, long_training="chunked"))
+                        name = f"parity {label} {pack} {h3} {'train' if grad else 'infer'}"
+                        self.check(name, lambda b=b, s=s_global, g=grad: self.parity(
+                            h, b, s, self.h3_heads, grad=g, long_training="auto"))
+                self.check(f"long-training chunked {label} QKV {h3}", lambda s=s_global: self.parity(
+                    h, 3, s, self.h3_heads, grad=True, long_training="chunked"))
             for grad in (False, True):
-                self.check(f"parity wan720p {'train' if grad else 'infer'}",
-                           lambda g=grad: self.parity(h, 1, 75600, 40, grad=g, long_training="auto"))
+                self.check(f"parity wan720p {wan} {'train' if grad else 'infer'}", lambda g=grad: self.parity(
+                    h, 1, WAN720P, self.wan_heads, grad=g, long_training="auto"))
             self.check("output ownership", lambda: self.ownership(h))
             self.check("recovery after capability disagreement", lambda: self.recovery(h))
         finally:
@@ -309,7 +355,8 @@ class Gate:
         """Tuning disabled in the helper while the expectation assumes it: the plan assertion must fail."""
         untuned = self.helper(table=())
         try:
-            self.parity(untuned, 3, H3["32k"], 56, grad=False, long_training="auto", expect_table=self.fixture)
+            self.parity(untuned, 3, H3["32k"], self.h3_heads, grad=False, long_training="auto",
+                        expect_table=self.fixture)
         except PlanMismatch as exc:
             return f"plan assertion failed as it must: {exc}"
         finally:
@@ -321,29 +368,44 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="32k only and a 20-round stress")
     parser.add_argument("--json", type=pathlib.Path, help="write the results here (rank 0)")
+    parser.add_argument("--cpu-dry-run", action="store_true",
+                        help="test the gate logic over gloo, CPU transport, 1/512 scale (not a gate result)")
     args = parser.parse_args()
-    if not torch.cuda.is_available() or torch.cuda.device_count() < 2 or int(os.environ.get("WORLD_SIZE", "1")) < 2:
-        print(f"check_ulysses_h3_native: needs 2+ GPUs and torchrun --nproc_per_node>=2 (found "
-              f"{torch.cuda.device_count() if torch.cuda.is_available() else 0} GPUs, WORLD_SIZE="
-              f"{os.environ.get('WORLD_SIZE', '1')}); nothing was checked.", file=sys.stderr)
-        return 2
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    local = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local), timeout=datetime.timedelta(minutes=5))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.cpu_dry_run:
+        if world < 2:
+            print("check_ulysses_h3_native --cpu-dry-run: run it under torchrun --nproc_per_node>=2", file=sys.stderr)
+            return 2
+        from fastvideo.distributed.ulysses import policy
+
+        policy.LONG_TRAINING_PLANE_BYTES //= DRY_RUN_SCALE  # scaled with the sequences and the window
+        dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=2))
+    else:
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus < 2 or world < 2:
+            print(f"check_ulysses_h3_native: needs 2+ GPUs and torchrun --nproc_per_node>=2 (found {gpus} GPUs, "
+                  f"WORLD_SIZE={world}); nothing was checked.", file=sys.stderr)
+            return 2
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        local = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local), timeout=datetime.timedelta(minutes=5))
     parallel_state.initialize_sequence_parallel(dist.get_world_size())
-    gate = Gate(args.quick)
+    gate = Gate(args.quick, dry_run=args.cpu_dry_run)
     if gate.rank == 0:
         header = {
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "commit": _commit(),
-            "gpu": torch.cuda.get_device_name(),
+            "gpu": torch.cuda.get_device_name() if gate.cuda else "none (CPU dry run)",
             "sp": gate.p,
             "torch": torch.__version__,
-            "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-            "library": _library(),
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())) if gate.cuda else None,
+            "library": _library() if gate.cuda else "none: CPU transport (GlooPlanTransport)",
             "argv": sys.argv,
         }
+        if args.cpu_dry_run:
+            header["note"] = (f"DRY RUN: gloo + CPU transport, sizes / {DRY_RUN_SCALE}; tests the gate's logic, "
+                              "not the kernel; never a gate result")
         print(json.dumps(header, indent=1), flush=True)
     try:
         rc = gate.run()

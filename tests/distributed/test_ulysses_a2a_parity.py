@@ -1,5 +1,7 @@
-"""GPU parity cases: the native gate under pytest. They skip cleanly without 2 GPUs; the gate's own
-refusal to run on fewer than 2 GPUs is checked everywhere (it must exit non-zero, never pass)."""
+"""The native gate under pytest. The GPU cases skip cleanly without 2 GPUs; everywhere, the gate's
+refusal to run on fewer than 2 GPUs is checked (it must exit non-zero, never pass), and its own logic
+runs as a CPU dry run (gloo ranks, CPU transport, sizes / 512) so a bug in the gate is found before a
+multi-GPU host is spent on it."""
 
 from __future__ import annotations
 
@@ -29,6 +31,17 @@ def test_gate_refuses_to_pass_without_two_gpus():
     proc = subprocess.run([sys.executable, str(GATE)], env=_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "needs 2+ GPUs" in proc.stderr and "nothing was checked" in proc.stderr
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_gate_logic_cpu_dry_run(nproc):
+    """Every gate check over gloo with the CPU transport: SP2 in full, SP3 (padded heads) quick."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(GATE),
+           "--cpu-dry-run", *(["--quick"] if nproc > 2 else [])]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert " 0 failed" in proc.stdout and "DRY RUN" in proc.stdout
+    assert "PASS negative control" in proc.stdout and "PASS stress" in proc.stdout
 
 
 @pytest.mark.gpu
