@@ -180,9 +180,13 @@ class UlyssesHelper:
         if reason is None:
             reason, detail = self._run_steps()
         if reason is None:
-            reports = self._vote.all_gather_object(
-                (lambda r: (r.decline, r.detail))(self.transport.topology()) if self.transport else (None, "")
-            )
+            assert self.transport is not None  # a missing transport declined at the capability exchange
+            try:
+                report = self.transport.topology()
+                mine = (report.decline, report.detail)
+            except Exception as exc:  # noqa: BLE001 - voted below, never raised alone
+                mine = (DeclineReason.CONSTRUCTION_FAILED, f"topology check: {type(exc).__name__}: {exc}")
+            reports = self._vote.all_gather_object(mine)
             bad = [(r, d) for r, d in reports if r is not None]
             if bad:
                 reason = min(r for r, _ in bad)
