@@ -65,6 +65,8 @@ from fastvideo.distributed.ulysses.policy import (  # noqa: E402
 
 H3 = {"32k": 32768, "128k": 131072, "250k": 250000}
 WAN720P = 75600
+# Every check sets both variables itself: the gate's verdict must not depend on the caller's shell.
+AUTO = {"FASTVIDEO_ULYSSES_A2A": "auto", "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING": "auto"}
 DRY_RUN_SCALE = 512  # --cpu-dry-run divides sequences, the window and the long-training boundary by this
 
 
@@ -226,7 +228,7 @@ class Gate:
     def ownership(self, h) -> str:
         shape = (3, max(1, 4096 // self.scale), self.h3_heads, 128)
         x1 = torch.randn(shape, dtype=torch.bfloat16, device=self.device)
-        with envs.override(FASTVIDEO_ULYSSES_A2A="auto"), torch.no_grad():
+        with envs.override(**AUTO), torch.no_grad():
             y1 = h.all_to_all(x1, 0)
             keep = y1.clone()
             for _ in range(3):
@@ -250,7 +252,7 @@ class Gate:
         original = h.transport.eligibility
         if self.rank == self.p - 1:  # one rank loses a capability for exactly one call
             h.transport.eligibility = lambda t: DeclineReason.ALIGNMENT.bit
-        with envs.override(FASTVIDEO_ULYSSES_A2A="auto"), torch.no_grad():
+        with envs.override(**AUTO), torch.no_grad():
             y_declined = h.all_to_all(x, 0)
             h.transport.eligibility = original
             first = h.history[-1]
@@ -295,7 +297,7 @@ class Gate:
                 gen = torch.Generator(device=self.device).manual_seed(i * 100 + self.rank)
                 x = torch.randn(shape, generator=gen, device=self.device, dtype=torch.float32).to(dtype)
                 grad = rng.random() < 0.3
-                with envs.override(FASTVIDEO_ULYSSES_A2A="auto"):
+                with envs.override(**AUTO):
                     if grad:
                         xg = x.clone().requires_grad_()
                         y = h.all_to_all(xg, mode)
