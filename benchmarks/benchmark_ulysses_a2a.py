@@ -89,13 +89,18 @@ def parse_geometry(text: str) -> tuple[str, tuple[int, int, int, int]]:
     return f"{b}x{s}x{h}x{d}", (b, s, h, d)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_device_and_geometry_args(p: argparse.ArgumentParser) -> None:
+    """``--device`` and ``--geometry``, shared with tune_ulysses_a2a.py."""
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--geometry", action="append", type=parse_geometry,
                    help=f"preset ({', '.join(PRESETS)}) or B,S_global,H,D; repeatable (default: "
                         f"{', '.join(DEFAULT_GEOMETRIES)}; 'toy' on CPU)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_device_and_geometry_args(p)
     p.add_argument("--modes", default="0,1", help="comma list of modes: 0 = (2,1) before attention, 1 = (1,2) after")
     p.add_argument("--routes", default="off,auto", help="comma list of FASTVIDEO_ULYSSES_A2A values")
     p.add_argument("--dtype", choices=sorted(common.DTYPES), default="bf16")

@@ -37,22 +37,17 @@ import textwrap
 
 import common  # first: puts the FastVideo tree under test on sys.path
 import torch
-from benchmark_ulysses_a2a import PRESETS, make_input, parse_geometry
+from benchmark_ulysses_a2a import DEFAULT_GEOMETRIES, add_device_and_geometry_args, make_input, parse_geometry
 
 from fastvideo.distributed.communication_op import nccl_route
 from fastvideo.distributed.parallel_state import get_sp_group
 from fastvideo.distributed.ulysses.policy import MAX_CTAS, Geometry, Plan, TunedRow, choose_plan, normalize_gpu_name
 
-DEFAULT_GEOMETRIES = ("h3-32k", "h3-128k", "h3-250k", "wan720p")
-
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--geometry", action="append", type=parse_geometry,
-                   help=f"preset ({', '.join(PRESETS)}) or B,S_global,H,D; repeatable "
-                        f"(default {', '.join(DEFAULT_GEOMETRIES)}; 'toy' on CPU)")
+    add_device_and_geometry_args(p)
     p.add_argument("--modes", default="0,1")
     p.add_argument("--ctas", default="36,72,108,132,144", help=f"comma list of CTA counts (<= {MAX_CTAS})")
     p.add_argument("--row-splits", default="2,4", help="sub-plane candidates: S_local split into this many chunks")
