@@ -44,7 +44,7 @@ def check(ok: bool, what: str) -> None:
 def context(device: torch.device, window_bytes: int) -> ConstructionContext:
     # One rank: sharing an object with "every rank" is returning it.
     return ConstructionContext(rank=0, world_size=1, device=device, window_bytes=window_bytes, max_ctas=144,
-                               device_group=None, broadcast_object=lambda obj, src: obj)
+                               device_group=None, all_gather_object=lambda obj: [obj])
 
 
 def report_local_throughput(transport: NativeTransport, device: torch.device, window: int) -> None:

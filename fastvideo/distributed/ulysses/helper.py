@@ -200,12 +200,12 @@ class UlyssesHelper:
 
     def _choose_vote(self, peers: list[tuple]) -> None:
         """The per-call vote channel, decided from the construction exchange (so identically everywhere):
-        shared memory when every rank asked for it and loads it and all ranks share one host, else gloo."""
-        one_host = len({(p[3], p[4]) for p in peers}) == 1
-        if not (one_host and all(p[7] for p in peers)):
+        shared memory when every rank asked for it and loads it, else gloo. Only called after construction
+        succeeded, so every rank is on one host (``_capability_verdict`` declined ``multi_host`` otherwise)."""
+        if not all(p[7] for p in peers):
             if self._vote_request == "shm":
-                logger.warning("Ulysses shared-memory vote requested but unavailable (library with the vote on "
-                               "every rank: %s, one host: %s); voting over gloo.", [p[7] for p in peers], one_host)
+                logger.warning("Ulysses shared-memory vote requested but the library with the vote is missing on "
+                               "some rank (per rank: %s); voting over gloo.", [p[7] for p in peers])
             return
         shm, why = ShmVote.create(self._vote, self.sp.rank_in_group, load_vote_library())
         if shm is None:  # the open failed somewhere: every rank saw the same errors and keeps gloo
@@ -237,7 +237,7 @@ class UlyssesHelper:
             window_bytes=self.window_bytes,
             max_ctas=MAX_CTAS,
             device_group=self.sp.device_group,
-            broadcast_object=lambda obj, src: self._vote.all_gather_object(obj)[src],
+            all_gather_object=self._vote.all_gather_object,
         )
         error = ""
         try:

@@ -159,8 +159,9 @@ class NativeTransport(Transport):
                 self._unique_id = uid.raw
 
         def exchange() -> None:
-            self._unique_id = ctx.broadcast_object(self._unique_id, 0)
-            self._bus_ids = [ctx.broadcast_object(self._bus_id, r) for r in range(ctx.world_size)]
+            gathered = ctx.all_gather_object((self._unique_id, self._bus_id))  # one exchange for both
+            self._unique_id = gathered[0][0]  # rank 0's
+            self._bus_ids = [bus for _, bus in gathered]
 
         def comm_init() -> None:
             uid = self._unique_id

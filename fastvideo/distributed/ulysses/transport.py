@@ -67,7 +67,7 @@ class ConstructionContext:
     window_bytes: int
     max_ctas: int
     device_group: dist.ProcessGroup
-    broadcast_object: Callable[[object, int], object]  # (obj on src, src) -> obj on every rank
+    all_gather_object: Callable[[object], list[object]]  # this rank's obj -> every rank's, by rank
 
 
 @dataclass
