@@ -1,113 +1,69 @@
-// Data movement of the Ulysses fused all-to-all: addressing and copies only, no synchronisation.
+// The fused all-to-all's one kernel body: the chunk loop with its barrier points, stores and copy-outs.
 //
-// The fused kernel (ulysses_a2a.cu) and the simulated-peers kernels run exactly these functions;
-// they differ only in how they find the peers' windows (LSA pointers vs. a table of P buffers on
-// one device) and in what separates the phases (an LSA barrier vs. a kernel-launch boundary).
+// `run_call` is the only implementation of a call. It is templated on an Env that says how a CTA
+// finds the ranks' windows and how it waits at a barrier:
+//   * LsaEnv (ulysses_a2a.cu): LSA pointers into peers' symmetric windows, ncclLsaBarrierSession;
+//   * SimEnv (ulysses_a2a.cu): P ranks simulated as CTA groups of ONE co-resident launch on one
+//     device, with a same-device barrier that has the LSA barrier's per-CTA semantics.
+// So the one-GPU check runs the real chunk loop and the real barrier points, not launch-separated
+// phases. An Env may also stamp window granules (the epoch checker, `kCheck`).
 //
-// Terms (the same in both modes). P = world, S = S_local, run = (H/P) * D * itemsize bytes: one
-// sequence row of one peer's head block, contiguous in the input, the window and the output.
-// Two tensor layouts of [B, S, H, D]-shaped data, as rows of `run` bytes:
+// Addressing (layout.h): rank `me` sends block q (its rows for peer q); it lands in q's output as
+// block `me`. Two tensor layouts of [B, S, H, D]-shaped data, as rows of `run` bytes:
 //   head-split [B, S, P, run]: the mode-0 input, the mode-1 output;
 //   seq-split  [B, P, S, run]: the mode-0 output, the mode-1 input.
-// Rank `me` sends block q = its rows for peer q; it lands in q's output as block `me`.
-//
-// A chunk is planes [p0, p0+np) x rows [r0, r0+nr) of every peer's block. Its receiver-side window
-// layout, from window offset 0, is [src rank][plane][row][run]: src's share is one contiguous block
-// of np*nr*run bytes. Each block is partitioned among CTAs in `granule` units (a function of the
-// geometry only, so every rank computes identical slices): CTA i on a sender writes exactly the
-// part of each receiver's window that CTA i on that receiver later copies out.
+// The window side of every copy is linear: CTA i's slice goes to region i (layout.h's invariant).
 #pragma once
 
 #include <cstdint>
 
+#include "layout.h"
+
 namespace fvk {
 
-constexpr int kMaxWorld = 8;
 constexpr int kThreads = 512;
 // Two CTAs per SM so that the largest launch (144 CTAs) is co-resident on 132 SMs.
 constexpr int kMinBlocksPerSm = 2;
 // Independent loads each thread issues before its stores (memory-level parallelism over NVLink).
 constexpr int kUnroll = 4;
 
-// One rank's view of one call. Everything except x, out, rank and the vector width chosen by the
-// launcher is identical on every rank.
-struct Problem {
-  const char* x;  // this rank's input (read only)
-  char* out;      // this rank's output: caller-owned, never aliases a window
-  int world, rank, mode;
-  int64_t B, S;
-  int64_t run_bytes;  // (H / P) * D * itemsize
-  int64_t granule;    // CTA partition unit in bytes (a power of two dividing run_bytes)
-  int64_t planes_per_chunk, rows_per_chunk;
-};
-
-struct Chunk {
-  int64_t p0, np, r0, nr;
-};
-
-__host__ __device__ inline int64_t row_chunks(const Problem& p) {
-  return (p.S + p.rows_per_chunk - 1) / p.rows_per_chunk;
-}
-
-__host__ __device__ inline int64_t num_chunks(const Problem& p) {
-  return (p.B + p.planes_per_chunk - 1) / p.planes_per_chunk * row_chunks(p);
-}
-
-// Chunk c in launch order (policy.Plan.chunks: planes-major, then row ranges).
-__host__ __device__ inline Chunk chunk_at(const Problem& p, int64_t c) {
-  const int64_t rc = row_chunks(p);
-  Chunk k;
-  k.p0 = c / rc * p.planes_per_chunk;
-  k.np = (p.B - k.p0 < p.planes_per_chunk) ? p.B - k.p0 : p.planes_per_chunk;
-  k.r0 = c % rc * p.rows_per_chunk;
-  k.nr = (p.S - k.r0 < p.rows_per_chunk) ? p.S - k.r0 : p.rows_per_chunk;
-  return k;
-}
-
-// Bytes one source rank contributes to one receiver's window in chunk c.
-__host__ __device__ inline int64_t block_bytes(const Problem& p, const Chunk& c) {
-  return c.np * c.nr * p.run_bytes;
-}
-
-// The V units [u0, u1) of every source rank's block that CTA `cta` of `ctas` owns: the same slice
-// of each block, counted in `granule` units, on every rank. Slicing each block (rather than the
-// whole [src][...] window) gives every CTA work in both phases: it stores its slice of this rank's
-// block to every peer, then copies its slice of every peer's block out of its own window.
+// Block q of a head-split or seq-split tensor, addressed by the chunk block's linear V-unit index.
 template <typename V>
-__device__ inline void cta_units(const Problem& p, const Chunk& c, int cta, int ctas, uint32_t& u0, uint32_t& u1) {
-  const int64_t granules = block_bytes(p, c) / p.granule;
-  const int64_t per = p.granule / static_cast<int64_t>(sizeof(V));
-  u0 = static_cast<uint32_t>(granules * cta / ctas * per);
-  u1 = static_cast<uint32_t>(granules * (cta + 1) / ctas * per);
-}
-
-// Where row (plane pl, row r) of the chunk lives, for the two kinds of endpoint of a copy.
-struct WindowBlock {  // one src rank's contiguous block in a window: [plane][row][run]
+struct TensorRows {
   char* base;
-  int64_t nr, run;
-  __device__ char* row(const Chunk&, int64_t pl, int64_t r) const { return base + (pl * nr + r) * run; }
-};
-
-struct TensorBlock {  // block q of a head-split or seq-split tensor
-  char* base;
-  int64_t S, run;
+  int64_t S, p0, r0;
+  uint32_t run_units, nr;
   int world, q;
   bool head_split;
-  __device__ char* row(const Chunk& c, int64_t pl, int64_t r) const {
-    const int64_t b = c.p0 + pl, s = c.r0 + r;
+  __device__ V* at(uint32_t u) const {
+    // Unit counts within a block stay below 2^31 (the host checks): 32-bit divisions, no wrap.
+    const uint32_t row = u / run_units, k = u - row * run_units;
+    const uint32_t pl = row / nr, r = row - pl * nr;
+    const int64_t b = p0 + pl, s = r0 + r;
     const int64_t index = head_split ? (b * S + s) * world + q : (b * world + q) * S + s;
-    return base + index * run;
+    return reinterpret_cast<V*>(base + index * static_cast<int64_t>(run_units) * sizeof(V)) + k;
   }
 };
 
-// Copy units [u0, u1) (V-sized, counted linearly over the block's [plane][row][run] order) from
-// `src` to `dst`, the whole CTA cooperating. Unit counts within a block stay below 2^31 (the host
-// checks), which keeps the per-unit index arithmetic in 32-bit divisions without wrap-around.
-template <typename V, typename Src, typename Dst>
-__device__ inline void copy_block(const Src& src, const Dst& dst, const Chunk& c, int64_t run_bytes, uint32_t u0,
-                                  uint32_t u1) {
-  const uint32_t run_units = static_cast<uint32_t>(run_bytes / sizeof(V));
-  const uint32_t nr = static_cast<uint32_t>(c.nr);
+template <typename V>
+TensorRows<V> __device__ inline tensor_rows(const Problem& p, const Chunk& c, char* base, int q, bool head_split) {
+  return TensorRows<V>{
+      base,    p.S, c.p0,      c.r0, static_cast<uint32_t>(p.run_bytes / sizeof(V)), static_cast<uint32_t>(c.nr),
+      p.world, q,   head_split};
+}
+
+// A CTA's slice in a window region: unit u of the block sits at base + (u - first).
+template <typename V>
+struct WindowRun {
+  char* base;
+  uint32_t first;
+  __device__ V* at(uint32_t u) const { return reinterpret_cast<V*>(base) + (u - first); }
+};
+
+// Copy units [u0, u1) from `src` to `dst`, the whole CTA cooperating; `hook(u)` runs before each
+// unit moves (the epoch checker; empty otherwise).
+template <typename V, typename Src, typename Dst, typename Hook>
+__device__ inline void copy_units(const Src& src, const Dst& dst, uint32_t u0, uint32_t u1, const Hook& hook) {
   for (uint32_t base = u0 + threadIdx.x; base < u1; base += kUnroll * blockDim.x) {
     V v[kUnroll];
     V* d[kUnroll];
@@ -115,10 +71,9 @@ __device__ inline void copy_block(const Src& src, const Dst& dst, const Chunk& c
     for (int j = 0; j < kUnroll; ++j) {
       const uint32_t u = base + j * blockDim.x;
       if (u < u1) {
-        const uint32_t row = u / run_units, k = u - row * run_units;
-        const uint32_t pl = row / nr, r = row - pl * nr;
-        v[j] = *reinterpret_cast<const V*>(src.row(c, pl, r) + static_cast<int64_t>(k) * sizeof(V));
-        d[j] = reinterpret_cast<V*>(dst.row(c, pl, r) + static_cast<int64_t>(k) * sizeof(V));
+        hook(u);
+        v[j] = *src.at(u);
+        d[j] = dst.at(u);
       }
     }
 #pragma unroll
@@ -128,42 +83,88 @@ __device__ inline void copy_block(const Src& src, const Dst& dst, const Chunk& c
   }
 }
 
-// Store phase: this CTA's share of chunk c into every peer's window (LSA stores), and its own
-// block straight into the output (it never needs the window). Peers are visited starting after
-// `rank` so that ranks spread their stores over different links at any moment.
-template <typename V, typename Windows>
-__device__ void store_chunk(const Problem& p, const Chunk& c, const Windows& windows, int cta, int ctas) {
-  uint32_t u0, u1;
-  cta_units<V>(p, c, cta, ctas, u0, u1);
-  if (u0 >= u1) return;
-  const int64_t bytes = block_bytes(p, c);
+struct NoHook {
+  __device__ void operator()(uint32_t) const {}
+};
+
+// Epoch-checker hooks: the window granule a unit lands in, stamped through the Env.
+template <typename V, typename Env>
+struct StoreHook {
+  Env* env;
+  int peer, cta;
+  int64_t chunk, window, granule;
+  uint32_t first;
+  __device__ void operator()(uint32_t u) const {
+    env->check_store(peer, (window + static_cast<int64_t>(u - first) * sizeof(V)) / granule, cta, chunk);
+  }
+};
+template <typename V, typename Env>
+struct LoadHook {
+  Env* env;
+  int src, cta;
+  int64_t chunk, window, granule;
+  uint32_t first;
+  __device__ void operator()(uint32_t u) const {
+    env->check_load(src, (window + static_cast<int64_t>(u - first) * sizeof(V)) / granule, cta, chunk);
+  }
+};
+
+// Store phase of chunk c: this CTA's slice of this rank's block for every peer into that peer's
+// window (region `cta`), and its own block straight into the output (it never needs the window).
+// Peers are visited starting after `rank` so that ranks spread their stores over different links.
+template <typename V, typename Env>
+__device__ void store_chunk(const Problem& p, const Chunk& c, int64_t ci, Env& env, int cta, int ctas) {
+  const Slice s = cta_slice(p, c, p.rank, cta, ctas);
+  if (s.bytes == 0) return;
+  const uint32_t u0 = static_cast<uint32_t>(s.first / sizeof(V)), u1 = u0 + static_cast<uint32_t>(s.bytes / sizeof(V));
   const bool in_head_split = p.mode == 0;
   for (int j = 1; j <= p.world; ++j) {
     const int q = (p.rank + j) % p.world;
-    const TensorBlock src{const_cast<char*>(p.x), p.S, p.run_bytes, p.world, q, in_head_split};
+    const TensorRows<V> src = tensor_rows<V>(p, c, const_cast<char*>(p.x), q, in_head_split);
     if (q == p.rank) {
-      const TensorBlock dst{p.out, p.S, p.run_bytes, p.world, p.rank, !in_head_split};
-      copy_block<V>(src, dst, c, p.run_bytes, u0, u1);
+      copy_units<V>(src, tensor_rows<V>(p, c, p.out, p.rank, !in_head_split), u0, u1, NoHook{});
     } else {
-      const WindowBlock dst{windows(q) + p.rank * bytes, c.nr, p.run_bytes};
-      copy_block<V>(src, dst, c, p.run_bytes, u0, u1);
+      const WindowRun<V> dst{env.window(q) + s.window, u0};
+      if constexpr (Env::kCheck)
+        copy_units<V>(src, dst, u0, u1, StoreHook<V, Env>{&env, q, cta, ci, s.window, p.granule, u0});
+      else
+        copy_units<V>(src, dst, u0, u1, NoHook{});
     }
   }
 }
 
-// Copy-out phase: this CTA's range of this rank's window (every other rank's block) into the output.
-template <typename V>
-__device__ void copy_out_chunk(const Problem& p, const Chunk& c, char* window, int cta, int ctas) {
-  uint32_t u0, u1;
-  cta_units<V>(p, c, cta, ctas, u0, u1);
-  if (u0 >= u1) return;
-  const int64_t bytes = block_bytes(p, c);
+// Copy-out phase of chunk c: region `cta` of this rank's window (every other rank's slice) into the output.
+template <typename V, typename Env>
+__device__ void copy_out_chunk(const Problem& p, const Chunk& c, int64_t ci, Env& env, int cta, int ctas) {
   const bool out_head_split = p.mode == 1;
+  char* own = env.window(p.rank);
   for (int src_rank = 0; src_rank < p.world; ++src_rank) {
     if (src_rank == p.rank) continue;  // written straight to the output by the store phase
-    const WindowBlock src{window + src_rank * bytes, c.nr, p.run_bytes};
-    const TensorBlock dst{p.out, p.S, p.run_bytes, p.world, src_rank, out_head_split};
-    copy_block<V>(src, dst, c, p.run_bytes, u0, u1);
+    const Slice s = cta_slice(p, c, src_rank, cta, ctas);
+    if (s.bytes == 0) continue;
+    const uint32_t u0 = static_cast<uint32_t>(s.first / sizeof(V)),
+                   u1 = u0 + static_cast<uint32_t>(s.bytes / sizeof(V));
+    const WindowRun<V> src{own + s.window, u0};
+    const TensorRows<V> dst = tensor_rows<V>(p, c, p.out, src_rank, out_head_split);
+    if constexpr (Env::kCheck)
+      copy_units<V>(src, dst, u0, u1, LoadHook<V, Env>{&env, src_rank, cta, ci, s.window, p.granule, u0});
+    else
+      copy_units<V>(src, dst, u0, u1, NoHook{});
+  }
+}
+
+// One call as CTA `cta` of `ctas` runs it: per chunk, barrier / store / barrier / copy-out.
+// ulysses_a2a.cu's header argues why per-CTA barriers suffice; sync_model.cpp checks that argument
+// as a property over the plan space, on the same layout functions.
+template <typename V, typename Env>
+__device__ void run_call(const Problem& p, Env& env, int cta, int ctas) {
+  const int64_t chunks = num_chunks(p);
+  for (int64_t c = 0; c < chunks; ++c) {
+    const Chunk chunk = chunk_at(p, c);
+    env.sync();  // CTA `cta` of every rank has copied region `cta` out (chunk c-1 / the previous call)
+    store_chunk<V>(p, chunk, c, env, cta, ctas);
+    env.sync();  // CTA `cta` of every rank has stored into region `cta` of this rank's window
+    copy_out_chunk<V>(p, chunk, c, env, cta, ctas);
   }
 }
 

@@ -1,18 +1,30 @@
 // Ulysses fused all-to-all on NCCL's device API: kernels and the C ABI (ulysses_a2a.h).
 //
-// Push design. For each chunk, CTA i of every rank
-//   1. waits at LSA barrier i: CTA i of every peer has finished copying chunk c-1 (or the previous
-//      call) out of its window, so region i of every peer's window is free again;
-//   2. stores its share of region i into every peer's window through LSA pointers, the
-//      sequence/head relayout folded into the addressing (movement.cuh), and its own block
-//      straight into its output;
-//   3. waits at LSA barrier i again: every peer's CTA i has stored into region i of this window;
+// Push design (movement.cuh, run_call). For each chunk c, CTA i of every rank
+//   1. waits at LSA barrier i: CTA i of every rank has finished copying chunk c-1 (or the previous
+//      call) out of region i of its window;
+//   2. stores its slice of its block for each peer into region i of that peer's window through LSA
+//      pointers, the sequence/head relayout folded into the addressing, and its own block straight
+//      into its output;
+//   3. waits at LSA barrier i again: CTA i of every rank has stored into region i of this window;
 //   4. copies region i of its window into its output.
-// Region i (slice i of every source block of the receiver's chunk layout, movement.cuh) is the same
-// on every rank, so the only CTAs that touch region i of any window are the CTAs i of all ranks:
-// per-CTA barriers suffice and no grid-wide synchronisation is needed. Consecutive calls are ordered on each rank by
-// its stream (the Python side adds an event when the caller's stream changes), so a call's first barrier also covers
-// the previous call's copy-out, whatever its CTA count.
+//
+// Why per-CTA barriers suffice (no grid-wide synchronisation). A barrier on slot i orders only the
+// CTAs i of all ranks; CTA j != i of a peer may be any number of chunks ahead or behind. So two
+// accesses to the same window byte are ordered only if they come from the same CTA index. The
+// argument therefore needs THE WINDOW INVARIANT (layout.h): within a call, each window byte belongs
+// to one CTA index in every chunk, i.e. region i depends on (src, i) and the plan, never on the
+// current chunk. Then every conflicting pair is {store into region i, copy-out of region i} by
+// CTAs i, separated by barrier i (store of chunk c after barrier 2c, which every rank's CTA i
+// reaches only after its copy-out of chunk c-1; copy-out of chunk c after barrier 2c+1, reached
+// only after every rank's CTA i stored chunk c), and stores of one chunk by different senders go
+// to different src blocks. Consecutive calls are ordered on each rank by its stream (the Python
+// side adds an event when the caller's stream changes): a CTA of call n+1 stores only after its
+// first barrier, which needs the same CTA index of every rank to have STARTED call n+1, i.e. every
+// rank to have finished call n entirely, whatever either call's CTA count or chunking.
+// sync_model.cpp checks this argument as a happens-before property over the plan space, on the
+// functions the kernel runs (layout.h); its negative controls are the pre-fix layout (regions that
+// moved with the chunk size: wrong on 2x H200 at 8912e8a) and a loop without the entry barrier.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <nccl.h>
@@ -21,6 +33,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <cuda/atomic>
 #include <new>
 
 #include "movement.cuh"
@@ -39,9 +52,52 @@ int set_error(int code, const char* fmt, ...) {
   return code;
 }
 
+int itemsize_of(int dtype) {
+  switch (dtype) {
+    case 1: return 4;  // float32
+    case 2: return 2;  // float16
+    case 3: return 2;  // bfloat16
+    default: return 0;
+  }
+}
+
+bool overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
+  const char *pa = static_cast<const char*>(a), *pb = static_cast<const char*>(b);
+  return pa < pb + b_bytes && pb < pa + a_bytes;
+}
+
+// Checks a call's geometry and plan and fills the rank-independent part of `p`.
+int make_problem(int world, int mode, int dtype, int64_t B, int64_t S, int64_t H, int64_t D, int ctas, int max_ctas,
+                 int64_t planes_per_chunk, int64_t rows_per_chunk, size_t window_bytes, Problem& p,
+                 int64_t& operand_bytes, int layout) {
+  const int itemsize = itemsize_of(dtype);
+  if (itemsize == 0) return set_error(FVK_ERR_INVALID, "dtype code %d is not 1 (f32), 2 (f16) or 3 (bf16)", dtype);
+  if (world < 1 || world > kMaxWorld)
+    return set_error(FVK_ERR_INVALID, "world size %d outside 1..%d", world, kMaxWorld);
+  if (mode != 0 && mode != 1) return set_error(FVK_ERR_INVALID, "mode %d is not 0 or 1", mode);
+  if (B < 1 || S < 1 || H < 1 || D < 1 || H % world)
+    return set_error(FVK_ERR_INVALID, "geometry B=%lld S=%lld H=%lld D=%lld invalid for world size %d", (long long)B,
+                     (long long)S, (long long)H, (long long)D, world);
+  if (ctas < 1 || ctas > max_ctas) return set_error(FVK_ERR_INVALID, "ctas=%d outside 1..%d", ctas, max_ctas);
+  if (planes_per_chunk < 1 || rows_per_chunk < 1)
+    return set_error(FVK_ERR_INVALID, "planes_per_chunk=%lld rows_per_chunk=%lld must be >= 1",
+                     (long long)planes_per_chunk, (long long)rows_per_chunk);
+  p = plan_problem(world, mode, itemsize, B, S, H, D, planes_per_chunk, rows_per_chunk, layout);
+  operand_bytes = B * S * H * D * itemsize;
+  const int64_t chunk_bytes = window_need(p);
+  if (static_cast<uint64_t>(chunk_bytes) > window_bytes)
+    return set_error(FVK_ERR_INVALID, "a chunk needs %lld window bytes, the window has %zu", (long long)chunk_bytes,
+                     window_bytes);
+  // copy_units counts the units of one block in 32 bits (with headroom for its loop stride, so
+  // below 2^31); the smallest unit is 2 bytes.
+  if (chunk_bytes / world / 2 > static_cast<int64_t>(INT32_MAX))
+    return set_error(FVK_ERR_INVALID, "a chunk of %lld bytes per peer exceeds the kernel's 32-bit unit index",
+                     (long long)(chunk_bytes / world));
+  return FVK_OK;
+}
+
 namespace {
 
-constexpr int kMaxCtas = 144;  // LSA barrier slots: one per CTA of the largest launch
 constexpr int kOriginalCtas = 36;
 
 #define FVK_CUDA(call)                                                                               \
@@ -82,118 +138,213 @@ class DeviceGuard {
   int prev_ = -1;
 };
 
-// ---------------------------------------------------------------------------------- kernels
+// ---------------------------------------------------------------------------------- epoch checker
 
-struct LsaWindows {  // peers' windows through LSA pointers (the communicator spans one LSA team)
-  ncclWindow_t window;
-  __device__ char* operator()(int peer) const { return static_cast<char*>(ncclGetLsaPointer(window, 0, peer)); }
-};
+// Debug stamps, one uint64 per window granule: state | cta << 2 | src << 12 | chunk << 16 | call << 48.
+// A store asserts the granule is empty, or was consumed by the same CTA index (or in an earlier
+// call); a copy-out asserts it was written in this chunk by this CTA index from that source. A
+// violation is reported whichever access comes first, so a layout that hands a byte to two CTA
+// indices is caught on every schedule, not only on the schedules that corrupt data.
+constexpr unsigned long long kWritten = 1, kConsumed = 2;
 
-struct SimWindows {  // simulated peers: P windows on one device
-  char* window[kMaxWorld];
-  __device__ char* operator()(int peer) const { return window[peer]; }
-};
+__device__ inline unsigned long long stamp(unsigned long long state, int cta, int src, int64_t chunk, uint32_t call) {
+  return state | static_cast<unsigned long long>(cta & 1023) << 2 | static_cast<unsigned long long>(src & 15) << 12 |
+         (static_cast<unsigned long long>(chunk) & 0xffffffffull) << 16 |
+         static_cast<unsigned long long>(call & 0xffff) << 48;
+}
 
-template <typename V>
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
-    fused_a2a_kernel(Problem p, ncclWindow_t window, ncclDevComm dev_comm) {
-  ncclCoopCta cta;
-  ncclLsaBarrierSession<ncclCoopCta> barrier{cta, dev_comm, ncclTeamLsa(dev_comm), dev_comm.lsaBarrier, blockIdx.x};
-  const LsaWindows windows{window};
-  char* own = windows(p.rank);
-  const int64_t chunks = num_chunks(p);
-  for (int64_t c = 0; c < chunks; ++c) {
-    const Chunk chunk = chunk_at(p, c);
-    // Acquire/release in both syncs: the first orders the peers' copy-out reads of region i before
-    // our stores into it (WAR across chunks and calls), the second our stores before their reads.
-    barrier.sync(cta, cuda::memory_order_acq_rel);
-    store_chunk<V>(p, chunk, windows, blockIdx.x, gridDim.x);
-    barrier.sync(cta, cuda::memory_order_acq_rel);
-    copy_out_chunk<V>(p, chunk, own, blockIdx.x, gridDim.x);
+// report[0] counts violations; report[1..4] describe the first: kind | rank << 8 | peer << 16, granule,
+// the stamp found, the stamp written.
+__device__ inline void report_violation(unsigned long long* report, int kind, int rank, int peer, int64_t granule,
+                                        unsigned long long found, unsigned long long mine) {
+  if (atomicAdd(report, 1ull) == 0) {
+    report[1] = static_cast<unsigned long long>(kind | rank << 8 | peer << 16);
+    report[2] = static_cast<unsigned long long>(granule);
+    report[3] = found;
+    report[4] = mine;
   }
 }
 
-template <typename V>
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
-    sim_store_kernel(Problem p, SimWindows windows, int64_t c) {
-  store_chunk<V>(p, chunk_at(p, c), windows, blockIdx.x, gridDim.x);
+__device__ inline void epoch_store(unsigned long long* shadow, int64_t granule, unsigned long long* report, int rank,
+                                   int peer, int cta, int64_t chunk, uint32_t call) {
+  const unsigned long long mine = stamp(kWritten, cta, rank, chunk, call);
+  const unsigned long long old = atomicExch(shadow + granule, mine);
+  const bool consumed = (old & 3) == kConsumed;
+  const bool ok = old == 0 || old == mine ||
+                  (consumed && (static_cast<int>(old >> 2 & 1023) == cta || (old >> 48) != (call & 0xffff)));
+  if (!ok) report_violation(report, 1, rank, peer, granule, old, mine);
 }
 
-template <typename V>
+__device__ inline void epoch_load(unsigned long long* shadow, int64_t granule, unsigned long long* report, int rank,
+                                  int src, int cta, int64_t chunk, uint32_t call) {
+  const unsigned long long mine = stamp(kConsumed, cta, src, chunk, call);
+  const unsigned long long old = atomicExch(shadow + granule, mine);
+  if (old != stamp(kWritten, cta, src, chunk, call) && old != mine)
+    report_violation(report, 2, rank, src, granule, old, mine);
+}
+
+// ---------------------------------------------------------------------------------- the real fused kernel
+
+struct DebugArgs {             // fvk_a2a_debug only
+  int64_t shadow_offset;       // window offset of the stamp array (same on every rank)
+  unsigned long long* report;  // this rank's device report (see report_violation)
+  uint32_t call;
+};
+
+template <bool Check>
+struct LsaEnv {
+  static constexpr bool kCheck = Check;
+  ncclLsaBarrierSession<ncclCoopCta>* barrier;
+  ncclCoopCta* coop;
+  ncclWindow_t win;
+  DebugArgs dbg;
+  int rank;
+  __device__ char* window(int peer) const { return static_cast<char*>(ncclGetLsaPointer(win, 0, peer)); }
+  // Acquire/release: orders peers' copy-out reads before our stores (WAR across chunks and calls),
+  // and our stores before their reads.
+  __device__ void sync() { barrier->sync(*coop, cuda::memory_order_acq_rel); }
+  __device__ unsigned long long* shadow(int peer) const {
+    return reinterpret_cast<unsigned long long*>(window(peer) + dbg.shadow_offset);
+  }
+  __device__ void check_store(int peer, int64_t g, int cta, int64_t chunk) {
+    epoch_store(shadow(peer), g, dbg.report, rank, peer, cta, chunk, dbg.call);
+  }
+  __device__ void check_load(int src, int64_t g, int cta, int64_t chunk) {
+    epoch_load(shadow(rank), g, dbg.report, rank, src, cta, chunk, dbg.call);
+  }
+};
+
+template <typename V, bool Check>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
-    sim_copy_out_kernel(Problem p, SimWindows windows, int64_t c) {
-  copy_out_chunk<V>(p, chunk_at(p, c), windows(p.rank), blockIdx.x, gridDim.x);
+    fused_a2a_kernel(Problem p, ncclWindow_t window, ncclDevComm dev_comm, DebugArgs dbg) {
+  ncclCoopCta coop;
+  ncclLsaBarrierSession<ncclCoopCta> barrier{coop, dev_comm, ncclTeamLsa(dev_comm), dev_comm.lsaBarrier, blockIdx.x};
+  LsaEnv<Check> env{&barrier, &coop, window, dbg, p.rank};
+  run_call<V>(p, env, blockIdx.x, gridDim.x);
+}
+
+// ---------------------------------------------------------------------------------- simulated ranks on one GPU
+
+// P ranks as CTA groups of ONE launch of P x max_ctas co-resident CTAs (block b plays CTA b % max_ctas
+// of rank b / max_ctas), running a sequence of calls through the same run_call as the fused kernel.
+constexpr int kSimThreads = 128;
+constexpr int kSimMinBlocksPerSm = 9;  // 132 SMs x 9 >= 8 ranks x 144 CTAs
+constexpr int kMaxSimCalls = 4;
+
+struct SimCall {
+  Problem rank[kMaxWorld];
+  int vec[kMaxWorld];  // each simulated rank's vector width, chosen from its own pointers
+  int ctas;
+};
+
+struct SimLaunch {
+  SimCall calls[kMaxSimCalls];
+  int ncalls, world, max_ctas;
+};
+
+struct SimShared {
+  char* window[kMaxWorld];
+  unsigned long long* shadow[kMaxWorld];  // per rank's window, when checking
+  unsigned int* slots;                    // [max_ctas][world]: arrivals per barrier slot, as epochs
+  unsigned int* call_done;                // [world]: CTAs of each rank that finished the current call
+  unsigned long long* report;
+  unsigned long long seed;
+  unsigned int skew_ns;  // 0: no skew; else random delays up to this around every barrier
+};
+
+__device__ inline unsigned int mix(unsigned long long x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return static_cast<unsigned int>(x);
+}
+
+// The same-device barrier with the LSA barrier's per-CTA semantics: slot i synchronises CTA i of
+// every simulated rank and nothing else; epochs persist across chunks and calls as the LSA
+// barrier's do. A rank's call boundary (stream order: its next kernel starts when this one has
+// ended) is a rank-local arrival count over all of that rank's CTAs.
+template <bool Check>
+struct SimEnv {
+  static constexpr bool kCheck = Check;
+  const SimShared* sh;
+  int rank, world, cta;
+  unsigned int epoch = 0, k = 0;
+  uint32_t call = 0;
+
+  __device__ char* window(int peer) const { return sh->window[peer]; }
+
+  __device__ void skew(unsigned int salt) const {
+    if (sh->skew_ns)
+      __nanosleep(mix(sh->seed ^ (static_cast<unsigned long long>(rank) << 56) ^
+                      (static_cast<unsigned long long>(cta) << 40) ^ (static_cast<unsigned long long>(k) << 8) ^ salt) %
+                  sh->skew_ns);
+  }
+
+  __device__ void sync() {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      skew(1);  // late arrival
+      ++epoch;
+      ++k;
+      __threadfence();
+      cuda::atomic_ref<unsigned int, cuda::thread_scope_device> mine(sh->slots[cta * world + rank]);
+      mine.store(epoch, cuda::memory_order_release);
+      for (int q = 0; q < world; ++q) {
+        cuda::atomic_ref<unsigned int, cuda::thread_scope_device> peer(sh->slots[cta * world + q]);
+        while (peer.load(cuda::memory_order_acquire) < epoch) {
+        }
+      }
+      skew(2);  // late departure: this CTA's next phase lags while other CTA indices run ahead
+    }
+    __syncthreads();
+  }
+
+  __device__ void end_call(int n, int max_ctas) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      cuda::atomic_ref<unsigned int, cuda::thread_scope_device> done(sh->call_done[rank]);
+      done.fetch_add(1, cuda::memory_order_release);
+      const unsigned int target = static_cast<unsigned int>((n + 1) * max_ctas);
+      while (done.load(cuda::memory_order_acquire) < target) {
+      }
+    }
+    __syncthreads();
+  }
+
+  __device__ void check_store(int peer, int64_t g, int c, int64_t chunk) {
+    epoch_store(sh->shadow[peer], g, sh->report, rank, peer, c, chunk, call);
+  }
+  __device__ void check_load(int src, int64_t g, int c, int64_t chunk) {
+    epoch_load(sh->shadow[rank], g, sh->report, rank, src, c, chunk, call);
+  }
+};
+
+template <bool Check>
+__global__ void __launch_bounds__(kSimThreads, kSimMinBlocksPerSm)
+    sim_kernel(const SimLaunch* __restrict__ launch, SimShared sh) {
+  const int max_ctas = launch->max_ctas;
+  SimEnv<Check> env{&sh, static_cast<int>(blockIdx.x) / max_ctas, launch->world,
+                    static_cast<int>(blockIdx.x) % max_ctas};
+  for (int n = 0; n < launch->ncalls; ++n) {
+    const SimCall& call = launch->calls[n];
+    env.call = static_cast<uint32_t>(n);
+    if (env.cta < call.ctas) {
+      const Problem p = call.rank[env.rank];
+      switch (call.vec[env.rank]) {
+        case 16: run_call<uint4>(p, env, env.cta, call.ctas); break;
+        case 8: run_call<uint2>(p, env, env.cta, call.ctas); break;
+        case 4: run_call<uint32_t>(p, env, env.cta, call.ctas); break;
+        default: run_call<uint16_t>(p, env, env.cta, call.ctas); break;
+      }
+    }
+    env.end_call(n, max_ctas);
+  }
 }
 
 // ---------------------------------------------------------------------------------- host helpers
-
-// One phase of chunk c for one simulated rank (0: stores into the windows, 1: copy-out).
-template <typename V>
-void launch_sim(int phase, int ctas, cudaStream_t s, const Problem& p, const SimWindows& windows, int64_t c) {
-  if (phase == 0)
-    sim_store_kernel<V><<<ctas, kThreads, 0, s>>>(p, windows, c);
-  else
-    sim_copy_out_kernel<V><<<ctas, kThreads, 0, s>>>(p, windows, c);
-}
-
-int itemsize_of(int dtype) {
-  switch (dtype) {
-    case 1: return 4;  // float32
-    case 2: return 2;  // float16
-    case 3: return 2;  // bfloat16
-    default: return 0;
-  }
-}
-
-// Largest power of two <= 16 that divides v (v > 0).
-int64_t pow2_divisor(uint64_t v) {
-  int64_t g = 16;
-  while (g > 1 && v % g) g /= 2;
-  return g;
-}
-
-bool overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
-  const char *pa = static_cast<const char*>(a), *pb = static_cast<const char*>(b);
-  return pa < pb + b_bytes && pb < pa + a_bytes;
-}
-
-// Checks a call's geometry and plan and fills the rank-independent part of `p`.
-int make_problem(int world, int mode, int dtype, int64_t B, int64_t S, int64_t H, int64_t D, int ctas, int max_ctas,
-                 int64_t planes_per_chunk, int64_t rows_per_chunk, size_t window_bytes, Problem& p,
-                 int64_t& operand_bytes) {
-  const int itemsize = itemsize_of(dtype);
-  if (itemsize == 0) return set_error(FVK_ERR_INVALID, "dtype code %d is not 1 (f32), 2 (f16) or 3 (bf16)", dtype);
-  if (world < 1 || world > kMaxWorld)
-    return set_error(FVK_ERR_INVALID, "world size %d outside 1..%d", world, kMaxWorld);
-  if (mode != 0 && mode != 1) return set_error(FVK_ERR_INVALID, "mode %d is not 0 or 1", mode);
-  if (B < 1 || S < 1 || H < 1 || D < 1 || H % world)
-    return set_error(FVK_ERR_INVALID, "geometry B=%lld S=%lld H=%lld D=%lld invalid for world size %d", (long long)B,
-                     (long long)S, (long long)H, (long long)D, world);
-  if (ctas < 1 || ctas > max_ctas) return set_error(FVK_ERR_INVALID, "ctas=%d outside 1..%d", ctas, max_ctas);
-  if (planes_per_chunk < 1 || rows_per_chunk < 1)
-    return set_error(FVK_ERR_INVALID, "planes_per_chunk=%lld rows_per_chunk=%lld must be >= 1",
-                     (long long)planes_per_chunk, (long long)rows_per_chunk);
-  p = Problem{};
-  p.world = world;
-  p.mode = mode;
-  p.B = B;
-  p.S = S;
-  p.run_bytes = H / world * D * itemsize;
-  p.granule = pow2_divisor(static_cast<uint64_t>(p.run_bytes));
-  p.planes_per_chunk = planes_per_chunk < B ? planes_per_chunk : B;
-  p.rows_per_chunk = rows_per_chunk < S ? rows_per_chunk : S;
-  operand_bytes = B * S * H * D * itemsize;
-  const int64_t chunk_bytes = p.planes_per_chunk * p.rows_per_chunk * world * p.run_bytes;
-  if (static_cast<uint64_t>(chunk_bytes) > window_bytes)
-    return set_error(FVK_ERR_INVALID, "a chunk needs %lld window bytes, the window has %zu", (long long)chunk_bytes,
-                     window_bytes);
-  // copy_block counts the units of one block in 32 bits (with headroom for its loop stride, so
-  // below 2^31); the smallest unit is 2 bytes.
-  if (chunk_bytes / world / 2 > static_cast<int64_t>(INT32_MAX))
-    return set_error(FVK_ERR_INVALID, "a chunk of %lld bytes per peer exceeds the kernel's 32-bit unit index",
-                     (long long)(chunk_bytes / world));
-  return FVK_OK;
-}
 
 // The widest vector (<= the partition granule) every pointer this rank moves data through allows.
 int vector_bytes(const Problem& p, const void* const* extra, int n_extra) {
@@ -207,7 +358,7 @@ template <typename V>
 int occupancy(int device, int& blocks) {
   int sms = 0, per_sm = 0;
   FVK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  FVK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_a2a_kernel<V>, kThreads, 0));
+  FVK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_a2a_kernel<V, false>, kThreads, 0));
   blocks = per_sm * sms;
   return FVK_OK;
 }
@@ -238,8 +389,83 @@ struct fvk_ctx {
   ncclWindow_t window = nullptr;
   ncclDevComm dev_comm{};
   bool has_dev_comm = false;
-  int coresident = 0;  // co-resident CTAs of the fused kernel on this device
+  int coresident = 0;        // co-resident CTAs of the fused kernel on this device
+  uint32_t debug_calls = 0;  // fvk_a2a_debug calls so far (the epoch checker's call stamp)
 };
+
+namespace {
+
+template <bool Check>
+void launch_kernel(int vec, int ctas, cudaStream_t s, const Problem& p, const fvk_ctx* ctx, const DebugArgs& dbg) {
+  switch (vec) {
+    case 16: fused_a2a_kernel<uint4, Check><<<ctas, kThreads, 0, s>>>(p, ctx->window, ctx->dev_comm, dbg); break;
+    case 8: fused_a2a_kernel<uint2, Check><<<ctas, kThreads, 0, s>>>(p, ctx->window, ctx->dev_comm, dbg); break;
+    case 4: fused_a2a_kernel<uint32_t, Check><<<ctas, kThreads, 0, s>>>(p, ctx->window, ctx->dev_comm, dbg); break;
+    default: fused_a2a_kernel<uint16_t, Check><<<ctas, kThreads, 0, s>>>(p, ctx->window, ctx->dev_comm, dbg); break;
+  }
+}
+
+// Checks and enqueues one fused call: the tuned and original entry points (flags 0, no report) and
+// the debug one (epoch checker stamps in the window past the plan's bytes, optional legacy layout).
+int launch_fused(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H,
+                 int64_t D, int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, unsigned flags,
+                 unsigned long long* report, void* stream) {
+  if (!ctx || !ctx->has_dev_comm) return set_error(FVK_ERR_STATE, "execute needs a constructed context");
+  if (!x || !out) return set_error(FVK_ERR_INVALID, "null input or output");
+  if (flags & ~(FVK_DEBUG_EPOCH_CHECK | FVK_DEBUG_LEGACY_LAYOUT))
+    return set_error(FVK_ERR_INVALID, "unknown debug flags 0x%x", flags);
+  // LSA rank r must be communicator rank r: ncclGetLsaPointer(window, 0, q) is addressed by SP rank.
+  if (ctx->dev_comm.lsaSize != ctx->nranks || ctx->dev_comm.lsaRank != ctx->rank)
+    return set_error(FVK_ERR_STATE, "LSA team (size %d, rank %d) does not cover the communicator (%d ranks, rank %d)",
+                     ctx->dev_comm.lsaSize, ctx->dev_comm.lsaRank, ctx->nranks, ctx->rank);
+  Problem p;
+  int64_t operand_bytes = 0;
+  FVK_TRY(make_problem(ctx->nranks, mode, dtype, B, S, H, D, ctas, kMaxCtas, planes_per_chunk, rows_per_chunk,
+                       ctx->bytes, p, operand_bytes, (flags & FVK_DEBUG_LEGACY_LAYOUT) ? kLegacy : kStatic));
+  if (overlaps(out, operand_bytes, ctx->buffer, ctx->bytes) || overlaps(x, operand_bytes, ctx->buffer, ctx->bytes))
+    return set_error(FVK_ERR_INVALID, "input or output aliases the communication window");
+  if (overlaps(out, operand_bytes, x, operand_bytes)) return set_error(FVK_ERR_INVALID, "output aliases the input");
+  // Spinning CTAs wait for the same CTA index on peers: a CTA that cannot become resident while
+  // others spin would deadlock every rank, so refuse such launches instead.
+  if (ctas > ctx->coresident)
+    return set_error(FVK_ERR_NOT_CORESIDENT, "ctas=%d exceeds the %d CTAs this device can hold at once", ctas,
+                     ctx->coresident);
+  p.x = static_cast<const char*>(x);
+  p.out = static_cast<char*>(out);
+  p.rank = ctx->rank;
+  const void* window = ctx->buffer;
+  const int vec = vector_bytes(p, &window, 1);
+  DeviceGuard guard;
+  FVK_TRY(guard.set(ctx->device));
+  auto s = static_cast<cudaStream_t>(stream);
+  DebugArgs dbg{};
+  const bool check = flags & FVK_DEBUG_EPOCH_CHECK;
+  if (check) {
+    // Stamps live in every rank's window past the plan's bytes (peers stamp through LSA pointers).
+    // Cleared on this rank's stream: peers stamp here only after barrier 0, i.e. after this rank's
+    // kernel started, i.e. after the clear; and their stamps of the previous call all happened
+    // before this rank's previous kernel ended.
+    dbg.shadow_offset = (window_need(p) + 255) / 256 * 256;
+    const int64_t shadow_bytes = window_need(p) / p.granule * 8;
+    if (dbg.shadow_offset + shadow_bytes > static_cast<int64_t>(ctx->bytes))
+      return set_error(FVK_ERR_INVALID,
+                       "the epoch checker needs %lld window bytes (plan %lld + stamps %lld), the "
+                       "window has %zu",
+                       (long long)(dbg.shadow_offset + shadow_bytes), (long long)window_need(p),
+                       (long long)shadow_bytes, ctx->bytes);
+    dbg.report = report;
+    dbg.call = ++ctx->debug_calls;
+    FVK_CUDA(cudaMemsetAsync(static_cast<char*>(ctx->buffer) + dbg.shadow_offset, 0, shadow_bytes, s));
+  }
+  if (check)
+    launch_kernel<true>(vec, ctas, s, p, ctx, dbg);
+  else
+    launch_kernel<false>(vec, ctas, s, p, ctx, dbg);
+  FVK_CUDA(cudaGetLastError());
+  return FVK_OK;
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -402,40 +628,7 @@ int fvk_lsa_info(fvk_ctx* ctx, int* nranks, int* rank, int* lsa_size, int* lsa_r
 
 int fvk_a2a_tuned(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H,
                   int64_t D, int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, void* stream) {
-  if (!ctx || !ctx->has_dev_comm) return set_error(FVK_ERR_STATE, "execute needs a constructed context");
-  if (!x || !out) return set_error(FVK_ERR_INVALID, "null input or output");
-  // LSA rank r must be communicator rank r: ncclGetLsaPointer(window, 0, q) is addressed by SP rank.
-  if (ctx->dev_comm.lsaSize != ctx->nranks || ctx->dev_comm.lsaRank != ctx->rank)
-    return set_error(FVK_ERR_STATE, "LSA team (size %d, rank %d) does not cover the communicator (%d ranks, rank %d)",
-                     ctx->dev_comm.lsaSize, ctx->dev_comm.lsaRank, ctx->nranks, ctx->rank);
-  Problem p;
-  int64_t operand_bytes = 0;
-  FVK_TRY(make_problem(ctx->nranks, mode, dtype, B, S, H, D, ctas, kMaxCtas, planes_per_chunk, rows_per_chunk,
-                       ctx->bytes, p, operand_bytes));
-  if (overlaps(out, operand_bytes, ctx->buffer, ctx->bytes) || overlaps(x, operand_bytes, ctx->buffer, ctx->bytes))
-    return set_error(FVK_ERR_INVALID, "input or output aliases the communication window");
-  if (overlaps(out, operand_bytes, x, operand_bytes)) return set_error(FVK_ERR_INVALID, "output aliases the input");
-  // Spinning CTAs wait for the same CTA index on peers: a CTA that cannot become resident while
-  // others spin would deadlock every rank, so refuse such launches instead.
-  if (ctas > ctx->coresident)
-    return set_error(FVK_ERR_NOT_CORESIDENT, "ctas=%d exceeds the %d CTAs this device can hold at once", ctas,
-                     ctx->coresident);
-  p.x = static_cast<const char*>(x);
-  p.out = static_cast<char*>(out);
-  p.rank = ctx->rank;
-  const void* window = ctx->buffer;
-  const int vec = vector_bytes(p, &window, 1);
-  DeviceGuard guard;
-  FVK_TRY(guard.set(ctx->device));
-  auto s = static_cast<cudaStream_t>(stream);
-  switch (vec) {
-    case 16: fused_a2a_kernel<uint4><<<ctas, kThreads, 0, s>>>(p, ctx->window, ctx->dev_comm); break;
-    case 8: fused_a2a_kernel<uint2><<<ctas, kThreads, 0, s>>>(p, ctx->window, ctx->dev_comm); break;
-    case 4: fused_a2a_kernel<uint32_t><<<ctas, kThreads, 0, s>>>(p, ctx->window, ctx->dev_comm); break;
-    default: fused_a2a_kernel<uint16_t><<<ctas, kThreads, 0, s>>>(p, ctx->window, ctx->dev_comm); break;
-  }
-  FVK_CUDA(cudaGetLastError());
-  return FVK_OK;
+  return launch_fused(ctx, x, out, mode, dtype, B, S, H, D, ctas, planes_per_chunk, rows_per_chunk, 0, nullptr, stream);
 }
 
 int fvk_a2a_original(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H,
@@ -443,48 +636,109 @@ int fvk_a2a_original(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype
   return fvk_a2a_tuned(ctx, x, out, mode, dtype, B, S, H, D, kOriginalCtas, B, S, stream);
 }
 
-int fvk_sim_a2a(int world, const void* const* xs, void* const* windows, size_t window_bytes, void* const* outs,
-                int mode, int dtype, int64_t B, int64_t S, int64_t H, int64_t D, int ctas, int64_t planes_per_chunk,
-                int64_t rows_per_chunk, void* stream) {
-  if (!xs || !windows || !outs) return set_error(FVK_ERR_INVALID, "null pointer table");
-  Problem base;
-  int64_t operand_bytes = 0;
-  // No inter-CTA waiting here, so any CTA count the plan word can carry (10 bits) is allowed.
-  FVK_TRY(make_problem(world, mode, dtype, B, S, H, D, ctas, 1023, planes_per_chunk, rows_per_chunk, window_bytes, base,
-                       operand_bytes));
-  SimWindows table{};
-  for (int r = 0; r < world; ++r) {
-    if (!xs[r] || !windows[r] || !outs[r]) return set_error(FVK_ERR_INVALID, "null buffer for simulated rank %d", r);
-    table.window[r] = static_cast<char*>(windows[r]);
-  }
-  Problem ranks[kMaxWorld];
-  int vec[kMaxWorld];
-  for (int r = 0; r < world; ++r) {
-    ranks[r] = base;
-    ranks[r].x = static_cast<const char*>(xs[r]);
-    ranks[r].out = static_cast<char*>(outs[r]);
-    ranks[r].rank = r;
-    // Each simulated rank picks its own vector width from the pointers it touches, as a real rank
-    // would; the CTA partition (granule) is the same for all of them.
-    vec[r] = vector_bytes(ranks[r], reinterpret_cast<const void* const*>(windows), world);
-  }
-  auto s = static_cast<cudaStream_t>(stream);
-  const int64_t chunks = num_chunks(base);
-  for (int64_t c = 0; c < chunks; ++c) {
-    // Launch boundaries stand in for the two LSA barriers of the fused kernel.
-    for (int phase = 0; phase < 2; ++phase) {
-      for (int r = 0; r < world; ++r) {
-        switch (vec[r]) {
-          case 16: launch_sim<uint4>(phase, ctas, s, ranks[r], table, c); break;
-          case 8: launch_sim<uint2>(phase, ctas, s, ranks[r], table, c); break;
-          case 4: launch_sim<uint32_t>(phase, ctas, s, ranks[r], table, c); break;
-          default: launch_sim<uint16_t>(phase, ctas, s, ranks[r], table, c); break;
-        }
-        FVK_CUDA(cudaGetLastError());
-      }
+int fvk_a2a_debug(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H,
+                  int64_t D, int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, unsigned flags, void* report,
+                  void* stream) {
+  if (!report) return set_error(FVK_ERR_INVALID, "fvk_a2a_debug needs a device report buffer (5 x uint64)");
+  return launch_fused(ctx, x, out, mode, dtype, B, S, H, D, ctas, planes_per_chunk, rows_per_chunk, flags,
+                      static_cast<unsigned long long*>(report), stream);
+}
+
+int fvk_sim_a2a(int world, int ncalls, const fvk_sim_call* calls, void* const* windows, size_t window_bytes,
+                unsigned flags, unsigned skew_ns, uint64_t seed, uint64_t* report, void* stream) {
+  if (!calls || !windows || !report) return set_error(FVK_ERR_INVALID, "null calls, windows or report");
+  if (ncalls < 1 || ncalls > kMaxSimCalls)
+    return set_error(FVK_ERR_INVALID, "ncalls=%d outside 1..%d", ncalls, kMaxSimCalls);
+  if (world < 1 || world > kMaxWorld)
+    return set_error(FVK_ERR_INVALID, "world size %d outside 1..%d", world, kMaxWorld);
+  if (flags & ~(FVK_SIM_SKEW | FVK_SIM_EPOCH_CHECK | FVK_SIM_LEGACY_LAYOUT))
+    return set_error(FVK_ERR_INVALID, "unknown sim flags 0x%x", flags);
+  const bool check = flags & FVK_SIM_EPOCH_CHECK;
+  const int layout = (flags & FVK_SIM_LEGACY_LAYOUT) ? kLegacy : kStatic;
+  SimLaunch host{};
+  host.ncalls = ncalls;
+  host.world = world;
+  int64_t min_granule = 16;
+  for (int n = 0; n < ncalls; ++n) {
+    const fvk_sim_call& c = calls[n];
+    Problem base;
+    int64_t operand_bytes = 0;
+    // Every CTA of the simulated launch waits only on CTAs of the same launch: kMaxCtas is the LSA
+    // barrier's slot count, the same limit as the fused kernel.
+    FVK_TRY(make_problem(world, c.mode, c.dtype, c.B, c.S, c.H, c.D, c.ctas, kMaxCtas, c.planes_per_chunk,
+                         c.rows_per_chunk, window_bytes, base, operand_bytes, layout));
+    host.calls[n].ctas = c.ctas;
+    host.max_ctas = c.ctas > host.max_ctas ? c.ctas : host.max_ctas;
+    min_granule = base.granule < min_granule ? base.granule : min_granule;
+    for (int r = 0; r < world; ++r) {
+      if (!c.x[r] || !c.out[r] || !windows[r])
+        return set_error(FVK_ERR_INVALID, "call %d: null buffer for simulated rank %d", n, r);
+      Problem& p = host.calls[n].rank[r];
+      p = base;
+      p.x = static_cast<const char*>(c.x[r]);
+      p.out = static_cast<char*>(c.out[r]);
+      p.rank = r;
+      // Each simulated rank picks its own vector width from the pointers it touches, as a real
+      // rank would; the CTA partition (granule) is the same for all of them.
+      host.calls[n].vec[r] = vector_bytes(p, reinterpret_cast<const void* const*>(windows), world);
     }
   }
-  return FVK_OK;
+  int device = 0, sms = 0, per_sm = 0;
+  FVK_CUDA(cudaGetDevice(&device));
+  FVK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  if (check)
+    FVK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, sim_kernel<true>, kSimThreads, 0));
+  else
+    FVK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, sim_kernel<false>, kSimThreads, 0));
+  const int blocks = world * host.max_ctas;
+  if (blocks > per_sm * sms)
+    return set_error(FVK_ERR_NOT_CORESIDENT, "%d simulated ranks x %d CTAs = %d CTAs exceed the %d this device holds",
+                     world, host.max_ctas, blocks, per_sm * sms);
+  // Device scratch: the launch description, barrier slots, call counters, report, stamp arrays.
+  const size_t shadow_entries = window_bytes / static_cast<size_t>(min_granule) + 1;
+  const size_t slots_bytes = sizeof(unsigned int) * (static_cast<size_t>(host.max_ctas) * world + world);
+  const size_t shadow_bytes = check ? shadow_entries * sizeof(unsigned long long) * world : 0;
+  const size_t scratch_bytes = sizeof(SimLaunch) + slots_bytes + 8 * sizeof(unsigned long long) + shadow_bytes + 256;
+  auto s = static_cast<cudaStream_t>(stream);
+  char* scratch = nullptr;
+  FVK_CUDA(cudaMalloc(&scratch, scratch_bytes));
+  SimShared sh{};
+  char* cursor = scratch;
+  auto take = [&cursor](size_t bytes) {
+    char* at = cursor;
+    cursor += (bytes + 255) / 256 * 256;
+    return at;
+  };
+  auto* dev_launch = reinterpret_cast<SimLaunch*>(take(sizeof(SimLaunch)));
+  sh.slots = reinterpret_cast<unsigned int*>(take(slots_bytes));
+  sh.call_done = sh.slots + static_cast<size_t>(host.max_ctas) * world;
+  sh.report = reinterpret_cast<unsigned long long*>(take(8 * sizeof(unsigned long long)));
+  for (int r = 0; r < world; ++r) {
+    sh.window[r] = static_cast<char*>(windows[r]);
+    sh.shadow[r] =
+        check ? reinterpret_cast<unsigned long long*>(take(shadow_entries * sizeof(unsigned long long))) : nullptr;
+  }
+  sh.seed = seed;
+  sh.skew_ns = (flags & FVK_SIM_SKEW) ? (skew_ns ? skew_ns : 20000u) : 0u;
+  int rc = FVK_OK;
+  cudaError_t e = cudaMemsetAsync(scratch, 0, scratch_bytes, s);
+  if (e == cudaSuccess) e = cudaMemcpyAsync(dev_launch, &host, sizeof(host), cudaMemcpyHostToDevice, s);
+  if (e == cudaSuccess) {
+    if (check)
+      sim_kernel<true><<<blocks, kSimThreads, 0, s>>>(dev_launch, sh);
+    else
+      sim_kernel<false><<<blocks, kSimThreads, 0, s>>>(dev_launch, sh);
+    e = cudaGetLastError();
+  }
+  unsigned long long found[5] = {};
+  if (e == cudaSuccess) e = cudaMemcpyAsync(found, sh.report, sizeof(found), cudaMemcpyDeviceToHost, s);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  if (e != cudaSuccess)
+    rc = set_error(FVK_ERR_CUDA, "simulated launch failed: CUDA error %d %s: %s", static_cast<int>(e),
+                   cudaGetErrorName(e), cudaGetErrorString(e));
+  for (int i = 0; i < 5; ++i) report[i] = found[i];
+  cudaFree(scratch);
+  return rc;
 }
 
 int fvk_destroy(fvk_ctx* ctx) {

@@ -27,7 +27,9 @@
 extern "C" {
 #endif
 
-#define FVK_ABI_VERSION 1
+/* 2: static window regions (layout.h), the one-launch simulated ranks (fvk_sim_a2a with calls and
+   flags), fvk_a2a_debug and fvk_check_window_sync. */
+#define FVK_ABI_VERSION 2
 
 /* The library is built with -fvisibility=hidden: only these functions are exported. */
 #define FVK_API __attribute__((visibility("default")))
@@ -78,11 +80,45 @@ FVK_API int fvk_a2a_original(fvk_ctx* ctx, const void* x, void* out, int mode, i
 FVK_API int fvk_a2a_tuned(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H,
                           int64_t D, int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, void* stream);
 
-/* ---- simulated peers on one device (no NCCL): the same movement code, P ranks' buffers ---- */
-/* xs/windows/outs: `world` device pointers each (host arrays). Barriers become launch boundaries. */
-FVK_API int fvk_sim_a2a(int world, const void* const* xs, void* const* windows, size_t window_bytes, void* const* outs,
-                        int mode, int dtype, int64_t B, int64_t S, int64_t H, int64_t D, int ctas,
-                        int64_t planes_per_chunk, int64_t rows_per_chunk, void* stream);
+/* ---- debug: the fused kernel with the epoch checker (collective, like an execute) ---- */
+#define FVK_DEBUG_EPOCH_CHECK 1u   /* stamp window granules; report any access another CTA index could race */
+#define FVK_DEBUG_LEGACY_LAYOUT 2u /* negative control: the pre-fix window layout (wrong with uneven chunks) */
+/* report: device memory of 5 uint64 (zeroed by the caller): violations, then the first one's
+   kind | rank << 8 | peer << 16, granule, stamp found, stamp written. The window must hold the plan's
+   bytes plus 8 bytes of stamps per granule. */
+FVK_API int fvk_a2a_debug(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H,
+                          int64_t D, int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, unsigned flags,
+                          void* report, void* stream);
+
+/* ---- simulated ranks on one device (no NCCL): the fused kernel's own chunk loop ---- */
+/* One call of a simulated sequence: geometry, plan, and each simulated rank's input and output. */
+typedef struct fvk_sim_call {
+  int mode, dtype, ctas, reserved;
+  int64_t B, S, H, D, planes_per_chunk, rows_per_chunk;
+  const void* x[8];
+  void* out[8];
+} fvk_sim_call;
+#define FVK_SIM_SKEW 1u          /* random delays around every barrier (skew_ns max; 0 = 20 us) */
+#define FVK_SIM_EPOCH_CHECK 2u   /* the epoch checker (report as for fvk_a2a_debug) */
+#define FVK_SIM_LEGACY_LAYOUT 4u /* negative control: the pre-fix window layout */
+/* `ncalls` (1..4) consecutive calls as ONE launch of world x max(ctas) co-resident CTAs, each group
+   of CTAs playing one rank: the real chunk loop and barrier points, a same-device barrier with the
+   LSA barrier's per-CTA semantics, and each rank's call boundary as its stream would order it.
+   windows: `world` device pointers of `window_bytes` each. Blocking (synchronises `stream`); report:
+   host array of 5 uint64. FVK_ERR_NOT_CORESIDENT when the device cannot hold the launch. */
+FVK_API int fvk_sim_a2a(int world, int ncalls, const fvk_sim_call* calls, void* const* windows, size_t window_bytes,
+                        unsigned flags, unsigned skew_ns, uint64_t seed, uint64_t* report, void* stream);
+
+/* ---- host property check of the synchronisation argument (sync_model.cpp; no GPU) ---- */
+/* Models `ncalls` consecutive calls on `world` ranks as the kernel runs them (per-CTA barriers,
+   stream order between calls) over the window layout of layout.h, and counts window accesses that
+   conflict without a happens-before order, plus copy-outs that read bytes no store of the same
+   chunk wrote and accesses outside `window_bytes`. calls: ncalls x 8 int64 (dtype, B, S, H, D,
+   ctas, planes_per_chunk, rows_per_chunk). layout: 0 the kernel's, 1 legacy (negative control);
+   entry_barrier: 1 as the kernel runs, 0 without the barrier before each chunk's stores (negative
+   control). *violations gets the count; msg (len bytes) describes the first. */
+FVK_API int fvk_check_window_sync(int world, int ncalls, const int64_t* calls, size_t window_bytes, int layout,
+                                  int entry_barrier, int64_t* violations, char* msg, int len);
 
 /* ---- teardown ---- */
 /* Collective: device comm, window deregistration, ncclMemFree, ncclCommDestroy; frees ctx. */

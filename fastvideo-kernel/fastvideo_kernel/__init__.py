@@ -22,6 +22,7 @@ __all__ = [
     "ENV_LIBRARY",
     "LIBRARY_NAME",
     "KernelUnavailable",
+    "SimCall",
     "entry_points",
     "info",
     "last_error",
@@ -33,9 +34,28 @@ __all__ = [
 LIBRARY_NAME = "libfastvideo_ulysses_a2a.so"
 ENV_LIBRARY = "FASTVIDEO_KERNEL_LIBRARY"
 # Entry point name (as the Python transport knows it) -> exported symbol. Older builds may lack some.
-ENTRY_SYMBOLS = {"original": "fvk_a2a_original", "tuned": "fvk_a2a_tuned", "sim": "fvk_sim_a2a"}
+ENTRY_SYMBOLS = {
+    "original": "fvk_a2a_original",
+    "tuned": "fvk_a2a_tuned",
+    "debug": "fvk_a2a_debug",
+    "sim": "fvk_sim_a2a",
+    "sync_check": "fvk_check_window_sync",
+}
+SIM_SKEW, SIM_EPOCH_CHECK, SIM_LEGACY_LAYOUT = 1, 2, 4  # fvk_sim_a2a flags
+DEBUG_EPOCH_CHECK, DEBUG_LEGACY_LAYOUT = 1, 2  # fvk_a2a_debug flags
 
 _c_int_p = ctypes.POINTER(ctypes.c_int)
+
+
+class SimCall(ctypes.Structure):
+    """``fvk_sim_call``: one call of a simulated sequence (ulysses_a2a.h)."""
+
+    _fields_ = [("mode", ctypes.c_int), ("dtype", ctypes.c_int), ("ctas", ctypes.c_int), ("reserved", ctypes.c_int),
+                ("B", ctypes.c_int64), ("S", ctypes.c_int64), ("H", ctypes.c_int64), ("D", ctypes.c_int64),
+                ("planes_per_chunk", ctypes.c_int64), ("rows_per_chunk", ctypes.c_int64),
+                ("x", ctypes.c_void_p * 8), ("out", ctypes.c_void_p * 8)]
+
+
 _VOIDP = ctypes.c_void_p
 _I64 = ctypes.c_int64
 # Every exported function and its ctypes signature; all return an int status except fvk_last_error.
@@ -60,9 +80,14 @@ _SIGNATURES: dict[str, tuple[type, list]] = {
                                         _VOIDP]),
     "fvk_a2a_tuned": (ctypes.c_int, [_VOIDP, _VOIDP, _VOIDP, ctypes.c_int, ctypes.c_int, _I64, _I64, _I64, _I64,
                                      ctypes.c_int, _I64, _I64, _VOIDP]),
-    "fvk_sim_a2a": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(_VOIDP), ctypes.POINTER(_VOIDP), ctypes.c_size_t,
-                                   ctypes.POINTER(_VOIDP), ctypes.c_int, ctypes.c_int, _I64, _I64, _I64, _I64,
-                                   ctypes.c_int, _I64, _I64, _VOIDP]),
+    "fvk_a2a_debug": (ctypes.c_int, [_VOIDP, _VOIDP, _VOIDP, ctypes.c_int, ctypes.c_int, _I64, _I64, _I64, _I64,
+                                     ctypes.c_int, _I64, _I64, ctypes.c_uint, _VOIDP, _VOIDP]),
+    "fvk_sim_a2a": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.POINTER(SimCall), ctypes.POINTER(_VOIDP),
+                                   ctypes.c_size_t, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint64,
+                                   ctypes.POINTER(ctypes.c_uint64), _VOIDP]),
+    "fvk_check_window_sync": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.POINTER(_I64), ctypes.c_size_t,
+                                             ctypes.c_int, ctypes.c_int, ctypes.POINTER(_I64), ctypes.c_char_p,
+                                             ctypes.c_int]),
     "fvk_destroy": (ctypes.c_int, [_VOIDP]),
     "fvk_abort": (ctypes.c_int, [_VOIDP]),
     # The same-host shared-memory vote (shm_vote.cpp); absent from older builds.
@@ -72,6 +97,9 @@ _SIGNATURES: dict[str, tuple[type, list]] = {
     "fvk_vote_unlink": (ctypes.c_int, [_VOIDP]),
     "fvk_vote_close": (ctypes.c_int, [_VOIDP, ctypes.c_int]),
 }
+
+# ABI 1 exported fvk_sim_a2a with another signature (launch-separated phases): never drive it.
+_CHANGED_IN_ABI2 = frozenset({"fvk_sim_a2a"})
 
 _LOADED: dict[str, ctypes.CDLL] = {}
 
@@ -107,19 +135,23 @@ def load() -> ctypes.CDLL:
         lib = ctypes.CDLL(str(path))
     except OSError as exc:
         raise KernelUnavailable(f"cannot load kernel library {path}: {exc}") from exc
-    for name, (restype, argtypes) in _SIGNATURES.items():
-        if hasattr(lib, name):
-            fn = getattr(lib, name)
-            fn.restype, fn.argtypes = restype, argtypes
     if not hasattr(lib, "fvk_abi_version") or not hasattr(lib, "fvk_last_error"):
         raise KernelUnavailable(f"{path} is not a fastvideo-kernel library (no fvk_abi_version/fvk_last_error)")
+    lib.fvk_abi_version.restype, lib.fvk_abi_version.argtypes = ctypes.c_int, []
+    abi = lib.fvk_abi_version()
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        if hasattr(lib, name) and not (name in _CHANGED_IN_ABI2 and abi < 2):
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = restype, argtypes
     _LOADED[key] = lib
     return lib
 
 
 def entry_points(lib: ctypes.CDLL) -> frozenset[str]:
-    """The entry points this build exports (``original``, ``tuned``, ``sim``)."""
-    return frozenset(name for name, symbol in ENTRY_SYMBOLS.items() if hasattr(lib, symbol))
+    """The entry points this build exports (``original``, ``tuned``, ``debug``, ``sim``, ``sync_check``)."""
+    abi = lib.fvk_abi_version()
+    return frozenset(name for name, symbol in ENTRY_SYMBOLS.items()
+                     if hasattr(lib, symbol) and not (symbol in _CHANGED_IN_ABI2 and abi < 2))
 
 
 def nccl_version_tuple(code: int) -> tuple[int, int, int]:

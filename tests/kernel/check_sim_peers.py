@@ -1,19 +1,32 @@
 #!/usr/bin/env python3
-"""Single-GPU check of the fused all-to-all's movement code, with P simulated ranks on one device.
+"""One-GPU faithful check of the fused all-to-all: the real chunk loop, P ranks in ONE launch.
 
-``fvk_sim_a2a`` runs the same store/copy-out device functions as the fused kernel, with P separate
-inputs, windows and outputs on one GPU and kernel-launch boundaries in place of the LSA barriers
-(per chunk: the store phase of every simulated rank, then the copy-out phase of every rank, with
-the fused kernel's CTA partition). Every simulated rank's output is compared bit for bit with
-``communication_op.reference_all_to_all`` (the NCCL route's exchange, computed locally).
+``fvk_sim_a2a`` runs the fused kernel's own body (``run_call`` in movement.cuh) with P simulated
+ranks as CTA groups of a single launch of P x ctas co-resident CTAs on one GPU. Each group has its
+own input, window and output; the barrier between them is a same-device barrier with the LSA
+barrier's per-CTA semantics (slot i synchronises CTA i of every rank, nothing else, epochs persist
+across chunks and calls), and consecutive calls are ordered per rank as its stream would order them.
+So a missing or too-weak barrier argument shows up here; the pre-2026-11-29 check separated every
+phase with a kernel launch, a full barrier that hid exactly the bug 2x H200 found.
 
-Coverage: bf16/fp16/fp32, both modes, P = 2..8, B = 1..4, whole-operand, one-plane and sub-plane
-chunk plans (including a smaller last chunk and multi-plane row chunks), CTA counts 1..144, 16-byte
-aligned rows (D=128) and rows only 2/4/8-byte aligned (D=3, 4, 5, odd S), and a rank whose input
-pointer is misaligned (it moves narrower vectors than its peers through the same CTA partition).
-Outputs and windows are poisoned with 0xFF bytes before each run (NaN for every dtype; inputs never
-contain the pattern), and the bytes just past the plan's window must still hold the poison after.
-Negative controls prove the comparison catches a corrupted reference and a wrong peer order.
+Every case runs twice, both times with random skew (delays around every barrier, so CTA indices
+drift apart as they can on real hardware):
+* plain: every call's every rank's output is compared bit for bit with the NCCL route's exchange
+  computed locally (``communication_op.reference_all_to_all``); windows and outputs start poisoned
+  (0xFF: NaN in every dtype, never in the inputs) and the bytes past the plan's window must stay so;
+* epoch-checked: the kernel stamps every window granule at copy-out and a store asserts the stamp it
+  overwrites (``FVK_SIM_EPOCH_CHECK``): any byte two CTA indices could race on is reported on every
+  schedule, whether or not the data happened to be corrupted; outputs are compared as well.
+
+Coverage: bf16/fp16/fp32, both modes, P = 2..8, B = 1..4, whole-operand, one-plane, uneven-plane and
+uneven sub-plane chunk plans (a smaller last chunk, multi-plane row chunks, one row per chunk), CTA
+counts 1..144 (as many as P x ctas co-resident CTAs allow), 16-byte aligned rows (D=128) and rows
+only 2/4/8-byte aligned, a rank whose input pointer is misaligned (narrower vectors through the same
+partition), and sequences of consecutive calls whose CTA counts and plans differ.
+
+Negative controls: the pre-fix window layout (``FVK_SIM_LEGACY_LAYOUT``) must be reported by the
+epoch checker on every uneven plan and every seed; a flipped reference bit and a wrong peer order
+must be caught; a window one byte short, ctas=0 and a launch too large to be co-resident are refused.
 
     FASTVIDEO_KERNEL_LIBRARY=build/kernel/libfastvideo_ulysses_a2a.so python tests/kernel/check_sim_peers.py
     python tests/kernel/check_sim_peers.py --json out.json [--quick]
@@ -28,8 +41,8 @@ import ctypes
 import json
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,11 +64,13 @@ BITS = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 GUARD_BYTES = 256  # past the plan's window: must stay poisoned (no chunk writes beyond its size)
 POISON = 0xFF
+SKEW, EPOCH, LEGACY = (fastvideo_kernel.SIM_SKEW, fastvideo_kernel.SIM_EPOCH_CHECK,
+                       fastvideo_kernel.SIM_LEGACY_LAYOUT)
 
 
 @dataclass(frozen=True)
 class Operand:
-    """The data of one group of cases: every simulated rank's input and the reference outputs."""
+    """One call's data shape: every simulated rank's input and the reference outputs."""
 
     dtype: torch.dtype
     mode: int
@@ -64,7 +79,7 @@ class Operand:
     S: int  # S_local
     heads_local: int
     D: int
-    misaligned_rank: int  # -1: none; else this rank's input starts one element past an aligned address
+    misaligned_rank: int = -1  # this rank's input starts one element past an aligned address
 
     @property
     def H(self) -> int:
@@ -78,6 +93,11 @@ class Operand:
             return (self.B, self.S, self.H, self.D)
         return (self.B, self.world * self.S, self.heads_local, self.D)
 
+    def output_shape(self) -> tuple[int, int, int, int]:
+        if self.mode == 0:
+            return (self.B, self.world * self.S, self.heads_local, self.D)
+        return (self.B, self.S, self.H, self.D)
+
     def label(self) -> str:
         dt = str(self.dtype).removeprefix("torch.")
         mis = f" misaligned@{self.misaligned_rank}" if self.misaligned_rank >= 0 else ""
@@ -85,20 +105,32 @@ class Operand:
 
 
 @dataclass(frozen=True)
-class Case:
+class Call:
     operand: Operand
+    plan: Plan
     plan_name: str
-    ctas: int
-    planes_per_chunk: int
-    rows_per_chunk: int
-
-    @property
-    def plan(self) -> Plan:
-        return Plan(self.ctas, self.planes_per_chunk, self.rows_per_chunk, tuned=True)
 
     def label(self) -> str:
-        return (f"{self.operand.label()} plan={self.plan_name}({self.planes_per_chunk}x{self.rows_per_chunk}) "
-                f"ctas={self.ctas}")
+        p = self.plan
+        return f"{self.operand.label()} {self.plan_name}({p.planes_per_chunk}x{p.rows_per_chunk}) ctas={p.ctas}"
+
+    def uneven(self) -> bool:
+        geom = self.operand.geometry()
+        return len({(p1 - p0) * (r1 - r0) for p0, p1, r0, r1 in self.plan.chunks(geom)}) > 1
+
+
+@dataclass(frozen=True)
+class Case:
+    calls: tuple[Call, ...]
+
+    def label(self) -> str:
+        return " ; ".join(c.label() for c in self.calls)
+
+    def window_bytes(self) -> int:
+        return max(c.plan.window_bytes(c.operand.geometry()) for c in self.calls)
+
+    def max_ctas(self) -> int:
+        return max(c.plan.ctas for c in self.calls)
 
 
 def random_bits(numel: int, dtype: torch.dtype, gen: torch.Generator, device: torch.device) -> torch.Tensor:
@@ -127,49 +159,63 @@ def references(op: Operand, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     return [r.contiguous() for r in reference_all_to_all([x.view(bits) for x in inputs], op.mode)]
 
 
-def plans(B: int, S: int) -> Iterator[tuple[str, int, int]]:
-    yield "whole", B, S
-    yield "plane", 1, S
+def plans(B: int, S: int) -> list[tuple[str, int, int]]:
+    """(name, planes_per_chunk, rows_per_chunk): even and uneven chunkings of a [B, S] operand."""
+    out = [("whole", B, S), ("plane", 1, S)]
+    if B > 2:
+        out.append(("planes2", 2, S))  # 2 planes, then 1 (h3-32k at 2 planes per chunk on 2x H200)
     if S > 1:
-        yield "rows", 1, (S + 1) // 2  # the last chunk is smaller
-        yield "rows1", 1, 1
+        out.append(("rows", 1, (S + 1) // 2))  # the last chunk is smaller
+        out.append(("rows1", 1, 1))
         if B > 1:
-            yield "planes2_rows", 2, S - 1
-    elif B > 1:
-        yield "planes2", 2, S
+            out.append(("planes2_rows", 2, S - 1))
+    return out
 
 
-def build_cases(quick: bool = False) -> list[Case]:
+def build_cases(quick: bool = False, coresident: int = 1188) -> list[Case]:
+    """The matrix; CTA counts are capped so that P x ctas CTAs are co-resident on the device."""
     worlds = (2, 3, 8) if quick else tuple(range(2, 9))
     dtypes = (torch.bfloat16, torch.float32) if quick else DTYPES
     aligned_b = (1, 3) if quick else (1, 2, 3, 4)
-    aligned_ctas = (36, 144) if quick else (36, 144, 5)
-    # (S, heads_local, D): rows of 16-byte multiples, then rows only 2/4/8-byte aligned.
+    aligned_ctas = (36, 144) if quick else (1, 5, 36, 144)
     unaligned_shapes = ((7, 1, 3),) if quick else ((7, 1, 3), (3, 3, 5), (5, 1, 4))
     unaligned_b = (3,) if quick else (1, 3)
-    unaligned_ctas = (144,) if quick else (1, 36, 144)
+    unaligned_ctas = (144,) if quick else (7, 144)
     cases: list[Case] = []
+
+    def fit(world: int, ctas: int) -> int:
+        return max(1, min(ctas, coresident // world))
 
     def add(op: Operand, ctas_list: tuple[int, ...]) -> None:
         for name, planes, rows in plans(op.B, op.S):
-            for ctas in ctas_list:
-                cases.append(Case(op, name, ctas, planes, rows))
+            for ctas in dict.fromkeys(fit(op.world, c) for c in ctas_list):
+                cases.append(Case((Call(op, Plan(ctas, planes, rows, tuned=True), name),)))
 
     for dtype in dtypes:
         for mode in (0, 1):
             for world in worlds:
                 for b in aligned_b:
-                    add(Operand(dtype, mode, world, b, 5, 2, 128, -1), aligned_ctas)
+                    add(Operand(dtype, mode, world, b, 5, 2, 128), aligned_ctas)
                 for s, hl, d in unaligned_shapes:
                     for b in unaligned_b:
-                        add(Operand(dtype, mode, world, b, s, hl, d, -1), unaligned_ctas)
-                add(Operand(dtype, mode, world, 2, 5, 2, 128, 1), (144,))
+                        add(Operand(dtype, mode, world, b, s, hl, d), unaligned_ctas)
+                add(Operand(dtype, mode, world, 3, 5, 2, 128, misaligned_rank=1), (144,))
+                # Consecutive calls: another CTA count, another chunking, another mode and shape.
+                a = Operand(dtype, mode, world, 3, 9, 2, 128)
+                b2 = Operand(dtype, 1 - mode, world, 2, 6, 1, 64)
+                cases.append(Case((Call(a, Plan(fit(world, 144), 2, 9, tuned=True), "planes2"),
+                                   Call(a, Plan(fit(world, 36), 1, 4, tuned=True), "rows"),
+                                   Call(b2, Plan(fit(world, 5), 2, 6, tuned=True), "whole"))))
             if not quick:
                 # Larger operands: many units per thread, so the strided, unrolled loop, partial
                 # unroll tails and CTA slices that end mid-row all run (the small cases fit in one pass).
                 for world in (2, 4, 7):
-                    add(Operand(dtype, mode, world, 3, 1000, 7, 128, -1), (36, 144))
-                    add(Operand(dtype, mode, world, 2, 999, 5, 3, -1), (36, 144))
+                    for planes, rows, name in ((3, 1000, "whole"), (2, 1000, "planes2"), (1, 333, "rows")):
+                        op = Operand(dtype, mode, world, 3, 1000, 7, 128)
+                        for ctas in (36, 144):
+                            cases.append(Case((Call(op, Plan(fit(world, ctas), planes, rows, tuned=True), name),)))
+                    op = Operand(dtype, mode, world, 2, 999, 5, 3)
+                    cases.append(Case((Call(op, Plan(fit(world, 144), 1, 400, tuned=True), "rows"),)))
     return cases
 
 
@@ -179,110 +225,193 @@ class Result:
     ok: bool
     detail: str
     seconds: float
+    violations: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class Run:
+    status: int
+    message: str
+    report: list[int]
+    outs: list[list[torch.Tensor]]  # per call, per rank
+    windows: list[torch.Tensor]
+
+    @property
+    def violations(self) -> int:
+        return self.report[0]
+
+    def first_violation(self) -> str:
+        r = self.report
+        if not r[0]:
+            return ""
+        kind = {1: "store", 2: "copy-out"}.get(r[1] & 0xFF, "?")
+        return (f"{r[0]} epoch violation(s); first: {kind} by rank {r[1] >> 8 & 0xFF} (peer {r[1] >> 16 & 0xFF}) "
+                f"granule {r[2]}, found stamp {r[3]:#x}, wrote {r[4]:#x}")
 
 
 class SimRunner:
     """Runs ``fvk_sim_a2a`` on poisoned windows and outputs and checks the result."""
 
-    def __init__(self, lib: ctypes.CDLL, device: torch.device) -> None:
-        self.lib, self.device = lib, device
+    def __init__(self, lib: ctypes.CDLL, device: torch.device, seed: int = 1) -> None:
+        self.lib, self.device, self.seed = lib, device, seed
 
-    def run(self, case: Case, inputs: list[torch.Tensor], window_bytes: int | None = None
-            ) -> tuple[int, str, list[torch.Tensor], list[torch.Tensor]]:
-        op = case.operand
-        geom = op.geometry()
-        need = case.plan.window_bytes(geom) if window_bytes is None else window_bytes
-        windows = [torch.full((need + GUARD_BYTES,), POISON, dtype=torch.uint8, device=self.device)
-                   for _ in range(op.world)]
-        out_shape = (op.B, op.world * op.S, op.heads_local, op.D) if op.mode == 0 else (op.B, op.S, op.H, op.D)
-        outs = [torch.empty(out_shape, dtype=op.dtype, device=self.device) for _ in range(op.world)]
-        for out in outs:
-            out.view(torch.uint8).fill_(POISON)
-        table = ctypes.c_void_p * op.world
-        status = self.lib.fvk_sim_a2a(
-            op.world, table(*(x.data_ptr() for x in inputs)), table(*(w.data_ptr() for w in windows)), need,
-            table(*(o.data_ptr() for o in outs)), op.mode, dtype_code(op.dtype), geom.B, geom.S, geom.H, geom.D,
-            case.ctas, case.planes_per_chunk, case.rows_per_chunk, torch.cuda.current_stream(self.device).cuda_stream)
+    def run(self, case: Case, inputs: list[list[torch.Tensor]], flags: int, window_bytes: int | None = None,
+            seed: int | None = None, ctas: int | None = None) -> Run:
+        """One simulated launch; ``ctas`` overrides every call's CTA count (to test refusals)."""
+        world = case.calls[0].operand.world
+        need = case.window_bytes() if window_bytes is None else window_bytes
+        windows = [torch.full((max(need, 0) + GUARD_BYTES,), POISON, dtype=torch.uint8, device=self.device)
+                   for _ in range(world)]
+        outs = []
+        calls = (fastvideo_kernel.SimCall * len(case.calls))()
+        for n, call in enumerate(case.calls):
+            op, geom = call.operand, call.operand.geometry()
+            per_rank = [torch.empty(op.output_shape(), dtype=op.dtype, device=self.device) for _ in range(world)]
+            for out in per_rank:
+                out.view(torch.uint8).fill_(POISON)
+            outs.append(per_rank)
+            c = calls[n]
+            c.mode, c.dtype, c.ctas = op.mode, dtype_code(op.dtype), call.plan.ctas if ctas is None else ctas
+            c.B, c.S, c.H, c.D = geom.B, geom.S, geom.H, geom.D
+            c.planes_per_chunk, c.rows_per_chunk = call.plan.planes_per_chunk, call.plan.rows_per_chunk
+            for r in range(world):
+                c.x[r] = inputs[n][r].data_ptr()
+                c.out[r] = per_rank[r].data_ptr()
+        report = (ctypes.c_uint64 * 5)()
+        table = (ctypes.c_void_p * world)(*(w.data_ptr() for w in windows))
+        self.seed += 1
+        status = self.lib.fvk_sim_a2a(world, len(case.calls), calls, table, need, flags, 0,
+                                      self.seed if seed is None else seed, report,
+                                      torch.cuda.current_stream(self.device).cuda_stream)
         torch.cuda.synchronize(self.device)
         message = fastvideo_kernel.last_error(self.lib) if status else ""
-        return status, message, outs, windows
+        return Run(status, message, list(report), outs, windows)
 
-    def check(self, case: Case, inputs: list[torch.Tensor], refs: list[torch.Tensor]) -> str:
-        """'' when every rank's output matches bit for bit and the guard bytes are intact, else why not."""
-        status, message, outs, windows = self.run(case, inputs)
-        if status:
-            return f"fvk_sim_a2a returned {status}: {message}"
-        problems = [compare(outs, refs, case.operand.dtype)]
-        need = case.plan.window_bytes(case.operand.geometry())
-        for rank, window in enumerate(windows):
+    def check(self, case: Case, inputs: list[list[torch.Tensor]], refs: list[list[torch.Tensor]],
+              flags: int) -> tuple[str, int]:
+        """('' when every output matches bit for bit, the guards hold and no epoch violation, else why; violations)."""
+        run = self.run(case, inputs, flags)
+        if run.status:
+            return f"fvk_sim_a2a returned {run.status}: {run.message}", 0
+        problems = [compare(outs, ref, call.operand.dtype, f"call {n} ")
+                    for n, (call, outs, ref) in enumerate(zip(case.calls, run.outs, refs, strict=True))]
+        need = case.window_bytes()
+        for rank, window in enumerate(run.windows):
             if not bool((window[need:] == POISON).all()):
                 problems.append(f"rank {rank} wrote past its {need}-byte window")
-        return "; ".join(p for p in problems if p)
+        problems.append(run.first_violation())
+        return "; ".join(p for p in problems if p), run.violations
 
 
-def compare(outs: list[torch.Tensor], refs: list[torch.Tensor], dtype: torch.dtype) -> str:
+def compare(outs: list[torch.Tensor], refs: list[torch.Tensor], dtype: torch.dtype, where: str = "") -> str:
     """'' if every output equals its reference bit for bit, else the first differences."""
     bits = BITS[dtype]
     problems = []
     for rank, (out, ref) in enumerate(zip(outs, refs, strict=True)):
         got = out.view(bits)
         if got.shape != ref.shape:
-            problems.append(f"rank {rank}: shape {tuple(got.shape)} != {tuple(ref.shape)}")
+            problems.append(f"{where}rank {rank}: shape {tuple(got.shape)} != {tuple(ref.shape)}")
         elif not torch.equal(got, ref):
             bad = (got != ref).nonzero()
             poisoned = int((got == -1).sum())
-            problems.append(f"rank {rank}: {bad.shape[0]} of {ref.numel()} elements differ "
+            problems.append(f"{where}rank {rank}: {bad.shape[0]} of {ref.numel()} elements differ "
                             f"({poisoned} still poisoned), first at {tuple(bad[0].tolist())}")
     return "; ".join(problems)
 
 
-def negative_controls(runner: SimRunner, device: torch.device, gen: torch.Generator) -> list[Result]:
-    """The check must catch known-bad results, and the C API must reject bad plans with a message."""
-    op = Operand(torch.bfloat16, 0, 4, 2, 5, 2, 128, -1)
-    case = Case(op, "rows", 144, 1, 3)
-    inputs = make_inputs(op, gen, device)
-    refs = references(op, inputs)
+def data(case: Case, gen: torch.Generator, device: torch.device):
+    inputs = [make_inputs(c.operand, gen, device) for c in case.calls]
+    return inputs, [references(c.operand, x) for c, x in zip(case.calls, inputs, strict=True)]
+
+
+def negative_controls(runner: SimRunner, device: torch.device, gen: torch.Generator, coresident: int,
+                      seeds: int = 8) -> list[Result]:
+    """The checks must catch known-bad kernels and results; the C API must refuse bad launches."""
     results = []
 
-    def expect(label: str, failure: str) -> None:
-        start = time.perf_counter()
-        ok = bool(failure)
-        results.append(Result(f"negative control: {label}", ok, failure or "NOT caught", time.perf_counter() - start))
+    def expect(label: str, failure: str, **extra) -> None:
+        results.append(Result(f"negative control: {label}", bool(failure), failure or "NOT caught", 0.0,
+                              extra=extra))
 
-    corrupted = [r.clone() for r in refs]
+    # The pre-fix layout: 2x H200 gave wrong data on uneven plans. The epoch checker must report it
+    # on every seed (it flags the shared bytes whichever access comes first).
+    legacy_cases = [
+        Case((Call(Operand(torch.bfloat16, 0, 2, 3, 64, 28, 128), Plan(36, 2, 64, tuned=True), "planes2"),)),
+        Case((Call(Operand(torch.bfloat16, 1, 2, 1, 250, 28, 128), Plan(144, 1, 150, tuned=True), "rows"),)),
+        Case((Call(Operand(torch.float32, 0, 4, 4, 7, 1, 3), Plan(72, 1, 3, tuned=True), "rows"),)),
+    ]
+    corrupted_runs = 0
+    for case in legacy_cases:
+        assert all(c.uneven() for c in case.calls)
+        inputs, refs = data(case, gen, device)
+        flagged = 0
+        for seed in range(seeds):
+            run = runner.run(case, inputs, SKEW | EPOCH | LEGACY, seed=seed)
+            flagged += run.status == 0 and run.violations > 0
+            plain = runner.run(case, inputs, SKEW | LEGACY, seed=seed)
+            corrupted_runs += bool(compare(plain.outs[0], refs[0], case.calls[0].operand.dtype))
+        expect(f"pre-fix layout reported by the epoch checker on {flagged}/{seeds} seeds: {case.label()}",
+               f"flagged on {flagged}/{seeds} seeds" if flagged == seeds else "")
+    # Informational: how often the pre-fix layout actually corrupted data in this simulation.
+    results.append(Result("info: pre-fix layout corrupted outputs (skew, no checker)", True,
+                          f"{corrupted_runs} of {len(legacy_cases) * seeds} runs", 0.0))
+
+    case = Case((Call(Operand(torch.bfloat16, 0, 4, 2, 5, 2, 128), Plan(144, 1, 3, tuned=True), "rows"),))
+    inputs, refs = data(case, gen, device)
+    corrupted = [r.clone() for r in refs[0]]
     flat = corrupted[2].view(-1)
     flat[flat.numel() // 2] ^= 1
-    expect("one flipped bit in rank 2's reference", runner.check(case, inputs, corrupted))
-    expect("peers' inputs in the wrong order", runner.check(case, inputs[::-1], refs))
-    status, message, _, _ = runner.run(case, inputs, window_bytes=case.plan.window_bytes(op.geometry()) - 1)
-    expect("window one byte too small is refused", f"status {status}: {message}" if status else "")
-    bad_ctas = Case(op, "rows", 0, 1, 3)
-    status, message, _, _ = runner.run(bad_ctas, inputs, window_bytes=case.plan.window_bytes(op.geometry()))
-    expect("ctas=0 is refused", f"status {status}: {message}" if status else "")
+    expect("one flipped bit in rank 2's reference", runner.check(case, inputs, [corrupted], SKEW)[0])
+    expect("peers' inputs in the wrong order", runner.check(case, [inputs[0][::-1]], refs, SKEW)[0])
+    run = runner.run(case, inputs, 0, window_bytes=case.window_bytes() - 1)
+    expect("window one byte too small is refused", f"status {run.status}: {run.message}" if run.status else "")
+    run = runner.run(case, inputs, 0, ctas=0)
+    expect("ctas=0 is refused", f"status {run.status}: {run.message}" if run.status else "")
+    big = Case((Call(Operand(torch.bfloat16, 0, 8, 1, 5, 2, 128), Plan(144, 1, 5, tuned=True), "whole"),))
+    if 8 * 144 > coresident:
+        big_inputs, _ = data(big, gen, device)
+        run = runner.run(big, big_inputs, 0)
+        expect("a launch too large to be co-resident is refused",
+               f"status {run.status}: {run.message}" if run.status == 4 else "")
     return results
 
 
-def run_all(cases: list[Case], lib: ctypes.CDLL, device: torch.device, log=print) -> list[Result]:
+def run_all(cases: list[Case], lib: ctypes.CDLL, device: torch.device, coresident: int,
+            log: Callable[[str], None] = print) -> list[Result]:
     runner = SimRunner(lib, device)
     gen = torch.Generator().manual_seed(20261129)
     results: list[Result] = []
-    current: Operand | None = None
-    inputs: list[torch.Tensor] = []
-    refs: list[torch.Tensor] = []
-    for case in cases:
-        if case.operand != current:
-            current = case.operand
-            inputs = make_inputs(current, gen, device)
-            refs = references(current, inputs)
-        start = time.perf_counter()
-        failure = runner.check(case, inputs, refs)
-        result = Result(case.label(), not failure, failure, time.perf_counter() - start)
-        results.append(result)
-        log(f"{'PASS' if result.ok else 'FAIL'} {result.label}{': ' + failure if failure else ''}")
-    for result in negative_controls(runner, device, gen):
+    for index, case in enumerate(cases):
+        inputs, refs = data(case, gen, device)
+        for name, flags in (("plain", SKEW), ("epoch-checked", SKEW | EPOCH)):
+            start = time.perf_counter()
+            failure, violations = runner.check(case, inputs, refs, flags)
+            result = Result(f"[{name}] {case.label()}", not failure, failure, time.perf_counter() - start, violations)
+            results.append(result)
+            if not result.ok:
+                log(f"FAIL {result.label}: {failure}")
+        if (index + 1) % 200 == 0 or index + 1 == len(cases):
+            failed = sum(not r.ok for r in results)
+            log(f"[{index + 1}/{len(cases)} cases] {len(results)} runs, {failed} failed")
+    for result in negative_controls(runner, device, gen, coresident):
         results.append(result)
         log(f"{'PASS' if result.ok else 'FAIL'} {result.label}: {result.detail}")
     return results
+
+
+def coresident_sim_ctas(lib: ctypes.CDLL) -> int:
+    """How many 128-thread simulation CTAs the device holds: probe the C API's own refusal."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    op = Operand(torch.bfloat16, 0, 8, 1, 1, 1, 8)
+    runner = SimRunner(lib, device)
+    inputs, _ = data(Case((Call(op, Plan(1, 1, 1, tuned=True), "whole"),)), torch.Generator().manual_seed(0), device)
+    lo, hi = 1, 144
+    while lo < hi:  # largest ctas with 8 x ctas co-resident
+        mid = (lo + hi + 1) // 2
+        run = runner.run(Case((Call(op, Plan(mid, 1, 1, tuned=True), "whole"),)), inputs, 0)
+        lo, hi = (mid, hi) if run.status == 0 else (lo, mid - 1)
+    return 8 * lo if lo < 144 else 8 * 144
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -297,21 +426,25 @@ def main(argv: list[str] | None = None) -> int:
     print("library:", json.dumps(info))
     lib = fastvideo_kernel.load()
     if "sim" not in fastvideo_kernel.entry_points(lib):
-        print("check_sim_peers: this library has no fvk_sim_a2a", file=sys.stderr)
+        print("check_sim_peers: this library has no one-launch fvk_sim_a2a (ABI >= 2)", file=sys.stderr)
         return 2
     device = torch.device("cuda", torch.cuda.current_device())
-    cases = build_cases(args.quick)
+    coresident = coresident_sim_ctas(lib)
+    print(f"co-resident simulation CTAs: {coresident} (P x ctas is capped to this)")
+    cases = build_cases(args.quick, coresident)
     start = time.perf_counter()
-    results = run_all(cases, lib, device)
+    results = run_all(cases, lib, device, coresident)
     passed = sum(r.ok for r in results)
     failed = len(results) - passed
     elapsed = time.perf_counter() - start
-    print(f"{passed} passed, {failed} failed ({elapsed:.1f} s, {torch.cuda.get_device_name(device)})")
+    gpu = torch.cuda.get_device_name(device)
+    print(f"{passed} passed, {failed} failed ({len(cases)} cases, {elapsed:.1f} s, {gpu})")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
             "library": info, "device": torch.cuda.get_device_name(device), "torch": torch.__version__,
-            "passed": passed, "failed": failed, "seconds": elapsed, "results": [asdict(r) for r in results],
+            "coresident_sim_ctas": coresident, "cases": len(cases), "passed": passed, "failed": failed,
+            "seconds": elapsed, "results": [asdict(r) for r in results],
         }, indent=1))
     return 1 if failed else 0
 

@@ -39,7 +39,8 @@ EXPECTED_SYMBOLS = {
     "fvk_abi_version", "fvk_nccl_build_version", "fvk_nccl_runtime_version", "fvk_last_error", "fvk_max_ctas",
     "fvk_coresident_ctas", "fvk_pci_bus_id", "fvk_nvlink_p2p", "fvk_unique_id_bytes", "fvk_get_unique_id",
     "fvk_create", "fvk_comm_init", "fvk_window_alloc", "fvk_window_register", "fvk_devcomm_create", "fvk_lsa_info",
-    "fvk_a2a_original", "fvk_a2a_tuned", "fvk_sim_a2a", "fvk_destroy", "fvk_abort",
+    "fvk_a2a_original", "fvk_a2a_tuned", "fvk_a2a_debug", "fvk_sim_a2a", "fvk_check_window_sync", "fvk_destroy",
+    "fvk_abort",
 }
 
 
@@ -135,22 +136,32 @@ def test_built_library_abi_query(built):
         lib = fastvideo_kernel.load()
     except fastvideo_kernel.KernelUnavailable as exc:
         pytest.skip(f"the built library cannot be loaded on this machine (e.g. its libnccl.so.2 is absent): {exc}")
-    assert lib.fvk_abi_version() == 1
-    assert fastvideo_kernel.entry_points(lib) == {"original", "tuned", "sim"}
+    assert lib.fvk_abi_version() == 2
+    assert fastvideo_kernel.entry_points(lib) == {"original", "tuned", "debug", "sim", "sync_check"}
     assert fastvideo_kernel.nccl_version_tuple(lib.fvk_nccl_build_version())[:2] >= (2, 28)
     assert lib.fvk_max_ctas() == 144
     assert lib.fvk_unique_id_bytes() == 128
     # Argument checks answer with a code and a message, before touching CUDA.
-    table = ctypes.c_void_p * 2
-    ptrs = table(1, 2)
-    status = lib.fvk_sim_a2a(2, ptrs, ptrs, 1 << 20, ptrs, 0, 9, 1, 4, 4, 8, 36, 1, 4, None)
+    call = fastvideo_kernel.SimCall(mode=0, dtype=9, ctas=36, B=1, S=4, H=4, D=8, planes_per_chunk=1,
+                                    rows_per_chunk=4)
+    call.x[0] = call.x[1] = call.out[0] = call.out[1] = 1
+    windows = (ctypes.c_void_p * 2)(1, 2)
+    report = (ctypes.c_uint64 * 5)()
+    status = lib.fvk_sim_a2a(2, 1, ctypes.byref(call), windows, 1 << 20, 0, 0, 0, report, None)
     assert status == 1 and "dtype code 9" in fastvideo_kernel.last_error(lib)
-    status = lib.fvk_sim_a2a(2, ptrs, ptrs, 16, ptrs, 0, 3, 1, 4, 4, 8, 36, 1, 4, None)
+    call.dtype = 3
+    status = lib.fvk_sim_a2a(2, 1, ctypes.byref(call), windows, 16, 0, 0, 0, report, None)
     assert status == 1 and "window" in fastvideo_kernel.last_error(lib)
+    status = lib.fvk_sim_a2a(2, 1, ctypes.byref(call), windows, 1 << 20, 64, 0, 0, report, None)
+    assert status == 1 and "unknown sim flags" in fastvideo_kernel.last_error(lib)
+    status = lib.fvk_sim_a2a(2, 5, ctypes.byref(call), windows, 1 << 20, 0, 0, 0, report, None)
+    assert status == 1 and "ncalls=5" in fastvideo_kernel.last_error(lib)
     status = lib.fvk_a2a_tuned(None, None, None, 0, 3, 1, 4, 4, 8, 36, 1, 4, None)
     assert status == 5 and "constructed context" in fastvideo_kernel.last_error(lib)
+    status = lib.fvk_a2a_debug(None, None, None, 0, 3, 1, 4, 4, 8, 36, 1, 4, 1, None, None)
+    assert status == 1 and "report buffer" in fastvideo_kernel.last_error(lib)
     info = fastvideo_kernel.info()
-    assert info["abi_version"] == 1 and len(info["sha256"]) == 64
+    assert info["abi_version"] == 2 and len(info["sha256"]) == 64
 
 
 def test_built_library_reports_cuda_errors_without_aborting(built):

@@ -1,6 +1,6 @@
-"""GPU pytest wrapper of check_sim_peers.py: the quick subset, one assertion over all cases.
+"""GPU pytest of check_sim_peers.py: the faithful one-launch check's quick matrix and its negative controls.
 
-Skips cleanly without CUDA or without a loadable kernel library (installed wheel or
+Skips cleanly without CUDA or without a loadable kernel library of ABI >= 2 (installed wheel or
 ``FASTVIDEO_KERNEL_LIBRARY``). The full matrix is ``python tests/kernel/check_sim_peers.py``.
 """
 
@@ -19,14 +19,36 @@ def lib():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     try:
-        return sim.fastvideo_kernel.load()
+        library = sim.fastvideo_kernel.load()
     except sim.fastvideo_kernel.KernelUnavailable as exc:
         pytest.skip(f"kernel library unavailable: {exc}")
+    if "sim" not in sim.fastvideo_kernel.entry_points(library):
+        pytest.skip("kernel library older than ABI 2 (no one-launch simulation)")
+    return library
 
 
-def test_sim_peers_quick_matrix(lib):
-    results = sim.run_all(sim.build_cases(quick=True), lib, torch.device("cuda", torch.cuda.current_device()),
+@pytest.fixture(scope="module")
+def coresident(lib):
+    return sim.coresident_sim_ctas(lib)
+
+
+def test_sim_peers_quick_matrix(lib, coresident):
+    device = torch.device("cuda", torch.cuda.current_device())
+    results = sim.run_all(sim.build_cases(quick=True, coresident=coresident), lib, device, coresident,
                           log=lambda line: None)
     failed = [f"{r.label}: {r.detail}" for r in results if not r.ok]
     assert not failed, f"{len(failed)} of {len(results)} failed, e.g. {failed[:5]}"
-    assert any(r.label.startswith("negative control") for r in results)
+    assert sum(r.label.startswith("negative control") for r in results) >= 5
+
+
+def test_epoch_checker_flags_the_pre_fix_layout_and_passes_the_fix(lib):
+    device = torch.device("cuda", torch.cuda.current_device())
+    runner = sim.SimRunner(lib, device)
+    call = sim.Call(sim.Operand(torch.bfloat16, 0, 2, 3, 64, 28, 128), sim.Plan(36, 2, 64, tuned=True), "planes2")
+    case = sim.Case((call,))
+    inputs, refs = sim.data(case, torch.Generator().manual_seed(7), device)
+    legacy = runner.run(case, inputs, sim.SKEW | sim.EPOCH | sim.LEGACY, seed=3)
+    assert legacy.status == 0 and legacy.violations > 0, "the pre-fix layout must be reported"
+    fixed = runner.run(case, inputs, sim.SKEW | sim.EPOCH, seed=3)
+    assert fixed.status == 0 and fixed.violations == 0, fixed.first_violation()
+    assert not sim.compare(fixed.outs[0], refs[0], torch.bfloat16)

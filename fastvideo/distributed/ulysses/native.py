@@ -42,7 +42,9 @@ from fastvideo.distributed.ulysses.transport import (
     output_shape,
 )
 
-MIN_ABI_VERSION = 1  # the oldest C ABI this module can drive
+# ABI 1 (before 2026-11-29) laid chunks out in the window at the current chunk's stride: wrong data
+# whenever a plan's chunks differ in size (found on 2x H200). Such a build must never run.
+MIN_ABI_VERSION = 2
 
 
 class NativeKernelError(RuntimeError):
@@ -106,7 +108,8 @@ class NativeTransport(Transport):
         if abi < MIN_ABI_VERSION or ENTRY_ORIGINAL not in entries:
             return declined(DeclineReason.TRANSPORT_TOO_OLD,
                             f"kernel ABI {abi} with entry points {sorted(entries)}; need ABI >= {MIN_ABI_VERSION} "
-                            f"with '{ENTRY_ORIGINAL}'", **known)
+                            f"with '{ENTRY_ORIGINAL}' (ABI 1 builds move wrong data with uneven chunks: rebuild)",
+                            **known)
         build = lib.fvk_nccl_build_version()
         runtime = ctypes.c_int(0)
         if lib.fvk_nccl_runtime_version(ctypes.byref(runtime)) != 0:
