@@ -694,29 +694,27 @@ int fvk_sim_a2a(int world, int ncalls, const fvk_sim_call* calls, void* const* w
   if (blocks > per_sm * sms)
     return set_error(FVK_ERR_NOT_CORESIDENT, "%d simulated ranks x %d CTAs = %d CTAs exceed the %d this device holds",
                      world, host.max_ctas, blocks, per_sm * sms);
-  // Device scratch: the launch description, barrier slots, call counters, report, stamp arrays.
+  // Device scratch: the launch description, barrier slots and call counters, report, stamp arrays;
+  // each piece 256-byte aligned, offsets computed before the one allocation.
   const size_t shadow_entries = window_bytes / static_cast<size_t>(min_granule) + 1;
+  auto aligned = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
   const size_t slots_bytes = sizeof(unsigned int) * (static_cast<size_t>(host.max_ctas) * world + world);
-  const size_t shadow_bytes = check ? shadow_entries * sizeof(unsigned long long) * world : 0;
-  const size_t scratch_bytes = sizeof(SimLaunch) + slots_bytes + 8 * sizeof(unsigned long long) + shadow_bytes + 256;
+  const size_t off_slots = aligned(sizeof(SimLaunch));
+  const size_t off_report = off_slots + aligned(slots_bytes);
+  const size_t off_shadow = off_report + aligned(8 * sizeof(unsigned long long));
+  const size_t per_shadow = aligned(shadow_entries * sizeof(unsigned long long));
+  const size_t scratch_bytes = off_shadow + (check ? per_shadow * world : 0);
   auto s = static_cast<cudaStream_t>(stream);
   char* scratch = nullptr;
   FVK_CUDA(cudaMalloc(&scratch, scratch_bytes));
   SimShared sh{};
-  char* cursor = scratch;
-  auto take = [&cursor](size_t bytes) {
-    char* at = cursor;
-    cursor += (bytes + 255) / 256 * 256;
-    return at;
-  };
-  auto* dev_launch = reinterpret_cast<SimLaunch*>(take(sizeof(SimLaunch)));
-  sh.slots = reinterpret_cast<unsigned int*>(take(slots_bytes));
+  auto* dev_launch = reinterpret_cast<SimLaunch*>(scratch);
+  sh.slots = reinterpret_cast<unsigned int*>(scratch + off_slots);
   sh.call_done = sh.slots + static_cast<size_t>(host.max_ctas) * world;
-  sh.report = reinterpret_cast<unsigned long long*>(take(8 * sizeof(unsigned long long)));
+  sh.report = reinterpret_cast<unsigned long long*>(scratch + off_report);
   for (int r = 0; r < world; ++r) {
     sh.window[r] = static_cast<char*>(windows[r]);
-    sh.shadow[r] =
-        check ? reinterpret_cast<unsigned long long*>(take(shadow_entries * sizeof(unsigned long long))) : nullptr;
+    sh.shadow[r] = check ? reinterpret_cast<unsigned long long*>(scratch + off_shadow + per_shadow * r) : nullptr;
   }
   sh.seed = seed;
   sh.skew_ns = (flags & FVK_SIM_SKEW) ? (skew_ns ? skew_ns : 20000u) : 0u;

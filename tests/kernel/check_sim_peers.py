@@ -350,7 +350,7 @@ def negative_controls(runner: SimRunner, device: torch.device, gen: torch.Genera
             run = runner.run(case, inputs, SKEW | EPOCH | LEGACY, seed=seed)
             flagged += run.status == 0 and run.violations > 0
             plain = runner.run(case, inputs, SKEW | LEGACY, seed=seed)
-            corrupted_runs += bool(compare(plain.outs[0], refs[0], case.calls[0].operand.dtype))
+            corrupted_runs += plain.status == 0 and bool(compare(plain.outs[0], refs[0], case.calls[0].operand.dtype))
         expect(f"pre-fix layout reported by the epoch checker on {flagged}/{seeds} seeds: {case.label()}",
                f"flagged on {flagged}/{seeds} seeds" if flagged == seeds else "")
     # Informational: how often the pre-fix layout actually corrupted data in this simulation.
@@ -362,6 +362,8 @@ def negative_controls(runner: SimRunner, device: torch.device, gen: torch.Genera
     corrupted = [r.clone() for r in refs[0]]
     flat = corrupted[2].view(-1)
     flat[flat.numel() // 2] ^= 1
+    baseline = runner.check(case, inputs, refs, SKEW)[0]
+    results.append(Result("negative controls' baseline passes", not baseline, baseline, 0.0))
     expect("one flipped bit in rank 2's reference", runner.check(case, inputs, [corrupted], SKEW)[0])
     expect("peers' inputs in the wrong order", runner.check(case, [inputs[0][::-1]], refs, SKEW)[0])
     run = runner.run(case, inputs, 0, window_bytes=case.window_bytes() - 1)
@@ -410,6 +412,8 @@ def coresident_sim_ctas(lib: ctypes.CDLL) -> int:
     while lo < hi:  # largest ctas with 8 x ctas co-resident
         mid = (lo + hi + 1) // 2
         run = runner.run(Case((Call(op, Plan(mid, 1, 1, tuned=True), "whole"),)), inputs, 0)
+        if run.status not in (0, 4):  # 4: FVK_ERR_NOT_CORESIDENT; anything else is a broken library
+            raise RuntimeError(f"probing co-residency at 8 x {mid} CTAs: status {run.status}: {run.message}")
         lo, hi = (mid, hi) if run.status == 0 else (lo, mid - 1)
     return 8 * lo if lo < 144 else 8 * 144
 
