@@ -21,10 +21,10 @@ rank / time, ``common.bandwidth_gbps``), ``vs nccl`` (time / the NCCL route's ti
 included, measured the same way), ``wrong``.
 
 Output: the best plan per geometry and mode, then one ``TunedRow(...)`` per table key (GPU model, SP
-size, dtype, H, D): the (CTAs, planes per chunk) whose policy-derived plans (``policy.choose_plan``
-with only that row in the table: this is exactly what the helper would run) have the lowest total time
-over the swept geometries and modes of that key. ``TunedRow`` carries no row count: sub-plane
-winners are reported for information; the policy derives rows from the window.
+size, dtype, H, D): the (CTAs, planes per chunk, row chunks) whose policy-derived plans
+(``policy.choose_plan`` with only that row in the table: exactly what the helper would run) have the
+lowest total time over the swept geometries and modes of that key. Sub-plane candidates cut S_local
+into even row ranges (``policy.even_rows``), as the policy does with a row's ``row_chunks``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,15 @@ from benchmark_ulysses_a2a import DEFAULT_GEOMETRIES, add_device_and_geometry_ar
 
 from fastvideo.distributed.communication_op import nccl_route
 from fastvideo.distributed.parallel_state import get_sp_group
-from fastvideo.distributed.ulysses.policy import MAX_CTAS, Geometry, Plan, TunedRow, choose_plan, normalize_gpu_name
+from fastvideo.distributed.ulysses.policy import (
+    MAX_CTAS,
+    Geometry,
+    Plan,
+    TunedRow,
+    choose_plan,
+    even_rows,
+    normalize_gpu_name,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,9 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def candidates(geom: Geometry, ctas: list[int], splits: list[int], window: int) -> list[Plan]:
     plans: list[Plan] = []
-    rows_options = sorted({-(-geom.S // k) for k in splits if 1 < k <= geom.S}, reverse=True)
+    # Even row ranges, as the policy cuts them (policy.even_rows): k pieces, or as few as the window allows.
+    rows_options = sorted({even_rows(geom.S, -(-geom.S // k)) for k in splits if 1 < k <= geom.S}, reverse=True)
     if geom.plane_bytes > window and window // geom.row_bytes >= 1:
-        rows_options.append(window // geom.row_bytes)
+        rows_options.append(even_rows(geom.S, window // geom.row_bytes))
     for c in ctas:
         for planes in range(1, geom.B + 1):
             plans.append(Plan(c, planes, geom.S, tuned=True))
@@ -80,14 +89,14 @@ def candidates(geom: Geometry, ctas: list[int], splits: list[int], window: int) 
 
 
 def tuned_row_text(gpu: str, ws: int, dt: torch.dtype, heads: int, head_dim: int, ctas: int, planes: int,
-                   source: str) -> str:
+                   row_chunks: int, source: str) -> str:
     """A ``TunedRow(...)`` entry formatted to paste into ``TUNED_TABLE`` (ruff-clean at line length 120)."""
     parts = textwrap.wrap(source, 88, drop_whitespace=False, break_on_hyphens=False)
     assert "".join(parts) == source
     pad = " " * 21
     text = "\n".join((pad if i else "") + json.dumps(part) for i, part in enumerate(parts))
     return (f"    TunedRow({json.dumps(gpu)}, {ws}, {dt}, {heads}, {head_dim}, ctas={ctas}, "
-            f"planes_per_chunk={planes},\n             source=({text})),")
+            f"planes_per_chunk={planes},\n             row_chunks={row_chunks}, source=({text})),")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,9 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     tuned_lines = []
     for (ws, dt, heads, head_dim), members in keys.items():
         scores = []
+        shapes = [(planes, 1) for planes in range(1, max(g.B for _, _, g in members) + 1)]
+        shapes += [(1, k) for k in splits if k > 1]
         for c in ctas:
-            for planes in range(1, max(g.B for _, _, g in members) + 1):
-                table = (TunedRow(gpu, ws, dt, heads, head_dim, ctas=c, planes_per_chunk=planes, source="sweep"),)
+            for planes, row_chunks in shapes:
+                table = (TunedRow(gpu, ws, dt, heads, head_dim, ctas=c, planes_per_chunk=planes, row_chunks=row_chunks,
+                                  source="sweep"),)
                 total, complete = 0.0, True
                 for name, mode, geom in members:
                     choice = choose_plan(geom, gpu=gpu, window_bytes=helper.window_bytes, table=table)
@@ -192,15 +204,15 @@ def main(argv: list[str] | None = None) -> int:
                         break
                     total += row["transfer_ms"]
                 if complete:
-                    scores.append((total, c, planes))
+                    scores.append((total, c, planes, row_chunks))
         if not scores:
             continue
-        total, c, planes = min(scores)
+        total, c, planes, row_chunks = min(scores)
         names = sorted({n for n, _, _ in members})
         source = (f"benchmarks/tune_ulysses_a2a.py {date}, {ws}x {common.gpu_name(device)}, NCCL {header['nccl']}, "
                   f"torch {torch.__version__}, commit {commit}, geometries {'/'.join(names)} modes "
                   f"{'/'.join(str(m) for m in modes)}: {total:.3f} ms total")
-        tuned_lines.append(tuned_row_text(gpu, ws, dt, heads, head_dim, c, planes, source))
+        tuned_lines.append(tuned_row_text(gpu, ws, dt, heads, head_dim, c, planes, row_chunks, source))
     if rank == 0:
         print("\n# best exact plan per geometry and mode:")
         for r in best:

@@ -13,8 +13,19 @@ Checks (each prints PASS/FAIL on rank 0; the summary line is ``N passed, N faile
 * output ownership: a retained output is unchanged by later calls and never aliases the window;
 * recovery: one rank losing capability for one call declines every rank together, the next call
   runs fused again;
-* stress: 100 rounds of random shapes, dtypes, modes and windows, bit-exact, plan asserted;
+* plan sweep: every plan kind at 32k and 250k in both modes (the original plan; whole operand, 2 planes
+  then 1, one plane; even and uneven sub-plane row chunks; window-limited rows; 1, 36, 72 and 144 CTAs),
+  not just the plans the policy picks for this GPU: each bit-exact with its plan asserted;
+* stress: 100 rounds of random shapes, dtypes, modes and windows (down to 256 KiB), bit-exact, plan
+  asserted;
+* epoch checker (``--epoch-check``, native only): uneven plans through ``fvk_a2a_debug``, which stamps
+  every window granule; 0 violations with the kernel's layout, and violations reported with the
+  pre-fix layout (the negative control on real hardware);
 * negative control: with tuning disabled the plan assertions of a parity case must fail.
+
+Fail fast and together: every check's verdict, and every round of the sweep and the stress, is agreed
+over the SP group's CPU group before any rank goes on, so a check that fails on one rank fails on every
+rank at once and no rank is left waiting in a vote or a collective.
 
 Where no measured tuned row exists for this GPU and geometry, the gate injects one (144 CTAs, one
 plane per chunk) as a fixture so that tuned and original plans differ; the negative control runs
@@ -59,6 +70,7 @@ from fastvideo.distributed.ulysses.policy import (  # noqa: E402
     Plan,
     TunedRow,
     choose_plan,
+    even_rows,
     lookup,
     normalize_gpu_name,
 )
@@ -72,6 +84,10 @@ DRY_RUN_SCALE = 512  # --cpu-dry-run divides sequences, the window and the long-
 
 class PlanMismatch(AssertionError):
     """The plan that ran is not the one the policy promises."""
+
+
+class AgreedFailure(AssertionError):
+    """A failure every rank raised together (after ``Gate.agree``), naming each failing rank."""
 
 
 def _commit() -> str:
@@ -106,7 +122,8 @@ def _wrong(a: torch.Tensor, b: torch.Tensor) -> int:
 
 
 class Gate:
-    def __init__(self, quick: bool, dry_run: bool = False) -> None:
+    def __init__(self, quick: bool, dry_run: bool = False, epoch: bool = False,
+                 inject_wrong_round: int = -1) -> None:
         self.sp = parallel_state.get_sp_group()
         self.p, self.rank = self.sp.world_size, self.sp.rank_in_group
         self.device = self.sp.device
@@ -114,6 +131,8 @@ class Gate:
         self.gpu = normalize_gpu_name(torch.cuda.get_device_name(self.device)) if self.cuda else "CPU"
         self.quick = quick
         self.dry_run = dry_run
+        self.epoch = epoch
+        self.inject_wrong_round = inject_wrong_round
         self.scale = DRY_RUN_SCALE if dry_run else 1
         self.window_bytes = (1 << 30) // self.scale
         # The upstream head counts; an SP size that does not divide them (3, 5, 6, 7) runs the same
@@ -150,21 +169,37 @@ class Gate:
                                f"({h.construction_detail})")
         return h
 
+    def agree(self, error: str) -> None:
+        """Every rank's error for one step, gathered over the CPU group: raise on every rank if any failed.
+
+        Called wherever one rank could fail alone (a wrong count, a plan assertion), before the next
+        collective, so no rank goes on into a vote or an NCCL call that a failed peer never enters.
+        """
+        errors = [None] * self.p
+        dist.all_gather_object(errors, error, group=self.sp.cpu_group)
+        bad = [f"rank {r}: {e}" for r, e in enumerate(errors) if e]
+        if bad:
+            raise AgreedFailure("; ".join(bad))
+
     def check(self, name: str, fn: Callable[[], str]) -> None:
         start = time.perf_counter()
         error = ""
         try:
             detail = fn()
+        except AgreedFailure as exc:  # already agreed: every rank raised it together
+            detail, error = "", str(exc)
         except Exception as exc:  # noqa: BLE001 - every check reports, the gate goes on
             detail, error = "", f"{type(exc).__name__}: {exc}"
             if os.environ.get("GATE_TRACEBACK"):
                 traceback.print_exc()
-        flags = torch.tensor([1 if error else 0], device=self.device)
-        dist.all_reduce(flags, group=self.sp.device_group)
-        ok = flags.item() == 0
+        try:
+            self.agree(error)
+            ok = True
+        except AgreedFailure as exc:
+            ok, error = False, str(exc)
         row = {"check": name, "ok": ok, "detail": detail, "error": error, "s": time.perf_counter() - start}
         self.results.append(row)
-        if self.rank == 0 or error:
+        if self.rank == 0:
             status = "PASS" if ok else "FAIL"
             print(f"[rank {self.rank}] {status} {name} ({row['s']:.1f} s) {detail or error}", flush=True)
         if self.cuda:
@@ -310,13 +345,23 @@ class Gate:
                 want = choose_plan(geom, gpu=h.gpu_name, window_bytes=w, grad=grad, long_training="auto",
                                    table=h.tuned_table).plan
                 record = h.history[-2] if grad else h.history[-1]
-                self.assert_plan(record, want, Phase.FORWARD_GRAD if grad else Phase.FORWARD_NO_GRAD)
                 wrong = _wrong(y, nccl_route(x, mode, self.sp.device_group))
                 if grad:
-                    self.assert_plan(h.history[-1], want, Phase.BACKWARD)
                     wrong += _wrong(gx, nccl_route(up.contiguous(), 1 - mode, self.sp.device_group))
+                error = ""
+                try:
+                    self.assert_plan(record, want, Phase.FORWARD_GRAD if grad else Phase.FORWARD_NO_GRAD)
+                    if grad:
+                        self.assert_plan(h.history[-1], want, Phase.BACKWARD)
+                except PlanMismatch as exc:
+                    error = str(exc)
                 if wrong:
-                    raise AssertionError(f"round {i} {shape} {dtype} mode {mode} window {w}: {wrong} wrong")
+                    error += f" {wrong} wrong"
+                if i == self.inject_wrong_round and self.rank == self.p - 1:
+                    wrong += 1  # --inject-wrong-round: this rank alone "sees" a wrong result (test of fail-fast)
+                    error = error or f"{wrong} wrong (injected)"
+                # Every round agreed before the next: a rank that found a wrong result stops every rank.
+                self.agree(f"round {i} {shape} {dtype} mode {mode} window {w}: {error}" if error else "")
                 fused += record.route == "fused"
         finally:
             for h in helpers.values():
@@ -324,6 +369,91 @@ class Gate:
         if fused < rounds // 2:
             raise AssertionError(f"only {fused}/{rounds} rounds ran the fused route: the stress did not stress it")
         return f"{rounds} rounds bit-exact, {fused} fused"
+
+    def small_window(self) -> int:
+        """2/5 of a 32k plane: every plane of the sweep exceeds it, so the policy cuts window-limited rows."""
+        return (self.tokens(H3["32k"]) // self.p) * self.h3_heads * 128 * 2 * 2 // 5
+
+    def sweep_candidates(self, b: int) -> list[tuple[str, tuple[TunedRow, ...], bool]]:
+        """(label, table, small window?) per plan kind; the policy turns each into the plan the check asserts."""
+        heads = self.h3_heads
+        out: list[tuple[str, tuple[TunedRow, ...], bool]] = [("original (36 CTAs, whole operand)", (), False)]
+        for ctas in (1, 36, 72, 144):
+            for planes, row_chunks, label in ((b, 1, "whole"), (2, 1, "2 planes then 1"), (1, 1, "one plane"),
+                                              (1, 2, "2 even row chunks"), (1, 3, "3 uneven row chunks")):
+                row = TunedRow(self.gpu, self.p, torch.bfloat16, heads, 128, ctas=ctas, planes_per_chunk=planes,
+                               row_chunks=row_chunks, source="gate sweep")
+                out.append((f"{ctas} CTAs, {label}", (row,), False))
+        row = TunedRow(self.gpu, self.p, torch.bfloat16, heads, 128, ctas=144, planes_per_chunk=1,
+                       source="gate sweep")
+        out.append(("144 CTAs, window-limited rows", (row,), True))
+        return out
+
+    def sweep(self, h, small_window_helper, b: int, s_global: int) -> str:
+        """Every plan kind, both modes, no grad: bit-exact against the NCCL route, the plan asserted."""
+        heads = self.h3_heads
+        s_local = self.tokens(s_global) // self.p
+        ran = []
+        saved = h.tuned_table
+        try:
+            for label, table, window in self.sweep_candidates(b):
+                helper = small_window_helper if window else h
+                for mode in (0, 1):
+                    shape = (b, s_local, heads, 128) if mode == 0 else (b, s_local * self.p, heads // self.p, 128)
+                    geom = Geometry.from_input(shape, mode, self.p, torch.bfloat16)
+                    if window and geom.plane_bytes <= helper.window_bytes:
+                        raise AssertionError(f"{label}: the small window {helper.window_bytes} holds a plane")
+                    helper.tuned_table = table
+                    want = choose_plan(geom, gpu=helper.gpu_name, window_bytes=helper.window_bytes, table=table)
+                    gen = torch.Generator(device=self.device).manual_seed(77 + self.rank + mode)
+                    x = torch.randn(shape, generator=gen, device=self.device, dtype=torch.bfloat16)
+                    with envs.override(**AUTO), torch.no_grad():
+                        y = helper.all_to_all(x, mode)
+                    wrong = _wrong(y, nccl_route(x, mode, self.sp.device_group))
+                    error = ""
+                    try:
+                        self.assert_plan(helper.history[-1], want.plan, Phase.FORWARD_NO_GRAD)
+                    except PlanMismatch as exc:
+                        error = str(exc)
+                    if want.plan is None and label != "original (36 CTAs, whole operand)":
+                        error += f" the sweep candidate declined ({want.reason}): it tests nothing"
+                    if wrong:
+                        error += f" {wrong} wrong"
+                    self.agree(f"{label} mode {mode}: {error}" if error else "")
+                    ran.append((want.plan, geom))
+                    del x, y
+        finally:
+            h.tuned_table = saved
+            small_window_helper.tuned_table = saved
+        chunked = [(p, g) for p, g in ran if p is not None and p.num_chunks(g) > 1]
+        uneven = sum(len({(p1 - p0) * (r1 - r0) for p0, p1, r0, r1 in p.chunks(g)}) > 1 for p, g in chunked)
+        return (f"{len(ran)} plans bit-exact and as planned ({len(chunked)} chunked, {uneven} with chunks of "
+                f"different sizes), e.g. {ran[-1][0].describe(ran[-1][1])}")
+
+    def epoch_check(self, h) -> str:
+        """The real kernel with the epoch checker (fvk_a2a_debug): uneven plans report 0 violations, and the
+        pre-fix layout (the negative control) reports violations on real hardware."""
+        transport = h.transport
+        if not hasattr(transport, "debug_execute"):
+            raise AssertionError("the transport has no debug_execute (native only)")
+        shape = (3, self.tokens(H3["32k"]) // self.p, self.h3_heads, 128)
+        x = torch.randn(shape, dtype=torch.bfloat16, device=self.device)
+        geom = Geometry.from_input(shape, 0, self.p, torch.bfloat16)
+        ref = nccl_route(x, 0, self.sp.device_group)
+        lines, error = [], ""
+        for plan in (Plan(36, 2, geom.S, tuned=True), Plan(144, 1, even_rows(geom.S, geom.S // 3 + 1), tuned=True),
+                     Plan(72, 2, geom.S // 2 + 7, tuned=True)):
+            out, report = transport.debug_execute(x, geom, plan, legacy=False)
+            wrong = _wrong(out, ref)
+            _, legacy = transport.debug_execute(x, geom, plan, legacy=True)
+            lines.append(f"{plan.describe(geom)}: {report[0]} violations, {wrong} wrong; pre-fix layout "
+                         f"{legacy[0]} violations")
+            if report[0] or wrong:
+                error += f" {plan}: {report[0]} violations, {wrong} wrong;"
+            if not legacy[0]:
+                error += f" {plan}: the pre-fix layout was NOT reported;"
+        self.agree(error)
+        return "; ".join(lines)
 
     def run(self) -> int:
         tokens = {"32k": H3["32k"]} if self.quick else H3
@@ -344,6 +474,15 @@ class Gate:
                     h, 1, WAN720P, self.wan_heads, grad=g, long_training="auto"))
             self.check("output ownership", lambda: self.ownership(h))
             self.check("recovery after capability disagreement", lambda: self.recovery(h))
+            small = self.helper(window_bytes=self.small_window())
+            try:
+                for label in tokens:
+                    self.check(f"plan sweep {label} QKV {h3}", lambda s=H3[label]: self.sweep(h, small, 3, s))
+            finally:
+                small.destroy()
+            if self.epoch:
+                self.check("epoch checker on the real kernel (and the pre-fix layout flagged)",
+                           lambda: self.epoch_check(h))
         finally:
             h.destroy()
         self.check("stress", lambda: self.stress(20 if self.quick else 100))
@@ -370,8 +509,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="32k only and a 20-round stress")
     parser.add_argument("--json", type=pathlib.Path, help="write the results here (rank 0)")
+    parser.add_argument("--epoch-check", action="store_true",
+                        help="also run uneven plans through fvk_a2a_debug (native only; needs the window headroom)")
     parser.add_argument("--cpu-dry-run", action="store_true",
                         help="test the gate logic over gloo, CPU transport, 1/512 scale (not a gate result)")
+    parser.add_argument("--inject-wrong-round", type=int, default=-1, help=argparse.SUPPRESS)  # fail-fast test
     args = parser.parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if args.cpu_dry_run:
@@ -393,7 +535,10 @@ def main() -> int:
         torch.cuda.set_device(local)
         dist.init_process_group("nccl", device_id=torch.device("cuda", local), timeout=datetime.timedelta(minutes=5))
     parallel_state.initialize_sequence_parallel(dist.get_world_size())
-    gate = Gate(args.quick, dry_run=args.cpu_dry_run)
+    if args.epoch_check and args.cpu_dry_run:
+        parser.error("--epoch-check runs the native kernel; it cannot be combined with --cpu-dry-run")
+    gate = Gate(args.quick, dry_run=args.cpu_dry_run, epoch=args.epoch_check,
+                inject_wrong_round=args.inject_wrong_round)
     if gate.rank == 0:
         header = {
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -9,6 +9,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -42,6 +43,23 @@ def test_gate_logic_cpu_dry_run(nproc):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert " 0 failed" in proc.stdout and "DRY RUN" in proc.stdout
     assert "PASS negative control" in proc.stdout and "PASS stress" in proc.stdout
+
+
+def test_gate_fails_fast_and_together_cpu_dry_run():
+    """One rank alone sees a wrong result in stress round 3: every rank reports the failure at once (the
+    verdict is agreed before the next round), the gate goes on to its next check and exits 1; on 2x H200
+    at 8912e8a the other rank waited out the 300 s vote instead."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(GATE),
+           "--cpu-dry-run", "--quick", "--inject-wrong-round", "3"]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, env=_env(FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S="300"), capture_output=True, text=True,
+                          timeout=240)
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    assert "FAIL stress" in proc.stdout and "rank 1: round 3" in proc.stdout and "(injected)" in proc.stdout
+    assert "PASS negative control" in proc.stdout  # the gate went on after the failed check
+    assert " 1 failed" in proc.stdout
+    assert elapsed < 200, f"took {elapsed:.0f} s: a rank waited in a vote"
 
 
 @pytest.mark.gpu

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastvideo.distributed.ulysses.policy import ORIGINAL_CTAS, Geometry, Plan, choose_plan
+from fastvideo.distributed.ulysses.policy import ORIGINAL_CTAS, Geometry, Plan, choose_plan, even_rows
 from tests.distributed.conftest import (
     GPU_NAME,
     bit_equal,
@@ -55,7 +55,7 @@ def records(h, n):
 
 
 def _grad_parity(rank, world_size, mode, dtype):
-    h = build_helper(window_bytes=4096)  # fp32: 10-row sub-plane chunks
+    h = build_helper(window_bytes=4096)  # fp32: at most 10 rows fit; 16 rows become two even chunks of 8
     x = rank_input(rank, input_shape(mode, world_size), dtype, seed=3, requires_grad=True)
     y = h.all_to_all(x, mode)
     w = rank_input(rank, y.shape, dtype, seed=4)
@@ -73,7 +73,7 @@ def _grad_parity(rank, world_size, mode, dtype):
 def test_fused_gradients_bit_exact_vs_nccl_route_and_single_device(ranks, world_size, mode):
     """fp32 forward and input gradient through the fused route (sub-plane chunks both ways) equal the NCCL
     route and the single-device reference bit for bit; backward ran fused with the forward's plan."""
-    plan = Plan(144, 1, 4096 // (H * D * 4), True).word
+    plan = Plan(144, 1, even_rows(S, 4096 // (H * D * 4)), True).word
     env = {"FASTVIDEO_ULYSSES_A2A_LONG_TRAINING": "auto"}
     for *exact, recs in ranks(world_size, _grad_parity, mode, torch.float32, env=env):
         assert all(exact)
@@ -129,7 +129,7 @@ def test_backward_keeps_the_forwards_decline_after_the_policy_changed(ranks):
     """Forward under auto declines WINDOW (original policy, operand > 4 KiB window); switching to chunked
     would now allow a tuned sub-plane plan, yet BACKWARD declines WINDOW like its forward."""
     for exact, recs, now in ranks(2, _backward_keeps_forward_plan, "auto", "chunked", 4096, False):
-        assert exact and now == Plan(144, 1, 4096 // (H * D * 4), True).word
+        assert exact and now == Plan(144, 1, even_rows(S, 4096 // (H * D * 4)), True).word
         assert recs == [("FORWARD_GRAD", "nccl", 0, "window", 0), ("BACKWARD", "nccl", 0, "window", 0)]
 
 

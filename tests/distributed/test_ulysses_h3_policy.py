@@ -36,6 +36,7 @@ from fastvideo.distributed.ulysses.policy import (
     Plan,
     TunedRow,
     choose_plan,
+    even_rows,
     lookup,
     normalize_gpu_name,
 )
@@ -140,19 +141,43 @@ def test_no_grad_uses_tuned_row_for_small_operands_too():
 
 
 def test_sub_plane_chunking_when_one_plane_exceeds_the_window():
-    """SP2 250k: a plane is 1.79 GB > 1 GiB, so tuned plans chunk along S_local (rows = window // row bytes)."""
+    """SP2 250k: a plane is 1.79 GB > 1 GiB, so tuned plans chunk along S_local into the fewest even row
+    ranges that fit (62500 + 62500 rather than 74898 + 50102: every CTA stays busy in every chunk)."""
     g = geom(H3_SP2_250K, 2)
     assert g.plane_bytes == 125000 * 56 * 128 * 2 > GIB
     choice = choose_plan(g, gpu="GB200", table=(GB200_SP2_ROW,))
-    rows = GIB // g.row_bytes
-    assert choice.plan == Plan(144, 1, rows, tuned=True)
+    max_rows = GIB // g.row_bytes
+    assert max_rows == 74898
+    assert choice.plan == Plan(144, 1, 62500, tuned=True)
     assert choice.plan.sub_plane(g)
     chunks = list(choice.plan.chunks(g))
     assert len(chunks) == 3 * 2 == choice.plan.num_chunks(g)
-    sizes = [r1 - r0 for _, _, r0, r1 in chunks[:2]]
-    assert sizes == [rows, 125000 - rows] and sizes[1] < sizes[0]  # the last chunk is smaller
-    assert choice.plan.window_bytes(g) == rows * g.row_bytes <= GIB
+    assert [r1 - r0 for _, _, r0, r1 in chunks[:2]] == [62500, 62500]
+    assert choice.plan.window_bytes(g) == 62500 * g.row_bytes <= GIB
     assert "sub-plane chunks of" in choice.plan.describe(g)
+
+
+@pytest.mark.parametrize("S,max_rows,rows", [(125000, 74898, 62500), (10, 3, 3), (10, 4, 4), (7, 7, 7), (7, 100, 7),
+                                             (9, 4, 3), (1, 1, 1), (37800, 9450, 9450)])
+def test_even_rows_is_the_fewest_most_even_split(S, max_rows, rows):
+    assert even_rows(S, max_rows) == rows
+    pieces = -(-S // rows)
+    assert rows <= max_rows and pieces == -(-S // max_rows)  # as few chunks as the limit allows
+    assert S - (pieces - 1) * rows > 0  # no empty chunk
+
+
+def test_row_chunks_split_a_plane_that_fits():
+    """A measured row with ``row_chunks`` cuts each plane into that many even row ranges (H200 SP2 rows)."""
+    wan = geom((1, 37800, 40, 128), 2)
+    assert choose_plan(wan, gpu="NVIDIA H200").plan == Plan(144, 1, 9450, tuned=True)
+    h3 = geom((3, 16384, 56, 128), 2)
+    plan = choose_plan(h3, gpu="NVIDIA H200").plan
+    assert plan == Plan(144, 1, 8192, tuned=True) and plan.num_chunks(h3) == 6
+    row = TunedRow("T100", 2, torch.float32, 4, 8, ctas=72, planes_per_chunk=2, row_chunks=3, source="test")
+    g = geom((2, 10, 4, 8), 2, torch.float32)
+    assert choose_plan(g, gpu="T100", table=(row,)).plan == Plan(72, 1, 4, tuned=True)  # 4 + 4 + 2 rows
+    with pytest.raises(ValueError, match="TunedRow out of range"):
+        TunedRow("T100", 2, torch.float32, 4, 8, ctas=72, planes_per_chunk=1, row_chunks=0, source="test")
 
 
 def test_sub_plane_grad_follows_long_training():
@@ -161,7 +186,7 @@ def test_sub_plane_grad_follows_long_training():
     auto = choose_plan(g, gpu="GB200", grad=True, long_training="auto", table=(GB200_SP2_ROW,))
     chunked = choose_plan(g, gpu="GB200", grad=True, long_training="chunked", table=(GB200_SP2_ROW,))
     assert auto.reason is DeclineReason.WINDOW
-    assert chunked.plan == Plan(144, 1, GIB // g.row_bytes, tuned=True)
+    assert chunked.plan == Plan(144, 1, 62500, tuned=True)
 
 
 def test_tuned_planes_per_chunk_bounded_by_window_and_batch():

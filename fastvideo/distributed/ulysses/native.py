@@ -259,6 +259,36 @@ class NativeTransport(Transport):
         self._last_stream = stream
         return out
 
+    def debug_execute(self, x: torch.Tensor, geom: Geometry, plan: Plan, *, legacy: bool = False
+                      ) -> tuple[torch.Tensor, list[int]]:
+        """The fused kernel with the epoch checker (``fvk_a2a_debug``): collective, blocking, for gates only.
+
+        Returns the output and the report (violations, then the first violation's kind | rank << 8 |
+        peer << 16, granule, stamp found, stamp written). ``legacy`` runs the pre-fix window layout (a
+        negative control: expect violations on uneven plans). The window must hold the plan's bytes
+        plus 8 bytes of stamps per partition granule. Bypasses the vote: every rank must call it with
+        the same geometry and plan, in the same order.
+        """
+        if self._handle is None or self._event is None:
+            raise NativeKernelError("debug_execute before construction (or after destroy)")
+        if "debug" not in self._entries:
+            raise NativeKernelError("this kernel build has no fvk_a2a_debug")
+        import fastvideo_kernel
+
+        out = torch.empty(output_shape(geom), dtype=x.dtype, device=x.device)
+        report = torch.zeros(5, dtype=torch.int64, device=x.device)
+        stream = torch.cuda.current_stream(x.device)
+        if self._last_stream is not None and self._last_stream != stream:
+            stream.wait_event(self._event)
+        flags = fastvideo_kernel.DEBUG_EPOCH_CHECK | (fastvideo_kernel.DEBUG_LEGACY_LAYOUT if legacy else 0)
+        status = self._lib.fvk_a2a_debug(self._handle, x.data_ptr(), out.data_ptr(), geom.mode, dtype_code(x.dtype),
+                                         geom.B, geom.S, geom.H, geom.D, plan.ctas, plan.planes_per_chunk,
+                                         plan.rows_per_chunk, flags, report.data_ptr(), stream.cuda_stream)
+        self._check(status, "fvk_a2a_debug")
+        self._event.record(stream)
+        self._last_stream = stream
+        return out, [int(v) for v in report.cpu().tolist()]
+
     # ------------------------------------------------------------------ teardown
 
     def abort(self) -> None:

@@ -11,7 +11,9 @@ Rules (``docs/ulysses_policy.md``):
 * Untuned (original) plan: ``ORIGINAL_CTAS`` CTAs, the whole operand in one chunk if it fits,
   else the NCCL route (``WINDOW``).
 * Tuned plans come only from ``TUNED_TABLE`` (measured rows, keyed by GPU model, SP size, dtype, H,
-  D). When one plane exceeds the window, chunk along S_local instead of declining.
+  D): the row's CTAs, planes per chunk, and sub-plane split (``row_chunks``: S_local cut into that
+  many even row ranges). When one plane exceeds the window, chunk along S_local instead of
+  declining, into as few even row ranges as fit.
 * Long training: a grad-tracked operand whose plane exceeds ``LONG_TRAINING_PLANE_BYTES`` keeps the
   untuned policy unless ``long_training == "chunked"``. No-grad operands use tuned rows directly.
 """
@@ -148,13 +150,18 @@ class TunedRow:
     ctas: int
     planes_per_chunk: int
     source: str
+    row_chunks: int = 1  # >1: one plane per chunk, S_local split evenly into this many row ranges
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.ctas <= MAX_CTAS or self.planes_per_chunk < 1 or self.row_chunks < 1:
+            raise ValueError(f"TunedRow out of range (1 <= ctas <= {MAX_CTAS}, planes and row chunks >= 1): {self}")
 
     @property
     def key(self) -> tuple[str, int, torch.dtype, int, int]:
         return (self.gpu, self.world_size, self.dtype, self.heads, self.head_dim)
 
 
-# Only measured rows belong here (docs/ulysses_performance.md says where each came from).
+# Only measured rows belong here (docs/ulysses_policy.md says where each came from).
 TUNED_TABLE: tuple[TunedRow, ...] = (
     TunedRow(
         "GB200",
@@ -166,7 +173,41 @@ TUNED_TABLE: tuple[TunedRow, ...] = (
         planes_per_chunk=1,
         source="upstream H3 measurements, 4x GB200, NCCL 2.29.7 (docs/ulysses_performance.md)",
     ),
+    # 2x H200 (NV18), bf16, tuner sweep at 8912e8a: the fastest exact plans (every chunk one size,
+    # so the pre-fix layout was exact on them; the fix keeps their addressing). Transfer only:
+    # wan720p 0.723 ms at 144 CTAs in 4 sub-plane chunks; h3-32k QKV 1.276 ms at 144 CTAs in 6.
+    TunedRow(
+        "H200",
+        2,
+        torch.bfloat16,
+        40,
+        128,
+        ctas=144,
+        planes_per_chunk=1,
+        row_chunks=4,
+        source="2x H200 tuner sweep at 8912e8a, wan720p (docs/ulysses_performance.md)",
+    ),
+    TunedRow(
+        "H200",
+        2,
+        torch.bfloat16,
+        56,
+        128,
+        ctas=144,
+        planes_per_chunk=1,
+        row_chunks=2,
+        source="2x H200 tuner sweep at 8912e8a, h3-32k QKV (docs/ulysses_performance.md)",
+    ),
 )
+
+
+def even_rows(S: int, max_rows: int) -> int:
+    """Rows per chunk that cut S into the fewest row ranges of at most ``max_rows``, as even as possible.
+
+    Even ranges keep every CTA busy in every chunk (a short remainder chunk leaves most of the
+    launch's work to a few rows)."""
+    pieces = -(-S // max(1, max_rows))
+    return -(-S // pieces)
 
 
 def normalize_gpu_name(name: str) -> str:
@@ -234,11 +275,17 @@ def choose_plan(
         )
         return Choice(choice.plan, choice.reason, f"{note}; {choice.why}")
     if geom.plane_bytes <= window_bytes:
+        if row.row_chunks > 1 and geom.S > 1:
+            rows = even_rows(geom.S, -(-geom.S // row.row_chunks))
+            return Choice(Plan(row.ctas, 1, rows, tuned=True), None,
+                          f"tuned row {row.gpu}/SP{row.world_size}: {row.row_chunks} row chunks per plane")
         planes = max(1, min(row.planes_per_chunk, geom.B, window_bytes // geom.plane_bytes))
         return Choice(Plan(row.ctas, planes, geom.S, tuned=True), None, f"tuned row {row.gpu}/SP{row.world_size}")
-    rows = window_bytes // geom.row_bytes
-    if rows < 1:
+    max_rows = window_bytes // geom.row_bytes
+    if max_rows < 1:
         return Choice(None, DeclineReason.WINDOW, f"one row ({geom.row_bytes} B) exceeds the window ({window_bytes} B)")
+    rows = even_rows(geom.S, min(max_rows, -(-geom.S // row.row_chunks)))
     return Choice(
-        Plan(row.ctas, 1, rows, tuned=True), None, f"tuned row {row.gpu}/SP{row.world_size}, plane exceeds the window"
+        Plan(row.ctas, 1, rows, tuned=True), None,
+        f"tuned row {row.gpu}/SP{row.world_size}, plane exceeds the window: even row chunks of at most {max_rows}",
     )
