@@ -1,7 +1,13 @@
 """The Ulysses helper: collective agreement, the per-call vote, plans, fallbacks and "why".
 
-Nothing rank-local decides a collective. Construction agrees over a gloo group of the helper's own
-on capability and host identity, and enters each construction step only after every rank voted
+Layers go one way: the public op (``communication_op``) calls the helper; the helper calls the
+routes below it (``nccl.py``, the transports in ``transport.py`` / ``native.py``), which import
+nothing above them; input validation lives in ``layout.py``. ``parallel_state`` never imports this
+module: the default helper registers its teardown with the SP coordinator.
+
+Nothing rank-local decides a collective. Construction agrees over the SP group's vote group on
+capability, host identity and the settings (``fastvideo/distributed/settings.py``: a mismatch raises
+on every rank), and enters each construction step only after every rank voted
 that the step before it succeeded. Every call then exchanges the 12-field contract
 (``contract.py``) and acts on the verdict every rank computes identically: run the agreed plan,
 decline together to the NCCL route, or raise the same error on every rank.
@@ -22,7 +28,6 @@ construction; construction itself always runs over gloo). ``stats()["vote"]`` sa
 
 from __future__ import annotations
 
-import itertools
 import logging
 import socket
 import statistics
@@ -34,10 +39,12 @@ from dataclasses import dataclass
 import torch
 
 from fastvideo import envs
-from fastvideo.distributed.communication_op import nccl_route, validate_input
+from fastvideo.distributed import settings as _settings
 from fastvideo.distributed.parallel_state import GroupCoordinator, get_sp_group
 from fastvideo.distributed.ulysses import contract
-from fastvideo.distributed.ulysses.contract import DeclineReason, Field, Phase, Verdict
+from fastvideo.distributed.ulysses.contract import ContractMismatchError, DeclineReason, Field, Phase, Verdict
+from fastvideo.distributed.ulysses.layout import validate_input
+from fastvideo.distributed.ulysses.nccl import nccl_route
 from fastvideo.distributed.ulysses.policy import (
     MAX_CTAS,
     MAX_WORLD_SIZE,
@@ -57,8 +64,6 @@ from fastvideo.distributed.ulysses.transport import (
 from fastvideo.distributed.ulysses.vote import GlooVote, ShmVote, VoteTimeoutError, load_vote_library
 
 logger = logging.getLogger(__name__)
-
-_GENERATIONS = itertools.count(1)
 
 
 class HelperDisposedError(RuntimeError):
@@ -99,6 +104,15 @@ def _default_transport(device: torch.device) -> Transport | None:
 _TRANSPORT_FACTORY: Callable[[torch.device], Transport | None] = _default_transport
 
 
+def _env_or_default(name: str):
+    """The variable's value, or its default when invalid: the construction exchange then reports the invalid
+    value on every rank (raising here alone would leave the peers waiting in that exchange)."""
+    try:
+        return envs.get(name)
+    except ValueError:
+        return envs.registry()[name].default
+
+
 class UlyssesHelper:
     """Decides, identically on every SP rank, whether each call takes the fused route and how.
 
@@ -125,14 +139,22 @@ class UlyssesHelper:
         self.sp = sp if sp is not None else get_sp_group()
         self.world_size = self.sp.world_size
         self.device = self.sp.device
-        self.generation = next(_GENERATIONS)
+        if self.sp.vote_failure is not None:
+            raise HelperDisposedError(
+                f"UlyssesHelper: the vote group of SP ranks {self.sp.ranks} failed earlier ({self.sp.vote_failure}) "
+                "and a gloo group is unusable after a failure: call destroy_sequence_parallel() and "
+                "initialize_sequence_parallel() on every rank to rebuild it."
+            )
+        # Per SP group, so identical on every rank (helpers are built collectively; the construction
+        # exchange checks it). It is in every vote's HEADER: a stale helper on one rank is a loud mismatch.
+        self.generation = self.sp.next_generation()
         self.window_bytes = int(
-            window_bytes if window_bytes is not None else envs.get("FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES")
+            window_bytes if window_bytes is not None else _env_or_default("FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES")
         )
         if self.window_bytes < 1:
             raise ValueError(f"UlyssesHelper: window_bytes={self.window_bytes} must be positive.")
         timeout = float(
-            vote_timeout_s if vote_timeout_s is not None else envs.get("FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S")
+            vote_timeout_s if vote_timeout_s is not None else _env_or_default("FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S")
         )
         self.tuned_table = tuple(tuned_table)
         if gpu_name is None:
@@ -152,7 +174,9 @@ class UlyssesHelper:
         self._calls = self._fused = self._raised = 0
         self._vote_s: deque[float] = deque(maxlen=4096)
         self.history: deque[CallRecord] = deque(maxlen=history)
-        self._vote = GlooVote(self.sp.ranks, timeout)  # construction, and the per-call vote unless shm
+        # Construction, and the per-call vote unless shm: the SP group's vote group, created once with the
+        # group (no process group per helper: rebuilding helpers leaks nothing).
+        self._vote = GlooVote(self.sp.ranks, timeout, group=self.sp.vote_group)
         self._call_vote: GlooVote | ShmVote = self._vote
         self._vote_request = vote
         try:
@@ -174,8 +198,10 @@ class UlyssesHelper:
         self.capability = cap
         host, boot = identity()
         shm_ok = self._vote_request != "gloo" and load_vote_library() is not None
-        info = (cap.agreement_key(), cap.decline, cap.detail, host, boot, self.window_bytes, self.gpu_name, shm_ok)
+        info = (cap.agreement_key(), cap.decline, cap.detail, host, boot, self.window_bytes, self.gpu_name, shm_ok,
+                self.generation, _settings.local_report())
         peers = self._vote.all_gather_object(info)
+        self._agree_settings_and_generation(peers)  # raises on every rank, before any construction step
         reason, detail = self._capability_verdict(peers)
         if reason is None:
             reason, detail = self._run_steps()
@@ -197,6 +223,18 @@ class UlyssesHelper:
                 self._choose_vote(peers)
         if reason is not None:
             self._decline_construction(reason, detail)
+
+    def _agree_settings_and_generation(self, peers: list[tuple]) -> None:
+        """Settings (validated, identical) and helper generation, from the construction exchange. Same verdict
+        on every rank: raise everywhere, or refresh the SP group's agreed settings."""
+        agreed = _settings.decide([p[9] for p in peers], self.sp.ranks, self.sp.rank_in_group,
+                                  "checked at UlyssesHelper construction")
+        generations = [p[8] for p in peers]
+        if any(g != generations[0] for g in generations):
+            # Resynchronise so that the next collective construction agrees, then fail this one everywhere.
+            self.sp._generation = max(generations)
+            raise ContractMismatchError(Field.HEADER, [contract.header(g) for g in generations])
+        self.sp.settings = agreed
 
     def _choose_vote(self, peers: list[tuple]) -> None:
         """The per-call vote channel, decided from the construction exchange (so identically everywhere):
@@ -276,6 +314,10 @@ class UlyssesHelper:
         """True when construction succeeded collectively (per-call votes still decide each call)."""
         return self._built and not self._destroyed and self._disposed_error is None
 
+    def _mark_vote_failed(self, why: str) -> None:
+        if not self._vote.owns_group:
+            self.sp.vote_failure = why  # the shared group is dead too: later helpers must not use it
+
     def _check_alive(self) -> None:
         if self._disposed_error is not None:
             raise HelperDisposedError(
@@ -319,13 +361,17 @@ class UlyssesHelper:
     ) -> tuple[torch.Tensor, Plan | None, DeclineReason | None]:
         """One call: vote, then the fused plan or the NCCL route. Returns (output, plan, decline reason)."""
         self._check_alive()
+        compiling = torch.compiler.is_compiling()
+        # Before the sequence number moves: a settings error is raised on every rank, a re-agreement is a
+        # collective every rank enters at this same call. Not inside a compile region (no host collective).
+        agreed = None if compiling else self.sp.agreed_settings()
         geom = Geometry.from_input(x.shape, mode, self.world_size, x.dtype)
         seq = self._seq
         self._seq += 1
         self._calls += 1
         if self.construction_reason is not None:
             return self._decline(x, geom, seq, phase, self.construction_reason)
-        if torch.compiler.is_compiling():
+        if compiling:
             # A host-side vote cannot be traced; every rank traces the same region, so every rank
             # takes the (traceable) NCCL route here.
             return self._decline(x, geom, seq, phase, DeclineReason.TORCH_COMPILE)
@@ -338,7 +384,9 @@ class UlyssesHelper:
                 if plan is None:
                     bits |= (forward_reason or DeclineReason.PEER_DISAGREEMENT).bit
             elif not bits:
-                choice = self.plan_for(geom, grad=phase == Phase.FORWARD_GRAD)
+                assert agreed is not None
+                choice = self.plan_for(geom, grad=phase == Phase.FORWARD_GRAD,
+                                       long_training=agreed["FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"])
                 plan = choice.plan
                 if plan is None:
                     bits |= (choice.reason or DeclineReason.WINDOW).bit
@@ -437,6 +485,7 @@ class UlyssesHelper:
 
     def _dispose(self, why: str) -> None:
         self._disposed_error = why
+        self._mark_vote_failed(why)
         if self.transport is not None:
             self.transport.abort()
         self._declines[DeclineReason.DISPOSED] += 1
@@ -477,15 +526,22 @@ _DEFAULT: UlyssesHelper | None = None
 def get_default_helper() -> UlyssesHelper:
     """The helper the public op uses under ``auto``; built (collectively) on first use."""
     global _DEFAULT
-    if _DEFAULT is None or _DEFAULT._destroyed:
-        _DEFAULT = UlyssesHelper(get_sp_group())
+    sp = get_sp_group()
+    if _DEFAULT is None or _DEFAULT._destroyed or _DEFAULT.sp is not sp:
+        install_default_helper(UlyssesHelper(sp))
+    assert _DEFAULT is not None
     return _DEFAULT
 
 
 def install_default_helper(helper: UlyssesHelper | None) -> None:
-    """Make ``helper`` the one the public op uses (tests inject one built on a CPU transport)."""
+    """Make ``helper`` the one the public op uses (tests inject one built on a CPU transport).
+
+    Its SP group destroys it (collectively) in ``destroy_sequence_parallel``, before the groups go.
+    """
     global _DEFAULT
     _DEFAULT = helper
+    if helper is not None:
+        helper.sp.add_teardown("ulysses.default_helper", destroy_default_helper)
 
 
 def destroy_default_helper() -> None:
