@@ -121,7 +121,8 @@ def closure(graph: dict[str, set[str]], start: str) -> set[str]:
 GRAPH = import_graph(ROOT, "fastvideo")
 U = "fastvideo.distributed.ulysses"
 # The routes and the pure pieces below the helper, and what they must never reach.
-BELOW_HELPER = [f"{U}.{m}" for m in ("layout", "nccl", "transport", "native", "vote", "contract", "policy")]
+BELOW_HELPER = [f"{U}.{m}" for m in ("layout", "nccl", "transport", "native", "vote", "contract", "policy",
+                                     "watchdog")]
 ABOVE = {f"{U}.helper", "fastvideo.distributed.communication_op", "fastvideo.distributed.parallel_state",
          "fastvideo.layers.attention", "fastvideo.entrypoints.sp_attention_demo"}
 

@@ -62,6 +62,7 @@ from fastvideo.distributed.ulysses.transport import (
     Transport,
 )
 from fastvideo.distributed.ulysses.vote import GlooVote, ShmVote, VoteTimeoutError, load_vote_library
+from fastvideo.distributed.ulysses.watchdog import FusedCallWatchdog, InFlight, StoreProbe, end_process
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +105,16 @@ def _default_transport(device: torch.device) -> Transport | None:
 _TRANSPORT_FACTORY: Callable[[torch.device], Transport | None] = _default_transport
 
 
+def _default_store():
+    """The default process group's key-value store (the watchdog's peer probe), or None."""
+    try:
+        import torch.distributed as dist
+
+        return dist.distributed_c10d._get_default_store()
+    except Exception:  # noqa: BLE001 - the probe is optional: without it the watchdog still ends the process
+        return None
+
+
 def _env_or_default(name: str):
     """The variable's value, or its default when invalid: the construction exchange then reports the invalid
     value on every rank (raising here alone would leave the peers waiting in that exchange)."""
@@ -133,6 +144,8 @@ class UlyssesHelper:
         identity: Callable[[], tuple[str, str]] = host_identity,
         history: int = 1024,
         vote: str = "auto",
+        watchdog_timeout_s: float | None = None,
+        on_watchdog_timeout: Callable[[str], None] | None = None,
     ) -> None:
         if vote not in ("gloo", "shm", "auto"):
             raise ValueError(f"UlyssesHelper: vote={vote!r} must be 'gloo', 'shm' or 'auto'.")
@@ -174,6 +187,13 @@ class UlyssesHelper:
         self._calls = self._fused = self._raised = 0
         self._vote_s: deque[float] = deque(maxlen=4096)
         self.history: deque[CallRecord] = deque(maxlen=history)
+        if watchdog_timeout_s is None:
+            watchdog_timeout_s = float(_env_or_default("FASTVIDEO_ULYSSES_A2A_WATCHDOG_TIMEOUT_S")) or timeout
+        if watchdog_timeout_s <= 0:
+            raise ValueError(f"UlyssesHelper: watchdog_timeout_s={watchdog_timeout_s!r} must be positive.")
+        self.watchdog_timeout_s = watchdog_timeout_s
+        self._on_watchdog_timeout = on_watchdog_timeout or end_process
+        self._watchdog: FusedCallWatchdog | None = None  # built at the first launch that leaves work in flight
         # Construction, and the per-call vote unless shm: the SP group's vote group, created once with the
         # group (no process group per helper: rebuilding helpers leaks nothing).
         self._vote = GlooVote(self.sp.ranks, timeout, group=self.sp.vote_group)
@@ -361,6 +381,8 @@ class UlyssesHelper:
     ) -> tuple[torch.Tensor, Plan | None, DeclineReason | None]:
         """One call: vote, then the fused plan or the NCCL route. Returns (output, plan, decline reason)."""
         self._check_alive()
+        if self._watchdog is not None:
+            self._watchdog.poll()  # the background thread does this too; here it costs one event query
         compiling = torch.compiler.is_compiling()
         # Before the sequence number moves: a settings error is raised on every rank, a re-agreement is a
         # collective every rank enters at this same call. Not inside a compile region (no host collective).
@@ -423,10 +445,26 @@ class UlyssesHelper:
         plan = Plan.from_word(decision.plan_word)
         assert self.transport is not None
         out = self.transport.execute(x, geom, plan)
+        marker = self.transport.completion_marker()
+        if marker is not None:
+            self._watch(InFlight(seq, self.generation, f"{phase.name.lower()}, {geom}", plan.describe(geom), marker,
+                                 time.monotonic()))
         self._fused += 1
         self._plans[plan.describe(geom)] += 1
         self.history.append(CallRecord(seq, phase, mode, "fused", plan, None, plan.num_chunks(geom)))
         return out, plan, None
+
+    def _watch(self, call: InFlight) -> None:
+        if self._watchdog is None:
+            store = _default_store()
+            probe = None
+            if store is not None:
+                probe = StoreProbe(store, self.sp.ranks, self.sp.ranks[self.sp.rank_in_group],
+                                   key="-".join(map(str, self.sp.ranks)),
+                                   wait_s=min(5.0, max(2.0, self.watchdog_timeout_s / 2)))
+            self._watchdog = FusedCallWatchdog(self.watchdog_timeout_s, rank=self.sp.ranks[self.sp.rank_in_group],
+                                               ranks=self.sp.ranks, on_timeout=self._on_watchdog_timeout, probe=probe)
+        self._watchdog.track(call)
 
     def _decline(
         self, x: torch.Tensor, geom: Geometry, seq: int, phase: Phase, reason: DeclineReason
@@ -474,6 +512,7 @@ class UlyssesHelper:
             "vote": "shm" if isinstance(self._call_vote, ShmVote) else "gloo",
             "vote_us_median": statistics.median(votes) * 1e6 if votes else None,
             "vote_us_p90": votes[int(0.9 * (len(votes) - 1))] * 1e6 if votes else None,
+            "in_flight": self._watchdog.in_flight() if self._watchdog is not None else 0,
             "disposed": self._disposed_error is not None,
             "destroyed": self._destroyed,
         }
@@ -495,6 +534,8 @@ class UlyssesHelper:
         if self._destroyed:
             return
         self._destroyed = True
+        if self._watchdog is not None:
+            self._watchdog.stop()
         if self._built and self._disposed_error is None and self.transport is not None:
             self.transport.destroy()
         self._built = False
