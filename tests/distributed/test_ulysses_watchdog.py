@@ -257,3 +257,14 @@ def _watchdog_timeout(rank, world_size):
 def test_watchdog_timeout_is_the_registry_setting_or_the_vote_timeout(ranks, value, expected):
     env = {"FASTVIDEO_ULYSSES_A2A_WATCHDOG_TIMEOUT_S": value}
     assert ranks(2, _watchdog_timeout, env=env, timeout_s=60) == [expected] * 2
+
+
+def test_the_sigkill_check_passes_its_cpu_dry_run():
+    """check_ulysses_watchdog_sigkill.py end to end on CPU: rank 1 is SIGKILLed after the vote of call 10, the
+    survivor's launch never completes and its host blocks; it exits 87 with the watchdog message naming
+    rank 1, well within the timeout + 10 s (the script judges that itself and prints PASS)."""
+    proc = subprocess.run([sys.executable, "tests/distributed/check_ulysses_watchdog_sigkill.py", "--cpu-dry-run",
+                           "--timeout", "2", "--calls", "20", "--kill-at", "10"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "PASS" in proc.stdout and proc.stdout.count("call seq 10") == 1

@@ -59,13 +59,15 @@ class PeerProbe(Protocol):
 
 
 def end_process(message: str) -> None:
-    """The default action: the error is already logged; also put it on stderr, then exit without cleanup.
+    """The default action: the error is already logged (on stderr too when logging is off), then exit
+    without cleanup.
 
     ``os._exit``: atexit handlers, CUDA context teardown or NCCL destruction could block on the very
     kernel that is stuck.
     """
     try:
-        sys.stderr.write(message + "\n")
+        if not logger.isEnabledFor(logging.ERROR):
+            sys.stderr.write(message + "\n")
         sys.stderr.flush()
         for handler in logging.getLogger().handlers:
             handler.flush()
