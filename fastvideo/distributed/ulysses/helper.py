@@ -177,6 +177,7 @@ class UlyssesHelper:
         self.capability: Capability | None = None
         self.construction_reason: DeclineReason | None = None
         self.construction_detail = ""
+        self.construction_per_rank: dict[int, str] = {}  # global rank -> its part in a construction decline
         self._seq = 0
         self._destroyed = False
         self._disposed_error: str | None = None
@@ -222,9 +223,9 @@ class UlyssesHelper:
                 self.generation, _settings.local_report())
         peers = self._vote.all_gather_object(info)
         self._agree_settings_and_generation(peers)  # raises on every rank, before any construction step
-        reason, detail = self._capability_verdict(peers)
+        reason, detail, per_rank = self._capability_verdict(peers)
         if reason is None:
-            reason, detail = self._run_steps()
+            reason, detail, per_rank = self._run_steps()
         if reason is None:
             assert self.transport is not None  # a missing transport declined at the capability exchange
             try:
@@ -237,12 +238,13 @@ class UlyssesHelper:
             if bad:
                 reason = min(r for r, _ in bad)
                 detail = "; ".join(f"rank {i}: {d}" for i, (r, d) in enumerate(reports) if r is not None)
+                per_rank = [f"{r.label} ({d})" if r is not None else "ok" for r, d in reports]
                 self.transport.destroy()  # built on every rank: tear down together
             else:
                 self._built = True
                 self._choose_vote(peers)
         if reason is not None:
-            self._decline_construction(reason, detail)
+            self._decline_construction(reason, detail, per_rank)
 
     def _agree_settings_and_generation(self, peers: list[tuple]) -> None:
         """Settings (validated, identical) and helper generation, from the construction exchange. Same verdict
@@ -271,22 +273,28 @@ class UlyssesHelper:
             return
         self._call_vote = shm
 
-    def _capability_verdict(self, peers: list[tuple]) -> tuple[DeclineReason | None, str]:
+    def _capability_verdict(self, peers: list[tuple]) -> tuple[DeclineReason | None, str, list[str]]:
+        """(reason, detail, each rank's own part in it) from the construction exchange; reason None: go on."""
         if not MIN_WORLD_SIZE <= self.world_size <= MAX_WORLD_SIZE:
-            return DeclineReason.WORLD_SIZE, f"SP size {self.world_size} outside {MIN_WORLD_SIZE}..{MAX_WORLD_SIZE}"
+            why = f"SP size {self.world_size} outside {MIN_WORLD_SIZE}..{MAX_WORLD_SIZE}"
+            return DeclineReason.WORLD_SIZE, why, [why] * len(peers)
         declines = [(i, p[1], p[2]) for i, p in enumerate(peers) if p[1] is not None]
         if declines:
-            return min(d for _, d, _ in declines), "; ".join(f"rank {i}: {d.label} ({why})" for i, d, why in declines)
+            per_rank = [f"{p[1].label} ({p[2]})" if p[1] is not None else "ok" for p in peers]
+            return (min(d for _, d, _ in declines), "; ".join(f"rank {i}: {d.label} ({why})" for i, d, why in declines),
+                    per_rank)
         for index, what in ((0, "transport capability"), (5, "window bytes"), (6, "GPU model")):
             values = [p[index] for p in peers]
             if any(v != values[0] for v in values):
-                return DeclineReason.PEER_DISAGREEMENT, f"ranks differ in {what}: {values}"
+                return (DeclineReason.PEER_DISAGREEMENT, f"ranks differ in {what}: {values}",
+                        [f"{what} {v}" for v in values])
         if len({(p[3], p[4]) for p in peers}) > 1:
             hosts = [f"{p[3]}/{p[4][:8]}" for p in peers]
-            return DeclineReason.MULTI_HOST, f"ranks are on more than one host (hostname/boot id): {hosts}"
-        return None, ""
+            return (DeclineReason.MULTI_HOST, f"ranks are on more than one host (hostname/boot id): {hosts}",
+                    [f"host {h}" for h in hosts])
+        return None, "", []
 
-    def _run_steps(self) -> tuple[DeclineReason | None, str]:
+    def _run_steps(self) -> tuple[DeclineReason | None, str, list[str]]:
         assert self.transport is not None
         ctx = ConstructionContext(
             rank=self.sp.rank_in_group,
@@ -311,21 +319,30 @@ class UlyssesHelper:
                 self.transport.abort()
                 detail = "; ".join(f"rank {i}: {e}" for i, e in failed)
                 where = f"step {index}/{len(names)} ({names[index - 1]})" if index else "preparing the steps"
-                return DeclineReason.CONSTRUCTION_FAILED, f"failed at {where}: {detail}"
+                return (DeclineReason.CONSTRUCTION_FAILED, f"failed at {where}: {detail}",
+                        [f"failed: {e}" if e else "ok" for e in results])
             if step is None:
                 break
             try:
                 step.run()
             except Exception as exc:  # noqa: BLE001 - a local failure is voted on, never raised alone
                 error = f"{step.name}: {type(exc).__name__}: {exc}"
-        return None, ""
+        return None, "", []
 
-    def _decline_construction(self, reason: DeclineReason, detail: str) -> None:
+    def _decline_construction(self, reason: DeclineReason, detail: str, per_rank: list[str]) -> None:
+        """Record the agreed decline. Logged once for the SP group, by its first rank, at WARNING, naming every
+        rank's part (every rank holds the same exchange, so the others would only repeat it)."""
         self.construction_reason, self.construction_detail = reason, detail
-        logger.warning(
-            "Ulysses fused all-to-all declined at construction (%s): %s; using the NCCL route.", reason.label, detail
-        )
-        self._logged.add(reason)
+        self.construction_per_rank = {rank: why for rank, why in zip(self.sp.ranks, per_rank, strict=True)}
+        if self.sp.rank_in_group == 0:
+            logger.warning(
+                "Ulysses fused all-to-all declined at construction on SP ranks %s (%s); every call takes the NCCL "
+                "route. Per rank: %s.",
+                self.sp.ranks,
+                reason.label,
+                "; ".join(f"rank {rank}: {why}" for rank, why in self.construction_per_rank.items()),
+            )
+        self._logged.add(reason)  # and never again per call, on any rank
 
     # ------------------------------------------------------------------ per call
 
@@ -504,6 +521,7 @@ class UlyssesHelper:
             if self.construction_reason
             else ("ok" if self._built else "n/a"),
             "construction_detail": self.construction_detail,
+            "construction_per_rank": dict(self.construction_per_rank),
             "calls": self._calls,
             "fused": self._fused,
             "raised": self._raised,
