@@ -54,8 +54,7 @@ class SettingsAgreementError(RuntimeError):
 
 def raw_now() -> tuple[str | None, ...]:
     """This rank's raw environment strings of the agreed variables (what a change check compares)."""
-    get = os.environ.get
-    return tuple(get(name) for name in AGREED)
+    return tuple(map(os.environ.get, AGREED))
 
 
 @dataclass(frozen=True)

@@ -464,8 +464,8 @@ class UlyssesHelper:
         out = self.transport.execute(x, geom, plan)
         marker = self.transport.completion_marker()
         if marker is not None:
-            self._watch(InFlight(seq, self.generation, f"{phase.name.lower()}, {geom}", plan.describe(geom), marker,
-                                 time.monotonic()))
+            self._watch(InFlight(seq, self.generation, lambda: f"{phase.name.lower()}, {geom}",
+                                 lambda: plan.describe(geom), marker, time.monotonic()))
         self._fused += 1
         self._plans[plan.describe(geom)] += 1
         self.history.append(CallRecord(seq, phase, mode, "fused", plan, None, plan.num_chunks(geom)))

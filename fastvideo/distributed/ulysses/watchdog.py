@@ -43,14 +43,19 @@ class Marker(Protocol):
 
 @dataclass(frozen=True)
 class InFlight:
-    """One launched fused call."""
+    """One launched fused call. ``what`` and ``plan`` may be callables returning the text: formatting is
+    deferred to the (rare) timeout, keeping ``track`` off the per-call cost."""
 
     seq: int
     generation: int
-    what: str  # phase, mode, geometry
-    plan: str  # the plan's description
+    what: str | Callable[[], str]  # phase, geometry
+    plan: str | Callable[[], str]  # the plan's description
     marker: Marker
     launched: float  # time.monotonic() at launch
+
+
+def _text(value: str | Callable[[], str]) -> str:
+    return value() if callable(value) else value
 
 
 class PeerProbe(Protocol):
@@ -145,6 +150,8 @@ class FusedCallWatchdog:
 
     def track(self, call: InFlight) -> None:
         """Record a launched call. Starts the background thread on the first one (never per call)."""
+        if self.fired is not None:
+            return  # it has fired (and an injected action returned): nothing more to watch
         with self._lock:
             self._pending.append(call)
         if self._thread is None and not self._stop.is_set():
@@ -201,13 +208,13 @@ class FusedCallWatchdog:
         if error is not None:
             state += f"; querying its completion raised {type(error).__name__}: {error}"
         message = (
-            f"Ulysses fused all-to-all watchdog: call seq {call.seq} (helper gen{call.generation}, {call.what}; plan "
-            f"{call.plan}) on rank {self.rank} of SP ranks {self.ranks} was launched {now - call.launched:.1f} s ago "
-            f"and {state}. Its CTAs are most likely spinning in an LSA barrier for a peer's CTAs that will never "
-            f"arrive. Peers: {peers}. Check: whether a peer process died or was killed (its log, dmesg for OOM "
-            "kills or Xid errors), that every SP rank issues the same sequence of calls, and the GPUs' health "
-            f"(nvidia-smi). Ending this process (exit code {WATCHDOG_EXIT_CODE}) so the job fails instead of "
-            "hanging; FASTVIDEO_ULYSSES_A2A_WATCHDOG_TIMEOUT_S sets the timeout."
+            f"Ulysses fused all-to-all watchdog: call seq {call.seq} (helper gen{call.generation}, "
+            f"{_text(call.what)}; plan {_text(call.plan)}) on rank {self.rank} of SP ranks {self.ranks} was "
+            f"launched {now - call.launched:.1f} s ago and {state}. Its CTAs are most likely spinning in an LSA "
+            f"barrier for a peer's CTAs that will never arrive. Peers: {peers}. Check: whether a peer process died "
+            "or was killed (its log, dmesg for OOM kills or Xid errors), that every SP rank issues the same sequence "
+            f"of calls, and the GPUs' health (nvidia-smi). Ending this process (exit code {WATCHDOG_EXIT_CODE}) so "
+            "the job fails instead of hanging; FASTVIDEO_ULYSSES_A2A_WATCHDOG_TIMEOUT_S sets the timeout."
         )
         self.fired = message
         logger.error(message)
