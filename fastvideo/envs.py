@@ -151,6 +151,11 @@ def agreed_names() -> tuple[str, ...]:
     return tuple(name for name, var in _REGISTRY.items() if var.agreed)
 
 
+def raw(names: tuple[str, ...]) -> tuple[str | None, ...]:
+    """The unparsed strings of ``names`` (None when unset): for cheap change detection, never for decisions."""
+    return tuple(map(os.environ.get, names))
+
+
 def read_all() -> tuple[dict[str, Any], list[str]]:
     """Every registered variable parsed now: ``(values, errors)``. Never raises.
 

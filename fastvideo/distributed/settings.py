@@ -21,7 +21,6 @@ its peers waiting inside a collective.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +53,7 @@ class SettingsAgreementError(RuntimeError):
 
 def raw_now() -> tuple[str | None, ...]:
     """This rank's raw environment strings of the agreed variables (what a change check compares)."""
-    return tuple(map(os.environ.get, AGREED))
+    return envs.raw(AGREED)
 
 
 @dataclass(frozen=True)
