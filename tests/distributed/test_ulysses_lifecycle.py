@@ -139,3 +139,38 @@ def test_rebuild_cycles_with_the_shared_memory_vote_leave_mappings_flat(ranks):
     for before, after, results, _ in ranks(2, _cycles, 300, env=shm.ENV, timeout_s=240):
         assert results == {("fused", "shm")}
         assert after == before
+
+
+# ------------------------------------------------------------------------------------- a failed vote group
+
+
+def _after_a_vote_timeout(rank, world_size):
+    import datetime
+
+    import torch.distributed as dist
+
+    from fastvideo.distributed import parallel_state
+    from tests.distributed.conftest import catch
+
+    h = build_helper(vote_timeout_s=2.0)
+    first = rebuilt = None
+    if rank == 0:  # rank 1 never calls: rank 0's vote times out, and the SP group's vote group is dead
+        first = catch(h.all_to_all, rank_input(rank, SHAPE), 0)[0]
+        rebuilt = catch(build_helper)[:2]  # refused at once, locally: no exchange on a dead group
+    dist.barrier()
+    h.destroy()
+    # Rebuilding the groups, as the error says, gives a working vote group again.
+    parallel_state.destroy_sequence_parallel()
+    parallel_state.initialize_sequence_parallel(world_size, timeout=datetime.timedelta(seconds=30))
+    h2 = build_helper()
+    h2.all_to_all(rank_input(rank, SHAPE), 0)
+    route = h2.history[-1].route
+    h2.destroy()
+    return first, rebuilt, route
+
+
+def test_a_failed_vote_group_refuses_new_helpers_until_the_groups_are_rebuilt(ranks):
+    (first, rebuilt, route0), (_, _, route1) = ranks(2, _after_a_vote_timeout, timeout_s=60)
+    assert first == "VoteTimeoutError"
+    assert rebuilt[0] == "HelperDisposedError" and "initialize_sequence_parallel() on every rank" in rebuilt[1]
+    assert route0 == route1 == "fused"
