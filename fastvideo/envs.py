@@ -4,6 +4,11 @@ Values are read from ``os.environ`` every time they are asked for (never frozen 
 recipe, a test or a launcher can change them between calls. ``docs/env_vars.md`` lists the same
 variables; ``tests/test_envs.py`` fails when the two drift apart.
 
+Choices are case- and whitespace-insensitive (``" AUTO "`` reads as ``auto``); anything else outside
+the choices is a ValueError naming the variable, the value and the choices. Variables marked
+``agreed`` must be identical on every rank of an SP group: ``fastvideo/distributed/settings.py``
+validates every variable and agrees those across the group, raising on every rank on a mismatch.
+
     >>> from fastvideo import envs
     >>> envs.get("FASTVIDEO_ULYSSES_A2A")
     'off'
@@ -31,6 +36,9 @@ class EnvVar:
     doc: str
     choices: tuple[str, ...] = ()
     minimum: float | None = None
+    # True: decides which collectives a rank runs (or the plans they carry), so every rank of an SP
+    # group must hold the same value; agreed collectively (``fastvideo/distributed/settings.py``).
+    agreed: bool = False
 
     def parse(self, raw: str | None) -> Any:
         """Parse ``raw`` (``None`` or empty means unset), raising a ValueError that says how to fix it."""
@@ -78,6 +86,7 @@ _register(
         "Ulysses all-to-all transport: `off` always takes the NCCL route (no vote); `auto` votes on every "
         "call and takes the fused NCCL-device-API route where every rank agrees it can.",
         choices=("off", "auto"),
+        agreed=True,
     )
 )
 _register(
@@ -88,6 +97,7 @@ _register(
         "Grad-tracked operands with planes over 512 MiB: `auto` keeps the original (untuned) policy; "
         "`chunked` lets them use tuned chunks.",
         choices=("auto", "chunked"),
+        agreed=True,
     )
 )
 _register(
@@ -97,6 +107,7 @@ _register(
         1 << 30,
         "Registered symmetric window per rank, in bytes (agreed across ranks at construction).",
         minimum=1,
+        agreed=True,
     )
 )
 _register(
@@ -107,6 +118,16 @@ _register(
         "Seconds a construction step or per-call vote may wait for peers before the helper disposes "
         "itself and raises instead of hanging.",
         minimum=0.1,
+    )
+)
+_register(
+    EnvVar(
+        "FASTVIDEO_ULYSSES_A2A_WATCHDOG_TIMEOUT_S",
+        "float",
+        0.0,
+        "Seconds a launched fused call may stay incomplete before the watchdog logs which call, plan and peers "
+        "are stuck and ends the process; `0` uses FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S.",
+        minimum=0.0,
     )
 )
 _register(
@@ -123,6 +144,40 @@ _register(
 def registry() -> dict[str, EnvVar]:
     """All registered variables, by name."""
     return dict(_REGISTRY)
+
+
+def agreed_names() -> tuple[str, ...]:
+    """The variables every rank of an SP group must set identically (``EnvVar.agreed``), in registry order."""
+    return tuple(name for name, var in _REGISTRY.items() if var.agreed)
+
+
+def raw(names: tuple[str, ...]) -> tuple[str | None, ...]:
+    """The unparsed strings of ``names`` (None when unset): for cheap change detection, never for decisions."""
+    return tuple(map(os.environ.get, names))
+
+
+def read_all() -> tuple[dict[str, Any], list[str]]:
+    """Every registered variable parsed now: ``(values, errors)``. Never raises.
+
+    An invalid value is left out of ``values`` and its error (naming the variable, the value and the
+    choices) is in ``errors``, so callers can exchange errors across ranks before raising together.
+    """
+    values: dict[str, Any] = {}
+    errors: list[str] = []
+    for name, var in _REGISTRY.items():
+        try:
+            values[name] = var.parse(os.environ.get(name))
+        except ValueError as exc:
+            errors.append(str(exc))
+    return values, errors
+
+
+def validate_all() -> dict[str, Any]:
+    """Parse every registered variable; one ValueError listing every invalid value, else the values."""
+    values, errors = read_all()
+    if errors:
+        raise ValueError("Invalid FastVideo environment: " + " ".join(errors))
+    return values
 
 
 def get(name: str) -> Any:

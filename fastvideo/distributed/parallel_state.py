@@ -2,32 +2,82 @@
 
 The world is cut into SP groups of ``sp_size`` consecutive ranks (ranks ``[k*sp, (k+1)*sp)``); the
 data-parallel groups run across them (ranks with the same SP rank). Each SP group has a *device*
-group (NCCL on CUDA, gloo on CPU) that carries the all-to-all, and a gloo *CPU* group for host-side
-agreement. Creation is collective over the world (``torch.distributed.new_group`` needs every rank).
+group (NCCL on CUDA, gloo on CPU) that carries the all-to-all, a gloo *CPU* group for host-side
+agreement, and a gloo *vote* group that carries the Ulysses helpers' construction and per-call
+votes: created once here, shared by every helper built on the group (each with its own generation),
+and destroyed with the group, so rebuilding helpers creates no process group. Creation is collective
+over the world (``torch.distributed.new_group`` needs every rank).
+
+Settings: ``initialize_sequence_parallel`` validates every ``FASTVIDEO_*`` variable on every rank and
+agrees the ones that decide collectives across each SP group (``settings.py``); a mismatch raises
+the same error on every rank there. ``GroupCoordinator.agreed_settings()`` is what calls consult.
+
+This module knows nothing of the layers above it: whoever builds something on a group that must be
+torn down before the group (the Ulysses helper) registers a hook with ``add_teardown``.
 """
 
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
+from fastvideo.distributed import settings as _settings
+from fastvideo.distributed.settings import AgreedSettings
+
 
 @dataclass
 class GroupCoordinator:
-    """One process group as seen from this rank: its ranks, device group and CPU (gloo) group."""
+    """One process group as seen from this rank: its ranks, device group and CPU (gloo) group.
+
+    SP coordinators also own the vote group, the agreed settings and the helper generation counter.
+    """
 
     ranks: list[int]
     rank_in_group: int
     device_group: dist.ProcessGroup
     cpu_group: dist.ProcessGroup
     device: torch.device
+    vote_group: dist.ProcessGroup | None = None
+    settings: AgreedSettings | None = None
+    vote_failure: str | None = None  # set when an exchange on the vote group failed: the group is dead
+    _generation: int = 0
+    _teardown: dict[str, Callable[[], None]] = field(default_factory=dict)
 
     @property
     def world_size(self) -> int:
         return len(self.ranks)
+
+    def next_generation(self) -> int:
+        """The next helper generation on this group. Identical on every rank because helpers are built
+        collectively (and the construction exchange checks it)."""
+        self._generation += 1
+        return self._generation
+
+    def add_teardown(self, key: str, fn: Callable[[], None]) -> None:
+        """Run ``fn`` (collective) in ``destroy_sequence_parallel`` before the groups go; one hook per key."""
+        self._teardown[key] = fn
+
+    def agreed_settings(self) -> AgreedSettings:
+        """The settings every rank of this group agreed on. Re-agrees (collective) when this rank's environment
+        changed since; see ``settings.py`` for what happens when only some ranks changed."""
+        agreed = self.settings
+        if agreed is not None and not agreed.changed():
+            return agreed
+        self.settings = _settings.agree(
+            self.cpu_group,
+            self.ranks,
+            self.rank_in_group,
+            where="re-agreed because the environment changed since the last agreement"
+            if agreed is not None
+            else "first use",
+            timeout_s=_settings.agreement_timeout_s(),
+            previous=agreed,
+        )
+        return self.settings
 
 
 _SP: GroupCoordinator | None = None
@@ -41,10 +91,13 @@ def _device_for_backend(backend: str) -> torch.device:
 
 
 def initialize_sequence_parallel(sp_size: int, *, timeout: datetime.timedelta | None = None) -> GroupCoordinator:
-    """Create the SP and DP groups. Collective over the world; call once after ``init_process_group``.
+    """Create the SP and DP groups and agree the settings. Collective over the world; call once after
+    ``init_process_group``.
 
     ``sp_size`` must divide the world size. ``timeout`` bounds every collective of the new groups
-    (gloo and NCCL), so tests can keep a hang short.
+    (gloo and NCCL), so tests can keep a hang short. Raises on every rank, before any later
+    collective, when some rank holds an invalid ``FASTVIDEO_*`` value or the ranks of an SP group
+    disagree on a setting (``settings.SettingsError`` / ``SettingsMismatchError``).
     """
     global _SP, _DP
     if not dist.is_initialized():
@@ -62,23 +115,54 @@ def initialize_sequence_parallel(sp_size: int, *, timeout: datetime.timedelta | 
     backend = dist.get_backend()
     device = _device_for_backend(backend)
     kwargs = {"timeout": timeout} if timeout is not None else {}
+    agree_s = timeout.total_seconds() if timeout is not None else _settings.agreement_timeout_s()
+    vote_timeout = datetime.timedelta(seconds=_settings.agreement_timeout_s())
+    created: list[dist.ProcessGroup] = []
     sp: GroupCoordinator | None = None
     for start in range(0, world, sp_size):
         ranks = list(range(start, start + sp_size))
         dev_group = dist.new_group(ranks, backend=backend, **kwargs)
         cpu_group = dist.new_group(ranks, backend="gloo", **kwargs)
+        # Helpers set their own vote timeout on it; this one bounds nothing until a helper exists.
+        vote_group = dist.new_group(ranks, backend="gloo", timeout=vote_timeout)
+        created += [dev_group, cpu_group, vote_group]
         if rank in ranks:
-            sp = GroupCoordinator(ranks, ranks.index(rank), dev_group, cpu_group, device)
+            sp = GroupCoordinator(ranks, ranks.index(rank), dev_group, cpu_group, device, vote_group=vote_group)
     dp: GroupCoordinator | None = None
     for offset in range(sp_size):
         ranks = list(range(offset, world, sp_size))
         dev_group = dist.new_group(ranks, backend=backend, **kwargs)
         cpu_group = dist.new_group(ranks, backend="gloo", **kwargs)
+        created += [dev_group, cpu_group]
         if rank in ranks:
             dp = GroupCoordinator(ranks, ranks.index(rank), dev_group, cpu_group, device)
     assert sp is not None and dp is not None
+    try:
+        sp.settings = _settings.agree(
+            sp.cpu_group, sp.ranks, sp.rank_in_group, where="checked at initialize_sequence_parallel", timeout_s=agree_s
+        )
+    except Exception:
+        _destroy_groups(created)  # every rank raises here: nothing half-built is left behind
+        raise
     _SP, _DP = sp, dp
     return sp
+
+
+def agree_ulysses_settings() -> AgreedSettings:
+    """Collective over the SP group: agree the current settings now (after changing them on every rank).
+
+    Calls re-agree on their own when the environment changed on every rank; this is the explicit form.
+    """
+    sp = get_sp_group()
+    sp.settings = _settings.agree(
+        sp.cpu_group,
+        sp.ranks,
+        sp.rank_in_group,
+        where="agree_ulysses_settings",
+        timeout_s=_settings.agreement_timeout_s(),
+        previous=sp.settings,
+    )
+    return sp.settings
 
 
 def model_parallel_is_initialized() -> bool:
@@ -105,22 +189,31 @@ def get_sp_rank() -> int:
     return get_sp_group().rank_in_group
 
 
+def _destroy_groups(groups: list[dist.ProcessGroup | None]) -> None:
+    for group in groups:
+        if group is None:
+            continue
+        try:
+            dist.destroy_process_group(group)
+        except (RuntimeError, ValueError):
+            pass  # already gone with the default group
+
+
 def destroy_sequence_parallel() -> None:
-    """Tear down in a safe order: the Ulysses helper (collective) first, then the groups it used.
+    """Tear down in a safe order: registered hooks (the Ulysses helper, collective) first, then the groups.
 
     Collective over each SP group. Safe to call when nothing was initialised.
     """
     global _SP, _DP
-    # Imported here: the helper module imports this one.
-    from fastvideo.distributed.ulysses import helper as _helper
-
-    _helper.destroy_default_helper()
-    for coordinator in (_DP, _SP):
-        if coordinator is None:
-            continue
-        for group in (coordinator.device_group, coordinator.cpu_group):
-            try:
-                dist.destroy_process_group(group)
-            except (RuntimeError, ValueError):
-                pass  # already gone with the default group
-    _SP = _DP = None
+    try:
+        for coordinator in (_SP, _DP):
+            if coordinator is None:
+                continue
+            hooks, coordinator._teardown = coordinator._teardown, {}
+            for hook in reversed(list(hooks.values())):  # last registered, first torn down
+                hook()
+    finally:  # a failing hook must not leave the groups behind
+        for coordinator in (_DP, _SP):
+            if coordinator is not None:
+                _destroy_groups([coordinator.device_group, coordinator.cpu_group, coordinator.vote_group])
+        _SP = _DP = None

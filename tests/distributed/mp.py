@@ -82,15 +82,21 @@ def run_ranks(
     *args,
     sp_size: int | None = None,
     env: dict[str, str | None] | None = None,
+    rank_env: dict[int, dict[str, str | None]] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> list:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return results by rank."""
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return results by rank.
+
+    ``env`` applies to every rank; ``rank_env[r]`` is applied on top of it on rank ``r`` only (settings
+    that differ between ranks).
+    """
     port = _free_port()
     out = _CTX.Queue()
     procs = [
         _CTX.Process(
             target=_entry,
-            args=(r, world_size, port, sp_size, fn.__module__, fn.__qualname__, args, env or {}, list(sys.path), out),
+            args=(r, world_size, port, sp_size, fn.__module__, fn.__qualname__, args,
+                  {**(env or {}), **(rank_env or {}).get(r, {})}, list(sys.path), out),
             daemon=True,
         )
         for r in range(world_size)

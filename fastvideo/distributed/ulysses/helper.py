@@ -1,7 +1,13 @@
 """The Ulysses helper: collective agreement, the per-call vote, plans, fallbacks and "why".
 
-Nothing rank-local decides a collective. Construction agrees over a gloo group of the helper's own
-on capability and host identity, and enters each construction step only after every rank voted
+Layers go one way: the public op (``communication_op``) calls the helper; the helper calls the
+routes below it (``nccl.py``, the transports in ``transport.py`` / ``native.py``), which import
+nothing above them; input validation lives in ``layout.py``. ``parallel_state`` never imports this
+module: the default helper registers its teardown with the SP coordinator.
+
+Nothing rank-local decides a collective. Construction agrees over the SP group's vote group on
+capability, host identity and the settings (``fastvideo/distributed/settings.py``: a mismatch raises
+on every rank), and enters each construction step only after every rank voted
 that the step before it succeeded. Every call then exchanges the 12-field contract
 (``contract.py``) and acts on the verdict every rank computes identically: run the agreed plan,
 decline together to the NCCL route, or raise the same error on every rank.
@@ -22,7 +28,6 @@ construction; construction itself always runs over gloo). ``stats()["vote"]`` sa
 
 from __future__ import annotations
 
-import itertools
 import logging
 import socket
 import statistics
@@ -34,10 +39,12 @@ from dataclasses import dataclass
 import torch
 
 from fastvideo import envs
-from fastvideo.distributed.communication_op import nccl_route, validate_input
+from fastvideo.distributed import settings as _settings
 from fastvideo.distributed.parallel_state import GroupCoordinator, get_sp_group
 from fastvideo.distributed.ulysses import contract
-from fastvideo.distributed.ulysses.contract import DeclineReason, Field, Phase, Verdict
+from fastvideo.distributed.ulysses.contract import ContractMismatchError, DeclineReason, Field, Phase, Verdict
+from fastvideo.distributed.ulysses.layout import validate_input
+from fastvideo.distributed.ulysses.nccl import nccl_route
 from fastvideo.distributed.ulysses.policy import (
     MAX_CTAS,
     MAX_WORLD_SIZE,
@@ -55,10 +62,9 @@ from fastvideo.distributed.ulysses.transport import (
     Transport,
 )
 from fastvideo.distributed.ulysses.vote import GlooVote, ShmVote, VoteTimeoutError, load_vote_library
+from fastvideo.distributed.ulysses.watchdog import FusedCallWatchdog, InFlight, StoreProbe, end_process
 
 logger = logging.getLogger(__name__)
-
-_GENERATIONS = itertools.count(1)
 
 
 class HelperDisposedError(RuntimeError):
@@ -99,6 +105,25 @@ def _default_transport(device: torch.device) -> Transport | None:
 _TRANSPORT_FACTORY: Callable[[torch.device], Transport | None] = _default_transport
 
 
+def _default_store():
+    """The default process group's key-value store (the watchdog's peer probe), or None."""
+    try:
+        import torch.distributed as dist
+
+        return dist.distributed_c10d._get_default_store()
+    except Exception:  # noqa: BLE001 - the probe is optional: without it the watchdog still ends the process
+        return None
+
+
+def _env_or_default(name: str):
+    """The variable's value, or its default when invalid: the construction exchange then reports the invalid
+    value on every rank (raising here alone would leave the peers waiting in that exchange)."""
+    try:
+        return envs.get(name)
+    except ValueError:
+        return envs.registry()[name].default
+
+
 class UlyssesHelper:
     """Decides, identically on every SP rank, whether each call takes the fused route and how.
 
@@ -119,20 +144,30 @@ class UlyssesHelper:
         identity: Callable[[], tuple[str, str]] = host_identity,
         history: int = 1024,
         vote: str = "auto",
+        watchdog_timeout_s: float | None = None,
+        on_watchdog_timeout: Callable[[str], None] | None = None,
     ) -> None:
         if vote not in ("gloo", "shm", "auto"):
             raise ValueError(f"UlyssesHelper: vote={vote!r} must be 'gloo', 'shm' or 'auto'.")
         self.sp = sp if sp is not None else get_sp_group()
         self.world_size = self.sp.world_size
         self.device = self.sp.device
-        self.generation = next(_GENERATIONS)
+        if self.sp.vote_failure is not None:
+            raise HelperDisposedError(
+                f"UlyssesHelper: the vote group of SP ranks {self.sp.ranks} failed earlier ({self.sp.vote_failure}) "
+                "and a gloo group is unusable after a failure: call destroy_sequence_parallel() and "
+                "initialize_sequence_parallel() on every rank to rebuild it."
+            )
+        # Per SP group, so identical on every rank (helpers are built collectively; the construction
+        # exchange checks it). It is in every vote's HEADER: a stale helper on one rank is a loud mismatch.
+        self.generation = self.sp.next_generation()
         self.window_bytes = int(
-            window_bytes if window_bytes is not None else envs.get("FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES")
+            window_bytes if window_bytes is not None else _env_or_default("FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES")
         )
         if self.window_bytes < 1:
             raise ValueError(f"UlyssesHelper: window_bytes={self.window_bytes} must be positive.")
         timeout = float(
-            vote_timeout_s if vote_timeout_s is not None else envs.get("FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S")
+            vote_timeout_s if vote_timeout_s is not None else _env_or_default("FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S")
         )
         self.tuned_table = tuple(tuned_table)
         if gpu_name is None:
@@ -142,6 +177,7 @@ class UlyssesHelper:
         self.capability: Capability | None = None
         self.construction_reason: DeclineReason | None = None
         self.construction_detail = ""
+        self.construction_per_rank: dict[int, str] = {}  # global rank -> its part in a construction decline
         self._seq = 0
         self._destroyed = False
         self._disposed_error: str | None = None
@@ -152,7 +188,16 @@ class UlyssesHelper:
         self._calls = self._fused = self._raised = 0
         self._vote_s: deque[float] = deque(maxlen=4096)
         self.history: deque[CallRecord] = deque(maxlen=history)
-        self._vote = GlooVote(self.sp.ranks, timeout)  # construction, and the per-call vote unless shm
+        if watchdog_timeout_s is None:
+            watchdog_timeout_s = float(_env_or_default("FASTVIDEO_ULYSSES_A2A_WATCHDOG_TIMEOUT_S")) or timeout
+        if watchdog_timeout_s <= 0:
+            raise ValueError(f"UlyssesHelper: watchdog_timeout_s={watchdog_timeout_s!r} must be positive.")
+        self.watchdog_timeout_s = watchdog_timeout_s
+        self._on_watchdog_timeout = on_watchdog_timeout or end_process
+        self._watchdog: FusedCallWatchdog | None = None  # built at the first launch that leaves work in flight
+        # Construction, and the per-call vote unless shm: the SP group's vote group, created once with the
+        # group (no process group per helper: rebuilding helpers leaks nothing).
+        self._vote = GlooVote(self.sp.ranks, timeout, group=self.sp.vote_group)
         self._call_vote: GlooVote | ShmVote = self._vote
         self._vote_request = vote
         try:
@@ -174,11 +219,13 @@ class UlyssesHelper:
         self.capability = cap
         host, boot = identity()
         shm_ok = self._vote_request != "gloo" and load_vote_library() is not None
-        info = (cap.agreement_key(), cap.decline, cap.detail, host, boot, self.window_bytes, self.gpu_name, shm_ok)
+        info = (cap.agreement_key(), cap.decline, cap.detail, host, boot, self.window_bytes, self.gpu_name, shm_ok,
+                self.generation, _settings.local_report())
         peers = self._vote.all_gather_object(info)
-        reason, detail = self._capability_verdict(peers)
+        self._agree_settings_and_generation(peers)  # raises on every rank, before any construction step
+        reason, detail, per_rank = self._capability_verdict(peers)
         if reason is None:
-            reason, detail = self._run_steps()
+            reason, detail, per_rank = self._run_steps()
         if reason is None:
             assert self.transport is not None  # a missing transport declined at the capability exchange
             try:
@@ -191,12 +238,25 @@ class UlyssesHelper:
             if bad:
                 reason = min(r for r, _ in bad)
                 detail = "; ".join(f"rank {i}: {d}" for i, (r, d) in enumerate(reports) if r is not None)
+                per_rank = [f"{r.label} ({d})" if r is not None else "ok" for r, d in reports]
                 self.transport.destroy()  # built on every rank: tear down together
             else:
                 self._built = True
                 self._choose_vote(peers)
         if reason is not None:
-            self._decline_construction(reason, detail)
+            self._decline_construction(reason, detail, per_rank)
+
+    def _agree_settings_and_generation(self, peers: list[tuple]) -> None:
+        """Settings (validated, identical) and helper generation, from the construction exchange. Same verdict
+        on every rank: raise everywhere, or refresh the SP group's agreed settings."""
+        agreed = _settings.decide([p[9] for p in peers], self.sp.ranks, self.sp.rank_in_group,
+                                  "checked at UlyssesHelper construction")
+        generations = [p[8] for p in peers]
+        if any(g != generations[0] for g in generations):
+            # Resynchronise so that the next collective construction agrees, then fail this one everywhere.
+            self.sp._generation = max(generations)
+            raise ContractMismatchError(Field.HEADER, [contract.header(g) for g in generations])
+        self.sp.settings = agreed
 
     def _choose_vote(self, peers: list[tuple]) -> None:
         """The per-call vote channel, decided from the construction exchange (so identically everywhere):
@@ -213,22 +273,28 @@ class UlyssesHelper:
             return
         self._call_vote = shm
 
-    def _capability_verdict(self, peers: list[tuple]) -> tuple[DeclineReason | None, str]:
+    def _capability_verdict(self, peers: list[tuple]) -> tuple[DeclineReason | None, str, list[str]]:
+        """(reason, detail, each rank's own part in it) from the construction exchange; reason None: go on."""
         if not MIN_WORLD_SIZE <= self.world_size <= MAX_WORLD_SIZE:
-            return DeclineReason.WORLD_SIZE, f"SP size {self.world_size} outside {MIN_WORLD_SIZE}..{MAX_WORLD_SIZE}"
+            why = f"SP size {self.world_size} outside {MIN_WORLD_SIZE}..{MAX_WORLD_SIZE}"
+            return DeclineReason.WORLD_SIZE, why, [why] * len(peers)
         declines = [(i, p[1], p[2]) for i, p in enumerate(peers) if p[1] is not None]
         if declines:
-            return min(d for _, d, _ in declines), "; ".join(f"rank {i}: {d.label} ({why})" for i, d, why in declines)
+            per_rank = [f"{p[1].label} ({p[2]})" if p[1] is not None else "ok" for p in peers]
+            return (min(d for _, d, _ in declines), "; ".join(f"rank {i}: {d.label} ({why})" for i, d, why in declines),
+                    per_rank)
         for index, what in ((0, "transport capability"), (5, "window bytes"), (6, "GPU model")):
             values = [p[index] for p in peers]
             if any(v != values[0] for v in values):
-                return DeclineReason.PEER_DISAGREEMENT, f"ranks differ in {what}: {values}"
+                return (DeclineReason.PEER_DISAGREEMENT, f"ranks differ in {what}: {values}",
+                        [f"{what} {v}" for v in values])
         if len({(p[3], p[4]) for p in peers}) > 1:
             hosts = [f"{p[3]}/{p[4][:8]}" for p in peers]
-            return DeclineReason.MULTI_HOST, f"ranks are on more than one host (hostname/boot id): {hosts}"
-        return None, ""
+            return (DeclineReason.MULTI_HOST, f"ranks are on more than one host (hostname/boot id): {hosts}",
+                    [f"host {h}" for h in hosts])
+        return None, "", []
 
-    def _run_steps(self) -> tuple[DeclineReason | None, str]:
+    def _run_steps(self) -> tuple[DeclineReason | None, str, list[str]]:
         assert self.transport is not None
         ctx = ConstructionContext(
             rank=self.sp.rank_in_group,
@@ -253,21 +319,30 @@ class UlyssesHelper:
                 self.transport.abort()
                 detail = "; ".join(f"rank {i}: {e}" for i, e in failed)
                 where = f"step {index}/{len(names)} ({names[index - 1]})" if index else "preparing the steps"
-                return DeclineReason.CONSTRUCTION_FAILED, f"failed at {where}: {detail}"
+                return (DeclineReason.CONSTRUCTION_FAILED, f"failed at {where}: {detail}",
+                        [f"failed: {e}" if e else "ok" for e in results])
             if step is None:
                 break
             try:
                 step.run()
             except Exception as exc:  # noqa: BLE001 - a local failure is voted on, never raised alone
                 error = f"{step.name}: {type(exc).__name__}: {exc}"
-        return None, ""
+        return None, "", []
 
-    def _decline_construction(self, reason: DeclineReason, detail: str) -> None:
+    def _decline_construction(self, reason: DeclineReason, detail: str, per_rank: list[str]) -> None:
+        """Record the agreed decline. Logged once for the SP group, by its first rank, at WARNING, naming every
+        rank's part (every rank holds the same exchange, so the others would only repeat it)."""
         self.construction_reason, self.construction_detail = reason, detail
-        logger.warning(
-            "Ulysses fused all-to-all declined at construction (%s): %s; using the NCCL route.", reason.label, detail
-        )
-        self._logged.add(reason)
+        self.construction_per_rank = {rank: why for rank, why in zip(self.sp.ranks, per_rank, strict=True)}
+        if self.sp.rank_in_group == 0:
+            logger.warning(
+                "Ulysses fused all-to-all declined at construction on SP ranks %s (%s); every call takes the NCCL "
+                "route. Per rank: %s.",
+                self.sp.ranks,
+                reason.label,
+                "; ".join(f"rank {rank}: {why}" for rank, why in self.construction_per_rank.items()),
+            )
+        self._logged.add(reason)  # and never again per call, on any rank
 
     # ------------------------------------------------------------------ per call
 
@@ -275,6 +350,10 @@ class UlyssesHelper:
     def fused_available(self) -> bool:
         """True when construction succeeded collectively (per-call votes still decide each call)."""
         return self._built and not self._destroyed and self._disposed_error is None
+
+    def _mark_vote_failed(self, why: str) -> None:
+        if not self._vote.owns_group:
+            self.sp.vote_failure = why  # the shared group is dead too: later helpers must not use it
 
     def _check_alive(self) -> None:
         if self._disposed_error is not None:
@@ -319,13 +398,19 @@ class UlyssesHelper:
     ) -> tuple[torch.Tensor, Plan | None, DeclineReason | None]:
         """One call: vote, then the fused plan or the NCCL route. Returns (output, plan, decline reason)."""
         self._check_alive()
+        if self._watchdog is not None:
+            self._watchdog.poll()  # the background thread does this too; here it costs one event query
+        compiling = torch.compiler.is_compiling()
+        # Before the sequence number moves: a settings error is raised on every rank, a re-agreement is a
+        # collective every rank enters at this same call. Not inside a compile region (no host collective).
+        agreed = None if compiling else self.sp.agreed_settings()
         geom = Geometry.from_input(x.shape, mode, self.world_size, x.dtype)
         seq = self._seq
         self._seq += 1
         self._calls += 1
         if self.construction_reason is not None:
             return self._decline(x, geom, seq, phase, self.construction_reason)
-        if torch.compiler.is_compiling():
+        if compiling:
             # A host-side vote cannot be traced; every rank traces the same region, so every rank
             # takes the (traceable) NCCL route here.
             return self._decline(x, geom, seq, phase, DeclineReason.TORCH_COMPILE)
@@ -338,7 +423,9 @@ class UlyssesHelper:
                 if plan is None:
                     bits |= (forward_reason or DeclineReason.PEER_DISAGREEMENT).bit
             elif not bits:
-                choice = self.plan_for(geom, grad=phase == Phase.FORWARD_GRAD)
+                assert agreed is not None
+                choice = self.plan_for(geom, grad=phase == Phase.FORWARD_GRAD,
+                                       long_training=agreed["FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"])
                 plan = choice.plan
                 if plan is None:
                     bits |= (choice.reason or DeclineReason.WINDOW).bit
@@ -375,10 +462,26 @@ class UlyssesHelper:
         plan = Plan.from_word(decision.plan_word)
         assert self.transport is not None
         out = self.transport.execute(x, geom, plan)
+        marker = self.transport.completion_marker()
+        if marker is not None:
+            self._watch(InFlight(seq, self.generation, lambda: f"{phase.name.lower()}, {geom}",
+                                 lambda: plan.describe(geom), marker, time.monotonic()))
         self._fused += 1
         self._plans[plan.describe(geom)] += 1
         self.history.append(CallRecord(seq, phase, mode, "fused", plan, None, plan.num_chunks(geom)))
         return out, plan, None
+
+    def _watch(self, call: InFlight) -> None:
+        if self._watchdog is None:
+            store = _default_store()
+            probe = None
+            if store is not None:
+                probe = StoreProbe(store, self.sp.ranks, self.sp.ranks[self.sp.rank_in_group],
+                                   key="-".join(map(str, self.sp.ranks)),
+                                   wait_s=min(5.0, max(2.0, self.watchdog_timeout_s / 2)))
+            self._watchdog = FusedCallWatchdog(self.watchdog_timeout_s, rank=self.sp.ranks[self.sp.rank_in_group],
+                                               ranks=self.sp.ranks, on_timeout=self._on_watchdog_timeout, probe=probe)
+        self._watchdog.track(call)
 
     def _decline(
         self, x: torch.Tensor, geom: Geometry, seq: int, phase: Phase, reason: DeclineReason
@@ -418,6 +521,7 @@ class UlyssesHelper:
             if self.construction_reason
             else ("ok" if self._built else "n/a"),
             "construction_detail": self.construction_detail,
+            "construction_per_rank": dict(self.construction_per_rank),
             "calls": self._calls,
             "fused": self._fused,
             "raised": self._raised,
@@ -426,6 +530,7 @@ class UlyssesHelper:
             "vote": "shm" if isinstance(self._call_vote, ShmVote) else "gloo",
             "vote_us_median": statistics.median(votes) * 1e6 if votes else None,
             "vote_us_p90": votes[int(0.9 * (len(votes) - 1))] * 1e6 if votes else None,
+            "in_flight": self._watchdog.in_flight() if self._watchdog is not None else 0,
             "disposed": self._disposed_error is not None,
             "destroyed": self._destroyed,
         }
@@ -437,6 +542,7 @@ class UlyssesHelper:
 
     def _dispose(self, why: str) -> None:
         self._disposed_error = why
+        self._mark_vote_failed(why)
         if self.transport is not None:
             self.transport.abort()
         self._declines[DeclineReason.DISPOSED] += 1
@@ -446,6 +552,8 @@ class UlyssesHelper:
         if self._destroyed:
             return
         self._destroyed = True
+        if self._watchdog is not None:
+            self._watchdog.stop()
         if self._built and self._disposed_error is None and self.transport is not None:
             self.transport.destroy()
         self._built = False
@@ -477,15 +585,22 @@ _DEFAULT: UlyssesHelper | None = None
 def get_default_helper() -> UlyssesHelper:
     """The helper the public op uses under ``auto``; built (collectively) on first use."""
     global _DEFAULT
-    if _DEFAULT is None or _DEFAULT._destroyed:
-        _DEFAULT = UlyssesHelper(get_sp_group())
+    sp = get_sp_group()
+    if _DEFAULT is None or _DEFAULT._destroyed or _DEFAULT.sp is not sp:
+        install_default_helper(UlyssesHelper(sp))
+    assert _DEFAULT is not None
     return _DEFAULT
 
 
 def install_default_helper(helper: UlyssesHelper | None) -> None:
-    """Make ``helper`` the one the public op uses (tests inject one built on a CPU transport)."""
+    """Make ``helper`` the one the public op uses (tests inject one built on a CPU transport).
+
+    Its SP group destroys it (collectively) in ``destroy_sequence_parallel``, before the groups go.
+    """
     global _DEFAULT
     _DEFAULT = helper
+    if helper is not None:
+        helper.sp.add_teardown("ulysses.default_helper", destroy_default_helper)
 
 
 def destroy_default_helper() -> None:

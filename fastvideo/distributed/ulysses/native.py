@@ -45,6 +45,10 @@ from fastvideo.distributed.ulysses.transport import (
 # ABI 1 (before 2026-11-29) laid chunks out in the window at the current chunk's stride: wrong data
 # whenever a plan's chunks differ in size (found on 2x H200). Such a build must never run.
 MIN_ABI_VERSION = 2
+# Completion events recorded round-robin, one per call, for the helper's watchdog (created once, so
+# the hot path allocates none). Reusing one re-records it for a later call, which completes no earlier:
+# the watchdog then sees the older call late, never early.
+EVENT_RING = 16
 
 
 class NativeKernelError(RuntimeError):
@@ -85,7 +89,9 @@ class NativeTransport(Transport):
         self._unique_id: bytes | None = None
         self._bus_id = ""
         self._bus_ids: list[str] = []
-        self._event: torch.cuda.Event | None = None
+        self._event: torch.cuda.Event | None = None  # the last call's completion event
+        self._events: list[torch.cuda.Event] = []
+        self._calls = 0
         self._last_stream: torch.cuda.Stream | None = None
 
     # ------------------------------------------------------------------ probing (local)
@@ -181,7 +187,8 @@ class NativeTransport(Transport):
             if ctx.max_ctas > lib.fvk_max_ctas():
                 raise NativeKernelError(f"helper wants {ctx.max_ctas} CTAs, the kernel reserves {lib.fvk_max_ctas()}")
             self._check(lib.fvk_devcomm_create(self._handle), "fvk_devcomm_create")
-            self._event = torch.cuda.Event()
+            self._events = [torch.cuda.Event() for _ in range(EVENT_RING)]
+            self._event = self._events[-1]
 
         return [
             Step("create", create),
@@ -255,7 +262,10 @@ class NativeTransport(Transport):
         else:
             raise NativeKernelError(f"plan {plan} needs the tuned entry point, which this kernel build lacks")
         self._check(status, what)
-        self._event.record(stream)
+        event = self._events[self._calls % EVENT_RING]
+        self._calls += 1
+        event.record(stream)
+        self._event = event
         self._last_stream = stream
         return out
 
@@ -285,9 +295,16 @@ class NativeTransport(Transport):
                                          geom.B, geom.S, geom.H, geom.D, plan.ctas, plan.planes_per_chunk,
                                          plan.rows_per_chunk, flags, report.data_ptr(), stream.cuda_stream)
         self._check(status, "fvk_a2a_debug")
-        self._event.record(stream)
+        event = self._events[self._calls % EVENT_RING]
+        self._calls += 1
+        event.record(stream)
+        self._event = event
         self._last_stream = stream
         return out, [int(v) for v in report.cpu().tolist()]
+
+    def completion_marker(self) -> torch.cuda.Event | None:
+        """The last call's completion event (``query()`` only; the helper's watchdog tracks it)."""
+        return self._event
 
     # ------------------------------------------------------------------ teardown
 
@@ -308,5 +325,6 @@ class NativeTransport(Transport):
         self._handle = None
         self._ctx = None
         self._event = None
+        self._events = []
         self._last_stream = None
         self._unique_id = None

@@ -111,6 +111,12 @@ class Transport(abc.ABC):
     def execute(self, x: torch.Tensor, geom: Geometry, plan: Plan) -> torch.Tensor:
         """Run the agreed plan. Collective over the SP group; returns a tensor the caller owns."""
 
+    def completion_marker(self):
+        """A handle whose ``query()`` says whether the last ``execute``'s device work has completed (the
+        native transport: a CUDA event), or None when ``execute`` returns with its work done (the CPU
+        transport). The helper's watchdog tracks it; it must never synchronise."""
+        return None
+
     def abort(self) -> None:
         """Release local resources after a failed construction (no collective)."""
 

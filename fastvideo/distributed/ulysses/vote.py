@@ -1,9 +1,11 @@
-"""The per-call vote channel: 12 int64 fields all-gathered over a gloo group of the helper's own.
+"""The per-call vote channel: 12 int64 fields all-gathered over a gloo group.
 
-Buffers are allocated once per helper and reused (no per-call allocation on the hot path). The
-group is created with the vote timeout, so a vote that never completes (a dead peer, a peer with
-``FASTVIDEO_ULYSSES_A2A=off``) raises instead of hanging; a gloo group is unusable after that, so
-the caller must treat any failure as terminal.
+The group is the SP group's vote group (``GroupCoordinator.vote_group``: created once with the SP
+group, shared by every helper built on it, destroyed with it), or, for a standalone ``GlooVote``
+(benchmarks), a group of its own. Buffers are allocated once per helper and reused (no per-call
+allocation on the hot path). The vote's timeout is set on the group, so a vote that never completes
+(a dead peer, a peer that is not calling the helper) raises instead of hanging; a gloo group is
+unusable after that, so the caller must treat any failure as terminal.
 
 ``ShmVote`` is the same-host fast path for the per-call exchange: a POSIX shared-memory segment
 driven by the kernel library's ``fvk_vote_*`` functions (``csrc/ulysses_a2a/shm_vote.cpp``), set up
@@ -15,18 +17,17 @@ from __future__ import annotations
 import ctypes
 import datetime
 import logging
-import pickle
 import uuid
 
 import torch
 import torch.distributed as dist
 
+from fastvideo.distributed.host_exchange import all_gather_objects, all_gather_tensor
 from fastvideo.distributed.ulysses.contract import NUM_FIELDS
 
 logger = logging.getLogger(__name__)
 
-# torch 2.13 renamed all_gather_into_tensor (the GPU hosts run 2.11): one name for both.
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_all_gather = all_gather_tensor
 
 
 class VoteTimeoutError(RuntimeError):
@@ -36,18 +37,28 @@ class VoteTimeoutError(RuntimeError):
 class GlooVote:
     """All-gather of the 12-field contract over a dedicated gloo group. Collective on every call."""
 
-    def __init__(self, ranks: list[int], timeout_s: float) -> None:
+    def __init__(self, ranks: list[int], timeout_s: float, group: dist.ProcessGroup | None = None) -> None:
         self.ranks = list(ranks)
         self.world_size = len(ranks)
         self.timeout_s = timeout_s
-        # use_local_synchronization: only the SP group's ranks take part in creating it, so another
-        # SP group (or a helper rebuilt on one SP group only) never blocks on this one.
-        self.group = dist.new_group(
-            self.ranks,
-            backend="gloo",
-            timeout=datetime.timedelta(seconds=timeout_s),
-            use_local_synchronization=True,
-        )
+        self.owns_group = group is None
+        if group is None:
+            # Standalone (benchmarks): a group of its own. use_local_synchronization: only these ranks
+            # take part in creating it, so another SP group never blocks on this one.
+            group = dist.new_group(
+                self.ranks,
+                backend="gloo",
+                timeout=datetime.timedelta(seconds=timeout_s),
+                use_local_synchronization=True,
+            )
+        else:
+            # A shared group: this vote's timeout applies to its exchanges from now on (one helper
+            # votes on a group at a time; the next one sets its own). A torch without set_timeout keeps
+            # the timeout the group was created with (FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S).
+            set_timeout = getattr(group, "set_timeout", None)
+            if set_timeout is not None:
+                set_timeout(datetime.timedelta(seconds=timeout_s))
+        self.group = group
         self._send = torch.zeros(NUM_FIELDS, dtype=torch.int64)
         self._send_np = self._send.numpy()
         self._recv = torch.zeros(self.world_size * NUM_FIELDS, dtype=torch.int64)
@@ -68,30 +79,20 @@ class GlooVote:
 
     def all_gather_object(self, obj: object) -> list[object]:
         """Construction-time exchange of small Python objects (pickled, length-prefixed, over gloo)."""
-        payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
         try:
-            sizes = torch.zeros(self.world_size, dtype=torch.int64)
-            _all_gather(sizes, torch.tensor([payload.numel()], dtype=torch.int64), group=self.group)
-            width = int(sizes.max())
-            padded = torch.zeros(width, dtype=torch.uint8)
-            padded[: payload.numel()] = payload
-            gathered = torch.zeros(self.world_size * width, dtype=torch.uint8)
-            _all_gather(gathered, padded, group=self.group)
+            return all_gather_objects(self.group, self.world_size, obj)
         except RuntimeError as exc:
             raise VoteTimeoutError(
                 f"Ulysses construction exchange over SP ranks {self.ranks} did not complete within "
-                f"{self.timeout_s:g} s ({exc}). Every SP rank must construct the helper (same FASTVIDEO_ULYSSES_A2A)."
+                f"{self.timeout_s:g} s ({exc}). Every SP rank must construct the helper at the same point."
             ) from exc
-        rows = gathered.view(self.world_size, width)
-        return [pickle.loads(rows[r, : int(sizes[r])].numpy().tobytes()) for r in range(self.world_size)]
 
     def destroy(self) -> None:
-        # Not dist.destroy_process_group: torch names a group created with use_local_synchronization
-        # after len(_world.pg_names), so deregistering this one makes the next GlooVote on the same
-        # ranks reuse its name and store keys, and peers then connect to stale addresses (connect
-        # timeouts on helper rebuild). The group is released with the default process group.
+        """Local. Never destroys the group: a shared group belongs to its SP group. A group of its own is not
+        deregistered either: torch names a group created with use_local_synchronization after
+        len(_world.pg_names), so deregistering it makes the next GlooVote on the same ranks reuse its name
+        and store keys, and peers then connect to stale addresses. It goes with the default process group."""
         self.destroyed = True
-
 
 
 VOTE_SYMBOLS = ("fvk_vote_open", "fvk_vote_exchange", "fvk_vote_unlink", "fvk_vote_close")

@@ -1,0 +1,238 @@
+"""A watchdog for fused calls in flight: a peer that dies during a launch must not leave this rank
+spinning in an LSA barrier forever.
+
+The vote only catches peers that are dead *before* a launch. Once every rank voted RUN, each rank's
+kernel waits at per-CTA LSA barriers for its peers' CTAs; a peer killed after the vote (or one whose
+launch failed locally) never arrives, and the survivors spin with no host code running that could
+notice: the host is typically blocked in a CUDA synchronisation. So, as torch's NCCL watchdog does:
+
+* every launched fused call is tracked: its completion marker (a CUDA event; anything with
+  ``query()``), sequence number, plan and geometry;
+* a daemon thread (one per helper, started at its first tracked launch, stopped by ``stop()``),
+  and the helper itself at its next call, drop completed calls and look at the oldest incomplete one;
+* when it has been incomplete for longer than the timeout, the watchdog logs one clear error naming
+  the call, the plan, the peers that did not report being stuck in the same call (whose barrier
+  arrivals are the missing ones) and what to check, then ends the process (``os._exit``) so the job
+  fails instead of hanging. The action is injectable (tests observe it instead of exiting).
+
+Hot path: ``track`` is a lock and a deque append (no thread, no allocation beyond the record);
+markers are only ``query()``-ed, never synchronised.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+logger = logging.getLogger(__name__)
+
+WATCHDOG_EXIT_CODE = 87  # what the process exits with when the watchdog ends it (documented)
+
+
+class Marker(Protocol):
+    def query(self) -> bool:
+        """True once the device work it marks has completed."""
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """One launched fused call. ``what`` and ``plan`` may be callables returning the text: formatting is
+    deferred to the (rare) timeout, keeping ``track`` off the per-call cost."""
+
+    seq: int
+    generation: int
+    what: str | Callable[[], str]  # phase, geometry
+    plan: str | Callable[[], str]  # the plan's description
+    marker: Marker
+    launched: float  # time.monotonic() at launch
+
+
+def _text(value: str | Callable[[], str]) -> str:
+    return value() if callable(value) else value
+
+
+class PeerProbe(Protocol):
+    def __call__(self, call: InFlight, timeout_s: float) -> str:
+        """Publish that this rank is stuck in ``call`` and say what is known of the peers (never raises)."""
+
+
+def end_process(message: str) -> None:
+    """The default action: the error is already logged (on stderr too when logging is off), then exit
+    without cleanup.
+
+    ``os._exit``: atexit handlers, CUDA context teardown or NCCL destruction could block on the very
+    kernel that is stuck.
+    """
+    try:
+        if not logger.isEnabledFor(logging.ERROR):
+            sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+    finally:
+        os._exit(WATCHDOG_EXIT_CODE)
+
+
+class StoreProbe:
+    """Peer reports through the job's key-value store (the default process group's store), only at timeout.
+
+    Every rank whose watchdog fires on the same call writes a key for it; this rank then waits up to
+    ``wait_s`` for its peers' keys. A peer that is stuck in the same call reports too (its watchdog fires
+    about when this one does); a peer that does not report is dead, or never entered the call, so its
+    barrier arrivals are the missing ones. Costs nothing before a timeout.
+    """
+
+    def __init__(self, store, ranks: list[int], rank: int, key: str, wait_s: float = 5.0) -> None:
+        self.store, self.ranks, self.rank, self.key, self.wait_s = store, list(ranks), rank, key, wait_s
+
+    def __call__(self, call: InFlight, timeout_s: float) -> str:
+        prefix = f"fastvideo/ulysses/watchdog/{self.key}/gen{call.generation}/seq{call.seq}"
+        try:
+            self.store.set(f"{prefix}/{self.rank}", "stuck")
+            peers = [r for r in self.ranks if r != self.rank]
+            reported: set[int] = set()
+            deadline = time.monotonic() + self.wait_s
+            while True:
+                reported |= {r for r in peers if r not in reported and self.store.check([f"{prefix}/{r}"])}
+                if len(reported) == len(peers) or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.05)
+        except Exception as exc:  # noqa: BLE001 - a probe must never stop the watchdog from ending the process
+            return f"peer state unknown (the store could not be reached: {type(exc).__name__}: {exc})"
+        missing = [r for r in peers if r not in reported]
+        stuck = sorted(reported)
+        if missing:
+            return (
+                f"ranks {missing} did not report being stuck in this call within {self.wait_s:g} s: they are dead, "
+                f"hung elsewhere, or never launched it, so theirs are the missing barrier arrivals"
+                + (f"; ranks {stuck} report waiting in it too" if stuck else "")
+            )
+        return (
+            f"every peer ({stuck}) reports waiting in this call too: no barrier arrival is missing from a dead "
+            "peer, so suspect the device or the kernel (a launch that cannot make progress)"
+        )
+
+
+class FusedCallWatchdog:
+    """Tracks launched fused calls; ends the process when one stays incomplete past ``timeout_s``."""
+
+    def __init__(
+        self,
+        timeout_s: float,
+        *,
+        rank: int,
+        ranks: list[int],
+        on_timeout: Callable[[str], None] = end_process,
+        probe: PeerProbe | None = None,
+        poll_s: float | None = None,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"FusedCallWatchdog: timeout_s={timeout_s!r} must be positive.")
+        self.timeout_s = timeout_s
+        self.rank, self.ranks = rank, list(ranks)
+        self.on_timeout = on_timeout
+        self.probe = probe
+        self.poll_s = poll_s if poll_s is not None else min(1.0, max(0.01, timeout_s / 10))
+        self.fired: str | None = None  # the message, once fired
+        self._pending: deque[InFlight] = deque()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ hot path
+
+    def track(self, call: InFlight) -> None:
+        """Record a launched call. Starts the background thread on the first one (never per call)."""
+        if self.fired is not None:
+            return  # it has fired (and an injected action returned): nothing more to watch
+        with self._lock:
+            self._pending.append(call)
+        if self._thread is None and not self._stop.is_set():
+            self._thread = threading.Thread(target=self._loop, name=f"fastvideo-ulysses-watchdog-r{self.rank}",
+                                            daemon=True)
+            self._thread.start()
+
+    def in_flight(self) -> int:
+        """Launched calls not yet seen complete (queries them now)."""
+        with self._lock:
+            while self._pending:
+                try:
+                    if not self._pending[0].marker.query():
+                        break
+                except Exception:  # noqa: BLE001 - incomplete; poll() reports it at the timeout
+                    break
+                self._pending.popleft()
+            return len(self._pending)
+
+    def poll(self, now: float | None = None) -> InFlight | None:
+        """Drop completed calls; fire on the oldest incomplete one when it is overdue. Returns the call it fired on.
+
+        A query that raises (a sticky device error) counts as incomplete: the main thread normally raises that
+        error itself first; if it is blocked instead, the timeout still ends the process, naming the error."""
+        error: Exception | None = None
+        with self._lock:
+            if self.fired is not None:
+                return None
+            oldest = None
+            while self._pending:
+                try:
+                    done = self._pending[0].marker.query()
+                except Exception as exc:  # noqa: BLE001 - reported by firing, never lost in a thread
+                    oldest, error = self._pending[0], exc
+                    break
+                if not done:
+                    oldest = self._pending[0]
+                    break
+                self._pending.popleft()  # calls complete in order: they share one window
+            if oldest is None:
+                return None
+            now = time.monotonic() if now is None else now
+            if now - oldest.launched <= self.timeout_s:
+                return None
+            self.fired = "firing"  # claimed under the lock: the thread and the next call never both fire
+        self._fire(oldest, now, error)
+        return oldest
+
+    # ------------------------------------------------------------------ timeout
+
+    def _fire(self, call: InFlight, now: float, error: Exception | None = None) -> None:
+        peers = self.probe(call, self.timeout_s) if self.probe is not None else "peer state not probed"
+        state = f"has not completed (timeout {self.timeout_s:g} s)"
+        if error is not None:
+            state += f"; querying its completion raised {type(error).__name__}: {error}"
+        message = (
+            f"Ulysses fused all-to-all watchdog: call seq {call.seq} (helper gen{call.generation}, "
+            f"{_text(call.what)}; plan {_text(call.plan)}) on rank {self.rank} of SP ranks {self.ranks} was "
+            f"launched {now - call.launched:.1f} s ago and {state}. Its CTAs are most likely spinning in an LSA "
+            f"barrier for a peer's CTAs that will never arrive. Peers: {peers}. Check: whether a peer process died "
+            "or was killed (its log, dmesg for OOM kills or Xid errors), that every SP rank issues the same sequence "
+            f"of calls, and the GPUs' health (nvidia-smi). Ending this process (exit code {WATCHDOG_EXIT_CODE}) so "
+            "the job fails instead of hanging; FASTVIDEO_ULYSSES_A2A_WATCHDOG_TIMEOUT_S sets the timeout."
+        )
+        self.fired = message
+        logger.error(message)
+        self.on_timeout(message)
+
+    # ------------------------------------------------------------------ thread
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            self.poll()
+            if self.fired is not None:
+                return
+
+    def stop(self) -> None:
+        """Stop and join the thread (idempotent). Pending calls are forgotten."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        with self._lock:
+            self._pending.clear()

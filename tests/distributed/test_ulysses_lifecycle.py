@@ -1,0 +1,176 @@
+"""Helper lifecycle: 1000 rebuild-and-destroy cycles leave process groups, threads, file descriptors
+and shared-memory mappings exactly where they were.
+
+Each cycle builds a helper on the SP group (the full construction: capability exchange, steps,
+topology), runs one fused call whose launch the watchdog tracks (so its thread starts and is
+joined), and destroys it. Helpers share the SP group's vote group (created once with the group), so
+a cycle creates no process group; before, every helper created a gloo group of its own that could
+not be destroyed (24 ms a cycle at 2 ranks, +1 group, +3 threads, +5 descriptors each).
+
+The negative control builds standalone ``GlooVote``s, each with a group of its own (the old
+behaviour), and asserts the same counts do grow.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+
+import pytest
+
+from fastvideo.distributed.ulysses.transport import GlooPlanTransport
+from tests.distributed.conftest import build_helper, rank_input
+
+SHAPE = (3, 16, 12, 8)
+CYCLES = 1000
+
+
+class _Done:
+    def query(self) -> bool:
+        return True
+
+
+class CompletingTransport(GlooPlanTransport):
+    """The CPU transport reporting a completed asynchronous launch, so the watchdog tracks every call."""
+
+    def completion_marker(self):
+        return _Done()
+
+
+def counts(settle_to: dict[str, int] | None = None) -> dict[str, int]:
+    """This process's resources that a leaking helper would grow, once they are steady.
+
+    Reads until two readings 20 ms apart agree (or, with ``settle_to``, until they equal it), for up
+    to 2 s: a joined thread's OS thread can linger in /proc/self/task for a moment after ``join()``
+    returns. A leak stays, and still fails.
+    """
+    deadline = time.monotonic() + 2.0
+    gc.collect()  # objects in reference cycles are freed at an arbitrary later collection otherwise
+    last = _counts()
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        now = _counts()
+        if (now == settle_to) if settle_to is not None else (now == last):
+            return now
+        last = now
+    return last
+
+
+def _counts() -> dict[str, int]:
+    import threading
+
+    import torch.distributed as dist
+
+    with open("/proc/self/maps") as f:
+        shm = sum("/dev/shm/" in line for line in f)
+    return {
+        "process_groups": len(dist.distributed_c10d._world.pg_map),
+        "threads": len(os.listdir("/proc/self/task")),  # native ones too (gloo's)
+        "python_threads": threading.active_count(),
+        "fds": len(os.listdir("/proc/self/fd")),
+        "shm_mappings": shm,
+    }
+
+
+def _cycles(rank, world_size, n):
+    import torch.distributed
+
+    from fastvideo.distributed.parallel_state import get_sp_group
+
+    x = rank_input(rank, SHAPE)
+
+    def cycle() -> tuple[str, str]:
+        h = build_helper(transport=CompletingTransport(), tuned=False)  # the original plan: one chunk
+        h.all_to_all(x, 0)
+        result = (h.history[-1].route, h.stats()["vote"])
+        h.destroy()
+        return result
+
+    cycle()  # warm-up: whatever is created lazily on first use (gloo pairs of the vote group) exists now
+    before = counts()
+    start = time.perf_counter()
+    results = {cycle() for _ in range(n)}
+    per_cycle_ms = (time.perf_counter() - start) / n * 1e3
+    after = counts(settle_to=before)
+    # No rank tears down its groups (which closes its peers' sockets to it) until every rank has counted.
+    torch.distributed.barrier(group=get_sp_group().cpu_group)
+    return before, after, results, per_cycle_ms
+
+
+def test_1000_rebuild_cycles_leave_resource_counts_flat(ranks):
+    for before, after, results, per_cycle_ms in ranks(2, _cycles, CYCLES, timeout_s=240):
+        assert after == before
+        assert results == {("fused", "gloo")}
+        print(f"{CYCLES} cycles: {per_cycle_ms:.2f} ms a cycle; counts {after}")
+
+
+def _leaky(rank, world_size, n):
+    from fastvideo.distributed.parallel_state import get_sp_group
+    from fastvideo.distributed.ulysses.vote import GlooVote
+
+    before = counts()
+    for _ in range(n):
+        vote = GlooVote(get_sp_group().ranks, 10.0)  # a group of its own each time: the old helper's behaviour
+        vote.exchange(list(range(12)))
+        vote.destroy()
+    return before, counts()
+
+
+def test_negative_control_a_group_per_vote_grows_the_counts(ranks):
+    for before, after in ranks(2, _leaky, 5, timeout_s=60):
+        assert after["process_groups"] == before["process_groups"] + 5
+        assert after["threads"] > before["threads"] and after["fds"] > before["fds"]
+
+
+# ------------------------------------------------------------------------------------- shared-memory vote
+
+def _shm_skip_reason() -> str | None:
+    from tests.distributed import test_ulysses_shm_vote as shm
+
+    return shm.SKIP
+
+
+@pytest.mark.skipif(_shm_skip_reason() is not None, reason=str(_shm_skip_reason()))
+def test_rebuild_cycles_with_the_shared_memory_vote_leave_mappings_flat(ranks):
+    """With the kernel library's shared-memory vote, each helper maps a segment: destroy unmaps it."""
+    from tests.distributed import test_ulysses_shm_vote as shm
+
+    for before, after, results, _ in ranks(2, _cycles, 300, env=shm.ENV, timeout_s=240):
+        assert results == {("fused", "shm")}
+        assert after == before
+
+
+# ------------------------------------------------------------------------------------- a failed vote group
+
+
+def _after_a_vote_timeout(rank, world_size):
+    import datetime
+
+    import torch.distributed as dist
+
+    from fastvideo.distributed import parallel_state
+    from tests.distributed.conftest import catch
+
+    h = build_helper(vote_timeout_s=2.0)
+    first = rebuilt = None
+    if rank == 0:  # rank 1 never calls: rank 0's vote times out, and the SP group's vote group is dead
+        first = catch(h.all_to_all, rank_input(rank, SHAPE), 0)[0]
+        rebuilt = catch(build_helper)[:2]  # refused at once, locally: no exchange on a dead group
+    dist.barrier()
+    h.destroy()
+    # Rebuilding the groups, as the error says, gives a working vote group again.
+    parallel_state.destroy_sequence_parallel()
+    parallel_state.initialize_sequence_parallel(world_size, timeout=datetime.timedelta(seconds=30))
+    h2 = build_helper()
+    h2.all_to_all(rank_input(rank, SHAPE), 0)
+    route = h2.history[-1].route
+    h2.destroy()
+    return first, rebuilt, route
+
+
+def test_a_failed_vote_group_refuses_new_helpers_until_the_groups_are_rebuilt(ranks):
+    (first, rebuilt, route0), (_, _, route1) = ranks(2, _after_a_vote_timeout, timeout_s=60)
+    assert first == "VoteTimeoutError"
+    assert rebuilt[0] == "HelperDisposedError" and "initialize_sequence_parallel() on every rank" in rebuilt[1]
+    assert route0 == route1 == "fused"

@@ -1,0 +1,183 @@
+"""Settings agreed across the SP group (``fastvideo/distributed/settings.py``), over gloo ranks.
+
+A setting that differs between ranks, or is invalid on one, raises the same error on every rank at
+``initialize_sequence_parallel`` (or at helper construction, or at the call that re-agrees after a
+change), never a hang later. Every scenario sets both ambient variables itself on every rank, so
+the tests pass whatever the shell sets; ``run_ranks(timeout_s=...)`` bounds each one.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from fastvideo.distributed.settings import AGREED, AgreedSettings, LocalReport, SettingsError, decide
+from tests.distributed.conftest import build_helper, catch, last, rank_input
+from tests.distributed.mp import RankError
+
+A2A, LONG, WINDOW = "FASTVIDEO_ULYSSES_A2A", "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING", "FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES"
+BASE = {A2A: "off", LONG: "auto", WINDOW: None, "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S": "5"}
+SHAPE = (3, 16, 12, 8)
+
+
+def _noop(rank, world_size):
+    return "ran"
+
+
+def _init_errors(ranks, rank_env, world_size=2):
+    """Run initialisation with per-rank settings; return (every rank's (type, message), seconds)."""
+    start = time.monotonic()
+    with pytest.raises(RankError) as info:
+        ranks(world_size, _noop, env=BASE, rank_env=rank_env, timeout_s=10)
+    elapsed = time.monotonic() - start
+    return {r: (kind, message) for r, (kind, message, _) in info.value.errors.items()}, elapsed
+
+
+@pytest.mark.parametrize("first, second", [("off", "auto"), ("auto", "off")])
+def test_a2a_mismatch_raises_on_every_rank_at_initialization(ranks, first, second):
+    """off on one rank, auto on the other (both orders): every rank raises SettingsMismatchError at
+    initialize_sequence_parallel, naming each rank's value and the fix, within 10 s (it used to hang)."""
+    errors, elapsed = _init_errors(ranks, {0: {A2A: first}, 1: {A2A: second}})
+    assert sorted(errors) == [0, 1] and elapsed < 10
+    for kind, message in errors.values():
+        assert kind == "SettingsMismatchError"
+        assert f"{A2A} is rank 0: {first!r}, rank 1: {second!r}" in message
+        assert "identically on every rank" in message and "initialize_sequence_parallel" in message
+    assert errors[0][1] == errors[1][1]  # the same message everywhere
+
+
+def test_long_training_mismatch_raises_on_every_rank_at_initialization(ranks):
+    errors, elapsed = _init_errors(ranks, {0: {LONG: "chunked"}, 1: {LONG: "auto"}}, world_size=3)
+    assert sorted(errors) == [0, 1, 2] and elapsed < 10
+    for kind, message in errors.values():
+        assert kind == "SettingsMismatchError"
+        assert f"{LONG} is rank 0: 'chunked', rank 1: 'auto', rank 2: 'auto'" in message
+
+
+@pytest.mark.parametrize("bad", ["yes", "1", "on"])
+def test_invalid_long_training_on_one_rank_raises_on_every_rank(ranks, bad):
+    """LONG_TRAINING=yes|1|on on rank 1 under FASTVIDEO_ULYSSES_A2A=off (a route that never reads it): every
+    rank raises SettingsError naming rank 1, the variable, the value and the choices."""
+    errors, elapsed = _init_errors(ranks, {1: {LONG: bad}})
+    assert sorted(errors) == [0, 1] and elapsed < 10
+    for kind, message in errors.values():
+        assert kind == "SettingsError"
+        assert f"rank 1: {LONG}={bad!r} is not valid: choose one of auto, chunked" in message
+
+
+def test_invalid_timeout_on_one_rank_is_reported_on_every_rank(ranks):
+    """Per-rank (not agreed) variables are validated too."""
+    errors, _ = _init_errors(ranks, {0: {"FASTVIDEO_ULYSSES_A2A_WATCHDOG_TIMEOUT_S": "soon"}})
+    for kind, message in errors.values():
+        assert kind == "SettingsError" and "rank 0: FASTVIDEO_ULYSSES_A2A_WATCHDOG_TIMEOUT_S='soon'" in message
+
+
+def test_case_and_space_differences_are_the_same_value(ranks):
+    """Choices are case- and whitespace-insensitive everywhere: ' AUTO ' on one rank agrees with 'auto'."""
+    assert ranks(2, _noop, env=BASE, rank_env={0: {LONG: " AUTO "}, 1: {LONG: "auto"}}, timeout_s=30) == ["ran"] * 2
+
+
+def test_decide_is_pure_and_needs_a_real_difference():
+    """Negative control for the verdict: identical values pass; a difference in any agreed variable raises."""
+    values = {A2A: "off", LONG: "auto", WINDOW: 1 << 30}
+    same = [LocalReport((None,) * len(AGREED), dict(values), ()) for _ in range(2)]
+    assert isinstance(decide(same, [0, 1], 0, "test"), AgreedSettings)
+    for name in AGREED:
+        other = dict(values, **{name: "x"})
+        with pytest.raises(ValueError, match=name):
+            decide([same[0], LocalReport(same[0].raw, other, ())], [4, 5], 0, "test")
+    with pytest.raises(SettingsError, match="rank 5: boom"):
+        decide([same[0], LocalReport(same[0].raw, {}, ("boom",))], [4, 5], 0, "test")
+
+
+# ------------------------------------------------------------------------------------- after initialization
+
+
+def _change_on_every_rank(rank, world_size):
+    """envs.override on every rank between calls switches the route (one re-agreement per change)."""
+    from fastvideo import envs
+    from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
+    from fastvideo.distributed.parallel_state import get_sp_group
+    from fastvideo.distributed.ulysses import helper as helper_mod
+
+    h = build_helper()
+    helper_mod.install_default_helper(h)
+    x = rank_input(rank, SHAPE)
+    a2a(x)  # off (agreed at initialisation): the helper is not involved
+    before = len(h.history)
+    with envs.override(FASTVIDEO_ULYSSES_A2A="auto"):
+        a2a(x)
+        route = last(h)[0]
+    after = len(h.history)
+    a2a(x)  # back to off
+    return before, after, route, len(h.history), get_sp_group().settings[A2A]
+
+
+def test_a_change_on_every_rank_is_re_agreed_and_applies(ranks):
+    for before, after, route, final, agreed in ranks(2, _change_on_every_rank, env=BASE, timeout_s=60):
+        assert (before, after, route, final, agreed) == (0, 1, "fused", 1, "off")
+
+
+def _change_on_one_rank(rank, world_size):
+    import os
+
+    from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
+
+    x = rank_input(rank, SHAPE)
+    if rank == 1:
+        os.environ[A2A] = "auto"  # after the agreement, on this rank only
+    start = time.monotonic()
+    got = catch(a2a, x)
+    return got[0], got[1], time.monotonic() - start
+
+
+def test_a_change_on_one_rank_after_agreement_fails_loudly_not_forever(ranks):
+    """Rank 1 alone switches to auto after initialisation: it raises SettingsAgreementError saying its settings
+    changed after agreement (bounded by the 5 s timeout); rank 0's NCCL-route collective fails too once rank 1
+    gives up, instead of waiting forever."""
+    results = ranks(2, _change_on_one_rank, env=BASE, timeout_s=60)
+    kind, message, seconds = results[1]
+    assert kind == "SettingsAgreementError" and seconds < 15
+    assert "changed on rank 1 after SP ranks [0, 1] agreed" in message
+    assert f"{A2A} agreed 'off', now 'auto'" in message and "on every rank" in message
+    assert results[0][0] != "ok"
+
+
+def _helper_construction_mismatch(rank, world_size):
+    import os
+
+    os.environ[LONG] = "chunked" if rank == 0 else "auto"
+    got = catch(build_helper)
+    os.environ[LONG] = "auto"
+    h = build_helper()  # agreed again: construction succeeds, runs fused
+    after = catch(h.all_to_all, rank_input(rank, SHAPE), 0)
+    record = last(h)
+    h.destroy()
+    return got[0], got[1], after[0], record[0]
+
+
+def test_helper_construction_agrees_settings_on_every_rank(ranks):
+    for kind, message, after, route in ranks(2, _helper_construction_mismatch, env=BASE, timeout_s=60):
+        assert kind == "SettingsMismatchError" and "UlyssesHelper construction" in message
+        assert f"{LONG} is rank 0: 'chunked', rank 1: 'auto'" in message
+        assert (after, route) == ("ok", "fused")
+
+
+def _generation_mismatch(rank, world_size):
+    from fastvideo.distributed.parallel_state import get_sp_group
+
+    if rank == 0:
+        get_sp_group()._generation += 1  # white-box: rank 0 built one helper its peers never built
+    got = catch(build_helper)
+    h = build_helper()
+    gen = h.generation
+    h.destroy()
+    return got[0], got[2], gen
+
+
+def test_helper_generation_mismatch_raises_everywhere_then_resynchronises(ranks):
+    results = ranks(2, _generation_mismatch, env=BASE, timeout_s=60)
+    for kind, field, _ in results:
+        assert (kind, field) == ("ContractMismatchError", "HEADER")
+    assert results[0][2] == results[1][2]

@@ -1,0 +1,229 @@
+"""Layers go one way: no import cycle among ``fastvideo/`` modules, and the layer rules hold.
+
+The graph is built statically with ``ast`` from every import statement in every module, including
+function-local ones and ``TYPE_CHECKING`` blocks (a deferred import is still a dependency, and a
+cycle hidden in a function is still a cycle). Importing ``a.b.c`` counts as importing ``a`` and
+``a.b`` too (Python imports the parent packages first); ``from a.b import c`` counts ``a.b.c`` when
+it is a module. Negative controls feed the checker a synthetic cycle (a graph, and a source tree
+whose cycle goes through a function-local and a relative import) and assert it is flagged.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imported(node: ast.AST, module: str, is_package: bool) -> list[str]:
+    """Absolute names an import statement may load (modules and ``from`` targets)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    assert isinstance(node, ast.ImportFrom)
+    if node.level:
+        package = module.split(".") if is_package else module.split(".")[:-1]
+        base = package[: len(package) - (node.level - 1)]
+        target = ".".join(base + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    return [target] + [f"{target}.{alias.name}" for alias in node.names if alias.name != "*"]
+
+
+def import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """``module -> modules of the same tree it imports`` for every ``.py`` under ``root/package``."""
+    files = {module_name(p, root): p for p in sorted((root / package).rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for module, path in files.items():
+        edges: set[str] = set()
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):  # every statement, at any depth: function-local imports included
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            for name in _imported(node, module, path.name == "__init__.py"):
+                parts = name.split(".")
+                for i in range(1, len(parts) + 1):  # the parents are imported first
+                    prefix = ".".join(parts[:i])
+                    if prefix in files and prefix != module and not module.startswith(prefix + "."):
+                        edges.add(prefix)
+        graph[module] = edges
+    return graph
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One concrete cycle (``[a, b, ..., a]``) per strongly connected component that has one (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    sccs: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            scc = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                scc.add(w)
+                if w == v:
+                    break
+            sccs.append(scc)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    cycles = []
+    for scc in sccs:
+        start = min(scc)
+        if len(scc) == 1 and start not in graph.get(start, ()):
+            continue
+        path, seen = [start], {start}
+        while True:  # walk inside the component until a node repeats
+            nxt = min(w for w in graph[path[-1]] if w in scc)
+            if nxt in seen:
+                cycles.append([*path[path.index(nxt):], nxt])
+                break
+            path.append(nxt)
+            seen.add(nxt)
+    return cycles
+
+
+def closure(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for w in graph[todo.pop()]:
+            if w not in seen:
+                seen.add(w)
+                todo.append(w)
+    return seen
+
+
+GRAPH = import_graph(ROOT, "fastvideo")
+U = "fastvideo.distributed.ulysses"
+# The routes and the pure pieces below the helper, and what they must never reach.
+BELOW_HELPER = [f"{U}.{m}" for m in ("layout", "nccl", "transport", "native", "vote", "contract", "policy",
+                                     "watchdog")]
+ABOVE = {f"{U}.helper", "fastvideo.distributed.communication_op", "fastvideo.distributed.parallel_state",
+         "fastvideo.layers.attention", "fastvideo.entrypoints.sp_attention_demo"}
+
+
+def test_the_graph_sees_the_package():
+    """Guards the checker itself: it found the modules and the known edges (one of them function-local)."""
+    assert {f"{U}.helper", "fastvideo.distributed.communication_op", "fastvideo.envs"} <= set(GRAPH)
+    assert f"{U}.helper" in GRAPH["fastvideo.distributed.communication_op"]
+    assert "fastvideo.distributed.parallel_state" in GRAPH["fastvideo.entrypoints.sp_attention_demo"]
+    assert f"{U}.native" in GRAPH[f"{U}.helper"]  # imported inside a function
+
+
+def test_no_import_cycle_among_fastvideo_modules():
+    assert find_cycles(GRAPH) == []
+
+
+@pytest.mark.parametrize("module", BELOW_HELPER)
+def test_routes_import_nothing_above_them(module):
+    assert module in GRAPH, f"{module} moved: update the layer list"
+    assert closure(GRAPH, module) & ABOVE == set()
+
+
+def test_parallel_state_does_not_import_the_helper_and_the_helper_not_the_public_op():
+    assert f"{U}.helper" not in closure(GRAPH, "fastvideo.distributed.parallel_state")
+    assert "fastvideo.distributed.communication_op" not in closure(GRAPH, f"{U}.helper")
+
+
+def test_validation_lives_in_one_place():
+    """Both entry points validate through layout.validate_input; nothing else defines one."""
+    defining = [m for m, p in _files().items() if "def validate_input" in p.read_text()]
+    assert defining == [f"{U}.layout"]
+
+
+def _files() -> dict[str, Path]:
+    return {module_name(p, ROOT): p for p in (ROOT / "fastvideo").rglob("*.py")}
+
+
+# ------------------------------------------------------------------------------------- policy: no torch.distributed
+
+
+def _imports_torch_distributed(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = _imported(node, "", False) if isinstance(node, (ast.Import, ast.ImportFrom)) else []
+        if any(n == "torch.distributed" or n.startswith("torch.distributed.") for n in names):
+            return True
+    return False
+
+
+def test_policy_closure_has_no_module_importing_torch_distributed():
+    files = _files()
+    reach = closure(GRAPH, f"{U}.policy") | {f"{U}.policy"}
+    assert [m for m in sorted(reach) if _imports_torch_distributed(files[m])] == []
+    # Negative control: the same scan does flag a module that imports it.
+    assert _imports_torch_distributed(files[f"{U}.vote"])
+
+
+_POISONED_IMPORT = """
+import importlib, sys
+import torch  # torch itself loads torch.distributed; poison it so any later import of it fails
+for name in [m for m in sys.modules if m == "torch.distributed" or m.startswith("torch.distributed.")]:
+    sys.modules[name] = None
+importlib.import_module(sys.argv[1])
+print("imported")
+"""
+
+
+def _import_without_torch_distributed(module: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _POISONED_IMPORT, module], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+
+
+def test_importing_policy_pulls_in_no_torch_distributed():
+    """At run time: with torch.distributed made unimportable, the policy (and the CLI's pure path) still
+    imports; the vote module, which needs it, does not (the negative control of the poisoning)."""
+    ok = _import_without_torch_distributed(f"{U}.policy")
+    assert ok.returncode == 0 and "imported" in ok.stdout, ok.stderr
+    bad = _import_without_torch_distributed(f"{U}.vote")
+    assert bad.returncode != 0 and "torch.distributed" in bad.stderr
+
+
+# ------------------------------------------------------------------------------------- negative controls
+
+
+def test_checker_flags_a_synthetic_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    cycles = find_cycles(graph)
+    assert sorted(map(tuple, cycles)) == [("a", "b", "c", "a"), ("e", "e")]
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_checker_sees_function_local_and_relative_imports(tmp_path):
+    """A cycle through a function-local import and a relative import in a synthetic package is flagged;
+    removing the function-local import removes it."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("import os\n\n\ndef late():\n    from pkg.sub import b\n    return b\n")
+    (pkg / "sub" / "b.py").write_text("from .. import a\n")
+    graph = import_graph(tmp_path, "pkg")
+    assert graph["pkg.a"] == {"pkg.sub", "pkg.sub.b"} and graph["pkg.sub.b"] == {"pkg.a"}
+    assert find_cycles(graph) == [["pkg.a", "pkg.sub.b", "pkg.a"]]
+    (pkg / "a.py").write_text("import os\n")
+    assert find_cycles(import_graph(tmp_path, "pkg")) == []
