@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastvideo.distributed.ulysses.policy import ORIGINAL_CTAS, Plan
+from fastvideo.distributed.ulysses.policy import ORIGINAL_CTAS, Plan, even_rows
 from tests.distributed.conftest import bit_equal, build_helper, catch, last, oracle, rank_input
 
 B, S, H, D = 3, 16, 12, 8  # S = S_local; H = global heads (divisible by 2, 3 and 4)
@@ -63,7 +63,7 @@ def _parity(rank, world_size, mode):
 def test_fused_is_bit_exact_vs_nccl_route_with_the_expected_plans(ranks, world_size, mode):
     """Fused output equals the NCCL route bit for bit for: tuned one-plane chunks, tuned sub-plane chunks
     through a 4 KiB window, the original whole-operand plan; and the original policy declines WINDOW."""
-    rows = 4096 // ROW_BYTES  # 10 rows per sub-plane chunk: chunks of 10 and 6 rows
+    rows = even_rows(S, 4096 // ROW_BYTES)  # at most 10 rows fit: two even chunks of 8 rows
     expected = [
         ("fused", Plan(144, 1, S, True).word, None, B),
         ("fused", Plan(144, 1, rows, True).word, None, B * 2),
