@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 DEFAULT_TIMEOUT_S = 120.0
 GLOO_TIMEOUT_S = 30.0
+AMBIENT_VARS = ("FASTVIDEO_ULYSSES_A2A", "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING")
 
 _CTX = mp.get_context("forkserver")
 _CTX.set_forkserver_preload(["torch", "torch.distributed"])
@@ -85,12 +86,15 @@ def run_ranks(
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> list:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return results by rank."""
+    # The forkserver keeps the environment it started with (some earlier test's): pass this test's
+    # transport settings explicitly unless the caller sets them.
+    env = {**{name: os.environ.get(name) for name in AMBIENT_VARS}, **(env or {})}
     port = _free_port()
     out = _CTX.Queue()
     procs = [
         _CTX.Process(
             target=_entry,
-            args=(r, world_size, port, sp_size, fn.__module__, fn.__qualname__, args, env or {}, list(sys.path), out),
+            args=(r, world_size, port, sp_size, fn.__module__, fn.__qualname__, args, env, list(sys.path), out),
             daemon=True,
         )
         for r in range(world_size)
