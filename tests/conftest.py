@@ -72,7 +72,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if config.getoption("--progress-every") > 0:
+    # Not on pytest -n workers: their output is not shown, and the controller sees every report.
+    if config.getoption("--progress-every") > 0 and not hasattr(config, "workerinput"):
         config.pluginmanager.register(_Progress(config), "fastvideo-progress")
 
 

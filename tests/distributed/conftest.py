@@ -1,8 +1,9 @@
 """Shared fixtures for the Ulysses CPU suites.
 
 Ambient settings (``FASTVIDEO_ULYSSES_A2A``, ``..._LONG_TRAINING``) are handled suite-wide by
-``tests/conftest.py``: a test whose code reads them unset carries ``@pytest.mark.ambient`` and runs
-under all four combinations in CI; every other test sees an invalid sentinel, so a read fails it.
+``tests/conftest.py``: a test whose code reads one unset carries ``@pytest.mark.ambient`` naming it
+(``READS_LONG_TRAINING`` below) and CI runs it under each value; every other test sees an invalid
+sentinel, so a read fails it.
 
 ``ranks`` runs a module-level function on N gloo ranks (``tests/distributed/mp.py``) and forwards
 this test's values of the two variables to the ranks (a forkserver child otherwise keeps the
