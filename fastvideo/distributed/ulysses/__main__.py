@@ -260,8 +260,11 @@ def _doctor_kernel(doc: _Doctor, repo_root: Path) -> None:
             f"export PYTHONPATH={repo_root / 'fastvideo-kernel'}:$PYTHONPATH"
         )
         if override:
-            doc.finding("kernel", f"${_ENV_LIBRARY} is set but the loader package fastvideo_kernel is not "
-                        f"importable, so nothing can load it: {fix}")
+            doc.finding(
+                "kernel",
+                f"${_ENV_LIBRARY} is set but the loader package fastvideo_kernel is not "
+                f"importable, so nothing can load it: {fix}",
+            )
         else:
             doc.line("kernel", f"not available: the loader package fastvideo_kernel is not importable ({fix})")
     else:
@@ -322,8 +325,7 @@ def doctor(_: argparse.Namespace, repo_root: Path | None = None) -> int:
             peers = [j for j in range(count) if j != i and torch.cuda.can_device_access_peer(i, j)]
             doc.line(f"gpu {i}", f"{torch.cuda.get_device_name(i)}; peer access to {peers}")
 
-    for label, fn in (("versions", versions), ("host", host), ("env", environment), ("kernel", kernel),
-                      ("gpus", gpus)):
+    for label, fn in (("versions", versions), ("host", host), ("env", environment), ("kernel", kernel), ("gpus", gpus)):
         doc.check(label, fn)
     if doc.findings:
         doc.line("result", f"{len(doc.findings)} problem(s) found:")
@@ -363,13 +365,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(_negative_values_as_values(argv, ("--shape", "--world-size", "--window-bytes")))
     if args.command == "explain":
-        try:
-            if args.long_training is None:
-                args.long_training = envs.get(_LONG_VAR)
-            if args.window_bytes is None:
-                args.window_bytes = envs.get(_WINDOW_VAR)
-        except ValueError as exc:
-            ex.error(f"{exc} Fix the variable or pass the flag (--long-training / --window-bytes).")
+        for attr, flag, var in (
+            ("long_training", "--long-training", _LONG_VAR),
+            ("window_bytes", "--window-bytes", _WINDOW_VAR),
+        ):
+            if getattr(args, attr) is None:  # the flag's default is the setting's value
+                try:
+                    setattr(args, attr, envs.get(var))
+                except ValueError as exc:
+                    ex.error(f"{exc} Fix the variable or pass {flag}.")
         return explain(args)
     return doctor(args)
 
