@@ -73,10 +73,17 @@ def test_explain_reads_long_training_from_env_when_not_given(capsys):
     assert rc == 0 and "long_training=chunked" in out and "144 CTAs" in line(out, "route")
 
 
-def test_explain_invalid_long_training_env_is_an_error_naming_the_variable(capsys):
-    with envs.override(FASTVIDEO_ULYSSES_A2A_LONG_TRAINING="sometimes"):
-        err = explain_error(capsys, *H3)
-    assert "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING='sometimes'" in err and "--long-training" in err
+@pytest.mark.parametrize(
+    "var, flag, given",
+    [
+        ("FASTVIDEO_ULYSSES_A2A_LONG_TRAINING", "--long-training", ("--window-bytes", str(GIB))),
+        ("FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES", "--window-bytes", ("--long-training", "auto")),
+    ],
+)
+def test_explain_invalid_setting_behind_a_default_names_the_variable_and_the_flag(capsys, var, flag, given):
+    with envs.override(**{var: "sometimes"}):
+        err = explain_error(capsys, *H3, *given)
+    assert f"{var}='sometimes' is not valid" in err and f"pass {flag}" in err
 
 
 def test_explain_input_no_route_can_serve_exits_nonzero(capsys):
