@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# The test command (README, .ci/run): set-up, ruff, then pytest — the whole suite once, and the
-# policy/agreement tests again under every combination of the two transport env vars, since no test
-# may depend on the caller's environment. Exit code 5 (no tests collected) is a failure.
+# The test command (README, .ci/run): set-up, ruff, clang-format, the kernel build, then one pytest
+# session over the whole suite. Each test runs once; a test marked `ambient` (code under test reads
+# FASTVIDEO_ULYSSES_A2A or _LONG_TRAINING without the test setting it) runs once per value of each
+# variable it names, and every other test runs with both variables set to an invalid sentinel, so a
+# read it did not declare fails it (tests/conftest.py). Exit code 5 (no tests collected) is a failure.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 cd "$ROOT"
-echo "== ruff"
+phase() { echo "== $*  [${SECONDS}s]"; }
+phase "ruff"
 "$PY" -m ruff check .
-echo "== clang-format (csrc/)"
+phase "clang-format (csrc/)"
 "$(dirname "$PY")/clang-format" --dry-run --Werror csrc/ulysses_a2a/*.cu csrc/ulysses_a2a/*.cuh csrc/ulysses_a2a/*.cpp \
   csrc/ulysses_a2a/*.h
 run_pytest() {
@@ -19,18 +22,19 @@ run_pytest() {
 if command -v nvcc >/dev/null 2>&1; then
   # The kernel must compile against both pinned NCCL releases (the GPU hosts' and a newer one); the
   # 2.28.9 build stays in build/kernel for the host-side tests in tests/kernel.
-  echo "== kernel build against NCCL 2.30.7 and 2.28.9"
+  phase "kernel build against NCCL 2.30.7 and 2.28.9"
   PYTHON="$PY" bash scripts/build_kernel.sh 2.30.7 build/kernel-2.30.7
   PYTHON="$PY" bash scripts/build_kernel.sh 2.28.9 build/kernel
 else
-  echo "== nvcc not found: skipping the kernel build (CI machines have it)"
+  phase "nvcc not found: skipping the kernel build (CI machines have it)"
 fi
-echo "== pytest (ambient environment)"
-run_pytest -q --timeout=300 tests
-for a2a in off auto; do
-  for long in auto chunked; do
-    echo "== pytest policy/agreement under FASTVIDEO_ULYSSES_A2A=$a2a FASTVIDEO_ULYSSES_A2A_LONG_TRAINING=$long"
-    FASTVIDEO_ULYSSES_A2A=$a2a FASTVIDEO_ULYSSES_A2A_LONG_TRAINING=$long \
-      run_pytest -q --timeout=300 tests/distributed -k "ulysses"
-  done
-done
+# Two workers (pytest-xdist) on a machine without GPUs: most of the suite waits on process start-up,
+# gloo rendezvous and deliberate vote timeouts, so two at a time roughly halve the wall time even on
+# 2 cores. Serial where GPUs are present (GPU tests each take every GPU) or xdist is missing.
+workers=()
+if "$PY" -c 'import sys, torch, xdist; sys.exit(1 if torch.cuda.is_available() else 0)' 2>/dev/null; then
+  workers=(-n 2)
+fi
+phase "pytest ${workers[*]} (ambient-marked tests under every value of the variables they read)"
+run_pytest -q --timeout=300 --ulysses-ambient=all --progress-every=30 "${workers[@]}" tests
+phase "done"

@@ -18,7 +18,7 @@ else
     echo "setup: creating $VENV"
     python3 -m venv "$VENV"
   fi
-  if ! "$PY" -c 'import torch, safetensors, pytest, pytest_timeout, ruff, clang_format, fastvideo' 2>/dev/null; then
+  if ! "$PY" -c 'import torch, safetensors, pytest, pytest_timeout, xdist, ruff, clang_format, fastvideo' 2>/dev/null; then
     echo "setup: installing torch==2.13.0 and the project (dev extras) into $VENV"
     "$PY" -m pip install -q --upgrade pip
     "$PY" -m pip install -q "torch==2.13.0"

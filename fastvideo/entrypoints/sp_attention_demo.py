@@ -4,9 +4,13 @@ Launched by ``scripts/run_demo.sh`` (the README's first command) as
 ``torchrun --standalone --nproc_per_node=N -m fastvideo.entrypoints.sp_attention_demo``. With 2+
 GPUs it runs over NCCL (bf16), otherwise over gloo on CPU (float32) on an embedded default
 geometry. For each route (``FASTVIDEO_ULYSSES_A2A=off`` and ``auto``) every rank runs the SP block
-on its shard and compares the output, the input gradient and the (all-reduced) weight gradients
-with the same block run on the whole sequence on one device. Rank 0 prints one table row per
-route and check; the exit code is non-zero if any check fails.
+on its shard: ``--warmup`` untimed iterations first (under ``auto`` the first one builds the Ulysses
+helper, collectively), then ``--iters`` timed ones. An iteration is one forward + backward of the
+block (its four all-to-alls, attention and projections), timed from a barrier to the end of
+backward (device synchronised) on the slowest rank. The last iteration's output, input gradient and
+(all-reduced) weight gradients are compared with the same block run on the whole sequence on one
+device. Rank 0 prints one table row per route (median and spread of the timed iterations, the max
+relative error of each check); the exit code is non-zero if any check fails.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import statistics
 import sys
 import time
 
@@ -28,14 +33,34 @@ from fastvideo.layers.attention import SPSelfAttention, attention_backend
 DEFAULTS = {"batch": 2, "seq": 1680, "hidden": 256, "heads": 8}
 # Relative max error allowed against the single-device reference: rounding only (reduction order).
 TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-10, torch.bfloat16: 3e-2}
+CHECKS = ("output", "grad input", "grad weights")
 
 
 def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.double() - b.double()).abs().max().item() / max(b.double().abs().max().item(), 1e-30)
 
 
-def run_route(route: str, args, device: torch.device, dtype: torch.dtype) -> list[dict]:
-    """One route: SP block vs reference. Collective. Returns rows (rank 0's view)."""
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _route_taken(route: str, first_seq: int, world_size: int) -> str:
+    """The route(s) the timed iterations' all-to-alls took, from the helper's call records."""
+    if world_size == 1:
+        return "identity (SP1)"  # the op returns its input: no route, no helper
+    if route == "off":
+        return "nccl"
+    from fastvideo.distributed.ulysses.helper import get_default_helper
+
+    records = [rec for rec in get_default_helper().history if rec.seq >= first_seq]
+    routes = sorted({rec.route for rec in records})
+    reasons = sorted({rec.reason.label for rec in records if rec.reason is not None})
+    return "+".join(routes) + (f" ({', '.join(reasons)})" if reasons else "")
+
+
+def run_route(route: str, args, device: torch.device, dtype: torch.dtype) -> dict:
+    """One route: warm-up, timed iterations, then the last iteration against the reference. Collective."""
     sp = parallel_state.get_sp_group()
     p, r = sp.world_size, sp.rank_in_group
     torch.manual_seed(1234)  # same weights and input on every rank
@@ -43,60 +68,62 @@ def run_route(route: str, args, device: torch.device, dtype: torch.dtype) -> lis
     x = torch.randn(args.batch, args.seq, args.hidden, dtype=dtype, device=device)
     shard = args.seq // p
     x_local = x[:, r * shard : (r + 1) * shard].detach().clone().requires_grad_()
-    x_ref = x.detach().clone().requires_grad_()
 
+    def step() -> torch.Tensor:
+        block.zero_grad(set_to_none=True)  # every iteration starts from no gradients
+        x_local.grad = None
+        y = block(x_local)
+        y.float().square().sum().backward()
+        return y
+
+    times_ms: list[float] = []
     with envs.override(FASTVIDEO_ULYSSES_A2A=route):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        dist.barrier(group=sp.cpu_group)
-        start = time.perf_counter()
-        y_local = block(x_local)
-        y_local.float().square().sum().backward()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        elapsed_ms = (time.perf_counter() - start) * 1e3
-        taken = "nccl"
-        if route == "auto":
+        for _ in range(args.warmup):
+            step()
+        first_seq = 0
+        if route == "auto" and p > 1:
             from fastvideo.distributed.ulysses.helper import get_default_helper
 
-            helper = get_default_helper()
-            last = [rec for rec in helper.history][-4:]
-            routes = sorted({rec.route for rec in last})
-            reasons = sorted({rec.reason.label for rec in last if rec.reason is not None})
-            taken = "+".join(routes) + (f" ({', '.join(reasons)})" if reasons else "")
+            history = get_default_helper().history  # built by the warm-up (or by the first timed call)
+            first_seq = history[-1].seq + 1 if history else 0
+        for _ in range(args.iters):
+            _sync(device)
+            dist.barrier(group=sp.cpu_group)
+            start = time.perf_counter()
+            y_local = step()
+            _sync(device)
+            times_ms.append((time.perf_counter() - start) * 1e3)
+        taken = _route_taken(route, first_seq, p)
     sp_grads = {n: prm.grad.detach().clone() for n, prm in block.named_parameters()}
     for g in sp_grads.values():
         dist.all_reduce(g, group=sp.device_group)  # each rank's weight grad covers its shard only
     block.zero_grad()
+    x_ref = x.detach().clone().requires_grad_()
     y_ref = block.forward_reference(x_ref)
     y_ref.float().square().sum().backward()
 
-    checks = {
-        "output": (y_local, y_ref[:, r * shard : (r + 1) * shard]),
-        "grad input": (x_local.grad, x_ref.grad[:, r * shard : (r + 1) * shard]),
-        "grad weights": (
+    pairs = (
+        (y_local, y_ref[:, r * shard : (r + 1) * shard]),
+        (x_local.grad, x_ref.grad[:, r * shard : (r + 1) * shard]),
+        (
             torch.cat([g.flatten() for g in sp_grads.values()]),
             torch.cat([prm.grad.flatten() for prm in block.parameters()]),
         ),
-    }
-    errs = torch.tensor([_rel_err(a, b) for a, b in checks.values()], dtype=torch.float64)
-    dist.all_reduce(errs, op=dist.ReduceOp.MAX, group=sp.cpu_group)
-    t = torch.tensor([elapsed_ms], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=sp.cpu_group)
-    shapes = (
-        f"x[{args.batch},{shard},{args.hidden}] qkv[{3 * args.batch},{shard},{args.heads},{args.hidden // args.heads}]"
     )
-    return [
-        {
-            "route": f"{route}->{taken}",
-            "check": name,
-            "shapes": shapes,
-            "ms": t.item(),
-            "err": err,
-            "ok": err <= TOLERANCE[dtype],
-        }
-        for name, err in zip(checks, errs.tolist())
-    ]
+    errs = torch.tensor([_rel_err(a, b) for a, b in pairs], dtype=torch.float64)
+    dist.all_reduce(errs, op=dist.ReduceOp.MAX, group=sp.cpu_group)
+    t = torch.tensor(times_ms, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=sp.cpu_group)  # an iteration lasts as long as its slowest rank
+    return {
+        "route": f"{route}->{taken}",
+        "shapes": f"x[{args.batch},{shard},{args.hidden}] qkv[{3 * args.batch},{shard},{args.heads},"
+        f"{args.hidden // args.heads}]",
+        "median": statistics.median(t.tolist()),
+        "min": t.min().item(),
+        "max": t.max().item(),
+        "errs": dict(zip(CHECKS, errs.tolist())),
+        "ok": bool((errs <= TOLERANCE[dtype]).all()),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in DEFAULTS.items():
         parser.add_argument(f"--{key}", type=int, default=value)
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed iterations per route first (>= 1)")
+    parser.add_argument("--iters", type=int, default=10, help="timed iterations per route (>= 1)")
     args = parser.parse_args(argv)
+    for name in ("warmup", "iters"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name}={getattr(args, name)}: must be >= 1 (--warmup 1 builds the helper before timing)")
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.device_count() >= max(world, 2))
@@ -127,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     try:
         for route in ("off", "auto"):
-            rows += run_route(route, args, device, dtype)
+            rows.append(run_route(route, args, device, dtype))
     finally:
         parallel_state.destroy_sequence_parallel()
     ok = all(row["ok"] for row in rows)
@@ -136,10 +168,21 @@ def main(argv: list[str] | None = None) -> int:
             f"SP attention block: {world} ranks over {backend} on {device.type}, {dtype}, "
             f"attention {attention_backend(torch.empty(1, dtype=dtype, device=device))}, tolerance {TOLERANCE[dtype]:g}"
         )
-        print(f"{'route':34s} {'check':13s} {'shapes (per rank)':36s} {'time ms':>9s} {'max rel err':>12s}  result")
+        print(
+            f"time: forward + backward of the block (4 all-to-alls, attention, projections) on the slowest rank; "
+            f"median and min-max of {args.iters} iterations after {args.warmup} untimed warm-up iteration(s) "
+            "(under auto the first builds the helper)"
+        )
+        print(
+            f"{'route':34s} {'shapes (per rank)':36s} {'median ms':>9s} {'min-max ms':>15s} "
+            f"{'err output':>10s} {'err dx':>9s} {'err dW':>9s}  result"
+        )
         for row in rows:
+            spread = f"{row['min']:.1f}-{row['max']:.1f}"
+            errs = row["errs"]
             print(
-                f"{row['route']:34s} {row['check']:13s} {row['shapes']:36s} {row['ms']:9.1f} {row['err']:12.3e}  "
+                f"{row['route']:34s} {row['shapes']:36s} {row['median']:9.1f} {spread:>15s} "
+                f"{errs['output']:10.2e} {errs['grad input']:9.2e} {errs['grad weights']:9.2e}  "
                 f"{'OK' if row['ok'] else 'FAIL'}"
             )
         print("OK" if ok else "FAIL")

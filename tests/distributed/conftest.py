@@ -1,57 +1,24 @@
 """Shared fixtures for the Ulysses CPU suites.
 
-Ambient environment: every test must pass whatever the caller's shell sets for
-``FASTVIDEO_ULYSSES_A2A`` and ``FASTVIDEO_ULYSSES_A2A_LONG_TRAINING``. CI runs the suite once per
-combination (``FASTVIDEO_ULYSSES_A2A=off|auto`` x ``..._LONG_TRAINING=auto|chunked`` in the shell);
-``pytest --ulysses-ambient=all`` runs every test under all four combinations in one session instead.
-Tests that depend on either variable set it explicitly (``envs.override`` in-process, the ``env``
-argument of ``ranks`` for the gloo ranks).
+Ambient settings (``FASTVIDEO_ULYSSES_A2A``, ``..._LONG_TRAINING``) are handled suite-wide by
+``tests/conftest.py``: a test whose code reads one unset carries ``@pytest.mark.ambient`` naming it
+(``READS_LONG_TRAINING`` below) and CI runs it under each value; every other test sees an invalid
+sentinel, so a read fails it.
 
 ``ranks`` runs a module-level function on N gloo ranks (``tests/distributed/mp.py``) and forwards
-the ambient values of the two variables to the ranks (a forkserver child otherwise keeps the
-environment the forkserver started with), so the ambient setting really reaches the code under test.
+this test's values of the two variables to the ranks (a forkserver child otherwise keeps the
+environment the forkserver started with), so what the test sees is what the code under test sees.
 """
 
 from __future__ import annotations
-
-import itertools
-import os
 
 import pytest
 
 from tests.distributed import mp
 
-AMBIENT_VARS = ("FASTVIDEO_ULYSSES_A2A", "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING")
-AMBIENT_COMBOS = [
-    {"FASTVIDEO_ULYSSES_A2A": a2a, "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING": lt}
-    for a2a, lt in itertools.product(("off", "auto"), ("auto", "chunked"))
-]
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
-        "--ulysses-ambient",
-        choices=("inherit", "all"),
-        default="inherit",
-        help="inherit: use the shell's FASTVIDEO_ULYSSES_A2A*; all: run every test under all four combinations",
-    )
-
-
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    # Only with --ulysses-ambient=all: otherwise test ids stay unchanged and the shell's values apply.
-    if "ulysses_ambient" in metafunc.fixturenames and metafunc.config.getoption("--ulysses-ambient") == "all":
-        ids = [f"{c['FASTVIDEO_ULYSSES_A2A']}-{c['FASTVIDEO_ULYSSES_A2A_LONG_TRAINING']}" for c in AMBIENT_COMBOS]
-        metafunc.parametrize("ulysses_ambient", AMBIENT_COMBOS, ids=ids, indirect=True)
-
-
-@pytest.fixture(autouse=True)
-def ulysses_ambient(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
-    """Applies one ambient combination of the two env vars (or leaves the shell's) for the test."""
-    combo = getattr(request, "param", None)
-    if combo:
-        for name, value in combo.items():
-            monkeypatch.setenv(name, value)
-    return {name: os.environ.get(name) for name in AMBIENT_VARS}
+# The helper reads FASTVIDEO_ULYSSES_A2A_LONG_TRAINING on every call (plan_for) unless told: a test
+# whose ranks call it without setting the variable depends on the shell's value.
+READS_LONG_TRAINING = pytest.mark.ambient("FASTVIDEO_ULYSSES_A2A_LONG_TRAINING")
 
 
 @pytest.fixture
@@ -59,9 +26,8 @@ def ranks(ulysses_ambient):
     """``ranks(world_size, fn, *args, env=..., timeout_s=...)``: run ``fn`` on gloo ranks, ambient env forwarded."""
 
     def run(world_size: int, fn, *args, env: dict[str, str | None] | None = None, timeout_s: float = 60.0, **kw):
-        merged: dict[str, str | None] = dict(ulysses_ambient)
-        merged.update(env or {})
-        return mp.run_ranks(world_size, fn, *args, env=merged, timeout_s=timeout_s, **kw)
+        # run_ranks forwards os.environ's values of the two variables, which ulysses_ambient has set.
+        return mp.run_ranks(world_size, fn, *args, env=env, timeout_s=timeout_s, **kw)
 
     return run
 

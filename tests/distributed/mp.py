@@ -15,13 +15,13 @@ import importlib
 import multiprocessing as mp
 import os
 import queue
-import socket
 import sys
 import traceback
 from collections.abc import Callable
 
 DEFAULT_TIMEOUT_S = 120.0
 GLOO_TIMEOUT_S = 30.0
+AMBIENT_VARS = ("FASTVIDEO_ULYSSES_A2A", "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING")
 
 _CTX = mp.get_context("forkserver")
 _CTX.set_forkserver_preload(["torch", "torch.distributed"])
@@ -36,10 +36,18 @@ class RankError(AssertionError):
         super().__init__(f"ranks {sorted(errors)} failed:\n{text}")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _store_server():
+    """The rendezvous store, served by this (parent) process on a port the OS picks while it binds.
+
+    Ranks connect to it as clients. Picking a "free" port and letting rank 0 bind it later raced with
+    other jobs (pytest -n workers, neighbours on a CI machine) that could take the port in between.
+    """
+    import datetime
+
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=GLOO_TIMEOUT_S)
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout)
 
 
 def _entry(rank, world_size, port, sp_size, module, name, args, env, paths, out) -> None:
@@ -56,9 +64,8 @@ def _entry(rank, world_size, port, sp_size, module, name, args, env, paths, out)
 
         torch.set_num_threads(1)
         timeout = datetime.timedelta(seconds=GLOO_TIMEOUT_S)
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, timeout=timeout
-        )
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
         from fastvideo.distributed import parallel_state
 
         parallel_state.initialize_sequence_parallel(sp_size or world_size, timeout=timeout)
@@ -90,13 +97,17 @@ def run_ranks(
     ``env`` applies to every rank; ``rank_env[r]`` is applied on top of it on rank ``r`` only (settings
     that differ between ranks).
     """
-    port = _free_port()
+    # The forkserver keeps the environment it started with (some earlier test's): pass this test's
+    # transport settings explicitly unless the caller sets them.
+    env = {**{name: os.environ.get(name) for name in AMBIENT_VARS}, **(env or {})}
+    server = _store_server()  # kept alive until every rank has finished
+    port = server.port
     out = _CTX.Queue()
     procs = [
         _CTX.Process(
             target=_entry,
             args=(r, world_size, port, sp_size, fn.__module__, fn.__qualname__, args,
-                  {**(env or {}), **(rank_env or {}).get(r, {})}, list(sys.path), out),
+                  {**env, **(rank_env or {}).get(r, {})}, list(sys.path), out),
             daemon=True,
         )
         for r in range(world_size)

@@ -12,7 +12,7 @@ import torch
 
 from fastvideo.distributed.ulysses.contract import DeclineReason
 from fastvideo.distributed.ulysses.policy import Plan
-from tests.distributed.conftest import bit_equal, build_helper, catch, last, oracle, rank_input
+from tests.distributed.conftest import READS_LONG_TRAINING, bit_equal, build_helper, catch, last, oracle, rank_input
 
 SHAPE = (3, 16, 12, 8)
 FUSED = ("fused", Plan(144, 1, 16, True).word, None, 3, "FORWARD_NO_GRAD")
@@ -47,6 +47,7 @@ def _geometry_mismatch(rank, world_size, what):
 
 
 @pytest.mark.parametrize("world_size, what", [(2, "S_LOCAL"), (2, "DTYPE"), (3, "B"), (4, "MODE")])
+@READS_LONG_TRAINING
 def test_geometry_mismatch_raises_on_every_rank_naming_the_field(ranks, world_size, what):
     """One rank passes a different S, dtype, B or mode: every rank raises ContractMismatchError naming the
     field and every rank's value; the next agreeing call runs fused (nobody was left inside a collective)."""
@@ -73,6 +74,7 @@ def _one_call_ahead(rank, world_size):
     return got, again
 
 
+@READS_LONG_TRAINING
 def test_rank_one_call_ahead_raises_seq_mismatch_on_every_rank(ranks):
     """Same geometry on every rank but rank 0 is one call ahead: every rank raises naming SEQ with the
     per-rank sequence numbers, on this call and the next (no rank enters a collective)."""
@@ -101,6 +103,7 @@ def _local_failure(rank, world_size):
     return got, after
 
 
+@READS_LONG_TRAINING
 def test_local_failure_on_one_rank_raises_on_every_rank_and_keeps_ranks_in_step(ranks):
     """A local exception on one rank is voted, not raised alone: every rank raises PeerCallError for that
     call (naming rank 0), and the next call runs fused with the sequence numbers still in step."""
@@ -118,6 +121,7 @@ def _grad_flag_mismatch(rank, world_size):
     return got
 
 
+@READS_LONG_TRAINING
 def test_grad_flag_mismatch_raises_phase_on_every_rank(ranks):
     """requires_grad differs between ranks (they would run different numbers of backward collectives):
     every rank raises naming PHASE."""
@@ -199,6 +203,7 @@ def _per_call_loss(rank, world_size, everywhere):
     return first, second, declines
 
 
+@READS_LONG_TRAINING
 def test_one_rank_losing_eligibility_declines_everywhere_then_recovers(ranks):
     """Rank 1 alone reports ALIGNMENT for one call: every rank declines PEER_DISAGREEMENT (exact via the NCCL
     route); the next compatible call takes the fused route again."""
@@ -208,6 +213,7 @@ def test_one_rank_losing_eligibility_declines_everywhere_then_recovers(ranks):
         assert declines == {"peer_disagreement": 1}
 
 
+@READS_LONG_TRAINING
 def test_common_eligibility_bit_declines_with_that_reason(ranks):
     """Every rank reports ALIGNMENT: the collective reason is ALIGNMENT itself, then recovery."""
     for first, second, declines in ranks(2, _per_call_loss, True, timeout_s=60):
@@ -234,6 +240,7 @@ def _capture(rank, world_size, everywhere):
 
 
 @pytest.mark.parametrize("everywhere, reason", [(True, "cuda_graph_capture"), (False, "peer_disagreement")])
+@READS_LONG_TRAINING
 def test_capture_declines_collectively(ranks, everywhere, reason):
     """Capture on every rank declines CUDA_GRAPH_CAPTURE; capture on one rank only declines PEER_DISAGREEMENT;
     after capture the fused route is back (bit-level stand-in, see the rank function's comment)."""
@@ -256,6 +263,7 @@ def _compile(rank, world_size):
     return inside, outside, stats["declines"], stats["fused"]
 
 
+@READS_LONG_TRAINING
 def test_torch_compile_region_declines_and_is_counted(ranks):
     """Inside torch.compile (is_compiling() True on every rank) calls take the traceable NCCL route, exact,
     counted under TORCH_COMPILE; outside, the fused route runs."""

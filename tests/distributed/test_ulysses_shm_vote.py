@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed.conftest import bit_equal, build_helper, catch, last, oracle, rank_input
+from tests.distributed.conftest import READS_LONG_TRAINING, bit_equal, build_helper, catch, last, oracle, rank_input
 
 REPO = Path(__file__).resolve().parents[2]
 try:
@@ -58,7 +58,16 @@ def _exchange_rounds(rank, world_size, rounds):
     from fastvideo.distributed.ulysses.vote import GlooVote, ShmVote, load_vote_library
 
     gloo = GlooVote(get_sp_group().ranks, timeout_s=30.0)
-    vote, why = ShmVote.create(gloo, get_sp_group().rank_in_group, load_vote_library())
+    lib = load_vote_library()
+    names: list[str] = []  # this job's segment: other jobs on the host (pytest -n, CI neighbours) have theirs
+    real_open = lib.fvk_vote_open
+
+    def recording_open(name, *args):
+        names.append(name.decode())
+        return real_open(name, *args)
+
+    lib.fvk_vote_open = recording_open
+    vote, why = ShmVote.create(gloo, get_sp_group().rank_in_group, lib)
     assert vote is not None, why
     bad = []
     first_ptr = None
@@ -71,7 +80,8 @@ def _exchange_rounds(rank, world_size, rounds):
             bad.append((call, got))
     vote.destroy()
     vote.destroy()  # idempotent
-    leftover = [n for n in os.listdir("/dev/shm") if n.startswith("fastvideo-vote-")] if rank == 0 else []
+    leftover = [n for n in names if os.path.exists(f"/dev/shm{n}")]
+    assert names and names[0].startswith("/fastvideo-vote-"), names
     return bad[:3], leftover
 
 
@@ -99,12 +109,14 @@ def _helper_fused(rank, world_size, vote):
 
 
 @pytest.mark.parametrize("vote", ["shm", "auto"])
+@READS_LONG_TRAINING
 def test_helper_runs_fused_calls_bit_exact_over_the_shm_vote(ranks, vote):
     for results, channel, fused in ranks(2, _helper_fused, vote, env=ENV, timeout_s=60):
         assert results == [(True, "fused")] * 5
         assert (channel, fused) == ("shm", 5)
 
 
+@READS_LONG_TRAINING
 def test_helper_vote_gloo_is_respected(ranks):
     for results, channel, _ in ranks(2, _helper_fused, "gloo", env=ENV, timeout_s=60):
         assert results == [(True, "fused")] * 5 and channel == "gloo"
@@ -121,6 +133,7 @@ def _mismatch(rank, world_size):
     return got, after, vote
 
 
+@READS_LONG_TRAINING
 def test_contract_mismatch_raises_on_every_rank_through_the_shm_vote(ranks):
     results = ranks(3, _mismatch, env=ENV, timeout_s=60)
     for (kind, message, field), after, vote in results:
@@ -176,6 +189,7 @@ def _one_rank_without_library(rank, world_size):
     return out
 
 
+@READS_LONG_TRAINING
 def test_auto_keeps_gloo_everywhere_when_one_rank_lacks_the_library(ranks):
     assert ranks(2, _one_rank_without_library, env=ENV, timeout_s=60) == [("gloo", True, "fused")] * 2
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fastvideo.distributed.ulysses.policy import ORIGINAL_CTAS, Plan, even_rows
-from tests.distributed.conftest import bit_equal, build_helper, catch, last, oracle, rank_input
+from tests.distributed.conftest import READS_LONG_TRAINING, bit_equal, build_helper, catch, last, oracle, rank_input
 
 B, S, H, D = 3, 16, 12, 8  # S = S_local; H = global heads (divisible by 2, 3 and 4)
 ROW_BYTES = H * D * 4  # fp32
@@ -60,6 +60,7 @@ def _parity(rank, world_size, mode):
 
 @pytest.mark.parametrize("mode", [0, 1])
 @pytest.mark.parametrize("world_size", [2, 3, 4])
+@READS_LONG_TRAINING
 def test_fused_is_bit_exact_vs_nccl_route_with_the_expected_plans(ranks, world_size, mode):
     """Fused output equals the NCCL route bit for bit for: tuned one-plane chunks, tuned sub-plane chunks
     through a 4 KiB window, the original whole-operand plan; and the original policy declines WINDOW."""
@@ -86,6 +87,7 @@ def _parity_bf16(rank, world_size):
     return result
 
 
+@READS_LONG_TRAINING
 def test_fused_bf16_is_bit_exact(ranks):
     """bf16 moves as raw bits: the fused route matches the NCCL route exactly, one plane per chunk."""
     for equal, record in ranks(2, _parity_bf16):
@@ -118,6 +120,7 @@ def _retained(rank, world_size, window):
 
 
 @pytest.mark.parametrize("window", [4096, 1 << 20], ids=["sub-plane-window", "whole-output-fits-window"])
+@READS_LONG_TRAINING
 def test_retained_output_is_unchanged_by_a_later_call(ranks, window):
     """Output 1 survives call 2 unchanged and shares no storage with the window or with output 2 (also when
     the window could hold the whole output, where returning a window view would be tempting)."""
@@ -150,6 +153,7 @@ def _stats_and_logging(rank, world_size):
     return exact, stats["calls"], stats["fused"], stats["declines"], warnings
 
 
+@READS_LONG_TRAINING
 def test_stats_count_every_decline_and_log_once_per_reason(ranks):
     """Three DTYPE and two NON_CONTIGUOUS declines are all counted; each reason is logged exactly once."""
     for exact, calls, fused, declines, warnings in ranks(2, _stats_and_logging):
@@ -183,6 +187,7 @@ def _public_op(rank, world_size):
         helper_mod.destroy_default_helper()
 
 
+@READS_LONG_TRAINING
 def test_public_op_routes_through_the_helper_only_under_auto(ranks):
     """auto: the op votes through the installed helper (history grows, fused); off: history unchanged."""
     for auto_exact, round_trip, off_exact, auto_history, off_history in ranks(2, _public_op):
@@ -209,6 +214,7 @@ def _lifecycle(rank, world_size):
     return first, after[0], stats1["destroyed"], stats1["declines"], second, gens, h1.fused_available
 
 
+@READS_LONG_TRAINING
 def test_lifecycle_destroy_rebuild_generation(ranks):
     """Use after destroy raises HelperDisposedError; destroy twice is a no-op; a rebuilt helper has a larger
     generation and runs fused again."""
@@ -233,6 +239,7 @@ def _rebuild_many(rank, world_size, rounds):
     return routes
 
 
+@READS_LONG_TRAINING
 def test_helpers_rebuilt_in_sequence_each_construct_and_run(ranks):
     """Regression: destroying a helper must not make the next one reuse its vote group's name and store
     keys (torch names local-sync groups by len(pg_names); deregistering on destroy recycled the name and

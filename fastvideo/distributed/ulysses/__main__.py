@@ -6,19 +6,36 @@
 
 ``explain`` applies the same pure policy the helper applies on every call and prints the plan
 (route, CTAs, chunking, window bytes) or the decline reason; no GPU or process group is needed.
-``doctor`` prints versions, the kernel library and its entry points, GPUs and peer access, the
-host identity and the environment variables.
+Bad arguments are argparse errors (exit 2) that name the argument and the fix.
+``doctor`` prints versions, the kernel library (every place it looked), GPUs and peer access, the
+host identity and the environment variables. It reports problems (an invalid ``FASTVIDEO_*`` value,
+a ``FASTVIDEO_KERNEL_LIBRARY`` that cannot be loaded, a check that raised) as findings, goes on,
+and exits 1 at the end if there were any.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import os
+import re
 import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 
 import torch
 
 from fastvideo import envs
-from fastvideo.distributed.ulysses.policy import DEFAULT_WINDOW_BYTES, Geometry, choose_plan
+from fastvideo.distributed.ulysses.policy import (
+    DEFAULT_WINDOW_BYTES,
+    TUNED_TABLE,
+    Geometry,
+    TunedRow,
+    choose_plan,
+    lookup,
+    normalize_gpu_name,
+)
 
 _DTYPES = {
     "bfloat16": torch.bfloat16,
@@ -29,16 +46,103 @@ _DTYPES = {
     "fp32": torch.float32,
     "float64": torch.float64,
 }
+_WINDOW_VAR = "FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES"
+_LONG_VAR = "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"
+# Kept in step with fastvideo_kernel.LIBRARY_NAME / ENV_LIBRARY; doctor must work without that package.
+_LIBRARY_NAME = "libfastvideo_ulysses_a2a.so"
+_ENV_LIBRARY = "FASTVIDEO_KERNEL_LIBRARY"
+_BUILD_HINT = "bash scripts/build_kernel.sh 2.28.9 build/kernel"
+
+
+# ----------------------------------------------------------------------------------- argument types
 
 
 def _shape(text: str) -> tuple[int, int, int, int]:
+    parts = text.split(",")
     try:
-        dims = tuple(int(v) for v in text.split(","))
+        dims = tuple(int(v) for v in parts)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--shape {text!r}: expected four integers B,S,H,D") from None
-    if len(dims) != 4 or min(dims) < 1:
-        raise argparse.ArgumentTypeError(f"--shape {text!r}: expected four positive integers B,S,H,D")
+        raise argparse.ArgumentTypeError(f"{text!r}: expected four positive integers B,S,H,D") from None
+    if len(dims) != 4:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected four positive integers B,S,H,D, got {len(dims)} value(s)")
+    bad = [f"{name}={v}" for name, v in zip("BSHD", dims) if v < 1]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{text!r}: shapes are positive; {', '.join(bad)} (use e.g. 3,62500,56,128)")
     return dims  # type: ignore[return-value]
+
+
+def _world_size(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer (the SP size)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: the SP size must be a positive integer (1, 2, 4, ...)")
+    return value
+
+
+def _window_bytes(text: str) -> int:
+    """Parsed by the env variable's own rule, so the flag and the variable accept the same values."""
+    var = envs.registry()[_WINDOW_VAR]
+    try:
+        return int(var.parse(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected an integer number of bytes >= {var.minimum:g} (the same rule as {_WINDOW_VAR}; "
+            f"default {var.default})"
+        ) from None
+
+
+def _dtype(text: str) -> str:
+    low = text.strip().lower()
+    if low not in _DTYPES:
+        raise argparse.ArgumentTypeError(f"{text!r}: choose one of {', '.join(sorted(_DTYPES))} (any case)")
+    return low
+
+
+def _negative_values_as_values(argv: list[str], options: tuple[str, ...]) -> list[str]:
+    """``--shape -1,2,3,4`` -> ``--shape=-1,2,3,4``: argparse otherwise takes ``-1,...`` for an option and
+    says only "expected one argument"; joined, the value reaches its type check and gets a real message."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] in options and i + 1 < len(argv) and re.match(r"-\d", argv[i + 1]):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
+# ----------------------------------------------------------------------------------- explain
+
+
+def _rows_text(rows: list[TunedRow]) -> str:
+    return "; ".join(f"SP{r.world_size} {r.dtype} H={r.heads} D={r.head_dim}" for r in rows)
+
+
+def tuned_row_note(gpu: str, geom: Geometry, table: tuple[TunedRow, ...] = TUNED_TABLE) -> str:
+    """Which tuned row the policy will use, or why none applies (an unknown GPU must not pass silently)."""
+    row = lookup(table, gpu, geom)
+    if row is not None:
+        chunking = f"{row.planes_per_chunk} plane(s) per chunk"
+        return f"{row.gpu}/SP{row.world_size}: {row.ctas} CTAs, {chunking} ({row.source})"
+    name = normalize_gpu_name(gpu)
+    gpus = sorted({r.gpu for r in table})
+    listed = ", ".join(gpus) if gpus else "none"
+    same_gpu = [r for r in table if r.gpu == name]
+    if not name:
+        return f"none: no GPU model given (--gpu {gpu!r}); GPUs with tuned rows: {listed}. The original policy applies."
+    if not same_gpu:
+        return (
+            f"none: no tuned row exists for GPU {gpu!r} (model {name!r}); GPUs with tuned rows: {listed}. "
+            "The original policy applies."
+        )
+    return (
+        f"none for {name} at SP{geom.world_size} {geom.dtype} H={geom.H} D={geom.D}; {name} rows: "
+        f"{_rows_text(same_gpu)}. The original policy applies."
+    )
 
 
 def explain(args: argparse.Namespace) -> int:
@@ -51,16 +155,21 @@ def explain(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}")
         return 2
+    print(f"input      {list(args.shape)} {dtype} mode {mode} ({'scatter heads' if mode == 0 else 'scatter sequence'})")
+    if p == 1:
+        # sequence_model_parallel_all_to_all_4D returns x itself at SP1: no route, no vote, no plan.
+        print("route      identity (SP size 1: the op returns its input unchanged; no collective, no vote)")
+        return 0
     geom = Geometry.from_input(args.shape, mode, p, dtype)
     choice = choose_plan(
         geom, gpu=args.gpu, window_bytes=args.window_bytes, grad=args.grad, long_training=args.long_training
     )
-    print(f"input      {list(args.shape)} {dtype} mode {mode} ({'scatter heads' if mode == 0 else 'scatter sequence'})")
     print(
         f"geometry   SP {p}, B={geom.B} planes, S_local={geom.S}, H={geom.H}, D={geom.D}, plane {geom.plane_bytes} B, "
         f"operand {geom.operand_bytes} B"
     )
     print(f"policy     gpu={args.gpu} grad={args.grad} long_training={args.long_training} window={args.window_bytes} B")
+    print(f"tuned row  {tuned_row_note(args.gpu, geom)}")
     if choice.plan is None:
         assert choice.reason is not None
         print(f"route      nccl (declined: {choice.reason.label})")
@@ -70,58 +179,201 @@ def explain(args: argparse.Namespace) -> int:
     return 0
 
 
-def doctor(_: argparse.Namespace) -> int:
+# ----------------------------------------------------------------------------------- doctor
+
+
+class _Doctor:
+    """Prints ``label  text`` lines and collects findings; a check that raises becomes a finding."""
+
+    def __init__(self) -> None:
+        self.findings: list[str] = []
+
+    def line(self, label: str, text: str) -> None:
+        print(f"{label:10s} {text}")
+
+    def finding(self, label: str, text: str) -> None:
+        self.findings.append(f"{label}: {text}")
+        self.line(label, f"PROBLEM: {text}")
+
+    def check(self, label: str, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - doctor reports, goes on, and fails at the end
+            self.finding(label, f"check raised {type(exc).__name__}: {exc}")
+
+
+def _loader() -> ModuleType:
+    """The kernel loader package (``fastvideo-kernel``); raises ImportError when it is not installed."""
+    import fastvideo_kernel
+
+    return fastvideo_kernel
+
+
+def _repo_root() -> Path:
+    return Path(__file__).resolve().parents[3]  # <root>/fastvideo/distributed/ulysses/__main__.py
+
+
+def kernel_places(repo_root: Path, loader: ModuleType | None) -> list[tuple[str, Path | None, str]]:
+    """Every place a kernel library is looked for, in the loader's order, then the development builds.
+
+    Returns ``(label, path or None, state)``. ``fastvideo_kernel.load`` opens
+    ``$FASTVIDEO_KERNEL_LIBRARY`` when it is set, else the installed wheel's library; a development
+    build (``<repo>/build/kernel*/``, what ``scripts/build_kernel.sh`` writes) is opened only when
+    ``FASTVIDEO_KERNEL_LIBRARY`` points at it.
+    """
+    loaded = "found; the loader opens this one"
+    places: list[tuple[str, Path | None, str]] = []
+    override = os.environ.get(_ENV_LIBRARY, "")
+    if override:
+        places.append((f"${_ENV_LIBRARY}", Path(override), loaded if Path(override).is_file() else "MISSING"))
+    else:
+        places.append((f"${_ENV_LIBRARY}", None, "unset"))
+    if loader is not None:
+        wheel = Path(loader.__file__).resolve().parent / "lib" / _LIBRARY_NAME
+        state = loaded if not override else "found; not loaded while the variable is set"
+        places.append(("the wheel's library", wheel, state if wheel.is_file() else "missing"))
+    else:
+        places.append(("the wheel's library", None, "the loader package fastvideo_kernel is not importable"))
+    builds = sorted((repo_root / "build").glob(f"kernel*/{_LIBRARY_NAME}"))
+    for build in builds:
+        chosen = override and Path(override).resolve() == build.resolve()
+        places.append(("development build", build, loaded if chosen else f"found; loaded only via ${_ENV_LIBRARY}"))
+    if not builds:
+        places.append(("development build", repo_root / "build" / "kernel" / _LIBRARY_NAME, "missing"))
+    return places
+
+
+def _doctor_kernel(doc: _Doctor, repo_root: Path) -> None:
+    try:
+        loader: ModuleType | None = _loader()
+    except ImportError:
+        loader = None
+    override = os.environ.get(_ENV_LIBRARY, "")
+    places = kernel_places(repo_root, loader)
+    doc.line("kernel", "looked for the library in (the loader's order, then development builds):")
+    for label, path, state in places:
+        doc.line("kernel", f"  {label}: {path if path is not None else '-'}  [{state}]")
+    dev = [path for label, path, state in places if label == "development build" and state.startswith("found")]
+    if loader is None:
+        fix = (
+            "pip install --no-build-isolation --no-deps ./fastvideo-kernel, or put its source on the path: "
+            f"export PYTHONPATH={repo_root / 'fastvideo-kernel'}:$PYTHONPATH"
+        )
+        if override:
+            doc.finding(
+                "kernel",
+                f"${_ENV_LIBRARY} is set but the loader package fastvideo_kernel is not "
+                f"importable, so nothing can load it: {fix}",
+            )
+        else:
+            doc.line("kernel", f"not available: the loader package fastvideo_kernel is not importable ({fix})")
+    else:
+        info = loader.info()
+        if "error" not in info:
+            for key, value in info.items():
+                doc.line("kernel", f"{key}: {value}")
+        elif override:
+            doc.finding("kernel", f"${_ENV_LIBRARY} is set but unusable: {info['error']}")
+        else:
+            doc.line("kernel", f"not available: {info['error']}")
+    if dev and not override:
+        doc.line("kernel", f"to use a development build: export {_ENV_LIBRARY}={dev[0]}")
+    elif not dev and not override:
+        doc.line("kernel", f"to make a development build: {_BUILD_HINT} (then set {_ENV_LIBRARY} to its path)")
+
+
+def doctor(_: argparse.Namespace, repo_root: Path | None = None) -> int:
     import platform
 
-    from fastvideo.distributed.ulysses.helper import host_identity
+    doc = _Doctor()
 
-    print(f"python     {platform.python_version()}  torch {torch.__version__}")
-    nccl = torch.cuda.nccl.version() if torch.cuda.is_available() else None
-    print(f"nccl       torch's: {'.'.join(map(str, nccl)) if nccl else 'n/a (no CUDA build or no GPU)'}")
-    host, boot = host_identity()
-    print(f"host       {host} boot_id {boot}")
-    for name, var in envs.registry().items():
-        print(f"env        {name}={envs.get(name)!r}  (default {var.default!r})")
-    try:
-        import fastvideo_kernel
+    def versions() -> None:
+        doc.line("python", f"{platform.python_version()}  torch {torch.__version__}")
+        nccl = torch.cuda.nccl.version() if torch.cuda.is_available() else None
+        doc.line("nccl", f"torch's: {'.'.join(map(str, nccl)) if nccl else 'n/a (no CUDA build or no GPU)'}")
 
-        info = fastvideo_kernel.info()
-        for key, value in info.items():
-            print(f"kernel     {key}: {value}")
-    except Exception as exc:  # noqa: BLE001 - doctor reports, never fails
-        print(f"kernel     not available: {exc}")
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    print(f"gpus       {count}")
-    for i in range(count):
-        peers = [j for j in range(count) if j != i and torch.cuda.can_device_access_peer(i, j)]
-        print(f"gpu {i}      {torch.cuda.get_device_name(i)}; peer access to {peers}")
+    def host() -> None:
+        from fastvideo.distributed.ulysses.helper import host_identity
+
+        name, boot = host_identity()
+        doc.line("host", f"{name} boot_id {boot}")
+
+    def environment() -> None:
+        registry = envs.registry()
+        for name, var in registry.items():
+            raw = os.environ.get(name)
+            try:
+                value = var.parse(raw)
+            except ValueError as exc:
+                doc.finding("env", str(exc))
+                continue
+            doc.line("env", f"{name}={value!r}  (default {var.default!r}{'' if raw else ', unset'})")
+        # A misspelt setting is otherwise ignored silently (build and test knobs share the prefix: only
+        # names close to a real setting are pointed out).
+        for name in sorted(n for n in os.environ if n.startswith("FASTVIDEO_") and n not in registry):
+            close = difflib.get_close_matches(name, registry, n=1, cutoff=0.85)
+            if close:
+                doc.line("env", f"{name} is set but is not a setting: did you mean {close[0]}?")
+
+    def kernel() -> None:
+        _doctor_kernel(doc, repo_root if repo_root is not None else _repo_root())
+
+    def gpus() -> None:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        doc.line("gpus", str(count))
+        for i in range(count):
+            peers = [j for j in range(count) if j != i and torch.cuda.can_device_access_peer(i, j)]
+            doc.line(f"gpu {i}", f"{torch.cuda.get_device_name(i)}; peer access to {peers}")
+
+    for label, fn in (("versions", versions), ("host", host), ("env", environment), ("kernel", kernel), ("gpus", gpus)):
+        doc.check(label, fn)
+    if doc.findings:
+        doc.line("result", f"{len(doc.findings)} problem(s) found:")
+        for text in doc.findings:
+            doc.line("result", f"  {text}")
+        return 1
+    doc.line("result", "no problems found")
     return 0
+
+
+# ----------------------------------------------------------------------------------- main
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fastvideo.distributed.ulysses", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("explain", help="print the plan or the decline reason for one call")
-    ex.add_argument("--world-size", type=int, required=True, help="SP size")
+    ex.add_argument("--world-size", type=_world_size, required=True, help="SP size (a positive integer)")
     ex.add_argument("--shape", type=_shape, required=True, help="input shape B,S,H,D as passed to the op")
-    ex.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16")
+    ex.add_argument(
+        "--dtype", type=_dtype, default="bfloat16", metavar="DTYPE", help=f"one of {', '.join(sorted(_DTYPES))}"
+    )
     ex.add_argument("--gpu", default="H200", help="GPU model, e.g. GB200, H200")
     ex.add_argument("--mode", type=int, choices=(0, 1), default=0, help="0: scatter heads (2,1); 1: the inverse (1,2)")
     ex.add_argument("--grad", action="store_true", help="the operand is grad-tracked (training)")
     ex.add_argument(
         "--long-training",
+        type=str.lower,
         choices=("auto", "chunked"),
         default=None,
-        help="default: FASTVIDEO_ULYSSES_A2A_LONG_TRAINING",
+        help=f"default: {_LONG_VAR}",
     )
-    ex.add_argument("--window-bytes", type=int, default=None, help=f"default: env or {DEFAULT_WINDOW_BYTES}")
-    sub.add_parser("doctor", help="versions, kernel library, GPUs, host, env")
-    args = parser.parse_args(argv)
+    ex.add_argument(
+        "--window-bytes", type=_window_bytes, default=None, help=f"default: {_WINDOW_VAR} or {DEFAULT_WINDOW_BYTES}"
+    )
+    sub.add_parser("doctor", help="versions, kernel library, GPUs, host, env; exits 1 if it found a problem")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(_negative_values_as_values(argv, ("--shape", "--world-size", "--window-bytes")))
     if args.command == "explain":
-        if args.long_training is None:
-            args.long_training = envs.get("FASTVIDEO_ULYSSES_A2A_LONG_TRAINING")
-        if args.window_bytes is None:
-            args.window_bytes = envs.get("FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES")
+        for attr, flag, var in (
+            ("long_training", "--long-training", _LONG_VAR),
+            ("window_bytes", "--window-bytes", _WINDOW_VAR),
+        ):
+            if getattr(args, attr) is None:  # the flag's default is the setting's value
+                try:
+                    setattr(args, attr, envs.get(var))
+                except ValueError as exc:
+                    ex.error(f"{exc} Fix the variable or pass {flag}.")
         return explain(args)
     return doctor(args)
 

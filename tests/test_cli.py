@@ -1,0 +1,292 @@
+"""The CLI, ``python -m fastvideo.distributed.ulysses``: ``explain`` and ``doctor``, one test per rule.
+
+Mostly through ``main(argv)`` in this process (an argparse error is ``SystemExit(2)`` with the message
+on stderr); one subprocess smoke checks that ``doctor`` with a bad setting exits 1 without a traceback.
+Every test sets the transport variables it needs (``--long-training``, ``monkeypatch``), so none is
+marked ambient.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from fastvideo import envs
+from fastvideo.distributed.ulysses import __main__ as cli
+from fastvideo.distributed.ulysses.policy import TUNED_TABLE
+
+ROOT = Path(__file__).resolve().parents[1]
+GIB = 1 << 30
+H3 = ("--world-size", "4", "--shape", "3,62500,56,128", "--dtype", "bfloat16", "--gpu", "GB200")
+PINNED = ("--long-training", "auto", "--window-bytes", str(GIB))
+LIB = "libfastvideo_ulysses_a2a.so"
+
+
+def explain(capsys, *argv: str) -> tuple[int, str]:
+    rc = cli.main(["explain", *argv])
+    return rc, capsys.readouterr().out
+
+
+def explain_error(capsys, *argv: str) -> str:
+    """An argparse error: exit code 2, the message on stderr."""
+    with pytest.raises(SystemExit) as info:
+        cli.main(["explain", *argv])
+    assert info.value.code == 2
+    return capsys.readouterr().err
+
+
+def line(out: str, label: str) -> str:
+    """The one output line that starts with ``label``."""
+    found = [ln for ln in out.splitlines() if ln.startswith(label)]
+    assert len(found) == 1, out
+    return found[0]
+
+
+# ------------------------------------------------------------------------------------- explain: plans
+
+
+def test_explain_inference_prints_144_ctas_one_plane_per_chunk(capsys):
+    rc, out = explain(capsys, *H3, *PINNED)
+    route = line(out, "route")
+    assert rc == 0 and route.startswith("route      fused (tuned: 144 CTAs") and "one plane per chunk" in route
+
+
+def test_explain_grad_declines_window_under_auto(capsys):
+    rc, out = explain(capsys, *H3, "--grad", *PINNED)
+    assert rc == 0 and line(out, "route") == "route      nccl (declined: window)"
+    assert "long training" in line(out, "why")
+
+
+def test_explain_grad_long_training_chunked_runs_144_ctas(capsys):
+    rc, out = explain(capsys, *H3, "--grad", "--long-training", "chunked", "--window-bytes", str(GIB))
+    assert rc == 0 and "144 CTAs" in line(out, "route") and "one plane per chunk" in line(out, "route")
+
+
+def test_explain_reads_long_training_from_env_when_not_given(capsys):
+    with envs.override(FASTVIDEO_ULYSSES_A2A_LONG_TRAINING="chunked", FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES=None):
+        rc, out = explain(capsys, *H3, "--grad")
+    assert rc == 0 and "long_training=chunked" in out and "144 CTAs" in line(out, "route")
+
+
+@pytest.mark.parametrize(
+    "var, flag, given",
+    [
+        ("FASTVIDEO_ULYSSES_A2A_LONG_TRAINING", "--long-training", ("--window-bytes", str(GIB))),
+        ("FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES", "--window-bytes", ("--long-training", "auto")),
+    ],
+)
+def test_explain_invalid_setting_behind_a_default_names_the_variable_and_the_flag(capsys, var, flag, given):
+    with envs.override(**{var: "sometimes"}):
+        err = explain_error(capsys, *H3, *given)
+    assert f"{var}='sometimes' is not valid" in err and f"pass {flag}" in err
+
+
+def test_explain_input_no_route_can_serve_exits_nonzero(capsys):
+    rc, out = explain(capsys, "--world-size", "4", "--shape", "3,62500,54,128", "--gpu", "GB200", *PINNED)
+    assert rc == 2 and "not divisible" in out
+
+
+# ------------------------------------------------------------------------------------- explain: bad arguments
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two"])
+def test_world_size_not_positive_is_an_argparse_error(capsys, value):
+    err = explain_error(capsys, "--world-size", value, "--shape", "3,16,8,8", *PINNED)
+    assert "argument --world-size" in err and "positive integer" in err
+
+
+def test_world_size_one_is_the_identity(capsys):
+    rc, out = explain(capsys, "--world-size", "1", "--shape", "3,16,8,8", *PINNED)
+    assert rc == 0 and "identity" in line(out, "route") and "declined" not in out
+
+
+def test_world_size_above_eight_still_declines_world_size(capsys):
+    rc, out = explain(capsys, "--world-size", "16", "--shape", "3,16,16,8", *PINNED)
+    assert rc == 0 and line(out, "route") == "route      nccl (declined: world_size)"
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "1k"])
+def test_window_bytes_has_the_env_settings_minimum(capsys, value):
+    var = envs.registry()["FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES"]
+    with pytest.raises(ValueError):  # the variable refuses the same value
+        var.parse(value)
+    err = explain_error(capsys, *H3, "--long-training", "auto", "--window-bytes", value)
+    assert "argument --window-bytes" in err and f">= {var.minimum:g}" in err
+    assert "FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES" in err
+
+
+def test_window_bytes_at_the_minimum_is_accepted(capsys):
+    rc, out = explain(capsys, *H3, "--long-training", "auto", "--window-bytes", "1")
+    assert rc == 0 and "window=1 B" in out and line(out, "route") == "route      nccl (declined: window)"
+
+
+@pytest.mark.parametrize("gpu", ["RTX9999", "B200", ""])
+def test_gpu_without_tuned_rows_is_named_and_the_tuned_gpus_listed(capsys, gpu):
+    rc, out = explain(capsys, *H3[:-2], "--gpu", gpu, *PINNED)
+    note = line(out, "tuned row")
+    assert rc == 0 and note.startswith("tuned row  none: no ")
+    assert ("no GPU model given" if gpu == "" else f"no tuned row exists for GPU {gpu!r}") in note
+    for known in {row.gpu for row in TUNED_TABLE}:
+        assert known in note
+    assert "original policy" in note
+
+
+def test_gpu_with_rows_but_not_for_this_geometry_lists_its_rows(capsys):
+    rc, out = explain(capsys, "--world-size", "2", *H3[2:], *PINNED)
+    note = line(out, "tuned row")
+    assert rc == 0 and "none for GB200 at SP2" in note and "SP4" in note
+
+
+def test_gpu_with_a_matching_row_names_it(capsys):
+    rc, out = explain(capsys, *H3, *PINNED)
+    assert rc == 0 and line(out, "tuned row").startswith("tuned row  GB200/SP4: 144 CTAs")
+
+
+@pytest.mark.parametrize("dtype, shown", [("BF16", "torch.bfloat16"), ("BFloat16", "torch.bfloat16"),
+                                          ("FP32", "torch.float32"), ("Float16", "torch.float16")])
+def test_dtype_is_case_insensitive(capsys, dtype, shown):
+    rc, out = explain(capsys, *H3[:4], "--dtype", dtype, *PINNED)
+    assert rc == 0 and shown in line(out, "input")
+
+
+def test_unknown_dtype_lists_the_choices(capsys):
+    err = explain_error(capsys, *H3[:4], "--dtype", "int8", *PINNED)
+    assert "argument --dtype" in err and "bfloat16" in err and "fp32" in err
+
+
+@pytest.mark.parametrize("shape", ["-1,62500,56,128", "3,0,56,128", "3,62500,-56,128"])
+def test_shape_not_positive_says_shapes_are_positive(capsys, shape):
+    err = explain_error(capsys, "--world-size", "4", "--shape", shape, *PINNED)
+    assert "argument --shape" in err and "shapes are positive" in err and "expected one argument" not in err
+
+
+def test_shape_with_three_dims_says_four_are_needed(capsys):
+    err = explain_error(capsys, "--world-size", "4", "--shape", "3,62500,56", *PINNED)
+    assert "four positive integers B,S,H,D" in err
+
+
+# ------------------------------------------------------------------------------------- doctor
+
+
+@pytest.fixture
+def settings(monkeypatch):
+    """Valid transport settings and no library override: doctor then has nothing to complain about."""
+    for name in ("FASTVIDEO_ULYSSES_A2A", "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING", "FASTVIDEO_KERNEL_LIBRARY"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+@pytest.fixture
+def fake_kernel(tmp_path, settings):
+    """A repo with a development build and a loader package without a packaged library (what the test
+    command leaves behind); ``info()`` answers like the real loader for whichever path is selected."""
+    dev = tmp_path / "repo" / "build" / "kernel" / LIB
+    dev.parent.mkdir(parents=True)
+    dev.write_bytes(b"\x7fELF fake")
+    package = tmp_path / "site" / "fastvideo_kernel"
+
+    def info() -> dict:
+        path = Path(os.environ.get("FASTVIDEO_KERNEL_LIBRARY") or package / "lib" / LIB)
+        if path == dev:
+            return {"path": str(path), "exists": True, "abi_version": 1}
+        return {"path": str(path), "exists": False, "error": f"no kernel library at {path}"}
+
+    loader = types.SimpleNamespace(__file__=str(package / "__init__.py"), info=info)
+    settings.setattr(cli, "_loader", lambda: loader)
+    settings.setattr(cli, "_repo_root", lambda: tmp_path / "repo")
+    return types.SimpleNamespace(dev=dev, wheel=package / "lib" / LIB)
+
+
+def doctor(capsys) -> tuple[int, str]:
+    rc = cli.main(["doctor"])
+    return rc, capsys.readouterr().out
+
+
+def test_doctor_clean_settings_exit_zero(capsys, fake_kernel):
+    rc, out = doctor(capsys)
+    assert rc == 0 and "result     no problems found" in out and "FASTVIDEO_ULYSSES_A2A='off'" in out
+
+
+def test_doctor_reports_invalid_settings_goes_on_and_exits_nonzero(capsys, fake_kernel):
+    bad = {"FASTVIDEO_ULYSSES_A2A": "sometimes", "FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES": "0"}
+    with envs.override(**bad):
+        rc, out = doctor(capsys)
+    assert rc == 1
+    assert "env        PROBLEM: FASTVIDEO_ULYSSES_A2A='sometimes' is not valid: choose one of off, auto" in out
+    assert "PROBLEM: FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES='0' is not valid: must be >= 1" in out
+    assert "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING='auto'" in out  # the valid ones are still listed
+    assert "gpus " in out and "result     2 problem(s) found:" in out  # it went on to the end
+
+
+def test_doctor_points_out_a_misspelt_setting(capsys, fake_kernel, settings):
+    settings.setenv("FASTVIDEO_ULYSSES_A2A_LONGTRAINING", "chunked")
+    rc, out = doctor(capsys)
+    assert rc == 0 and "did you mean FASTVIDEO_ULYSSES_A2A_LONG_TRAINING?" in out
+
+
+def test_doctor_names_every_place_and_how_to_use_the_development_build(capsys, fake_kernel):
+    rc, out = doctor(capsys)
+    assert rc == 0
+    assert "$FASTVIDEO_KERNEL_LIBRARY: -  [unset]" in out
+    assert f"the wheel's library: {fake_kernel.wheel}  [missing]" in out
+    assert f"development build: {fake_kernel.dev}  [found; loaded only via $FASTVIDEO_KERNEL_LIBRARY]" in out
+    assert f"to use a development build: export FASTVIDEO_KERNEL_LIBRARY={fake_kernel.dev}" in out
+
+
+def test_doctor_with_the_variable_on_the_development_build_loads_it(capsys, fake_kernel, settings):
+    settings.setenv("FASTVIDEO_KERNEL_LIBRARY", str(fake_kernel.dev))
+    rc, out = doctor(capsys)
+    assert rc == 0 and "abi_version: 1" in out
+    assert f"$FASTVIDEO_KERNEL_LIBRARY: {fake_kernel.dev}  [found; the loader opens this one]" in out
+    assert f"development build: {fake_kernel.dev}  [found; the loader opens this one]" in out
+    assert "to use a development build" not in out
+
+
+def test_doctor_variable_on_a_missing_file_is_a_problem(capsys, fake_kernel, settings, tmp_path):
+    settings.setenv("FASTVIDEO_KERNEL_LIBRARY", str(tmp_path / "gone.so"))
+    rc, out = doctor(capsys)
+    assert rc == 1 and f"$FASTVIDEO_KERNEL_LIBRARY: {tmp_path / 'gone.so'}  [MISSING]" in out
+    assert "PROBLEM: $FASTVIDEO_KERNEL_LIBRARY is set but unusable" in out
+
+
+def test_doctor_without_the_loader_package_says_how_to_get_it(capsys, fake_kernel, settings):
+    def missing():
+        raise ImportError("No module named 'fastvideo_kernel'")
+
+    settings.setattr(cli, "_loader", missing)
+    rc, out = doctor(capsys)
+    assert rc == 0 and "fastvideo_kernel is not importable" in out
+    assert f"PYTHONPATH={cli._repo_root() / 'fastvideo-kernel'}" in out
+
+
+def test_doctor_a_check_that_raises_is_a_finding_and_the_rest_still_runs(capsys, fake_kernel, settings):
+    from fastvideo.distributed.ulysses import helper
+
+    def broken():
+        raise OSError("no hostname")
+
+    settings.setattr(helper, "host_identity", broken)
+    rc, out = doctor(capsys)
+    assert rc == 1 and "host       PROBLEM: check raised OSError: no hostname" in out
+    assert "kernel     looked for the library" in out and "gpus " in out
+
+
+def test_doctor_on_this_machine_never_raises(capsys, settings):
+    rc, out = doctor(capsys)
+    assert rc in (0, 1) and "python " in out and "kernel     looked for the library" in out and "result " in out
+
+
+def test_doctor_subprocess_reports_a_bad_setting_without_a_traceback():
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FASTVIDEO_ULYSSES_A2A": "sometimes",
+           "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING": "auto"}
+    env.pop("FASTVIDEO_KERNEL_LIBRARY", None)
+    proc = subprocess.run([sys.executable, "-m", "fastvideo.distributed.ulysses", "doctor"], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "PROBLEM: FASTVIDEO_ULYSSES_A2A='sometimes'" in proc.stdout and "result     1 problem(s)" in proc.stdout
