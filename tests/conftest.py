@@ -8,16 +8,20 @@ and ``FASTVIDEO_ULYSSES_A2A_LONG_TRAINING``. Two kinds of test:
   the route, the helper reads LONG_TRAINING on every call, a subprocess inherits both). It sees the
   shell's value, or with ``--ulysses-ambient=all`` (what ``scripts/run_tests.sh`` passes) runs once
   under each value of each variable it names (four combinations for both).
-* for every variable a test does not name, the variable is set to an invalid sentinel for the
-  test's duration, in this process, its gloo ranks and any subprocess it starts. Anything that reads
-  it then fails the test with the env registry's error naming the variable, the sentinel and this
-  file. A test that passes so has shown it cannot depend on that variable, and runs once (one that
-  names only LONG_TRAINING runs under its two values: the route variable it never reads cannot
-  change its result). A test that sets a value itself (``envs.override``, the ``env`` argument of
-  ``ranks``) is independent of the shell and needs no marker.
+* for every variable a test does not name, the variable is pinned to a fixed valid value (``PINNED``:
+  the defaults, ``off`` and ``auto``) for the test's duration, in this process, its gloo ranks and any
+  subprocess it starts, so the shell's value cannot reach it: such a test is independent of the
+  caller's shell by construction and runs once. A test that sets a value itself (``envs.override``,
+  the ``env`` argument of ``ranks``) needs no marker either.
+
+Why pinned and not an invalid sentinel (as until 2026-11-29): ``initialize_sequence_parallel`` now
+validates and agrees every ``FASTVIDEO_*`` setting across the SP group (issue 13), so every test that
+builds SP groups reads both variables; a sentinel would fail all of them, and "reads it" no longer
+tells which tests' behaviour depends on the value. That is now the marker's job: mark a test whose
+result is meant to hold under each value.
 
 Code must read these settings through ``fastvideo.envs`` (``tests/test_ambient_guard.py`` checks),
-so that a read of the sentinel raises instead of quietly comparing unequal.
+so that validation and agreement see every read.
 
 Progress. ``--progress-every=SECONDS`` prints ``[done/total] elapsed, ETA`` at most that often and at
 every tenth of the run. The ETA weighs each remaining test by its duration in the last run (pytest's
@@ -44,8 +48,8 @@ AMBIENT_VALUES = {
 }
 AMBIENT_VARS = tuple(AMBIENT_VALUES)
 _SHORT = {"FASTVIDEO_ULYSSES_A2A": "a2a", "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING": "long"}
-# Not a valid value of either variable: reading it raises, naming the variable and this hint.
-UNPINNED = "unpinned-in-this-test:mark-it-ambient-or-set-it(tests/conftest.py)"
+# What a test that does not name a variable sees: the registry's defaults, whatever the shell says.
+PINNED = {"FASTVIDEO_ULYSSES_A2A": "off", "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING": "auto"}
 # Mean seconds per test by file, for the ETA of a run with no history (a fresh clone in CI).
 DURATIONS_TABLE = Path(__file__).with_name("durations.json")
 
@@ -101,12 +105,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture(autouse=True)
 def ulysses_ambient(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> dict[str, str | None]:
     """The two variables as this test sees them: a named one keeps the shell's value or gets this run's
-    combination; one the test does not name is UNPINNED."""
+    combination; one the test does not name is PINNED."""
     names = ambient_vars(request.node)
     combo = getattr(request, "param", None) or {}
     for name in AMBIENT_VARS:
         if name not in names:
-            monkeypatch.setenv(name, UNPINNED)
+            monkeypatch.setenv(name, PINNED[name])
         elif name in combo:
             monkeypatch.setenv(name, combo[name])
     return {name: os.environ.get(name) for name in AMBIENT_VARS}

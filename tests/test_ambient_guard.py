@@ -1,5 +1,6 @@
-"""The ambient-settings rule of ``tests/conftest.py``: what a test sees, and that a reader without the
-marker fails. Inner suites run in-process through ``pytester`` with a copy of the real conftest."""
+"""The ambient-settings rule of ``tests/conftest.py``: what a test sees (the shell's value or each value
+for what it names, a pinned default for the rest, never the shell's). Inner suites run in-process
+through ``pytester`` with a copy of the real conftest."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fastvideo import envs
-from tests.conftest import AMBIENT_VARS, UNPINNED, ambient_vars
+from tests.conftest import AMBIENT_VARS, PINNED, ambient_vars
 
 ROOT = Path(__file__).resolve().parents[1]
 A2A, LONG = AMBIENT_VARS
@@ -22,7 +23,7 @@ import pytest
 from fastvideo import envs
 
 def test_reads_without_marker():
-    envs.get("{LONG}")
+    assert envs.get("{LONG}") == "auto" and envs.get("{A2A}") == "off"  # pinned, whatever the shell says
 
 def test_reads_nothing():
     pass
@@ -37,7 +38,7 @@ def test_reads_both():
 
 @pytest.mark.ambient("{LONG}")
 def test_reads_route_but_names_only_long():
-    envs.get("{A2A}")
+    assert envs.get("{A2A}") == "off"
 '''
 
 
@@ -49,16 +50,25 @@ def inner(pytester: pytest.Pytester) -> pytest.Pytester:
     return pytester
 
 
-def test_all_runs_marked_tests_once_per_value_and_fails_unmarked_readers(inner):
+def test_all_runs_marked_tests_once_per_value_and_pins_the_rest(inner, monkeypatch):
+    monkeypatch.setenv(A2A, "auto")  # the shell's values must not reach what a test does not name
+    monkeypatch.setenv(LONG, "chunked")
     result = inner.runpytest_inprocess("--ulysses-ambient=all", "-p", "no:cacheprovider", "-v")
-    # 1 + 1 + 2 (long) + 4 (both) + 2 (long, but reads the route: fails under each) = 10 runs
-    result.assert_outcomes(passed=7, failed=3)
+    # 1 + 1 + 2 (long) + 4 (both) + 2 (long; the route pinned) = 10 runs
+    result.assert_outcomes(passed=10)
     out = result.stdout.str()
     assert "test_reads_long[long=auto] PASSED" in out and "test_reads_long[long=chunked] PASSED" in out
     assert "test_reads_both[a2a=auto,long=chunked] PASSED" in out
-    assert "test_reads_without_marker FAILED" in out
-    assert f"{LONG}='{UNPINNED}' is not valid" in out  # the failure names the variable and the rule
-    assert "test_reads_route_but_names_only_long[long=auto] FAILED" in out
+    assert "test_reads_without_marker PASSED" in out
+    assert "test_reads_route_but_names_only_long[long=chunked] PASSED" in out
+
+
+def test_negative_control_a_shell_value_would_reach_an_unpinned_test(inner, monkeypatch):
+    """Without the pin (the fixture disabled), the shell's value reaches the test: the rule is what stops it."""
+    monkeypatch.setenv(LONG, "chunked")
+    inner.makeconftest("import pytest\n@pytest.fixture(autouse=True)\ndef ulysses_ambient():\n    return {}\n")
+    result = inner.runpytest_inprocess("-p", "no:cacheprovider", "-k", "test_reads_without_marker")
+    result.assert_outcomes(failed=1)
 
 
 def test_inherit_gives_marked_tests_the_shells_values(inner, monkeypatch):
@@ -75,15 +85,14 @@ def test_shell():
     result.assert_outcomes(passed=1)
 
 
-def test_unmarked_test_sees_the_sentinel():
-    assert all(os.environ[name] == UNPINNED for name in AMBIENT_VARS)
-    with pytest.raises(ValueError, match=re.escape("tests/conftest.py")):
-        envs.get(A2A)
+def test_unmarked_test_sees_the_pinned_values():
+    assert all(os.environ[name] == PINNED[name] for name in AMBIENT_VARS)
+    assert envs.get(A2A) == "off" and envs.get(LONG) == "auto"
 
 
 @pytest.mark.ambient(LONG)
-def test_marked_test_sees_a_valid_value_only_for_the_variable_it_names():
-    assert envs.get(LONG) in ("auto", "chunked") and os.environ[A2A] == UNPINNED
+def test_marked_test_sees_its_value_and_the_pin_for_the_other():
+    assert envs.get(LONG) in ("auto", "chunked") and os.environ[A2A] == PINNED[A2A]
 
 
 def test_marker_naming_another_variable_is_a_usage_error():
@@ -100,11 +109,11 @@ def test_gloo_ranks_see_what_the_test_sees():
     """The forkserver's children get this test's values, not the environment the forkserver started with."""
     from tests.distributed import mp
 
-    assert mp.run_ranks(1, _rank_env) == [[UNPINNED, UNPINNED]]
+    assert mp.run_ranks(1, _rank_env) == [[PINNED[A2A], PINNED[LONG]]]
 
 
-# Reading os.environ directly would see the sentinel as an ordinary string (no error): every read of
-# these two variables must go through fastvideo.envs.
+# Reading os.environ directly would bypass validation and the settings agreement: every read of these
+# two variables must go through fastvideo.envs.
 _DIRECT_READ = re.compile(
     r"""(os\.getenv|os\.environ\.get|environ\.get)\(\s*["']FASTVIDEO_ULYSSES_A2A"""
     r"""|os\.environ\[\s*["']FASTVIDEO_ULYSSES_A2A[A-Z_]*["']\s*\](?!\s*=[^=])"""
