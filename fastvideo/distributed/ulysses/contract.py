@@ -32,6 +32,7 @@ Verdict (``decide``), computed identically on every rank from the gathered ``[P,
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -173,11 +174,29 @@ class Decision:
     error: RuntimeError | None = None  # RAISE: ContractMismatchError or PeerCallError
 
 
+@functools.lru_cache(maxsize=256)
+def _run_decision(plan_word: int) -> Decision:
+    """RUN decisions are immutable: one object per plan word (no allocation per call)."""
+    return Decision(Verdict.RUN, plan_word=plan_word)
+
+
 def decide(votes: torch.Tensor) -> Decision:
     """The collective verdict from the gathered ``[P, 12]`` int64 votes (pure; same on every rank)."""
     if votes.dim() != 2 or votes.shape[1] != NUM_FIELDS:
         raise ValueError(f"decide: votes must be [P, {NUM_FIELDS}], got {tuple(votes.shape)}")
     rows = votes.tolist()
+    first = rows[0]
+    if all(row == first for row in rows):
+        # The common case, decided without walking the fields: every rank proposed the same call.
+        # (Same verdicts as the general path below, which handles identical rows the same way.)
+        bits = first[Field.ELIGIBILITY]
+        if bits & DeclineReason.LOCAL_ERROR.bit:
+            return Decision(Verdict.RAISE, error=PeerCallError(list(range(len(rows)))))
+        if bits:
+            return Decision(Verdict.DECLINE, reason=reasons_from_bits(bits)[0])
+        if first[Field.PLAN] == 0:
+            return Decision(Verdict.DECLINE, reason=DeclineReason.WINDOW)
+        return _run_decision(first[Field.PLAN])
     failed = [r for r, row in enumerate(rows) if row[Field.ELIGIBILITY] & DeclineReason.LOCAL_ERROR.bit]
     if failed:
         return Decision(Verdict.RAISE, error=PeerCallError(failed))
@@ -197,4 +216,4 @@ def decide(votes: torch.Tensor) -> Decision:
     if rows[0][Field.PLAN] == 0:
         # Eligible but no plan: only a policy bug gets here; never run without one.
         return Decision(Verdict.DECLINE, reason=DeclineReason.WINDOW)
-    return Decision(Verdict.RUN, plan_word=rows[0][Field.PLAN])
+    return _run_decision(rows[0][Field.PLAN])

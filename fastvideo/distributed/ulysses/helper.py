@@ -28,6 +28,7 @@ construction; construction itself always runs over gloo). ``stats()["vote"]`` sa
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import statistics
@@ -50,6 +51,7 @@ from fastvideo.distributed.ulysses.policy import (
     MAX_WORLD_SIZE,
     MIN_WORLD_SIZE,
     TUNED_TABLE,
+    Choice,
     Geometry,
     Plan,
     TunedRow,
@@ -169,6 +171,7 @@ class UlyssesHelper:
         timeout = float(
             vote_timeout_s if vote_timeout_s is not None else _env_or_default("FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S")
         )
+        self._plan_cache: dict[tuple, Choice] = {}
         self.tuned_table = tuple(tuned_table)
         if gpu_name is None:
             gpu_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
@@ -184,7 +187,7 @@ class UlyssesHelper:
         self._built = False
         self._logged: set[DeclineReason] = set()
         self._declines: Counter[DeclineReason] = Counter()
-        self._plans: Counter[str] = Counter()
+        self._plans: Counter[tuple[int, Geometry]] = Counter()  # (plan word, geometry): described in stats()
         self._calls = self._fused = self._raised = 0
         self._vote_s: deque[float] = deque(maxlen=4096)
         self.history: deque[CallRecord] = deque(maxlen=history)
@@ -367,16 +370,36 @@ class UlyssesHelper:
                 f"Ulysses helper gen{self.generation} was destroyed; construct a new UlyssesHelper (collective)."
             )
 
-    def plan_for(self, geom: Geometry, *, grad: bool, long_training: str | None = None):
-        """The policy's choice for ``geom`` on this helper (pure; no vote)."""
+    @property
+    def tuned_table(self) -> tuple[TunedRow, ...]:
+        """The measured rows this helper's policy uses; assigning a new table drops the plan cache."""
+        return self._tuned_table
+
+    @tuned_table.setter
+    def tuned_table(self, table: Sequence[TunedRow]) -> None:
+        self._tuned_table = tuple(table)
+        self._plan_cache.clear()
+
+    def plan_for(self, geom: Geometry, *, grad: bool, long_training: str | None = None) -> Choice:
+        """The policy's choice for ``geom`` on this helper (pure; no vote), cached per call signature.
+
+        The policy is a pure function of the signature and of what is fixed per helper (GPU, window,
+        table, entry points), so every DiT layer after the first gets its plan from one dict lookup.
+        """
         if long_training is None:
             long_training = envs.get("FASTVIDEO_ULYSSES_A2A_LONG_TRAINING")
-        table = self.tuned_table
-        if self.capability is not None and ENTRY_TUNED not in self.capability.entry_points:
-            table = ()  # an older build with only the original entry point runs the original plan
-        return choose_plan(
-            geom, gpu=self.gpu_name, window_bytes=self.window_bytes, grad=grad, long_training=long_training, table=table
-        )
+        key = (geom, grad, long_training)
+        choice = self._plan_cache.get(key)
+        if choice is None:
+            table = self.tuned_table
+            if self.capability is not None and ENTRY_TUNED not in self.capability.entry_points:
+                table = ()  # an older build with only the original entry point runs the original plan
+            choice = choose_plan(geom, gpu=self.gpu_name, window_bytes=self.window_bytes, grad=grad,
+                                 long_training=long_training, table=table)
+            if len(self._plan_cache) >= 4096:  # bounded: shapes in one job are few; a pathological job re-plans
+                self._plan_cache.clear()
+            self._plan_cache[key] = choice
+        return choice
 
     def _local_bits(self, x: torch.Tensor, geom: Geometry) -> int:
         bits = 0
@@ -459,7 +482,7 @@ class UlyssesHelper:
         if decision.verdict is Verdict.DECLINE:
             assert decision.reason is not None
             return self._decline(x, geom, seq, phase, decision.reason)
-        plan = Plan.from_word(decision.plan_word)
+        plan = _plan_from_word(decision.plan_word)
         assert self.transport is not None
         out = self.transport.execute(x, geom, plan)
         marker = self.transport.completion_marker()
@@ -467,7 +490,7 @@ class UlyssesHelper:
             self._watch(InFlight(seq, self.generation, lambda: f"{phase.name.lower()}, {geom}",
                                  lambda: plan.describe(geom), marker, time.monotonic()))
         self._fused += 1
-        self._plans[plan.describe(geom)] += 1
+        self._plans[(plan.word, geom)] += 1
         self.history.append(CallRecord(seq, phase, mode, "fused", plan, None, plan.num_chunks(geom)))
         return out, plan, None
 
@@ -526,7 +549,7 @@ class UlyssesHelper:
             "fused": self._fused,
             "raised": self._raised,
             "declines": {r.label: n for r, n in sorted(self._declines.items())},
-            "plans": dict(self._plans),
+            "plans": dict(Counter({Plan.from_word(w).describe(g): n for (w, g), n in self._plans.items()})),
             "vote": "shm" if isinstance(self._call_vote, ShmVote) else "gloo",
             "vote_us_median": statistics.median(votes) * 1e6 if votes else None,
             "vote_us_p90": votes[int(0.9 * (len(votes) - 1))] * 1e6 if votes else None,
@@ -560,6 +583,12 @@ class UlyssesHelper:
         if self._call_vote is not self._vote:
             self._call_vote.destroy()
         self._vote.destroy()
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan_from_word(word: int) -> Plan:
+    """Plans are immutable: one object per agreed word (no validation and allocation per call)."""
+    return Plan.from_word(word)
 
 
 class _HelperAllToAll(torch.autograd.Function):

@@ -59,7 +59,7 @@ class Geometry:
 
     @property
     def itemsize(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
+        return self.dtype.itemsize
 
     @property
     def row_bytes(self) -> int:
