@@ -178,7 +178,7 @@ def copy_engine_reference(nbytes_per_peer: int, device: torch.device, iters: int
         return None
     from torch.multiprocessing.reductions import reduce_tensor
 
-    recv = torch.empty(p, nbytes_per_peer, dtype=torch.uint8, device=device)  # slot q: what rank q sends here
+    recv = torch.zeros(p, nbytes_per_peer, dtype=torch.uint8, device=device)  # slot q: what rank q sends here
     send = torch.ones(nbytes_per_peer, dtype=torch.uint8, device=device)
     handles: list = [None] * p
     dist.all_gather_object(handles, reduce_tensor(recv), group=sp.cpu_group)
@@ -197,6 +197,10 @@ def copy_engine_reference(nbytes_per_peer: int, device: torch.device, iters: int
     torch.cuda.synchronize(device)
     dist.barrier(group=sp.cpu_group)  # no rank frees its buffer while a peer still writes into it
     peers.clear()
+    # Every peer's copies landed in this rank's slots (the reference must move what it claims to).
+    missing = [q for q in range(p) if q != me and not bool((recv[q] == 1).all())]
+    if missing:
+        raise RuntimeError(f"copy_engine_reference: rank {me} did not receive the bytes of ranks {missing}")
     return t
 
 
