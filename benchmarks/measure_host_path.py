@@ -61,7 +61,8 @@ def measure(rank: int, world_size: int, iters: int, warmup: int, vote: str) -> d
             if i >= warmup:
                 times.append((time.perf_counter_ns() - start) / 1e3)
     stats = helper.stats()
-    votes = [v * 1e6 for v in helper.vote_seconds(iters)]
+    votes = [v * 1e6 for v in helper.vote_seconds(iters)]  # the helper keeps the last 4096
+    times = times[-len(votes):]
     helper.destroy()
     assert stats["fused"] == warmup + iters, stats
     return {
