@@ -2,7 +2,8 @@
 //
 // Plain C++ usable on the host and the device (FVK_HD): the kernels (movement.cuh) and the host-side
 // property check of the synchronisation argument (sync_model.cpp) call exactly these functions, so
-// the check tests the layout the kernel runs, not a restatement of it.
+// the check tests the layout the kernel runs, not a restatement of it. (The barrier schedule the
+// check assumes, two syncs per chunk, is restated there from run_call.)
 //
 // Terms (the same in both modes). P = world, S = S_local, run = (H/P) * D * itemsize bytes: one
 // sequence row of one peer's head block, contiguous in the input, the window and the output.
@@ -50,6 +51,7 @@ struct Problem {
   const char* x;  // this rank's input (read only)
   char* out;      // this rank's output: caller-owned, never aliases a window
   int world, rank, mode, layout;
+  int itemsize;
   int64_t B, S;
   int64_t run_bytes;                         // (H / P) * D * itemsize
   int64_t granule;                           // CTA partition unit in bytes (a power of two dividing run_bytes)
@@ -111,15 +113,22 @@ struct Slice {
   int64_t first, bytes, window;
 };
 
+// The kernel's layout (kStatic): the window offset depends on (src, cta) and the full chunk only.
+FVK_HD inline Slice cta_slice_static(const Problem& p, const Chunk& c, int src, int cta, int ctas) {
+  const Span mine = split(block_bytes(p, c) / p.granule, ctas, cta);
+  const Span region = split(full_block_bytes(p) / p.granule, ctas, cta);
+  return Slice{mine.start * p.granule, mine.size * p.granule, src * full_block_bytes(p) + region.start * p.granule};
+}
+
+// Either layout, by p.layout: the host model, the simulation and the debug kernels. The production
+// kernel calls cta_slice_static directly (a runtime layout branch there cost registers and spills).
 FVK_HD inline Slice cta_slice(const Problem& p, const Chunk& c, int src, int cta, int ctas) {
-  const int64_t granules = block_bytes(p, c) / p.granule;
   if (p.layout == kLegacy) {
+    const int64_t granules = block_bytes(p, c) / p.granule;
     const int64_t g0 = granules * cta / ctas, g1 = granules * (cta + 1) / ctas;
     return Slice{g0 * p.granule, (g1 - g0) * p.granule, src * block_bytes(p, c) + g0 * p.granule};
   }
-  const Span mine = split(granules, ctas, cta);
-  const Span region = split(full_block_bytes(p) / p.granule, ctas, cta);
-  return Slice{mine.start * p.granule, mine.size * p.granule, src * full_block_bytes(p) + region.start * p.granule};
+  return cta_slice_static(p, c, src, cta, ctas);
 }
 
 // Largest power of two <= 16 that divides v (v > 0).
@@ -137,6 +146,7 @@ FVK_HD inline Problem plan_problem(int world, int mode, int itemsize, int64_t B,
   p.world = world;
   p.mode = mode;
   p.layout = layout;
+  p.itemsize = itemsize;
   p.B = B;
   p.S = S;
   p.run_bytes = H / world * D * itemsize;
@@ -155,7 +165,8 @@ int make_problem(int world, int mode, int dtype, int64_t B, int64_t S, int64_t H
                  int64_t& operand_bytes, int layout = kStatic);
 #endif
 
-// Region `cta` of source `src`'s block in the window: every byte CTA `cta` may touch there in a call.
+// Region `cta` of source `src`'s block in the window: every byte CTA `cta` may touch there in a call
+// (the host model checks every kStatic slice lies inside it).
 FVK_HD inline Span cta_region(const Problem& p, int src, int cta, int ctas) {
   const Span region = split(full_block_bytes(p) / p.granule, ctas, cta);
   return Span{src * full_block_bytes(p) + region.start * p.granule, region.size * p.granule};

@@ -112,9 +112,19 @@ struct LoadHook {
 // Store phase of chunk c: this CTA's slice of this rank's block for every peer into that peer's
 // window (region `cta`), and its own block straight into the output (it never needs the window).
 // Peers are visited starting after `rank` so that ranks spread their stores over different links.
+// The slice a CTA moves: the static layout in production, p.layout where the Env allows the pre-fix
+// layout as a negative control (debug and simulation only).
+template <typename Env>
+__device__ inline Slice env_slice(const Problem& p, const Chunk& c, int src, int cta, int ctas) {
+  if constexpr (Env::kAnyLayout)
+    return cta_slice(p, c, src, cta, ctas);
+  else
+    return cta_slice_static(p, c, src, cta, ctas);
+}
+
 template <typename V, typename Env>
 __device__ void store_chunk(const Problem& p, const Chunk& c, int64_t ci, Env& env, int cta, int ctas) {
-  const Slice s = cta_slice(p, c, p.rank, cta, ctas);
+  const Slice s = env_slice<Env>(p, c, p.rank, cta, ctas);
   if (s.bytes == 0) return;
   const uint32_t u0 = static_cast<uint32_t>(s.first / sizeof(V)), u1 = u0 + static_cast<uint32_t>(s.bytes / sizeof(V));
   const bool in_head_split = p.mode == 0;
@@ -140,7 +150,7 @@ __device__ void copy_out_chunk(const Problem& p, const Chunk& c, int64_t ci, Env
   char* own = env.window(p.rank);
   for (int src_rank = 0; src_rank < p.world; ++src_rank) {
     if (src_rank == p.rank) continue;  // written straight to the output by the store phase
-    const Slice s = cta_slice(p, c, src_rank, cta, ctas);
+    const Slice s = env_slice<Env>(p, c, src_rank, cta, ctas);
     if (s.bytes == 0) continue;
     const uint32_t u0 = static_cast<uint32_t>(s.first / sizeof(V)),
                    u1 = u0 + static_cast<uint32_t>(s.bytes / sizeof(V));

@@ -69,13 +69,18 @@ class Checker {
 
   // Every access into window `w` of the sequence, checked for races and addressing.
   void window(int w, const std::vector<Problem>& calls, const std::vector<int>& ctas, size_t window_bytes,
-              bool entry_barrier) {
+              int schedule) {
     std::vector<Access> acc;
     for (int n = 0; n < static_cast<int>(calls.size()); ++n) {
       const Problem& p = calls[n];
       for (int64_t c = 0; c < num_chunks(p); ++c) {
         const Chunk ch = chunk_at(p, c);
-        const int store_k = (entry_barrier || c > 0) ? static_cast<int>(2 * c) : -1;
+        // The barrier each access follows (run_call: sync, stores, sync, copy-out per chunk), or a
+        // negative control's schedule with one of those barriers removed.
+        int store_k = static_cast<int>(2 * c), load_k = static_cast<int>(2 * c + 1);
+        if (schedule == FVK_SYNC_NO_FIRST_ENTRY && c == 0) store_k = -1;
+        if (schedule == FVK_SYNC_NO_ENTRY) store_k = static_cast<int>(c) - 1, load_k = static_cast<int>(c);
+        if (schedule == FVK_SYNC_NO_MIDDLE) store_k = load_k = static_cast<int>(c);
         for (int src = 0; src < p.world; ++src) {
           tiles(p, ch, c, src, ctas[n], n);
           if (src == w) continue;  // a rank's own block never passes through its window
@@ -86,9 +91,15 @@ class Checker {
               fail("outside the window: call " + std::to_string(n) + " chunk " + std::to_string(c) + " CTA " +
                    std::to_string(i) + " bytes [" + std::to_string(s.window) + ", " +
                    std::to_string(s.window + s.bytes) + ") of " + std::to_string(window_bytes));
+            if (p.layout == kStatic) {
+              const Span r = cta_region(p, src, i, ctas[n]);
+              if (s.window < r.start || s.window + s.bytes > r.start + r.size)
+                fail("a slice leaves its CTA's region: call " + std::to_string(n) + " chunk " + std::to_string(c) +
+                     " CTA " + std::to_string(i));
+            }
             // The sender src stores its slice; the receiver w copies the same slice out.
             acc.push_back(Access{s.window, s.window + s.bytes, n, src, i, store_k, true, src, c});
-            acc.push_back(Access{s.window, s.window + s.bytes, n, w, i, static_cast<int>(2 * c + 1), false, src, c});
+            acc.push_back(Access{s.window, s.window + s.bytes, n, w, i, load_k, false, src, c});
           }
         }
       }
@@ -184,10 +195,12 @@ class Checker {
 using namespace fvk;
 
 extern "C" int fvk_check_window_sync(int world, int ncalls, const int64_t* calls, size_t window_bytes, int layout,
-                                     int entry_barrier, int64_t* violations, char* msg, int len) {
+                                     int schedule, int64_t* violations, char* msg, int len) {
   if (!calls || !violations) return set_error(FVK_ERR_INVALID, "null calls or violations");
   if (ncalls < 1) return set_error(FVK_ERR_INVALID, "ncalls=%d must be >= 1", ncalls);
   if (layout != kStatic && layout != kLegacy) return set_error(FVK_ERR_INVALID, "layout %d is not 0 or 1", layout);
+  if (schedule < FVK_SYNC_NO_FIRST_ENTRY || schedule > FVK_SYNC_NO_MIDDLE)
+    return set_error(FVK_ERR_INVALID, "schedule %d is not one of FVK_SYNC_*", schedule);
   std::vector<Problem> problems;
   std::vector<int> ctas;
   for (int n = 0; n < ncalls; ++n) {
@@ -201,7 +214,7 @@ extern "C" int fvk_check_window_sync(int world, int ncalls, const int64_t* calls
     ctas.push_back(static_cast<int>(c[5]));
   }
   Checker checker;
-  for (int w = 0; w < world; ++w) checker.window(w, problems, ctas, window_bytes, entry_barrier != 0);
+  for (int w = 0; w < world; ++w) checker.window(w, problems, ctas, window_bytes, schedule);
   *violations = checker.violations;
   if (msg && len > 0) snprintf(msg, static_cast<size_t>(len), "%s", checker.first.c_str());
   return FVK_OK;

@@ -22,6 +22,11 @@
 // side adds an event when the caller's stream changes): a CTA of call n+1 stores only after its
 // first barrier, which needs the same CTA index of every rank to have STARTED call n+1, i.e. every
 // rank to have finished call n entirely, whatever either call's CTA count or chunking.
+// Preconditions the argument needs: (a) every rank issues the same sequence of launches on this
+// context (the vote guarantees it; a launch that fails on one rank after its checks poisons the
+// context, so that rank never launches again and its peers' watchdog ends them); (b) a rank's
+// launches run in issue order (one stream, or launch_local's event wait when the stream changes);
+// (c) no programmatic dependent launch.
 // sync_model.cpp checks this argument as a happens-before property over the plan space, on the
 // functions the kernel runs (layout.h); its negative controls are the pre-fix layout (regions that
 // moved with the chunk size: wrong on 2x H200 at 8912e8a) and a loop without the entry barrier.
@@ -82,8 +87,16 @@ int make_problem(int world, int mode, int dtype, int64_t B, int64_t S, int64_t H
   if (planes_per_chunk < 1 || rows_per_chunk < 1)
     return set_error(FVK_ERR_INVALID, "planes_per_chunk=%lld rows_per_chunk=%lld must be >= 1",
                      (long long)planes_per_chunk, (long long)rows_per_chunk);
+  // Every product below in int64 without overflow (a wrapped product could pass the window check).
+  int64_t elements = 0, chunk_check = 0;
+  const int64_t planes = planes_per_chunk < B ? planes_per_chunk : B, rows = rows_per_chunk < S ? rows_per_chunk : S;
+  if (__builtin_mul_overflow(B, S, &elements) || __builtin_mul_overflow(elements, H, &elements) ||
+      __builtin_mul_overflow(elements, D, &elements) || __builtin_mul_overflow(elements, itemsize, &operand_bytes) ||
+      __builtin_mul_overflow(planes, rows, &chunk_check) || __builtin_mul_overflow(chunk_check, H, &chunk_check) ||
+      __builtin_mul_overflow(chunk_check, D * itemsize, &chunk_check))
+    return set_error(FVK_ERR_INVALID, "geometry B=%lld S=%lld H=%lld D=%lld overflows 64-bit byte counts", (long long)B,
+                     (long long)S, (long long)H, (long long)D);
   p = plan_problem(world, mode, itemsize, B, S, H, D, planes_per_chunk, rows_per_chunk, layout);
-  operand_bytes = B * S * H * D * itemsize;
   const int64_t chunk_bytes = window_need(p);
   if (static_cast<uint64_t>(chunk_bytes) > window_bytes)
     return set_error(FVK_ERR_INVALID, "a chunk needs %lld window bytes, the window has %zu", (long long)chunk_bytes,
@@ -168,7 +181,8 @@ __device__ inline void report_violation(unsigned long long* report, int kind, in
 __device__ inline void epoch_store(unsigned long long* shadow, int64_t granule, unsigned long long* report, int rank,
                                    int peer, int cta, int64_t chunk, uint32_t call) {
   const unsigned long long mine = stamp(kWritten, cta, rank, chunk, call);
-  const unsigned long long old = atomicExch(shadow + granule, mine);
+  // System scope: peers stamp the same word through LSA pointers over NVLink.
+  const unsigned long long old = atomicExch_system(shadow + granule, mine);
   const bool consumed = (old & 3) == kConsumed;
   const bool ok = old == 0 || old == mine ||
                   (consumed && (static_cast<int>(old >> 2 & 1023) == cta || (old >> 48) != (call & 0xffff)));
@@ -178,7 +192,7 @@ __device__ inline void epoch_store(unsigned long long* shadow, int64_t granule, 
 __device__ inline void epoch_load(unsigned long long* shadow, int64_t granule, unsigned long long* report, int rank,
                                   int src, int cta, int64_t chunk, uint32_t call) {
   const unsigned long long mine = stamp(kConsumed, cta, src, chunk, call);
-  const unsigned long long old = atomicExch(shadow + granule, mine);
+  const unsigned long long old = atomicExch_system(shadow + granule, mine);
   if (old != stamp(kWritten, cta, src, chunk, call) && old != mine)
     report_violation(report, 2, rank, src, granule, old, mine);
 }
@@ -194,6 +208,7 @@ struct DebugArgs {             // fvk_a2a_debug only
 template <bool Check>
 struct LsaEnv {
   static constexpr bool kCheck = Check;
+  static constexpr bool kAnyLayout = Check;  // the debug kernel may run the pre-fix layout
   ncclLsaBarrierSession<ncclCoopCta>* barrier;
   ncclCoopCta* coop;
   ncclWindow_t win;
@@ -268,6 +283,7 @@ __device__ inline unsigned int mix(unsigned long long x) {
 template <bool Check>
 struct SimEnv {
   static constexpr bool kCheck = Check;
+  static constexpr bool kAnyLayout = true;
   const SimShared* sh;
   int rank, world, cta;
   unsigned int epoch = 0, k = 0;
@@ -389,8 +405,12 @@ struct fvk_ctx {
   ncclWindow_t window = nullptr;
   ncclDevComm dev_comm{};
   bool has_dev_comm = false;
-  int coresident = 0;        // co-resident CTAs of the fused kernel on this device
-  uint32_t debug_calls = 0;  // fvk_a2a_debug calls so far (the epoch checker's call stamp)
+  int coresident = 0;  // co-resident CTAs of the fused kernel on this device
+  // A launch that failed after its checks began: peers may wait at its barriers forever, and a later
+  // launch would pair with their call. Every later launch is refused (rebuild the context).
+  const char* poisoned = nullptr;
+  cudaEvent_t done = nullptr;          // recorded after every launch, on its stream
+  cudaStream_t last_stream = nullptr;  // the stream of the previous launch
 };
 
 namespace {
@@ -407,21 +427,11 @@ void launch_kernel(int vec, int ctas, cudaStream_t s, const Problem& p, const fv
 
 // Checks and enqueues one fused call: the tuned and original entry points (flags 0, no report) and
 // the debug one (epoch checker stamps in the window past the plan's bytes, optional legacy layout).
-int launch_fused(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H,
-                 int64_t D, int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, unsigned flags,
-                 unsigned long long* report, void* stream) {
-  if (!ctx || !ctx->has_dev_comm) return set_error(FVK_ERR_STATE, "execute needs a constructed context");
+// The part of a launch that can fail on one rank alone (local pointers, the device, CUDA errors):
+// its peers, which passed the same vote, may already be waiting at its barriers.
+int launch_local(fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const void* x, void* out, int ctas, unsigned flags,
+                 unsigned long long* report, cudaStream_t s) {
   if (!x || !out) return set_error(FVK_ERR_INVALID, "null input or output");
-  if (flags & ~(FVK_DEBUG_EPOCH_CHECK | FVK_DEBUG_LEGACY_LAYOUT))
-    return set_error(FVK_ERR_INVALID, "unknown debug flags 0x%x", flags);
-  // LSA rank r must be communicator rank r: ncclGetLsaPointer(window, 0, q) is addressed by SP rank.
-  if (ctx->dev_comm.lsaSize != ctx->nranks || ctx->dev_comm.lsaRank != ctx->rank)
-    return set_error(FVK_ERR_STATE, "LSA team (size %d, rank %d) does not cover the communicator (%d ranks, rank %d)",
-                     ctx->dev_comm.lsaSize, ctx->dev_comm.lsaRank, ctx->nranks, ctx->rank);
-  Problem p;
-  int64_t operand_bytes = 0;
-  FVK_TRY(make_problem(ctx->nranks, mode, dtype, B, S, H, D, ctas, kMaxCtas, planes_per_chunk, rows_per_chunk,
-                       ctx->bytes, p, operand_bytes, (flags & FVK_DEBUG_LEGACY_LAYOUT) ? kLegacy : kStatic));
   if (overlaps(out, operand_bytes, ctx->buffer, ctx->bytes) || overlaps(x, operand_bytes, ctx->buffer, ctx->bytes))
     return set_error(FVK_ERR_INVALID, "input or output aliases the communication window");
   if (overlaps(out, operand_bytes, x, operand_bytes)) return set_error(FVK_ERR_INVALID, "output aliases the input");
@@ -435,9 +445,12 @@ int launch_fused(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, in
   p.rank = ctx->rank;
   const void* window = ctx->buffer;
   const int vec = vector_bytes(p, &window, 1);
+  if (vec < p.itemsize) return set_error(FVK_ERR_INVALID, "input or output is not aligned to its element size");
   DeviceGuard guard;
   FVK_TRY(guard.set(ctx->device));
-  auto s = static_cast<cudaStream_t>(stream);
+  // Calls share one window and one set of barrier slots: a call on another stream than the previous
+  // one waits for it (the cross-call half of the barrier argument needs every rank's calls in order).
+  if (ctx->last_stream != nullptr && ctx->last_stream != s) FVK_CUDA(cudaStreamWaitEvent(s, ctx->done, 0));
   DebugArgs dbg{};
   const bool check = flags & FVK_DEBUG_EPOCH_CHECK;
   if (check) {
@@ -447,14 +460,8 @@ int launch_fused(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, in
     // before this rank's previous kernel ended.
     dbg.shadow_offset = (window_need(p) + 255) / 256 * 256;
     const int64_t shadow_bytes = window_need(p) / p.granule * 8;
-    if (dbg.shadow_offset + shadow_bytes > static_cast<int64_t>(ctx->bytes))
-      return set_error(FVK_ERR_INVALID,
-                       "the epoch checker needs %lld window bytes (plan %lld + stamps %lld), the "
-                       "window has %zu",
-                       (long long)(dbg.shadow_offset + shadow_bytes), (long long)window_need(p),
-                       (long long)shadow_bytes, ctx->bytes);
     dbg.report = report;
-    dbg.call = ++ctx->debug_calls;
+    dbg.call = 0;  // the stamps are cleared every call: no call id (a per-rank counter could diverge)
     FVK_CUDA(cudaMemsetAsync(static_cast<char*>(ctx->buffer) + dbg.shadow_offset, 0, shadow_bytes, s));
   }
   if (check)
@@ -462,7 +469,46 @@ int launch_fused(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, in
   else
     launch_kernel<false>(vec, ctas, s, p, ctx, dbg);
   FVK_CUDA(cudaGetLastError());
+  FVK_CUDA(cudaEventRecord(ctx->done, s));
+  ctx->last_stream = s;
   return FVK_OK;
+}
+
+// Checks and enqueues one fused call: the tuned and original entry points (flags 0, no report) and
+// the debug one (epoch checker stamps in the window past the plan's bytes, optional legacy layout).
+// Checks of agreed values (geometry, plan, window) fail identically on every rank and leave the
+// context usable; a failure after them poisons it (launch_local).
+int launch_fused(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H,
+                 int64_t D, int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, unsigned flags,
+                 unsigned long long* report, void* stream) {
+  if (!ctx || !ctx->has_dev_comm) return set_error(FVK_ERR_STATE, "execute needs a constructed context");
+  if (ctx->poisoned)
+    return set_error(FVK_ERR_STATE,
+                     "this context refuses launches after %s: peers may still wait at that call's barriers; "
+                     "destroy it and build a new one",
+                     ctx->poisoned);
+  if (flags & ~(FVK_DEBUG_EPOCH_CHECK | FVK_DEBUG_LEGACY_LAYOUT))
+    return set_error(FVK_ERR_INVALID, "unknown debug flags 0x%x", flags);
+  // LSA rank r must be communicator rank r: ncclGetLsaPointer(window, 0, q) is addressed by SP rank.
+  if (ctx->dev_comm.lsaSize != ctx->nranks || ctx->dev_comm.lsaRank != ctx->rank)
+    return set_error(FVK_ERR_STATE, "LSA team (size %d, rank %d) does not cover the communicator (%d ranks, rank %d)",
+                     ctx->dev_comm.lsaSize, ctx->dev_comm.lsaRank, ctx->nranks, ctx->rank);
+  Problem p;
+  int64_t operand_bytes = 0;
+  FVK_TRY(make_problem(ctx->nranks, mode, dtype, B, S, H, D, ctas, kMaxCtas, planes_per_chunk, rows_per_chunk,
+                       ctx->bytes, p, operand_bytes, (flags & FVK_DEBUG_LEGACY_LAYOUT) ? kLegacy : kStatic));
+  if (flags & FVK_DEBUG_EPOCH_CHECK) {
+    const int64_t need = (window_need(p) + 255) / 256 * 256 + window_need(p) / p.granule * 8;
+    if (need > static_cast<int64_t>(ctx->bytes))
+      return set_error(FVK_ERR_INVALID,
+                       "the epoch checker needs %lld window bytes (the plan's %lld + stamps), the "
+                       "window has %zu",
+                       (long long)need, (long long)window_need(p), ctx->bytes);
+    if (!report) return set_error(FVK_ERR_INVALID, "the epoch checker needs a device report buffer");
+  }
+  const int rc = launch_local(ctx, p, operand_bytes, x, out, ctas, flags, report, static_cast<cudaStream_t>(stream));
+  if (rc != FVK_OK) ctx->poisoned = "a fused launch that failed on this rank after every rank agreed to run it";
+  return rc;
 }
 
 }  // namespace
@@ -611,6 +657,7 @@ int fvk_devcomm_create(fvk_ctx* ctx) {
   memset(&reqs, 0, sizeof(reqs));  // 2.28 has no initializer: all-zero is its default
 #endif
   reqs.lsaBarrierCount = kMaxCtas;
+  if (!ctx->done) FVK_CUDA(cudaEventCreateWithFlags(&ctx->done, cudaEventDisableTiming));
   FVK_NCCL(ncclDevCommCreate(ctx->comm, &reqs, &ctx->dev_comm));
   ctx->has_dev_comm = true;
   return FVK_OK;
@@ -765,6 +812,7 @@ int fvk_destroy(fvk_ctx* ctx) {
     if (ctx->window) nccl(ncclCommWindowDeregister(ctx->comm, ctx->window), "ncclCommWindowDeregister");
     if (ctx->buffer) nccl(ncclMemFree(ctx->buffer), "ncclMemFree");
     if (ctx->comm) nccl(ncclCommDestroy(ctx->comm), "ncclCommDestroy");
+    if (ctx->done) cudaEventDestroy(ctx->done);
   }
   delete ctx;
   return rc;
@@ -791,6 +839,7 @@ int fvk_abort(fvk_ctx* ctx) {
             set_error(FVK_ERR_NCCL, "ncclMemFree failed: NCCL error %d %s", static_cast<int>(r), ncclGetErrorString(r));
     }
   }
+  if (ctx->done) cudaEventDestroy(ctx->done);
   delete ctx;
   return rc;
 }

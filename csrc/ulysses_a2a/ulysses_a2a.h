@@ -110,15 +110,20 @@ FVK_API int fvk_sim_a2a(int world, int ncalls, const fvk_sim_call* calls, void* 
                         unsigned flags, unsigned skew_ns, uint64_t seed, uint64_t* report, void* stream);
 
 /* ---- host property check of the synchronisation argument (sync_model.cpp; no GPU) ---- */
-/* Models `ncalls` consecutive calls on `world` ranks as the kernel runs them (per-CTA barriers,
-   stream order between calls) over the window layout of layout.h, and counts window accesses that
-   conflict without a happens-before order, plus copy-outs that read bytes no store of the same
-   chunk wrote and accesses outside `window_bytes`. calls: ncalls x 8 int64 (dtype, B, S, H, D,
-   ctas, planes_per_chunk, rows_per_chunk). layout: 0 the kernel's, 1 legacy (negative control);
-   entry_barrier: 1 as the kernel runs, 0 without the barrier before each chunk's stores (negative
-   control). *violations gets the count; msg (len bytes) describes the first. */
+/* Models `ncalls` consecutive calls on `world` ranks (per-CTA barriers, stream order between calls)
+   over the window layout of layout.h, and counts window accesses that conflict without a
+   happens-before order, CTA slices that do not tile their block or leave their region, and accesses
+   outside `window_bytes`. (That a copy-out reads the bytes its store wrote is the simulation's job.)
+   calls: ncalls x 8 int64 (dtype, B, S, H, D, ctas, planes_per_chunk, rows_per_chunk). layout: 0 the
+   kernel's, 1 legacy (negative control). schedule: FVK_SYNC_KERNEL (run_call's two barriers per
+   chunk), or a negative control with barriers removed. *violations gets the count; msg (len bytes)
+   describes the first. */
+#define FVK_SYNC_NO_FIRST_ENTRY 0 /* no barrier before chunk 0's stores (the cross-call argument) */
+#define FVK_SYNC_KERNEL 1         /* as the kernel runs */
+#define FVK_SYNC_NO_ENTRY 2       /* no barrier before any chunk's stores (write-after-read in a call) */
+#define FVK_SYNC_NO_MIDDLE 3      /* no barrier between stores and copy-out (read-after-write) */
 FVK_API int fvk_check_window_sync(int world, int ncalls, const int64_t* calls, size_t window_bytes, int layout,
-                                  int entry_barrier, int64_t* violations, char* msg, int len);
+                                  int schedule, int64_t* violations, char* msg, int len);
 
 /* ---- teardown ---- */
 /* Collective: device comm, window deregistration, ncclMemFree, ncclCommDestroy; frees ctx. */

@@ -297,3 +297,44 @@ def test_vote_timeout_raises_and_disposes_the_helper(ranks):
     assert first_kind == "VoteTimeoutError" and "did not complete within 3 s" in first_msg
     assert later_kind == "HelperDisposedError" and "disposed after a failed vote" in later_msg
     assert disposed and not available
+
+
+# ------------------------------------------------------------------------------- launch failure after vote
+
+
+def _launch_fails_after_vote(rank, world_size):
+    import torch.distributed as dist
+
+    from fastvideo.distributed.ulysses.transport import GlooPlanTransport, output_shape
+
+    class FailsOnLastRank(GlooPlanTransport):
+        """A launch that fails on one rank only, after every rank voted to run it (local, no collective)."""
+
+        def execute(self, x, geom, plan):  # type: ignore[override]
+            if rank == world_size - 1:
+                raise RuntimeError("injected launch failure")
+            return torch.empty(output_shape(geom), dtype=x.dtype)
+
+    h = build_helper(transport=FailsOnLastRank())
+    first = catch(h.all_to_all, rank_input(rank, SHAPE), 0)
+    later = catch(h.all_to_all, rank_input(rank, SHAPE), 0) if rank == world_size - 1 else None
+    stats = h.stats()
+    dist.barrier()
+    h.destroy()
+    def kind(result):  # (exception type or "ok", message)
+        return None if result is None else (result[0], result[1] if result[0] != "ok" else "")
+
+    return kind(first), kind(later), stats["disposed"], h.fused_available
+
+
+@READS_LONG_TRAINING
+def test_a_launch_that_fails_after_the_vote_disposes_the_helper_on_that_rank(ranks):
+    """The peers launched the call and may wait at its barriers: the failing rank raises the launch's error,
+    takes no further call (HelperDisposedError naming the failed call), and never votes again; its peers'
+    calls completed (their watchdog is what ends them when a real kernel is stuck)."""
+    results = ranks(2, _launch_fails_after_vote, timeout_s=60)
+    (first0, later0, disposed0, _), (first1, later1, disposed1, available1) = results
+    assert first0 == ("ok", "") and later0 is None and not disposed0
+    assert first1[0] == "RuntimeError" and "injected launch failure" in first1[1]
+    assert later1[0] == "HelperDisposedError" and "failed on this rank after the vote" in later1[1]
+    assert disposed1 and not available1

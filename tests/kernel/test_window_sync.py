@@ -10,8 +10,9 @@ that the CTA slices tile every block and that nothing leaves the window.
   uneven rows, one row per chunk), single calls and consecutive calls whose CTA counts and plans
   differ.
 * Negative controls: the pre-fix layout (regions at the current chunk's stride, the 8912e8a bug) must
-  be flagged on the plans 2x H200 found wrong, and on most uneven multi-CTA plans; a loop without the
-  barrier before each chunk's stores must be flagged between consecutive calls.
+  be flagged on the plans 2x H200 found wrong, and on most uneven multi-CTA plans; schedules with a
+  barrier removed must be flagged: without chunk 0's entry barrier between consecutive calls, without
+  any entry barrier between the chunks of one call, without the barrier between stores and copy-out.
 
 The library comes from ``scripts/build_kernel.sh 2.28.9`` (the test command builds it wherever nvcc
 exists, as on CI); without it the tests skip, except under ``CI=true`` where they fail.
@@ -40,6 +41,8 @@ except ImportError:  # the loader is pure Python: use it from the source tree
 
 BUILT = Path(os.environ.get("FASTVIDEO_KERNEL_TEST_BUILD") or REPO / "build" / "kernel" / fastvideo_kernel.LIBRARY_NAME)
 STATIC, LEGACY = 0, 1
+# fvk_check_window_sync schedules (ulysses_a2a.h): the kernel's, and negative controls without a barrier.
+NO_FIRST_ENTRY, KERNEL, NO_ENTRY, NO_MIDDLE = 0, 1, 2, 3
 MIB, GIB = 1 << 20, 1 << 30
 WINDOWS = (MIB, 3 * MIB + 4096, 64 * MIB, GIB)
 CTAS = (1, 2, 3, 5, 7, 36, 64, 97, 131, 144)
@@ -67,14 +70,14 @@ def lib():
 
 
 def check(lib, geom: Geometry, plans: list[Plan], window: int, *, layout: int = STATIC,
-          entry_barrier: bool = True) -> tuple[int, str]:
+          schedule: int = KERNEL) -> tuple[int, str]:
     """(violations, first) for consecutive calls of ``geom`` with ``plans``."""
     rows = [(dtype_code(geom.dtype), geom.B, geom.S, geom.H, geom.D, p.ctas, p.planes_per_chunk, p.rows_per_chunk)
             for p in plans]
     flat = (ctypes.c_int64 * (8 * len(rows)))(*(v for row in rows for v in row))
     violations = ctypes.c_int64(-1)
     msg = ctypes.create_string_buffer(1024)
-    status = lib.fvk_check_window_sync(geom.world_size, len(rows), flat, window, layout, int(entry_barrier),
+    status = lib.fvk_check_window_sync(geom.world_size, len(rows), flat, window, layout, schedule,
                                        ctypes.byref(violations), msg, len(msg))
     assert status == 0, fastvideo_kernel.last_error(lib)
     return violations.value, msg.value.decode()
@@ -179,8 +182,26 @@ def test_negative_control_missing_entry_barrier_is_flagged_between_calls(lib):
     geom = Geometry(0, torch.bfloat16, 3, 1000, 112, 128, 2)
     seq = [Plan(144, 1, 1000, tuned=True), Plan(36, 2, 300, tuned=True)]
     assert check(lib, geom, seq, GIB) == (0, "")
-    violations, first = check(lib, geom, seq, GIB, entry_barrier=False)
+    violations, first = check(lib, geom, seq, GIB, schedule=NO_FIRST_ENTRY)
     assert violations > 0 and "call 1 chunk 0 store" in first
+
+
+def test_negative_control_missing_barriers_within_a_call_are_flagged(lib):
+    """Without the barrier before each chunk's stores (write-after-read between chunks of one call) or
+    without the one between stores and copy-out (read-after-write), one call of a multi-chunk plan
+    races, even in the static layout."""
+    geom = Geometry(0, torch.bfloat16, 3, 1000, 112, 128, 2)
+    plan = Plan(36, 1, 400, tuned=True)
+    assert check(lib, geom, [plan], GIB) == (0, "")
+    war, first = check(lib, geom, [plan], GIB, schedule=NO_ENTRY)
+    assert war > 0 and "store" in first and "copy-out" in first
+    raw, first = check(lib, geom, [plan], GIB, schedule=NO_MIDDLE)
+    assert raw > 0 and "store" in first and "copy-out" in first
+    one_chunk = Plan(36, 3, 1000, tuned=True)  # one chunk, one call: no entry barrier is ever needed...
+    assert check(lib, geom, [one_chunk], GIB, schedule=NO_ENTRY) == (0, "")
+    assert check(lib, geom, [one_chunk], GIB, schedule=NO_MIDDLE)[0] > 0  # ...but the middle one always is
+    with pytest.raises(AssertionError, match="schedule 9"):
+        check(lib, geom, [plan], GIB, schedule=9)
 
 
 def test_window_bounds_and_bad_arguments(lib):

@@ -484,7 +484,15 @@ class UlyssesHelper:
             return self._decline(x, geom, seq, phase, decision.reason)
         plan = _plan_from_word(decision.plan_word)
         assert self.transport is not None
-        out = self.transport.execute(x, geom, plan)
+        try:
+            out = self.transport.execute(x, geom, plan)
+        except Exception as exc:
+            # Every rank agreed to run this call, so its peers have launched (or will launch) it and may
+            # wait at its barriers; a later launch here could pair with their stuck call. This helper
+            # takes no further call (the peers' watchdogs end the processes that are stuck).
+            self._dispose(f"the fused launch of call {seq} failed on this rank after the vote: "
+                          f"{type(exc).__name__}: {exc}")
+            raise
         marker = self.transport.completion_marker()
         if marker is not None:
             self._watch(InFlight(seq, self.generation, lambda: f"{phase.name.lower()}, {geom}",
