@@ -314,9 +314,10 @@ class Runner:
         # LR and weight decay 0: the step runs in full, and the weights stay bit-identical.
         self.opt = torch.optim.AdamW(model.parameters(), lr=0.0, weight_decay=0.0)
         self.params = [(n, p) for n, p in model.named_parameters()]
+        self.offload_now = False  # set per token count (--offload-activations, --offload-above)
 
     def offload(self):
-        if self.args.offload_activations:
+        if self.offload_now:
             return torch.autograd.graph.save_on_cpu(pin_memory=self.device.type == "cuda")
         return contextlib.nullcontext()
 
@@ -615,7 +616,7 @@ EST_TRAIN_OVER_INFER = 2.018 / 0.460  # forward + recompute + backward (2 forwar
 EST_SPARSE_ATTN_COST = 0.2  # assumption, not measured: 90% sparse = 10% of the FLOPs at half SDPA's rate
 EST_OP_BYTES_PER_S = 2.69e9 / 10.856e-3  # DESIGN.md: NCCL route, packed QKV 128k (2.69 GB per rank)
 EST_STARTUP_S = 40.0  # assumption: interpreter, process groups, model init, FSDP, helper construction
-EST_COMPILE_S = 45.0  # assumption: flex_attention forward + backward compile per sequence length
+EST_COMPILE_S = 60.0  # assumption: flex_attention forward + backward compile per sequence length
 EST_OFFLOAD = 1.1  # assumption: save_on_cpu copies of the checkpointed block inputs
 
 
@@ -632,22 +633,23 @@ def forward_flops(hidden: int, blocks: int, tokens: int, sparse: bool) -> float:
 
 def steps_per_tokens(n_long: int, trials: int, local: bool) -> tuple[int, int]:
     """(inference forwards, training steps) that one token count runs (the procedure in the docstring):
-    warm-up per variant, trials x (variants + local), check pass per variant, one calibration step."""
+    warm-up of the NCCL route and the first auto variant, trials x (variants + local), the check pass
+    per variant, one calibration step."""
     infer_variants = 1 + (1 if n_long else 0)
     variants = 1 + n_long
     n_infer = infer_variants + trials * (infer_variants + int(local)) + infer_variants
-    n_train = variants + trials * (variants + int(local)) + variants + 1
+    n_train = infer_variants + trials * (variants + int(local)) + variants + 1
     return n_infer, n_train
 
 
 def estimate_seconds(*, hidden: int, heads: int, blocks: int, tokens: Sequence[int], world: int, sparse: bool,
-                     n_long: int, trials: int, share: bool, offload: bool, op_iters: int, op_warmup: int,
-                     itemsize: int = 2) -> dict:
+                     n_long: int, trials: int, share: bool, offload: Callable[[int], bool], op_iters: int,
+                     op_warmup: int, itemsize: int = 2) -> dict:
     """Wall-time estimate of one run (per token count and total), from the FLOP model above."""
     per: list[dict] = []
     for n_tok in tokens:
         infer_s = forward_flops(hidden, blocks, n_tok, sparse) / world / EST_FLOPS_PER_S
-        train_s = infer_s * EST_TRAIN_OVER_INFER * (EST_OFFLOAD if offload else 1.0)
+        train_s = infer_s * EST_TRAIN_OVER_INFER * (EST_OFFLOAD if offload(n_tok) else 1.0)
         n_infer, n_train = steps_per_tokens(n_long, trials, share and world > 1)
         # Op level: per round and variant, qkv (3 planes) and out (1 plane): nograd (infer variants),
         # grad and fwdbwd (2 calls) per (iters + warmup).
@@ -664,19 +666,22 @@ def estimate_seconds(*, hidden: int, heads: int, blocks: int, tokens: Sequence[i
 # ---------------------------------------------------------------------------------------------- plot
 
 
-def plot_series(runs: Sequence[dict]) -> dict[str, dict[str, list[tuple[int, float, float, float]]]]:
-    """kind -> series label -> [(tokens, median, min, max)] from saved runs (``{"header", "rows"}``)."""
-    out: dict[str, dict[str, list[tuple[int, float, float, float]]]] = {"infer": {}, "train": {}}
+Point = tuple[int, float, float, float, bool]  # tokens, median s, min s, max s, activations offloaded
+
+
+def plot_series(runs: Sequence[dict]) -> dict[str, dict[str, list[Point]]]:
+    """kind -> series label -> [(tokens, median, min, max, offload)] from saved runs (``{"header", "rows"}``)."""
+    out: dict[str, dict[str, list[Point]]] = {"infer": {}, "train": {}}
     for run in runs:
         header = run.get("header", {})
         attn = "sparse" if "flex" in str(header.get("attention", "")) else "dense"
-        attn += " +offload" if header.get("offload_activations") else ""
         for r in run.get("rows", []):
             if r.get("kind") not in out or not r.get("trial_s"):
                 continue
             route = "nccl" if r["route"] == "off" else f"fused long={r.get('long_training')}"
+            # One line per route across token counts; offloaded points are marked in the JSON (offload).
             out[r["kind"]].setdefault(f"{attn}, {route}", []).append(
-                (r["tokens"], r["median_s"], min(r["trial_s"]), max(r["trial_s"])))
+                (r["tokens"], r["median_s"], min(r["trial_s"]), max(r["trial_s"]), bool(r.get("offload"))))
     return {k: {label: sorted(points) for label, points in v.items()} for k, v in out.items()}
 
 
@@ -701,6 +706,9 @@ def write_plot(runs: Sequence[dict], path: str) -> dict:
             ys = [p[1] for p in points]
             err = [[p[1] - p[2] for p in points], [p[3] - p[1] for p in points]]
             ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=label)
+            for p in points:
+                if p[4]:
+                    ax.annotate("offload", (p[0], p[1]), fontsize=6, textcoords="offset points", xytext=(3, -9))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("tokens (global)")
@@ -919,11 +927,14 @@ class Bench:
         gen = torch.Generator(device=device).manual_seed(args.seed + self.rank)
         x = torch.randn(1, n_tok // world, args.hidden, generator=gen, device=device)
         variants = self.variants
-        # Warm-up every variant (compiles flex_attention, builds the helper's plans) before any timing.
+        self.runner.offload_now = offload_for(args, n_tok)
+        # Warm-up (compiles flex_attention, builds the helper's plans, fills the caching allocator) for the
+        # NCCL route and the first auto variant; further LONG_TRAINING variants run the same kernels.
         for v in variants:
-            v.apply()
-            for kind in v.kinds:
-                self.step_fn(kind, x)()
+            if v.infer:
+                v.apply()
+                for kind in v.kinds:
+                    self.step_fn(kind, x)()
         share_on = world > 1 and not args.skip_share
         local = [Variant("local", variants[0].long_training, infer=True)] if share_on else []
         results, ran, records = self.trials(n_tok, x, variants[:1] + local + variants[1:])
@@ -963,6 +974,7 @@ class Bench:
                 retries = [r for r in res["retries"] if r is not None]
                 steps = in_step[(v.key, kind)]
                 row = {"tokens": n_tok, "route": v.route, "kind": kind, "long_training": v.long_training,
+                       "offload": self.runner.offload_now,
                        "route_ran": ran_text, "helper_calls": info,
                        "plans": describe_calls(records.get((v.key, kind), []), geoms),
                        "median_s": common.median(res["times"]), "trial_s": res["times"],
@@ -1029,6 +1041,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", choices=("dense", "sparse"), default="dense")
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16", help="compute dtype (masters are fp32)")
     p.add_argument("--offload-activations", action="store_true")
+    p.add_argument("--offload-above", type=int, default=0, metavar="TOKENS",
+                   help="with --offload-activations, offload only token counts above this (one run can then "
+                        "hold 128k without and 250k with offload)")
     p.add_argument("--no-checkpointing", action="store_true", help="disable full activation checkpointing")
     p.add_argument("--long-training", help="comma list of FASTVIDEO_ULYSSES_A2A_LONG_TRAINING values (auto, "
                                            "chunked): one auto variant each (default: the environment's value)")
@@ -1046,6 +1061,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--estimate-world", type=int, default=2, help="SP size for --estimate")
     p.add_argument("--save", help="directory: per-rank safetensors of inference outputs and gradients")
     return p
+
+
+def offload_for(args, n_tok: int) -> bool:
+    return bool(args.offload_activations) and n_tok > args.offload_above
 
 
 def default_tokens(args) -> list[int]:
@@ -1082,7 +1101,7 @@ def main(argv: list[str] | None = None) -> int:
         est = estimate_seconds(hidden=args.hidden, heads=args.heads, blocks=args.blocks, tokens=tokens,
                                world=args.estimate_world, sparse=args.attention == "sparse",
                                n_long=len(longs) if "auto" in routes else 0, trials=args.trials,
-                               share=not args.skip_share, offload=args.offload_activations,
+                               share=not args.skip_share, offload=lambda n: offload_for(args, n),
                                op_iters=args.op_iters, op_warmup=args.op_warmup)
         print_estimate(est, args)
         return 0
@@ -1129,6 +1148,7 @@ def main(argv: list[str] | None = None) -> int:
     header = common.env_header(device, world, helper, {
         "benchmark": "dit_step", "hidden": args.hidden, "heads": args.heads, "blocks": args.blocks,
         "params": n_params, "attention": backend, "dtype": args.dtype, "offload_activations": args.offload_activations,
+        "offload_above": args.offload_above,
         "checkpointing": not args.no_checkpointing, "trials": args.trials, "long_training": longs,
         "op_iters": args.op_iters, "notes": notes, "helper": helper.stats() if helper is not None else None,
         "window_bytes": getattr(helper, "window_bytes", None),
