@@ -315,6 +315,7 @@ class Runner:
         self.opt = torch.optim.AdamW(model.parameters(), lr=0.0, weight_decay=0.0)
         self.params = [(n, p) for n, p in model.named_parameters()]
         self.offload_now = False  # set per token count (--offload-activations, --offload-above)
+        self.steps: Counter[str] = Counter()  # steps run, per kind (checks the estimate's step count)
 
     def offload(self):
         if self.offload_now:
@@ -322,10 +323,12 @@ class Runner:
         return contextlib.nullcontext()
 
     def infer(self, x: torch.Tensor) -> torch.Tensor:
+        self.steps["infer"] += 1
         with torch.no_grad():
             return self.model(x)
 
     def train(self, x: torch.Tensor, capture: bool = False) -> list[torch.Tensor] | None:
+        self.steps["train"] += 1
         self.opt.zero_grad(set_to_none=True)
         with self.offload():
             out = self.model(x)
@@ -699,13 +702,17 @@ def write_plot(runs: Sequence[dict], path: str) -> dict:
     except ImportError as exc:
         return {"path": None, "skipped": f"matplotlib not installed ({exc}); the JSON has the numbers"}
     series = plot_series(runs)
+    # One colour per series in both panels (NCCL lines first).
+    labels = sorted({label for per in series.values() for label in per}, key=lambda t: ("fused" in t, t))
+    colour = {label: f"C{i % 10}" for i, label in enumerate(labels)}
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for ax, kind in zip(axes, ("infer", "train")):
-        for label, points in sorted(series[kind].items()):
+        for label in (t for t in labels if t in series[kind]):
+            points = series[kind][label]
             xs = [p[0] for p in points]
             ys = [p[1] for p in points]
             err = [[p[1] - p[2] for p in points], [p[3] - p[1] for p in points]]
-            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=label)
+            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=label, color=colour[label])
             for p in points:
                 if p[4]:
                     ax.annotate("offload", (p[0], p[1]), fontsize=6, textcoords="offset points", xytext=(3, -9))
@@ -715,7 +722,8 @@ def write_plot(runs: Sequence[dict], path: str) -> dict:
         ax.set_ylabel("step time, median of trials (s)")
         ax.set_title("inference forward" if kind == "infer" else "training step")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        if series[kind]:
+            ax.legend(fontsize=7)
     header = runs[0].get("header", {}) if runs else {}
     title = (f"DiT step, {header.get('gpu')} SP{header.get('sp_size')}, {header.get('blocks')} blocks, hidden "
              f"{header.get('hidden')}, commit {str(header.get('commit'))[:12]}")
@@ -928,6 +936,7 @@ class Bench:
         x = torch.randn(1, n_tok // world, args.hidden, generator=gen, device=device)
         variants = self.variants
         self.runner.offload_now = offload_for(args, n_tok)
+        self.runner.steps.clear()
         # Warm-up (compiles flex_attention, builds the helper's plans, fills the caching allocator) for the
         # NCCL route and the first auto variant; further LONG_TRAINING variants run the same kernels.
         for v in variants:
@@ -942,7 +951,7 @@ class Bench:
         threshold = args.grad_factor * calib
         ops = self.op_level(n_tok, variants)
 
-        share: dict = {"tokens": n_tok}
+        share: dict = {"tokens": n_tok, "steps_run": dict(self.runner.steps), "offload": self.runner.offload_now}
         if share_on:
             for kind in ("infer", "train"):
                 nccl_s = common.median(results[("off", kind)]["times"])
