@@ -20,7 +20,8 @@ residual), hidden 7168 = 56 heads x 128 by default. Every block and the root are
 master weights, bf16 compute (``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``); full
 activation checkpointing of every block; AdamW resident on the device with LR = weight decay = 0 so
 the weights stay bit-identical across routes and trials. ``--offload-activations`` saves the
-checkpointed block inputs to pinned host memory (``torch.autograd.graph.save_on_cpu``).
+checkpointed block inputs to pinned host memory (``torch.autograd.graph.save_on_cpu``); with
+``--offload-above N`` only for token counts above N, so one run holds 128k without and 250k with it.
 
 Attention: ``dense`` uses flash-attn when installed (bf16, CUDA), SDPA otherwise; ``sparse`` is
 ``flex_attention`` with a block mask keeping every 10th 128-token key block for each query block (90%
@@ -32,7 +33,9 @@ environment's), the ``auto`` route with ``FASTVIDEO_ULYSSES_A2A_LONG_TRAINING`` 
 
 Per ``--tokens`` value (global sequence; ``Nk`` = N x 1024):
 
-1. Warm-up: one inference forward and one training step per variant (compiles flex_attention).
+1. Warm-up: one inference forward and one training step on the NCCL route and on the first auto
+   variant (compiles flex_attention, builds the plans; further LONG_TRAINING variants run the same
+   kernels).
 2. ``--trials`` (>= 3) rotated trials: trial t runs [off, local, auto[lt]...] rotated by t; each does a
    no-grad inference forward and a full training step (forward, backward, clip_grad_norm_, optimizer
    step), timed as rank-max host wall time (barrier, perf_counter, device sync). ``local`` is the step
@@ -40,16 +43,18 @@ Per ``--tokens`` value (global sequence; ``Nk`` = N x 1024):
    of the operand, like the permutes): share = 1 - t_local / t_nccl (medians), the all-to-all's share
    of the step on the NCCL route. Allocator retries (``num_alloc_retries`` deltas) and peak memory
    (``max_memory_allocated``, reset per trial) per trial, rank-max.
-3. Check pass (untimed), one per variant, with the probe on: CUDA events around every all-to-all call
-   inside the model (forward, checkpoint recompute, and backward through pre/post hooks on the op's
-   autograd node) give the in-step op time per route; the outputs and gradients are compared here
-   (inference bit-identical to the NCCL route; gradients within ``--grad-factor`` x the max abs diff
-   of two NCCL-route steps).
+3. Check pass (untimed), one inference forward and one training step per variant, with the probe on:
+   CUDA events around every all-to-all call inside the model (forward, checkpoint recompute, and
+   backward through pre/post hooks on the op's autograd node) give the in-step op time per route and
+   count the step's calls (the timed trials stay uninstrumented). The outputs and gradients compared
+   are this pass's (inference bit-identical to the NCCL route; gradients within ``--grad-factor`` x
+   the max abs diff of two NCCL-route steps).
 4. Op level, same run, on the step's own shapes: the exact calls the step makes, packed QKV
    ``[3, S/P, H, D]`` mode 0 and the attention output ``[1, S, H/P, D]`` mode 1, in the compute dtype,
    no-grad, grad-tracked forward, and forward + backward, NCCL route and each auto variant side by side
    (rotated rounds), host-to-completion medians (``common.host_latencies``). Weighted by the calls the
-   probe counted in the step: op seconds per step per route.
+   probe counted in the step (``step_op_seconds``: a forward + backward pair at the fwd+bwd time, a
+   recompute at the grad-forward time, a no-grad call at the no-grad time): op seconds per step.
 
 Per auto row: ideal gain = share x (1 - op_fused / op_nccl); measured gain = 1 - t_fused / t_nccl
 (step medians); the row meets the 85% target when measured >= 0.85 x ideal; otherwise the reason
@@ -882,10 +887,11 @@ class Bench:
         gen = torch.Generator(device=self.device).manual_seed(self.args.seed + 7 + self.rank)
         tensors = {}
         for op, (shape, scatter, gather) in shapes.items():
-            x = torch.randn(shape, generator=gen, device=self.device).to(self.dtype)
+            # Drawn in the compute dtype directly: an fp32 draw of the 250k packed QKV would be 10.7 GB.
+            x = torch.randn(shape, generator=gen, device=self.device, dtype=self.dtype)
             out_shape = (shape[0], shape[1] * p, shape[2] // p, d) if scatter == 2 else \
                 (shape[0], shape[1] // p, shape[2] * p, d)
-            gy = torch.randn(out_shape, generator=gen, device=self.device).to(self.dtype)
+            gy = torch.randn(out_shape, generator=gen, device=self.device, dtype=self.dtype)
             tensors[op] = (x, x.detach().clone().requires_grad_(True), gy, scatter, gather)
 
         def fn(op: str, kind: str) -> Callable[[], object]:
@@ -949,6 +955,8 @@ class Bench:
         results, ran, records = self.trials(n_tok, x, variants[:1] + local + variants[1:])
         outputs, grads, in_step, calib = self.check_pass(x, variants)
         threshold = args.grad_factor * calib
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the op-level operands get fresh blocks, not the step's fragments
         ops = self.op_level(n_tok, variants)
 
         share: dict = {"tokens": n_tok, "steps_run": dict(self.runner.steps), "offload": self.runner.offload_now}
@@ -964,7 +972,8 @@ class Bench:
             share["note"] = "--skip-share"
 
         geoms = self.geoms(n_tok)
-        window = int(getattr(helper, "window_bytes", 0) or 0) if helper is not None else 0
+        # The registered window exists only where construction succeeded.
+        window = int(helper.window_bytes) if helper is not None and helper.fused_available else 0
         # ncclMemAlloc: the native transport's window is outside torch's caching allocator (CUDA);
         # GlooPlanTransport's is a torch tensor (CPU, where there are no peak stats anyway).
         window_in_peak = device.type != "cuda"
