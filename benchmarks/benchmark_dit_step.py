@@ -165,7 +165,8 @@ class Probe:
         m1 = self._mark()
         self.records.append((f"{name}/{phase}", m0, m1, time.perf_counter() - h0))
         node = y.grad_fn
-        if grad and not self.in_backward and node is not None:
+        # At SP1 the op returns its input: its grad_fn is another op's node, which must not be timed.
+        if grad and not self.in_backward and node is not None and y is not x:
             box: dict[str, object] = {}
 
             def started(grad_outputs):
@@ -350,13 +351,15 @@ class Runner:
         return grads
 
 
-def timed(fn: Callable[[], object], device: torch.device) -> tuple[float, object]:
+def timed(fn: Callable[[], object], device: torch.device) -> float:
+    """Rank-max host wall time of ``fn``. Its result is dropped at once: an inference output kept alive
+    would sit in the next step's peak memory."""
     common.barrier()
     common.synchronize(device)
     start = time.perf_counter()
-    result = fn()
+    fn()
     common.synchronize(device)
-    return common.rank_max([time.perf_counter() - start])[0], result
+    return common.rank_max([time.perf_counter() - start])[0]
 
 
 def alloc_retries(device: torch.device) -> int | None:
@@ -826,7 +829,7 @@ class Bench:
                         if cuda:
                             torch.cuda.reset_peak_memory_stats(self.device)
                         r0 = alloc_retries(self.device)
-                        seconds, _ = timed(self.step_fn(kind, x), self.device)
+                        seconds = timed(self.step_fn(kind, x), self.device)
                         r1 = alloc_retries(self.device)
                         res = results[(v.key, kind)]
                         res["times"].append(seconds)
@@ -870,11 +873,14 @@ class Bench:
         return outputs, grads, in_step, calib
 
     def in_step_summary(self, calls: dict[str, dict]) -> dict:
+        """Rank-max per ``op/phase`` label, and the rank-max of each rank's total (not the sum of maxima)."""
         labels = sorted(calls)
-        device_s = common.rank_max([calls[k]["device_s"] for k in labels]) if labels else []
-        host_s = common.rank_max([calls[k]["host_s"] for k in labels]) if labels else []
+        device = [calls[k]["device_s"] for k in labels]
+        host = [calls[k]["host_s"] for k in labels]
+        device_s = common.rank_max([*device, sum(device)])
+        host_s = common.rank_max([*host, sum(host)])
         per = {k: {"calls": calls[k]["calls"], "device_s": d, "host_s": h} for k, d, h in zip(labels, device_s, host_s)}
-        return {"op_device_s": sum(device_s), "op_host_s": sum(host_s), "calls": per,
+        return {"op_device_s": device_s[-1], "op_host_s": host_s[-1], "calls": per,
                 "counts": {k: calls[k]["calls"] for k in labels},
                 "timer": "cuda events" if self.device.type == "cuda" else "perf_counter (CPU)"}
 
