@@ -282,6 +282,23 @@ def test_dit_step_reason_candidates() -> None:
     assert "noise as large as the gain" in text  # 2% spread vs a 1% gain
 
 
+def test_dit_step_prints_a_missed_target(capsys: pytest.CaptureFixture[str]) -> None:
+    b = _bench_module()
+    nccl = _row("off", "train", median_s=1.0, trial_s=[1.0] * 3, op_step_s=0.1, in_step={"op_device_s": 0.1})
+    fused = _row("auto", "train", median_s=0.99, trial_s=[0.99] * 3, op_step_s=0.05, in_step={"op_device_s": 0.07},
+                 share=0.08, ideal_gain=0.04, measured_gain=0.01, gain_fraction=0.25, window_bytes=2**30,
+                 plans={"qkv backward: nccl (window)": 2},
+                 memory=b.memory_check(10.5, 10.0, 2**30, window_in_peak=False))
+    fused["gain_ok"], fused["gain_check"] = b.gain_check(0.01, 0.04)
+    fused["reason_candidates"] = b.reason_candidates(fused, nccl)
+    b.print_gain_table([nccl, fused])
+    b.print_details([nccl, fused])
+    out = capsys.readouterr().out
+    assert "  NO" in out and "plans 131072 auto[auto] train: qkv backward: nccl (window) x2" in out
+    assert "memory 131072 auto[auto] train: fused peak 10.50 GiB, window 1073741824 B" in out and "> NCCL peak" in out
+    assert "gain below target" in out and "rest of the step" in out
+
+
 def test_dit_step_estimate() -> None:
     b = _bench_module()
     # The calibration point: the SP1 32k dense step measured on one H200 (0.460 s, 2.018 s).
