@@ -94,6 +94,8 @@ if ! step "build+install wheel" 240 0 "$python" -m pip install --no-build-isolat
   # As scripts/device_kernel_check.sh: a development build, picked up through FASTVIDEO_KERNEL_LIBRARY.
   step "fallback dev build" 200 0 "$python" fastvideo-kernel/build_lib.py --out /tmp/fvk-dev-build
   export FASTVIDEO_KERNEL_LIBRARY=/tmp/fvk-dev-build/libfastvideo_ulysses_a2a.so
+  # The loader package itself is then not installed: import it from the tree.
+  export PYTHONPATH="$ROOT/fastvideo-kernel${PYTHONPATH:+:$PYTHONPATH}"
 fi
 step "fastvideo_kernel.info()" 40 0 bash -c info
 step "estimates" 40 0 bash -c "for a in '${dense[*]}' '${sparse[*]}'; do \"\$python\" ${bench[*]} --estimate \$a; done"
