@@ -1124,13 +1124,17 @@ def main(argv: list[str] | None = None) -> int:
 
     longs = parse_long_training(args.long_training, envs.get(LONG_VAR))
     routes = [r.strip() for r in args.routes.split(",")]
+    t_main = time.perf_counter()
+
+    def estimate(world: int) -> dict:
+        return estimate_seconds(hidden=args.hidden, heads=args.heads, blocks=args.blocks, tokens=tokens, world=world,
+                                sparse=args.attention == "sparse", n_long=len(longs) if "auto" in routes else 0,
+                                trials=args.trials, share=not args.skip_share,
+                                offload=lambda n: offload_for(args, n), op_iters=args.op_iters,
+                                op_warmup=args.op_warmup)
+
     if args.estimate:
-        est = estimate_seconds(hidden=args.hidden, heads=args.heads, blocks=args.blocks, tokens=tokens,
-                               world=args.estimate_world, sparse=args.attention == "sparse",
-                               n_long=len(longs) if "auto" in routes else 0, trials=args.trials,
-                               share=not args.skip_share, offload=lambda n: offload_for(args, n),
-                               op_iters=args.op_iters, op_warmup=args.op_warmup)
-        print_estimate(est, args)
+        print_estimate(estimate(args.estimate_world), args)
         return 0
     if args.trials < 3:
         raise SystemExit("--trials must be >= 3 (a median of fewer is no measurement)")
@@ -1186,6 +1190,8 @@ def main(argv: list[str] | None = None) -> int:
         "gain_target": f"measured >= {GAIN_FRACTION} x ideal",
         "memory_rule": "fused peak (+ window when outside torch's allocator) <= NCCL peak + window",
         "grad_threshold_rule": f"{args.grad_factor} x max abs diff of two repeated NCCL-route steps",
+        # The estimate beside the wall time (wall_s, at the end) calibrates the next run's planning.
+        "estimate_s": round(estimate(world)["total_s"], 1) if device.type == "cuda" else None,
     })
     if rank == 0:
         common.print_header(header)
@@ -1200,6 +1206,7 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             header["notes"] = notes
             header["complete"] = final
+            header["wall_s"] = round(time.perf_counter() - t_main, 1)
             common.write_json(args.json, header, rows, a2a_share=shares, op_level=op_levels, verdicts=found,
                               failures=bench.failures, plot=plot_info)
         return found
