@@ -446,8 +446,11 @@ def step_op_seconds(counts: dict[str, int], units: dict[str, dict[str, float | N
 
 
 def ideal_gain(share: float | None, op_fused_s: float | None, op_nccl_s: float | None) -> float | None:
-    """share x (1 - fused op time / NCCL op time): the step gain if only the op's own time changed."""
-    if share is None or op_fused_s is None or not op_nccl_s or op_nccl_s <= 0:
+    """share x (1 - fused op time / NCCL op time): the step gain if only the op's own time changed.
+
+    None without a share, or with a negative one (the step without the op measured slower than with
+    it: noise, and its product with a slower fused op would read as a positive ideal gain)."""
+    if share is None or share < 0 or op_fused_s is None or not op_nccl_s or op_nccl_s <= 0:
         return None
     return share * (1.0 - op_fused_s / op_nccl_s)
 
@@ -463,7 +466,7 @@ def gain_check(measured: float | None, ideal: float | None,
                fraction: float = GAIN_FRACTION) -> tuple[bool | None, str]:
     """(ok, why): ok when measured >= fraction x ideal; None when it cannot be judged (nothing to gain)."""
     if measured is None or ideal is None:
-        return None, "not measured (no share or no op time)"
+        return None, "not measured (no share, a negative share, or no op time)"
     if ideal <= 0:
         return None, (f"ideal gain {ideal * 100:.2f}% <= 0: the fused op is not faster than the NCCL op on the "
                       "step's shapes (or the share is 0), so there is no gain to reach")

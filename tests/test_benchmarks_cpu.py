@@ -195,6 +195,7 @@ def test_dit_step_gain_arithmetic() -> None:
     b = _bench_module()
     assert b.ideal_gain(0.10, 0.6, 1.0) == pytest.approx(0.04)
     assert b.ideal_gain(None, 0.6, 1.0) is None and b.ideal_gain(0.1, 0.6, 0.0) is None
+    assert b.ideal_gain(-0.3, 2.0, 1.0) is None  # a negative (noise) share never makes a positive ideal
     assert b.measured_gain(0.95, 1.0) == pytest.approx(0.05) and b.measured_gain(1.0, None) is None
     ideal = 0.04
     ok, why = b.gain_check(b.GAIN_FRACTION * ideal, ideal)
