@@ -518,18 +518,22 @@ def reason_candidates(row: dict, nccl: dict) -> list[str]:
         out.append(f"not every call ran fused ({row.get('route_ran')}): declines {calls.get('declines')}; "
                    f"plans {row.get('plans')}")
     if None not in (in_f, iso_f, in_n, iso_n):
+        smaller = (in_n - in_f) < (iso_n - iso_f)
         out.append(f"op inside the step vs isolated: fused {in_f * ms:.2f} vs {iso_f * ms:.2f} ms "
                    f"({(in_f - iso_f) * ms:+.2f}), NCCL {in_n * ms:.2f} vs {iso_n * ms:.2f} ms "
                    f"({(in_n - iso_n) * ms:+.2f}); in-step op saving {(in_n - in_f) * ms:.2f} ms vs isolated "
-                   f"{(iso_n - iso_f) * ms:.2f} ms (a smaller in-step saving: the op runs slower beside the "
-                   "step's other work, or waits there)")
+                   f"{(iso_n - iso_f) * ms:.2f} ms"
+                   + (" (smaller in the step: the fused op runs slower beside the step's other work, or waits"
+                      " there)" if smaller else ""))
     if None not in (t_f, t_n, in_f, in_n):
         rest = (t_f - in_f) - (t_n - in_n)
-        out.append(f"rest of the step (step - op in step): {rest * ms:+.2f} ms on the fused route "
-                   f"(positive: extra sync, lost overlap or allocator work outside the op calls)")
+        out.append(f"rest of the step (step - op in step): {rest * ms:+.2f} ms on the fused route"
+                   + (" (extra sync, lost overlap or allocator work outside the op calls)" if rest > 0 else ""))
     if None not in (share, t_n, in_n):
-        out.append(f"share-implied NCCL op time {share * t_n * ms:.2f} ms vs its in-step time {in_n * ms:.2f} ms "
-                   "(lower: part of the NCCL op already overlaps other work, so the ideal overstates the gain)")
+        implied = share * t_n
+        out.append(f"share-implied NCCL op time {implied * ms:.2f} ms vs its in-step time {in_n * ms:.2f} ms"
+                   + (" (lower: part of the NCCL op already overlaps other work, so the ideal overstates the"
+                      " gain)" if implied < in_n else ""))
     h_f = (row.get("in_step") or {}).get("op_host_s")
     h_n = (nccl.get("in_step") or {}).get("op_host_s")
     if h_f is not None and h_n is not None:
