@@ -44,7 +44,7 @@ case "$stage" in
     ;;
   dit)
     if [[ -f scripts/device_issue14.sh ]]; then
-      step "DiT step" 560 bash scripts/device_issue14.sh
+      step "DiT step" 560 env BUDGET_S=530 bash scripts/device_issue14.sh
     else
       echo "scripts/device_issue14.sh not found"; failed=1
     fi
