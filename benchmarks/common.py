@@ -121,7 +121,15 @@ def set_route(route: str) -> None:
 
 
 def tree_commit(tree: Path) -> str:
-    """``git rev-parse HEAD`` of ``tree`` (plus ``-dirty`` for uncommitted changes), or its COMMIT file."""
+    """The commit ``tree`` holds: its ``COMMIT`` stamp when present, else ``git rev-parse HEAD`` (plus
+    ``-dirty`` for uncommitted changes), else "unknown".
+
+    The stamp wins: on the device hosts the working tree is copied over a checkout of some other
+    commit, so git there names the wrong one (seen 2026-11-29: 8912e8a reported for a later tree).
+    """
+    stamp = tree / "COMMIT"
+    if stamp.is_file() and stamp.read_text().strip():
+        return stamp.read_text().strip()
     try:
         head = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True,
                               timeout=10, check=True).stdout.strip()
@@ -133,9 +141,6 @@ def tree_commit(tree: Path) -> str:
             return head + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         pass
-    stamp = tree / "COMMIT"
-    if stamp.is_file():
-        return stamp.read_text().strip()
     return "unknown"
 
 
