@@ -151,7 +151,7 @@ def explain(args: argparse.Namespace) -> int:
     mode, p = args.mode, args.world_size
     dtype = _DTYPES[args.dtype]
     try:
-        validate_input(torch.empty(args.shape, device="meta"), mode, p)
+        validate_input(torch.empty(args.shape, device="meta"), mode, p, allow_meta=True)
     except ValueError as exc:
         print(f"error: {exc}")
         return 2

@@ -1,0 +1,93 @@
+"""Per-call host cost of the public op's route choice, and of checked mode, on 2 gloo ranks (CPU).
+
+    .venv/bin/python scripts/measure_public_op_overhead.py [--iters 20000] [--root CHECKOUT]
+
+``--root`` measures another checkout of the package (e.g. the commit before a change) with this same
+script, so two revisions are compared with identical code around them. Rows, per rank, median (and p90)
+microseconds per call of ``sequence_model_parallel_all_to_all_4D`` on a [2, 4, 4, 8] float32 tensor:
+
+* ``off, route stubbed``: the public function with the NCCL route replaced by a stub that returns its
+  input (``nccl.NcclAllToAll.apply``): what the op itself adds on top of the route. This is the number
+  that must not grow when checked mode is off.
+* ``off``: the full call (the gloo all-to-all included; noisy on a loaded machine).
+* ``off + checked``: the full call with ``FASTVIDEO_ULYSSES_A2A_CHECKED=1`` (one gloo vote per call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _stats(ns: list[int]) -> dict:
+    us = sorted(t / 1000 for t in ns)
+    return {"median_us": round(statistics.median(us), 2), "p90_us": round(us[int(0.9 * (len(us) - 1))], 2)}
+
+
+def measure(rank: int, world_size: int, iters: int) -> dict:
+    import time
+
+    import torch
+
+    from fastvideo import envs
+    from fastvideo.distributed import communication_op as op
+
+    x = torch.randn(2, 4, 4, 8)
+    a2a = op.sequence_model_parallel_all_to_all_4D
+    results = {}
+
+    def timed(n: int) -> list[int]:
+        times = []
+        for _ in range(n):
+            start = time.perf_counter_ns()
+            a2a(x, 2, 1)
+            times.append(time.perf_counter_ns() - start)
+        return times
+
+    with envs.override(FASTVIDEO_ULYSSES_A2A="off"), torch.no_grad():
+        real = op._NcclAllToAll.apply
+        op._NcclAllToAll.apply = staticmethod(lambda t, mode, group: t)  # the route stubbed out
+        try:
+            timed(2000)
+            results["off, route stubbed"] = _stats(timed(iters))
+        finally:
+            op._NcclAllToAll.apply = real
+        timed(200)
+        results["off"] = _stats(timed(max(iters // 10, 100)))
+        if "FASTVIDEO_ULYSSES_A2A_CHECKED" in envs.registry():
+            with envs.override(FASTVIDEO_ULYSSES_A2A_CHECKED="1"):
+                timed(200)
+                results["off + checked"] = _stats(timed(max(iters // 10, 100)))
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iters", type=int, default=20000)
+    parser.add_argument("--root", default=HERE, help="the checkout whose fastvideo package is measured")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    sys.path[:0] = [os.path.abspath(args.root), HERE]  # the measured package first; tests/ for the rank launcher
+    from tests.distributed import mp
+
+    results = mp.run_ranks(2, measure, args.iters, timeout_s=600)
+    import fastvideo
+
+    print(f"package: {os.path.dirname(fastvideo.__file__)}")
+    for name in results[0]:
+        row = "  ".join(f"rank {r}: {res[name]['median_us']:8.2f} us (p90 {res[name]['p90_us']:8.2f})"
+                        for r, res in enumerate(results))
+        print(f"{name:22s} {row}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
