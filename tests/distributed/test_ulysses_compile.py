@@ -258,3 +258,22 @@ def test_fake_tensor_gets_a_fake_output_and_meta_raises(ranks):
     for _, meta, in_step in results:
         assert len(meta) == 2 and all("meta tensor" in m for m in meta), meta
         assert in_step
+
+
+# ------------------------------------------------------------------------------------- CUDA-graph trees
+
+
+def test_ops_are_left_out_of_inductor_cuda_graphs():
+    """Both ops carry torch.Tag.cudagraph_unsafe, which inductor's CUDA-graph trees read to run an op between
+    captured partitions (so it votes on every replay) instead of capturing it; aten.mul is the control."""
+    from torch._inductor.utils import is_cudagraph_unsafe_fx_node
+
+    import fastvideo.distributed.ulysses.ops  # noqa: F401 - registers the ops
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    ops = [torch.ops.fastvideo.ulysses_all_to_all_4d.default,
+           torch.ops.fastvideo.ulysses_all_to_all_4d_backward.default]
+    nodes = [graph.call_function(op, (x, 0, x)) for op in ops]
+    control = graph.call_function(torch.ops.aten.mul.Tensor, (x, x))
+    assert all(is_cudagraph_unsafe_fx_node(n) for n in nodes) and not is_cudagraph_unsafe_fx_node(control)

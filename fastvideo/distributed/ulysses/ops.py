@@ -27,8 +27,11 @@ every route). Collective over the SP group; blocks the host for the vote where t
   not a FakeTensor) raises ``ValueError`` instead of returning a meta output, which would have left the
   peers waiting in the collective (in checked mode it first votes, so the peers raise too). A meta or
   fake tensor never reaches a collective.
-* Not twice differentiable (the backward op has no autograd formula). Not capturable into a CUDA graph as
-  a whole: see ``docs/compile_and_cuda_graphs.md``.
+* Tagged ``torch.Tag.cudagraph_unsafe``: inductor's CUDA-graph trees (``mode="reduce-overhead"``) run it
+  between captured partitions, so it votes on every replay. Under a manual ``torch.cuda.graph`` capture it
+  votes once at capture and every rank captures the NCCL route (the fused route declines under capture);
+  ``docs/compile_and_cuda_graphs.md`` has the rules and the design of a capturable fused route.
+* Not twice differentiable (the backward op has no autograd formula).
 
 The public function (``communication_op``) calls the op, except on the eager hot path: plain
 ``torch.Tensor`` input, no dispatch mode active, not compiling. There it runs the same implementation
@@ -56,6 +59,9 @@ from fastvideo.distributed.ulysses.layout import output_shape, validate_input
 from fastvideo.distributed.ulysses.nccl import nccl_route
 
 OP = "fastvideo::ulysses_all_to_all_4d"
+# Inductor's CUDA-graph trees capture around ops with this tag (graph partition) instead of into them: the op
+# runs, votes and may take the fused route on every replay. Absent on an older torch: no tag.
+_TAGS = tuple(t for t in (getattr(torch.Tag, "cudagraph_unsafe", None),) if t is not None)
 BACKWARD_OP = "fastvideo::ulysses_all_to_all_4d_backward"
 CODE_OFF = 0  # ``saved`` code of a forward that took the public op's ``off`` route (no helper)
 
@@ -148,7 +154,8 @@ def fail(x: object, mode: int, error: BaseException) -> None:
 # ---------------------------------------------------------------------- the torch.library op
 
 
-@torch.library.custom_op(OP, mutates_args=(), schema="(Tensor x, int mode, bool grad) -> (Tensor, Tensor)")
+@torch.library.custom_op(OP, mutates_args=(), schema="(Tensor x, int mode, bool grad) -> (Tensor, Tensor)",
+                         tags=_TAGS)
 def _op(x: torch.Tensor, mode: int, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
     validate_input(x, mode, get_sp_group().world_size)  # a direct caller of the op skipped the public checks
     out, saved = forward_impl(x, mode, grad)
@@ -181,7 +188,8 @@ def _op_backward(ctx, grad: torch.Tensor, _grad_saved: torch.Tensor | None):
 _op.register_autograd(_op_backward, setup_context=_setup_context)
 
 
-@torch.library.custom_op(BACKWARD_OP, mutates_args=(), schema="(Tensor grad, int mode, Tensor saved) -> Tensor")
+@torch.library.custom_op(BACKWARD_OP, mutates_args=(), schema="(Tensor grad, int mode, Tensor saved) -> Tensor",
+                         tags=_TAGS)
 def _backward_op(grad: torch.Tensor, mode: int, saved: torch.Tensor) -> torch.Tensor:
     generation, code = saved.tolist()
     return backward_impl(grad, mode, (generation, code))
