@@ -103,7 +103,8 @@ def bit_equal(a, b) -> bool:
 def last(helper):
     """The last CallRecord as a plain tuple (route, plan word or 0, reason label or None, chunks, phase)."""
     rec = helper.history[-1]
-    return (rec.route, rec.plan.word if rec.plan else 0, rec.reason.label if rec.reason else None, rec.chunks,
+    reason = rec.reason.label if rec.reason is not None else None  # DISABLED is 0: test for None
+    return (rec.route, rec.plan.word if rec.plan else 0, reason, rec.chunks,
             rec.phase.name)
 
 

@@ -52,8 +52,10 @@ def _step(fn, rank: int, seed: int, between=None):
 
 
 def _records(helper, start: int) -> list[tuple]:
-    return [(r.phase.name, r.mode, r.route, r.plan.word if r.plan else 0, r.reason.label if r.reason else None)
-            for r in list(helper.history)[start:]] if helper is not None else []
+    if helper is None:
+        return []
+    return [(r.phase.name, r.mode, r.route, r.plan.word if r.plan else 0, None if r.reason is None else r.reason.label)
+            for r in list(helper.history)[start:]]
 
 
 def _compiled_exact(rank, world_size, backend, fused):

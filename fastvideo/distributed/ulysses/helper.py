@@ -472,14 +472,14 @@ class UlyssesHelper:
                 if saved is not None:  # backward: the forward's plan, never a re-decision
                     plan, forward_reason = saved
                     if plan is None:
-                        bits |= (forward_reason or DeclineReason.PEER_DISAGREEMENT).bit
+                        bits |= (DeclineReason.PEER_DISAGREEMENT if forward_reason is None else forward_reason).bit
                 elif not bits:
                     assert agreed is not None
                     choice = self.plan_for(geom, grad=phase == Phase.FORWARD_GRAD,
                                            long_training=agreed["FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"])
                     plan = choice.plan
                     if plan is None:
-                        bits |= (choice.reason or DeclineReason.WINDOW).bit
+                        bits |= (DeclineReason.WINDOW if choice.reason is None else choice.reason).bit
             except Exception as exc:  # noqa: BLE001 - raised on every rank after the vote, never alone
                 # Raising here alone would leave this rank a call ahead and its peers inside the vote:
                 # vote the failure instead, so every rank raises together.
@@ -594,7 +594,7 @@ class UlyssesHelper:
             "world_size": self.world_size,
             "transport": self.capability.name if self.capability else None,
             "construction": self.construction_reason.label
-            if self.construction_reason
+            if self.construction_reason is not None
             else ("ok" if self._built else "n/a"),
             "construction_detail": self.construction_detail,
             "construction_per_rank": dict(self.construction_per_rank),
