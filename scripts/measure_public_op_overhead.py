@@ -10,7 +10,9 @@ microseconds per call of ``sequence_model_parallel_all_to_all_4D`` on a [2, 4, 4
   input (``nccl.NcclAllToAll.apply``): what the op itself adds on top of the route. This is the number
   that must not grow when checked mode is off.
 * ``off``: the full call (the gloo all-to-all included; noisy on a loaded machine).
-* ``off + checked``: the full call with ``FASTVIDEO_ULYSSES_A2A_CHECKED=1`` (one gloo vote per call).
+* ``off + checked``: the full call with ``FASTVIDEO_ULYSSES_A2A_CHECKED=1`` (one vote per call: over gloo, or
+  over the same-host shared-memory vote with ``--kernel-library`` pointing at a built kernel library).
+* ``off + checked, route stubbed``: the same with the route stubbed: the vote and the checked path alone.
 """
 
 from __future__ import annotations
@@ -60,9 +62,19 @@ def measure(rank: int, world_size: int, iters: int) -> dict:
         timed(200)
         results["off"] = _stats(timed(max(iters // 10, 100)))
         if "FASTVIDEO_ULYSSES_A2A_CHECKED" in envs.registry():
+            from fastvideo.distributed.ulysses import helper
+
             with envs.override(FASTVIDEO_ULYSSES_A2A_CHECKED="1"):
                 timed(200)
                 results["off + checked"] = _stats(timed(max(iters // 10, 100)))
+                real_route = helper.nccl_route
+                helper.nccl_route = lambda t, mode, group: t  # what the checker's decline runs
+                try:
+                    timed(200)
+                    results["off + checked, route stubbed"] = _stats(timed(max(iters // 10, 100)))
+                finally:
+                    helper.nccl_route = real_route
+                results["vote"] = helper._CHECKED_OFF.stats()["vote"]
     return results
 
 
@@ -71,8 +83,12 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=20000)
     parser.add_argument("--root", default=HERE, help="the checkout whose fastvideo package is measured")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--kernel-library", help="a built kernel library: checked mode then votes over shared memory")
     args = parser.parse_args()
     sys.path[:0] = [os.path.abspath(args.root), HERE]  # the measured package first; tests/ for the rank launcher
+    if args.kernel_library:
+        os.environ["FASTVIDEO_KERNEL_LIBRARY"] = os.path.abspath(args.kernel_library)
+        sys.path.insert(0, os.path.join(HERE, "fastvideo-kernel"))  # the loader, from the source tree
     from tests.distributed import mp
 
     results = mp.run_ranks(2, measure, args.iters, timeout_s=600)
@@ -80,6 +96,9 @@ def main() -> int:
 
     print(f"package: {os.path.dirname(fastvideo.__file__)}")
     for name in results[0]:
+        if name == "vote":
+            print(f"checked mode voted over: {results[0][name]}")
+            continue
         row = "  ".join(f"rank {r}: {res[name]['median_us']:8.2f} us (p90 {res[name]['p90_us']:8.2f})"
                         for r, res in enumerate(results))
         print(f"{name:22s} {row}")
