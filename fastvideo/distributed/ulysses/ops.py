@@ -157,7 +157,10 @@ def fail(x: object, mode: int, error: BaseException) -> None:
 @torch.library.custom_op(OP, mutates_args=(), schema="(Tensor x, int mode, bool grad) -> (Tensor, Tensor)",
                          tags=_TAGS)
 def _op(x: torch.Tensor, mode: int, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    validate_input(x, mode, get_sp_group().world_size)  # a direct caller of the op skipped the public checks
+    try:  # a direct caller of the op skipped the public function's checks
+        validate_input(x, mode, get_sp_group().world_size)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        fail(x, mode, exc)
     out, saved = forward_impl(x, mode, grad)
     return out, torch.tensor(saved, dtype=torch.int64)
 
