@@ -69,9 +69,13 @@ def sequence_model_parallel_all_to_all_4D(x: torch.Tensor, scatter_dim: int = 2,
     """Ulysses all-to-all over the SP group. Collective; blocks the host only for a vote (``auto``, checked mode).
 
     ``(2, 1)``: ``[B, S/P, H, D] -> [B, S, H/P, D]``; ``(1, 2)``: the inverse. Differentiable. SP size 1
-    returns ``x`` itself. Raises ValueError for input no route can serve (not 4-D, another dim pair, heads
-    or sequence not divisible by the SP size, a meta tensor) before any collective. Safe under
-    ``torch.compile`` (one opaque op, no graph break); not capturable into a CUDA graph on the fused route.
+    returns ``x`` itself. Every SP rank must call it with matching tensors, in the same order (checked on
+    every call in checked mode, ``FASTVIDEO_ULYSSES_A2A_CHECKED``). Raises ValueError for input no route
+    can serve (not 4-D, another dim pair, heads or sequence not divisible by the SP size, a meta tensor
+    outside tracing) before any collective; in checked mode after one vote, so that every rank raises.
+    A FakeTensor (``torch.compile``, FakeTensorMode) gets a fake output and no collective. Safe under
+    ``torch.compile`` (one opaque op, ``fullgraph=True``); under CUDA-graph capture the fused route declines
+    and the NCCL route is captured (replay graphs in the same order on every rank).
     """
     if torch.compiler.is_compiling():
         # Traced by dynamo: checks on the (fake) input's shape, then one opaque op (its fake impl gives the

@@ -2,11 +2,11 @@
 
 Ambient settings (``FASTVIDEO_ULYSSES_A2A``, ``..._LONG_TRAINING``) are handled suite-wide by
 ``tests/conftest.py``: a test whose code reads one unset carries ``@pytest.mark.ambient`` naming it
-(``READS_LONG_TRAINING`` below) and CI runs it under each value; every other test sees an invalid
-sentinel, so a read fails it.
+(``READS_LONG_TRAINING`` below) and CI runs it under each value; every other test sees them pinned to
+the defaults (and the checked mode's switches pinned off).
 
 ``ranks`` runs a module-level function on N gloo ranks (``tests/distributed/mp.py``) and forwards
-this test's values of the two variables to the ranks (a forkserver child otherwise keeps the
+this test's values of those variables to the ranks (a forkserver child otherwise keeps the
 environment the forkserver started with), so what the test sees is what the code under test sees.
 """
 
