@@ -13,6 +13,10 @@ microseconds per call of ``sequence_model_parallel_all_to_all_4D`` on a [2, 4, 4
 * ``off + checked``: the full call with ``FASTVIDEO_ULYSSES_A2A_CHECKED=1`` (one vote per call: over gloo, or
   over the same-host shared-memory vote with ``--kernel-library`` pointing at a built kernel library).
 * ``off + checked, route stubbed``: the same with the route stubbed: the vote and the checked path alone.
+
+``--in-process``: no ranks; the SP group and the route are stubbed in this process, and the public function
+is timed alone (best of 7 rounds of 100000 calls): the least noisy comparison of two revisions on a shared
+machine.
 """
 
 from __future__ import annotations
@@ -78,14 +82,56 @@ def measure(rank: int, world_size: int, iters: int) -> dict:
     return results
 
 
+def in_process() -> float:
+    """Nanoseconds per call of the public function on the `off` route, SP group and route stubbed (best of 7)."""
+    import time
+
+    import torch
+
+    from fastvideo.distributed import communication_op as op
+    from fastvideo.distributed import settings
+
+    class StubGroup:
+        world_size = 2
+        device_group = None
+        agreed = settings.AgreedSettings(settings.raw_now(), {"FASTVIDEO_ULYSSES_A2A": "off",
+                                                              "FASTVIDEO_ULYSSES_A2A_CHECKED": False})
+
+        def agreed_settings(self):  # what GroupCoordinator.agreed_settings does when nothing changed
+            if self.agreed.changed():
+                raise RuntimeError("the environment changed during the measurement")
+            return self.agreed
+
+    group = StubGroup()
+    op.get_sp_group = lambda: group
+    op._NcclAllToAll.apply = staticmethod(lambda t, mode, g: t)
+    x = torch.randn(2, 4, 4, 8)
+    a2a = op.sequence_model_parallel_all_to_all_4D
+    best = float("inf")
+    with torch.no_grad():
+        for _ in range(7):
+            start = time.perf_counter_ns()
+            for _ in range(100_000):
+                a2a(x, 2, 1)
+            best = min(best, (time.perf_counter_ns() - start) / 100_000)
+    return best
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iters", type=int, default=20000)
     parser.add_argument("--root", default=HERE, help="the checkout whose fastvideo package is measured")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--kernel-library", help="a built kernel library: checked mode then votes over shared memory")
+    parser.add_argument("--in-process", action="store_true", help="time the public function alone, stubbed, here")
     args = parser.parse_args()
     sys.path[:0] = [os.path.abspath(args.root), HERE]  # the measured package first; tests/ for the rank launcher
+    if args.in_process:
+        import fastvideo
+
+        print(f"package: {os.path.dirname(fastvideo.__file__)}")
+        print(f"public function, off, SP group and route stubbed: {in_process():.0f} ns a call (best of 7)")
+        return 0
     if args.kernel_library:
         os.environ["FASTVIDEO_KERNEL_LIBRARY"] = os.path.abspath(args.kernel_library)
         sys.path.insert(0, os.path.join(HERE, "fastvideo-kernel"))  # the loader, from the source tree
