@@ -41,6 +41,8 @@ dispatcher, which would add about 7 us a call (15 us with autograd) on the 2-cor
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
@@ -135,7 +137,7 @@ def all_to_all(x: torch.Tensor, mode: int) -> torch.Tensor:
     return torch.ops.fastvideo.ulysses_all_to_all_4d(x, mode, grad)[0]
 
 
-def fail(x: object, mode: int, error: BaseException) -> None:
+def fail(x: object, mode: int, error: BaseException) -> NoReturn:
     """Raise ``error``, a caller error found before any collective (invalid input, a meta tensor). In checked
     mode, first vote it (``UlyssesHelper.vote_caller_error``), so that every peer raises for this same call
     instead of waiting inside it. Collective in checked mode; always raises."""
