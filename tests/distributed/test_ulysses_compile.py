@@ -23,6 +23,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fastvideo import envs
 from fastvideo.distributed.ulysses.policy import Plan
 from tests.distributed.conftest import bit_equal, build_helper, oracle, rank_input
 
@@ -103,7 +104,7 @@ def test_fullgraph_aot_eager_is_exact_compiles_once_and_still_votes(ranks, ulyss
     for exact, frames, eager_records, compiled_records, _ in ranks(2, _compiled_exact, "aot_eager", False):
         assert exact == [True] * 4 and frames == 1
         assert compiled_records == eager_records  # the same calls reached the helper (none under off)
-        assert len(eager_records) == (4 if ulysses_ambient[A2A] == "auto" else 0)
+        assert len(eager_records) == (4 if envs.registry()[A2A].parse(ulysses_ambient[A2A]) == "auto" else 0)
 
 
 def test_fullgraph_inductor_on_the_fused_route_runs_the_forwards_plan_in_backward(ranks):
