@@ -14,6 +14,10 @@ and ``FASTVIDEO_ULYSSES_A2A_LONG_TRAINING``. Two kinds of test:
   caller's shell by construction and runs once. A test that sets a value itself (``envs.override``,
   the ``env`` argument of ``ranks``) needs no marker either.
 
+The checked mode's switches (``FASTVIDEO_ULYSSES_A2A_CHECKED``, torch's ``TORCH_DISTRIBUTED_DEBUG``) are
+pinned off for every test (``ALWAYS_PINNED``), in its ranks and subprocesses too; tests of the checked
+mode set them.
+
 Why pinned and not an invalid sentinel (as until 2026-11-29): ``initialize_sequence_parallel`` now
 validates and agrees every ``FASTVIDEO_*`` setting across the SP group (issue 13), so every test that
 builds SP groups reads both variables; a sentinel would fail all of them, and "reads it" no longer
@@ -50,6 +54,10 @@ AMBIENT_VARS = tuple(AMBIENT_VALUES)
 _SHORT = {"FASTVIDEO_ULYSSES_A2A": "a2a", "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING": "long"}
 # What a test that does not name a variable sees: the registry's defaults, whatever the shell says.
 PINNED = {"FASTVIDEO_ULYSSES_A2A": "off", "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING": "auto"}
+# Pinned for every test (no marker names them): the checked mode's switches. A shell with
+# TORCH_DISTRIBUTED_DEBUG=DETAIL would otherwise turn on a vote per call in every test (and torch's own
+# collective checks). Tests of the checked mode set them themselves. None: unset.
+ALWAYS_PINNED: dict[str, str | None] = {"FASTVIDEO_ULYSSES_A2A_CHECKED": "auto", "TORCH_DISTRIBUTED_DEBUG": None}
 # Mean seconds per test by file, for the ETA of a run with no history (a fresh clone in CI).
 DURATIONS_TABLE = Path(__file__).with_name("durations.json")
 
@@ -113,6 +121,11 @@ def ulysses_ambient(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
             monkeypatch.setenv(name, PINNED[name])
         elif name in combo:
             monkeypatch.setenv(name, combo[name])
+    for name, value in ALWAYS_PINNED.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
     return {name: os.environ.get(name) for name in AMBIENT_VARS}
 
 

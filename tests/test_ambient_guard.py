@@ -112,6 +112,24 @@ def test_gloo_ranks_see_what_the_test_sees():
     assert mp.run_ranks(1, _rank_env) == [[PINNED[A2A], PINNED[LONG]]]
 
 
+def _checked_switches(rank, world_size):
+    import torch.distributed as dist
+
+    return os.environ.get("FASTVIDEO_ULYSSES_A2A_CHECKED"), os.environ.get("TORCH_DISTRIBUTED_DEBUG"), \
+        dist.get_debug_level().name
+
+
+def test_checked_mode_switches_are_pinned_in_the_ranks_too(monkeypatch):
+    """Every test's ranks see the checked mode pinned off (CHECKED=auto, torch's debug level OFF), whatever
+    the forkserver's environment; control: a test that sets DETAIL gets DETAIL in its ranks, torch's level
+    included (each rank re-reads it, as a fresh process does)."""
+    from tests.distributed import mp
+
+    assert mp.run_ranks(1, _checked_switches) == [("auto", None, "OFF")]
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+    assert mp.run_ranks(1, _checked_switches) == [("auto", "DETAIL", "DETAIL")]
+
+
 # Reading os.environ directly would bypass validation and the settings agreement: every read of these
 # two variables must go through fastvideo.envs.
 _DIRECT_READ = re.compile(

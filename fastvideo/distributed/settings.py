@@ -33,6 +33,7 @@ from fastvideo.distributed.host_exchange import all_gather_objects
 logger = logging.getLogger(__name__)
 
 AGREED = envs.agreed_names()
+CHECKED = "FASTVIDEO_ULYSSES_A2A_CHECKED"
 
 
 class SettingsError(ValueError):
@@ -51,30 +52,37 @@ class SettingsAgreementError(RuntimeError):
     """The settings exchange did not complete (a peer is dead, or never joined the re-agreement)."""
 
 
-def raw_now() -> tuple[str | None, ...]:
-    """This rank's raw environment strings of the agreed variables (what a change check compares)."""
-    return envs.raw(AGREED)
+def raw_now() -> tuple[object, ...]:
+    """A snapshot of this rank's raw values of the agreed variables (what a change check compares; opaque)."""
+    return envs.snapshot(AGREED)
 
 
 @dataclass(frozen=True)
 class LocalReport:
-    """What one rank sends: its raw agreed strings, their parsed values, and every invalid variable."""
+    """What one rank sends: a snapshot of its raw agreed values, their parsed values, and every invalid variable."""
 
-    raw: tuple[str | None, ...]
+    raw: tuple[object, ...]  # envs.snapshot of the agreed variables
     values: dict[str, Any]
     errors: tuple[str, ...]
 
 
 def local_report() -> LocalReport:
     values, errors = envs.read_all()
-    return LocalReport(raw_now(), {n: values[n] for n in AGREED if n in values}, tuple(errors))
+    agreed = {n: values[n] for n in AGREED if n in values}
+    if CHECKED in agreed:
+        # What is agreed is the effect (on or off), not the spelling: `1` on one rank and `auto` at torch's
+        # DETAIL debug level on another both vote every call.
+        agreed[CHECKED] = checked_mode(agreed[CHECKED])
+    return LocalReport(raw_now(), agreed, tuple(errors))
 
 
 @dataclass(frozen=True)
 class AgreedSettings:
-    """Values every rank of the SP group holds, and this rank's raw strings when they were agreed."""
+    """Values every rank of the SP group holds, and a snapshot of this rank's raw values when they were agreed.
 
-    raw: tuple[str | None, ...]
+    ``FASTVIDEO_ULYSSES_A2A_CHECKED`` holds the effective checked mode (a bool; ``checked_mode``)."""
+
+    raw: tuple[object, ...]  # envs.snapshot when agreed
     values: dict[str, Any]
 
     def __getitem__(self, name: str) -> Any:
@@ -107,6 +115,9 @@ def decide(reports: Sequence[LocalReport], ranks: Sequence[int], rank_in_group: 
             f"{name} is " + ", ".join(f"rank {ranks[i]}: {v!r}" for i, v in enumerate(values))
             for name, values in differing.items()
         )
+        if CHECKED in differing:
+            per_var += (f" ({CHECKED} is the effective checked mode: the variable, or where it is auto, whether "
+                        "torch's distributed debug level is DETAIL, i.e. TORCH_DISTRIBUTED_DEBUG=DETAIL)")
         raise SettingsMismatchError(
             f"Ulysses settings differ between the ranks of SP group {list(ranks)} ({where}): {per_var}. Set "
             f"{', '.join(differing)} identically on every rank: these decide which collectives each rank runs, "
@@ -154,6 +165,21 @@ def agree(
     if previous is not None and previous.values != agreed.values:
         logger.debug("Ulysses settings re-agreed on SP ranks %s: %s -> %s", list(ranks), previous.values, agreed.values)
     return agreed
+
+
+def checked_mode(value: str | None = None) -> bool:
+    """The effective checked mode: ``FASTVIDEO_ULYSSES_A2A_CHECKED`` (``value``, its parsed value, or read now);
+    ``auto`` means on exactly when torch checks its own collectives' shapes, at debug level DETAIL.
+
+    torch reads ``TORCH_DISTRIBUTED_DEBUG`` once, when ``torch.distributed`` is imported (or at
+    ``torch.distributed.set_debug_level``); this follows torch's level, not the variable, so the two never
+    disagree. Resolved when the settings are agreed: a later ``set_debug_level`` takes effect at the next
+    agreement (a change of a FASTVIDEO_* variable, or ``parallel_state.agree_ulysses_settings()``)."""
+    if value is None:
+        value = envs.get(CHECKED)
+    if value == "auto":
+        return dist.get_debug_level() == dist.DebugLevel.DETAIL
+    return value == "1"
 
 
 def agreement_timeout_s() -> float:

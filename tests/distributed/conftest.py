@@ -2,11 +2,11 @@
 
 Ambient settings (``FASTVIDEO_ULYSSES_A2A``, ``..._LONG_TRAINING``) are handled suite-wide by
 ``tests/conftest.py``: a test whose code reads one unset carries ``@pytest.mark.ambient`` naming it
-(``READS_LONG_TRAINING`` below) and CI runs it under each value; every other test sees an invalid
-sentinel, so a read fails it.
+(``READS_LONG_TRAINING`` below) and CI runs it under each value; every other test sees them pinned to
+the defaults (and the checked mode's switches pinned off).
 
 ``ranks`` runs a module-level function on N gloo ranks (``tests/distributed/mp.py``) and forwards
-this test's values of the two variables to the ranks (a forkserver child otherwise keeps the
+this test's values of those variables to the ranks (a forkserver child otherwise keeps the
 environment the forkserver started with), so what the test sees is what the code under test sees.
 """
 
@@ -103,7 +103,8 @@ def bit_equal(a, b) -> bool:
 def last(helper):
     """The last CallRecord as a plain tuple (route, plan word or 0, reason label or None, chunks, phase)."""
     rec = helper.history[-1]
-    return (rec.route, rec.plan.word if rec.plan else 0, rec.reason.label if rec.reason else None, rec.chunks,
+    reason = rec.reason.label if rec.reason is not None else None  # DISABLED is 0: test for None
+    return (rec.route, rec.plan.word if rec.plan else 0, reason, rec.chunks,
             rec.phase.name)
 
 

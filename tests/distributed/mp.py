@@ -21,7 +21,9 @@ from collections.abc import Callable
 
 DEFAULT_TIMEOUT_S = 120.0
 GLOO_TIMEOUT_S = 30.0
-AMBIENT_VARS = ("FASTVIDEO_ULYSSES_A2A", "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING")
+# Forwarded from the parent's environment to every rank (unset there: unset on the ranks).
+FORWARDED_VARS = ("FASTVIDEO_ULYSSES_A2A", "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING", "FASTVIDEO_ULYSSES_A2A_CHECKED",
+                  "TORCH_DISTRIBUTED_DEBUG")
 
 _CTX = mp.get_context("forkserver")
 _CTX.set_forkserver_preload(["torch", "torch.distributed"])
@@ -63,6 +65,10 @@ def _entry(rank, world_size, port, sp_size, module, name, args, env, paths, out)
         import torch.distributed as dist
 
         torch.set_num_threads(1)
+        # torch read TORCH_DISTRIBUTED_DEBUG when the forkserver preloaded it: read it again from this rank's
+        # environment, as a fresh process would (it decides torch's collective checks and the Ulysses
+        # checked mode's `auto`).
+        dist.set_debug_level_from_env()
         timeout = datetime.timedelta(seconds=GLOO_TIMEOUT_S)
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
@@ -99,7 +105,7 @@ def run_ranks(
     """
     # The forkserver keeps the environment it started with (some earlier test's): pass this test's
     # transport settings explicitly unless the caller sets them.
-    env = {**{name: os.environ.get(name) for name in AMBIENT_VARS}, **(env or {})}
+    env = {**{name: os.environ.get(name) for name in FORWARDED_VARS}, **(env or {})}
     server = _store_server()  # kept alive until every rank has finished
     port = server.port
     out = _CTX.Queue()

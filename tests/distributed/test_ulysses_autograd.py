@@ -47,8 +47,8 @@ def single_device_reference(rank, world_size, mode, dtype, x_seed, w_seed):
 
 
 def records(h, n):
-    return [(r.phase.name, r.route, r.plan.word if r.plan else 0, r.reason.label if r.reason else None, r.chunks)
-            for r in list(h.history)[-n:]]
+    return [(r.phase.name, r.route, r.plan.word if r.plan else 0, None if r.reason is None else r.reason.label,
+             r.chunks) for r in list(h.history)[-n:]]
 
 
 # ------------------------------------------------------------------------------------- exact gradients

@@ -194,6 +194,36 @@ def test_auto_keeps_gloo_everywhere_when_one_rank_lacks_the_library(ranks):
     assert ranks(2, _one_rank_without_library, env=ENV, timeout_s=60) == [("gloo", True, "fused")] * 2
 
 
+# ------------------------------------------------------------------------------------- checked mode
+
+
+def _checked_over_shm(rank, world_size, route):
+    import torch
+
+    from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
+    from fastvideo.distributed.ulysses import helper as helper_mod
+
+    x = rank_input(rank, SHAPE)
+    exact = bit_equal(a2a(x, 2, 1), oracle(x, 0))  # builds the route's helper: it declines at construction
+    helper = helper_mod._CHECKED_OFF if route == "off" else helper_mod.current_default_helper()
+    # Rank 1 passes the same element count in another shape: every rank raises naming B.
+    bad = rank_input(rank, SHAPE if rank == 0 else (SHAPE[1], SHAPE[0], *SHAPE[2:]), torch.float32)
+    got = catch(a2a, bad, 2, 1)
+    after = bit_equal(a2a(x, 2, 1), oracle(x, 0))
+    stats = helper.stats()
+    return exact, got[0], got[2], after, stats["vote"], stats["construction"], len(helper.vote_seconds())
+
+
+@pytest.mark.parametrize("route", ["off", "auto"])
+def test_checked_mode_votes_over_shared_memory_on_one_host(ranks, route):
+    """Checked mode on a helper that declined at construction (auto on CPU: no transport) or the off route's
+    checker: the per-call votes use the same-host shared-memory vote, and still catch a mismatch."""
+    env = {**ENV, "FASTVIDEO_ULYSSES_A2A": route, "FASTVIDEO_ULYSSES_A2A_CHECKED": "1"}
+    construction = "disabled" if route == "off" else "transport_missing"
+    for result in ranks(2, _checked_over_shm, route, env=env, timeout_s=60):
+        assert result == (True, "ContractMismatchError", "B", True, "shm", construction, 3)
+
+
 # ------------------------------------------------------------------------------------- C-level negative controls
 
 

@@ -151,7 +151,7 @@ def explain(args: argparse.Namespace) -> int:
     mode, p = args.mode, args.world_size
     dtype = _DTYPES[args.dtype]
     try:
-        validate_input(torch.empty(args.shape, device="meta"), mode, p)
+        validate_input(torch.empty(args.shape, device="meta"), mode, p, allow_meta=True)
     except ValueError as exc:
         print(f"error: {exc}")
         return 2
@@ -308,6 +308,12 @@ def doctor(_: argparse.Namespace, repo_root: Path | None = None) -> int:
                 doc.finding("env", str(exc))
                 continue
             doc.line("env", f"{name}={value!r}  (default {var.default!r}{'' if raw else ', unset'})")
+            if name == "FASTVIDEO_ULYSSES_A2A_CHECKED" and value == "auto":
+                from fastvideo.distributed.settings import checked_mode
+
+                level = torch.distributed.get_debug_level().name
+                doc.line("env", f"  checked mode {'on' if checked_mode(value) else 'off'}: torch's distributed debug "
+                                f"level is {level} (on at DETAIL: TORCH_DISTRIBUTED_DEBUG=DETAIL)")
         # A misspelt setting is otherwise ignored silently (build and test knobs share the prefix: only
         # names close to a real setting are pointed out).
         for name in sorted(n for n in os.environ if n.startswith("FASTVIDEO_") and n not in registry):

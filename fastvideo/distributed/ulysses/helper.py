@@ -18,8 +18,12 @@ decline together to the NCCL route, or raise the same error on every rank.
     helper.destroy()                                  # collective
 
 A construction-time decline (no kernel, multi-host, not NVLink, ...) is itself agreed, so calls of a
-helper that declined at construction take the NCCL route without a vote. A vote that fails (timeout,
-dead peer) disposes the helper: its gloo group is unusable, and every later call raises.
+helper that declined at construction take the NCCL route without a vote, except in checked mode
+(``FASTVIDEO_ULYSSES_A2A_CHECKED``, or ``TORCH_DISTRIBUTED_DEBUG=DETAIL``), where every call still votes
+its 12 fields and a caller bug (ranks passing different shapes, dtypes, modes, grad flags) raises on
+every rank. ``UlyssesHelper(disabled=True)`` is such a helper for the ``off`` route: no transport, it
+only votes (``get_checked_off_helper``). A vote that fails (timeout, dead peer) disposes the helper: its
+gloo group is unusable, and every later call raises.
 
 The per-call exchange runs over a same-host shared-memory segment instead of gloo when every rank
 loads the kernel library's vote and all ranks are on one host (``vote="auto"``, agreed at
@@ -36,6 +40,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 
@@ -67,6 +72,8 @@ from fastvideo.distributed.ulysses.vote import GlooVote, ShmVote, VoteTimeoutErr
 from fastvideo.distributed.ulysses.watchdog import FusedCallWatchdog, InFlight, StoreProbe, end_process
 
 logger = logging.getLogger(__name__)
+
+CHECKED = _settings.CHECKED
 
 
 class HelperDisposedError(RuntimeError):
@@ -148,9 +155,15 @@ class UlyssesHelper:
         vote: str = "auto",
         watchdog_timeout_s: float | None = None,
         on_watchdog_timeout: Callable[[str], None] | None = None,
+        disabled: bool = False,
     ) -> None:
         if vote not in ("gloo", "shm", "auto"):
             raise ValueError(f"UlyssesHelper: vote={vote!r} must be 'gloo', 'shm' or 'auto'.")
+        if disabled and transport is not None:
+            raise ValueError("UlyssesHelper: disabled=True builds a helper without a transport; pass no transport.")
+        # True: the `off` route's helper. It never takes the fused route (construction declines DISABLED
+        # on every rank) and exists so that checked mode can vote each call.
+        self.disabled = disabled
         self.sp = sp if sp is not None else get_sp_group()
         self.world_size = self.sp.world_size
         self.device = self.sp.device
@@ -176,7 +189,10 @@ class UlyssesHelper:
         if gpu_name is None:
             gpu_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         self.gpu_name = gpu_name
-        self.transport = transport if transport is not None else _TRANSPORT_FACTORY(self.device)
+        if disabled:
+            self.transport: Transport | None = None
+        else:
+            self.transport = transport if transport is not None else _TRANSPORT_FACTORY(self.device)
         self.capability: Capability | None = None
         self.construction_reason: DeclineReason | None = None
         self.construction_detail = ""
@@ -212,13 +228,14 @@ class UlyssesHelper:
     # ------------------------------------------------------------------ construction
 
     def _construct(self, identity: Callable[[], tuple[str, str]]) -> None:
-        cap = (
-            self.transport.capability()
-            if self.transport is not None
-            else Capability(
-                "none", False, decline=DeclineReason.TRANSPORT_MISSING, detail="no transport for this device"
-            )
-        )
+        if self.disabled:
+            cap = Capability("off", False, decline=DeclineReason.DISABLED,
+                             detail="FASTVIDEO_ULYSSES_A2A=off: this helper only votes (checked mode)")
+        elif self.transport is not None:
+            cap = self.transport.capability()
+        else:
+            cap = Capability("none", False, decline=DeclineReason.TRANSPORT_MISSING,
+                             detail="no transport for this device")
         self.capability = cap
         host, boot = identity()
         shm_ok = self._vote_request != "gloo" and load_vote_library() is not None
@@ -248,6 +265,10 @@ class UlyssesHelper:
                 self._choose_vote(peers)
         if reason is not None:
             self._decline_construction(reason, detail, per_rank)
+            # Checked mode votes every call of this helper: on one host, over shared memory where every rank
+            # loads it (the same choice as a built helper's; the agreed settings make it on every rank).
+            if self.sp.settings is not None and self.sp.settings[CHECKED] and len({(p[3], p[4]) for p in peers}) == 1:
+                self._choose_vote(peers)
 
     def _agree_settings_and_generation(self, peers: list[tuple]) -> None:
         """Settings (validated, identical) and helper generation, from the construction exchange. Same verdict
@@ -263,8 +284,9 @@ class UlyssesHelper:
 
     def _choose_vote(self, peers: list[tuple]) -> None:
         """The per-call vote channel, decided from the construction exchange (so identically everywhere):
-        shared memory when every rank asked for it and loads it, else gloo. Only called after construction
-        succeeded, so every rank is on one host (``_capability_verdict`` declined ``multi_host`` otherwise)."""
+        shared memory when every rank asked for it and loads it, else gloo. Only called when every rank is on
+        one host: after construction succeeded (``_capability_verdict`` declined ``multi_host`` otherwise), or
+        for a declined helper in checked mode after comparing the hosts."""
         if not all(p[7] for p in peers):
             if self._vote_request == "shm":
                 logger.warning("Ulysses shared-memory vote requested but the library with the vote is missing on "
@@ -337,7 +359,7 @@ class UlyssesHelper:
         rank's part (every rank holds the same exchange, so the others would only repeat it)."""
         self.construction_reason, self.construction_detail = reason, detail
         self.construction_per_rank = {rank: why for rank, why in zip(self.sp.ranks, per_rank, strict=True)}
-        if self.sp.rank_in_group == 0:
+        if self.sp.rank_in_group == 0 and reason is not DeclineReason.DISABLED:  # `off` is a choice, not news
             logger.warning(
                 "Ulysses fused all-to-all declined at construction on SP ranks %s (%s); every call takes the NCCL "
                 "route. Per rank: %s.",
@@ -427,11 +449,12 @@ class UlyssesHelper:
         # Before the sequence number moves: a settings error is raised on every rank, a re-agreement is a
         # collective every rank enters at this same call. Not inside a compile region (no host collective).
         agreed = None if compiling else self.sp.agreed_settings()
+        checked = agreed is not None and agreed[CHECKED]
         geom = Geometry.from_input(x.shape, mode, self.world_size, x.dtype)
         seq = self._seq
         self._seq += 1
         self._calls += 1
-        if self.construction_reason is not None:
+        if self.construction_reason is not None and not checked:
             return self._decline(x, geom, seq, phase, self.construction_reason)
         if compiling:
             # A host-side vote cannot be traced; every rank traces the same region, so every rank
@@ -439,23 +462,28 @@ class UlyssesHelper:
             return self._decline(x, geom, seq, phase, DeclineReason.TORCH_COMPILE)
         plan: Plan | None = None
         local_error: Exception | None = None
-        try:
-            bits = self._local_bits(x, geom)
-            if saved is not None:  # backward: the forward's plan, never a re-decision
-                plan, forward_reason = saved
-                if plan is None:
-                    bits |= (forward_reason or DeclineReason.PEER_DISAGREEMENT).bit
-            elif not bits:
-                assert agreed is not None
-                choice = self.plan_for(geom, grad=phase == Phase.FORWARD_GRAD,
-                                       long_training=agreed["FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"])
-                plan = choice.plan
-                if plan is None:
-                    bits |= (choice.reason or DeclineReason.WINDOW).bit
-        except Exception as exc:  # noqa: BLE001 - raised on every rank after the vote, never alone
-            # Raising here alone would leave this rank a call ahead and its peers inside the vote:
-            # vote the failure instead, so every rank raises together.
-            local_error, plan, bits = exc, None, DeclineReason.LOCAL_ERROR.bit
+        if self.construction_reason is not None:
+            # Checked mode on a helper that declined at construction: the call still votes (that is the
+            # check), and every rank declines together with the construction's reason.
+            bits = self.construction_reason.bit
+        else:
+            try:
+                bits = self._local_bits(x, geom)
+                if saved is not None:  # backward: the forward's plan, never a re-decision
+                    plan, forward_reason = saved
+                    if plan is None:
+                        bits |= (DeclineReason.PEER_DISAGREEMENT if forward_reason is None else forward_reason).bit
+                elif not bits:
+                    assert agreed is not None
+                    choice = self.plan_for(geom, grad=phase == Phase.FORWARD_GRAD,
+                                           long_training=agreed["FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"])
+                    plan = choice.plan
+                    if plan is None:
+                        bits |= (DeclineReason.WINDOW if choice.reason is None else choice.reason).bit
+            except Exception as exc:  # noqa: BLE001 - raised on every rank after the vote, never alone
+                # Raising here alone would leave this rank a call ahead and its peers inside the vote:
+                # vote the failure instead, so every rank raises together.
+                local_error, plan, bits = exc, None, DeclineReason.LOCAL_ERROR.bit
         fields = [0] * contract.NUM_FIELDS
         fields[Field.HEADER] = contract.header(self.generation)
         fields[Field.SEQ] = seq
@@ -502,6 +530,31 @@ class UlyssesHelper:
         self.history.append(CallRecord(seq, phase, mode, "fused", plan, None, plan.num_chunks(geom)))
         return out, plan, None
 
+    def vote_caller_error(self, mode: int, phase: Phase, error: BaseException) -> NoReturn:
+        """Checked mode: this rank's call failed before any collective (invalid input, a meta tensor). Vote
+        ``LOCAL_ERROR`` so that every peer raises ``PeerCallError`` for this same call instead of waiting in
+        it, then raise ``error`` here. Collective (one vote); always raises."""
+        self._check_alive()
+        seq = self._seq
+        self._seq += 1
+        self._calls += 1
+        self._raised += 1
+        fields = [0] * contract.NUM_FIELDS
+        fields[Field.HEADER] = contract.header(self.generation)
+        fields[Field.SEQ] = seq
+        fields[Field.ELIGIBILITY] = DeclineReason.LOCAL_ERROR.bit
+        fields[Field.MODE] = mode
+        fields[Field.PHASE] = int(phase)
+        try:
+            self._call_vote.exchange(fields)
+        except VoteTimeoutError as exc:
+            self._dispose(str(exc))
+            raise error from exc
+        if hasattr(error, "add_note"):  # Python 3.11+
+            error.add_note(f"Ulysses checked mode: voted on SP ranks {self.sp.ranks}; every peer raises "
+                           "PeerCallError for this call.")
+        raise error
+
     def _watch(self, call: InFlight) -> None:
         if self._watchdog is None:
             store = _default_store()
@@ -518,7 +571,7 @@ class UlyssesHelper:
         self, x: torch.Tensor, geom: Geometry, seq: int, phase: Phase, reason: DeclineReason
     ) -> tuple[torch.Tensor, None, DeclineReason]:
         self._declines[reason] += 1
-        if reason not in self._logged:
+        if reason not in self._logged and reason is not DeclineReason.DISABLED:
             self._logged.add(reason)
             logger.warning(
                 "Ulysses fused all-to-all declined (%s) for %s; using the NCCL route. "
@@ -549,7 +602,7 @@ class UlyssesHelper:
             "world_size": self.world_size,
             "transport": self.capability.name if self.capability else None,
             "construction": self.construction_reason.label
-            if self.construction_reason
+            if self.construction_reason is not None
             else ("ok" if self._built else "n/a"),
             "construction_detail": self.construction_detail,
             "construction_per_rank": dict(self.construction_per_rank),
@@ -599,6 +652,21 @@ def _plan_from_word(word: int) -> Plan:
     return Plan.from_word(word)
 
 
+def forward_code(plan: Plan | None, reason: DeclineReason | None) -> int:
+    """What a forward ran, as one int for its backward: the fused plan word (> 0), or ``-1 - reason`` (< 0)
+    when it declined. (0 is the public op's ``off`` route, which has no helper.)"""
+    if plan is not None:
+        return plan.word
+    return -1 - int(reason if reason is not None else DeclineReason.PEER_DISAGREEMENT)
+
+
+def forward_from_code(code: int) -> tuple[Plan | None, DeclineReason | None]:
+    """The inverse of ``forward_code`` (``code`` != 0): ``_run``'s ``saved`` argument for the backward."""
+    if code > 0:
+        return _plan_from_word(code), None
+    return None, DeclineReason(-1 - code)
+
+
 class _HelperAllToAll(torch.autograd.Function):
     """Forward saves the plan it ran (or its decline reason); backward runs the inverse with it."""
 
@@ -614,9 +682,10 @@ class _HelperAllToAll(torch.autograd.Function):
         return out, None, None
 
 
-# ---------------------------------------------------------------------- the op's default helper
+# ---------------------------------------------------------------------- the op's default helpers
 
 _DEFAULT: UlyssesHelper | None = None
+_CHECKED_OFF: UlyssesHelper | None = None  # the `off` route's helper in checked mode: votes only
 
 
 def get_default_helper() -> UlyssesHelper:
@@ -627,6 +696,30 @@ def get_default_helper() -> UlyssesHelper:
         install_default_helper(UlyssesHelper(sp))
     assert _DEFAULT is not None
     return _DEFAULT
+
+
+def current_default_helper() -> UlyssesHelper | None:
+    """The helper the public op uses under ``auto``, if one exists (never builds one)."""
+    return _DEFAULT
+
+
+def get_checked_off_helper() -> UlyssesHelper:
+    """The helper that votes the ``off`` route's calls in checked mode (``disabled=True``: no transport, never
+    fused); built (collectively: one exchange) on first use, destroyed with its SP group."""
+    global _CHECKED_OFF
+    sp = get_sp_group()
+    if _CHECKED_OFF is None or _CHECKED_OFF._destroyed or _CHECKED_OFF.sp is not sp:
+        _CHECKED_OFF = UlyssesHelper(sp, disabled=True)
+        sp.add_teardown("ulysses.checked_off_helper", destroy_checked_off_helper)
+    return _CHECKED_OFF
+
+
+def destroy_checked_off_helper() -> None:
+    """Collective: destroy the ``off`` route's checked-mode helper, if any."""
+    global _CHECKED_OFF
+    if _CHECKED_OFF is not None:
+        _CHECKED_OFF.destroy()
+    _CHECKED_OFF = None
 
 
 def install_default_helper(helper: UlyssesHelper | None) -> None:

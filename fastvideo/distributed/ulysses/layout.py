@@ -26,8 +26,10 @@ def mode_for_dims(scatter_dim: int, gather_dim: int) -> int:
         ) from None
 
 
-def validate_input(x: torch.Tensor, mode: int, world_size: int) -> None:
-    """Raise for input that no route can serve (checked before any vote or collective)."""
+def validate_input(x: torch.Tensor, mode: int, world_size: int, *, allow_meta: bool = False) -> None:
+    """Raise for input that no route can serve, a meta tensor included (checked before any collective; in
+    checked mode the public op then votes the error so that every rank raises). ``allow_meta``: check a
+    shape only (the CLI's ``explain`` validates a meta tensor of the shape it is given)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"sequence_model_parallel_all_to_all_4D: x must be a torch.Tensor, got {type(x).__name__}.")
     if mode not in (MODE_SEQ_GATHER, MODE_HEAD_GATHER):
@@ -39,6 +41,13 @@ def validate_input(x: torch.Tensor, mode: int, world_size: int) -> None:
         raise ValueError(
             f"sequence_model_parallel_all_to_all_4D: x must be 4-D [B, S, H, D], got shape {tuple(x.shape)}; "
             "reshape packed heads to [B, S, H, D] first."
+        )
+    if x.is_meta and not allow_meta:
+        raise ValueError(
+            "sequence_model_parallel_all_to_all_4D: x is a meta tensor (a shape without data). The all-to-all moves "
+            "data between ranks, and returning a meta output here would leave the peers waiting in the collective. "
+            "Pass real tensors; to trace shapes, use torch.compile or FakeTensorMode, where the op returns a fake "
+            "output without any collective."
         )
     if torch._C._functorch.is_batchedtensor(x):
         raise RuntimeError(

@@ -1,0 +1,214 @@
+"""Checked mode (``FASTVIDEO_ULYSSES_A2A_CHECKED=1`` or ``TORCH_DISTRIBUTED_DEBUG=DETAIL``): every call of the
+public op votes its 12 fields on every route, so cross-rank caller mistakes raise on every rank.
+
+Issue 15's table, two gloo ranks: without checked mode, the ``off`` route and a helper that declined at
+construction never vote, and these mistakes gave silently wrong values, SIGABRT or hangs. Here each one
+raises a clear error on every rank within 10 s, under ``off`` and ``auto`` (the test is marked ambient
+on the route), and on the CPU fused route; after each mistake a matching call still runs bit-exact (no
+rank was left inside a collective). The negative control runs the mistakes that do not hang with
+checked mode off: no error anywhere, which is what the check is for.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from fastvideo import envs
+from tests.distributed.conftest import bit_equal, build_helper, oracle, rank_input
+from tests.distributed.mp import RankError
+
+A2A, CHECKED, DEBUG = "FASTVIDEO_ULYSSES_A2A", "FASTVIDEO_ULYSSES_A2A_CHECKED", "TORCH_DISTRIBUTED_DEBUG"
+CHECKED_ON = {CHECKED: "1", "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S": "20"}
+SHAPE = (2, 4, 4, 8)  # [B, S_local, H, D]
+
+# mistake -> (what rank 1 passes differently, the field every rank's ContractMismatchError names)
+MISTAKES = {
+    "dtype": "DTYPE",  # fp32 on rank 0, fp16 on rank 1
+    "S": "S_LOCAL",
+    "B": "B",
+    "B<->S": "B",  # same element count, another shape
+    "H<->D": "H",
+    "mode": "MODE",  # (2, 1) on rank 0, (1, 2) on rank 1
+    "requires_grad": "PHASE",  # would hang at backward: raises at the forward
+    "meta": None,  # rank 1: ValueError (meta tensor); rank 0: PeerCallError
+}
+NO_HANG = ("B<->S", "H<->D", "mode")  # what the negative control can run with checked mode off
+
+
+def _mistake_input(rank: int, mistake: str) -> tuple[torch.Tensor, tuple[int, int]]:
+    shape, dtype, dims, grad, device = SHAPE, torch.float32, (2, 1), False, "cpu"
+    if rank == 1:
+        b, s, h, d = SHAPE
+        shape = {"S": (b, s + 2, h, d), "B": (b + 1, s, h, d), "B<->S": (s, b, h, d), "H<->D": (b, s, d, h)}.get(
+            mistake, SHAPE)
+        dtype = torch.float16 if mistake == "dtype" else dtype
+        dims = (1, 2) if mistake == "mode" else dims
+        grad = mistake == "requires_grad"
+        device = "meta" if mistake == "meta" else device
+    x = rank_input(rank, shape, dtype, seed=3).to(device).requires_grad_(grad)
+    return x, dims
+
+
+def _mistakes(rank, world_size, mistakes, fused):
+    from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
+    from fastvideo.distributed.ulysses import helper as helper_mod
+
+    if fused:
+        helper_mod.install_default_helper(build_helper())
+    seen = {}
+    for mistake in mistakes:
+        x, dims = _mistake_input(rank, mistake)
+        start = time.monotonic()
+        try:
+            y = a2a(x, *dims)
+            if y.requires_grad:
+                y.sum().backward()
+            got = ("ok", "", None)
+        except Exception as exc:  # noqa: BLE001 - the test asserts on what came back
+            field = getattr(exc, "field", None)
+            got = (type(exc).__name__, str(exc), field.name if field is not None else None)
+        elapsed = time.monotonic() - start
+        # A matching call right after: bit-exact, so no rank was left a call ahead or inside a collective.
+        ok = rank_input(rank, SHAPE, seed=4)
+        seen[mistake] = (*got, elapsed, bit_equal(a2a(ok, 2, 1), oracle(ok, 0)))
+    route = "fused" if fused else helper_mod.current_default_helper() and "helper"
+    checker = helper_mod._CHECKED_OFF
+    return seen, route, checker.stats()["calls"] if checker is not None else 0
+
+
+def _assert_every_rank_raised(results, mistakes):
+    by_rank = [r[0] for r in results]
+    for mistake in mistakes:
+        rank0, rank1 = by_rank[0][mistake], by_rank[1][mistake]
+        for *_, elapsed, after_ok in (rank0, rank1):
+            assert elapsed < 10, (mistake, elapsed)
+            assert after_ok, mistake
+        if MISTAKES[mistake] is None:  # the meta tensor: a caller error on rank 1, voted to rank 0
+            assert rank1[0] == "ValueError" and "meta tensor" in rank1[1]
+            assert rank0[0] == "PeerCallError" and "rank(s) [1]" in rank0[1]
+        else:
+            for kind, message, field, _, _ in (rank0, rank1):
+                assert (kind, field) == ("ContractMismatchError", MISTAKES[mistake]), (mistake, kind, message)
+                assert "rank 0:" in message and "rank 1:" in message
+            assert rank0[1] == rank1[1]  # the same message everywhere
+    dtype = by_rank[0].get("dtype")
+    if dtype is not None:
+        assert "torch.float32" in dtype[1] and "torch.float16" in dtype[1]
+
+
+@pytest.mark.ambient(A2A)
+def test_checked_mode_raises_every_mistake_on_every_rank(ranks, ulysses_ambient):
+    """Under the ambient route (off: the checked-off helper votes; auto on CPU: the helper declined at
+    construction and votes anyway), each of issue 15's mistakes raises on both ranks within 10 s."""
+    results = ranks(2, _mistakes, list(MISTAKES), False, env=CHECKED_ON, timeout_s=120)
+    _assert_every_rank_raised(results, MISTAKES)
+    if envs.registry()[A2A].parse(ulysses_ambient[A2A]) == "off":
+        # One vote per call on the checked-off helper: 8 mistakes + 8 matching calls (+ no backward ran).
+        assert [r[2] for r in results] == [16, 16]
+    else:
+        assert [r[1] for r in results] == ["helper", "helper"]
+
+
+def test_checked_mode_on_the_fused_route(ranks):
+    """auto with a fused (CPU plan) transport: the same mistakes raise the same way."""
+    results = ranks(2, _mistakes, list(MISTAKES), True, env={**CHECKED_ON, A2A: "auto"}, timeout_s=120)
+    _assert_every_rank_raised(results, MISTAKES)
+
+
+def test_torch_distributed_debug_detail_turns_checked_mode_on(ranks):
+    """torch's own switch (CHECKED left at auto) turns it on; CHECKED=0 turns it off again (the control: the
+    same-size mistakes then pass silently)."""
+    detail = {DEBUG: "DETAIL", CHECKED: None, A2A: "off", "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S": "20"}
+    _assert_every_rank_raised(ranks(2, _mistakes, ["B<->S", "mode"], False, env=detail, timeout_s=120),
+                              ["B<->S", "mode"])
+    silent = ranks(2, _mistakes, ["B<->S", "mode"], False, env={**detail, CHECKED: "0"}, timeout_s=120)
+    for seen, _, votes in silent:
+        assert all(seen[m][0] == "ok" for m in ("B<->S", "mode")) and votes == 0
+
+
+@pytest.mark.ambient(A2A)
+def test_negative_control_without_checked_mode_the_same_size_mistakes_pass_silently(ranks):
+    """Checked mode off: B and S swapped, H and D swapped, or the modes crossed move the same byte count, and
+    nothing notices on either route (wrong results, no error): what checked mode exists to catch."""
+    results = ranks(2, _mistakes, list(NO_HANG), False, env={CHECKED: "0"}, timeout_s=120)
+    for seen, _, votes in results:
+        assert all(seen[m][0] == "ok" and seen[m][4] for m in NO_HANG), seen
+        assert votes == 0
+
+
+# ------------------------------------------------------------------------------------- one vote per call
+
+
+def _checked_calls(rank, world_size):
+    from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
+    from fastvideo.distributed.ulysses import helper as helper_mod
+
+    x = rank_input(rank, SHAPE, seed=5, requires_grad=True)
+    y = a2a(x, 2, 1)
+    z = a2a(y, 1, 2)
+    (z * 3).sum().backward()
+    checker = helper_mod._CHECKED_OFF
+    return (bit_equal(y, oracle(x, 0)), bit_equal(z, x), bool(torch.all(x.grad == 3)), checker.stats()["calls"],
+            len(checker.vote_seconds()), checker.stats()["declines"], [r.phase.name for r in checker.history])
+
+
+def test_checked_off_route_votes_once_per_call_and_changes_no_result(ranks):
+    """off + checked: 2 forwards and 2 backwards, 4 votes, the NCCL route's exact results; every call
+    counted as the `disabled` route (not logged as a decline)."""
+    for y_ok, z_ok, grad_ok, calls, votes, declines, phases in ranks(2, _checked_calls, env={**CHECKED_ON, A2A: "off"}):
+        assert y_ok and z_ok and grad_ok
+        assert calls == votes == 4 and declines == {"disabled": 4}
+        assert phases == ["FORWARD_GRAD", "FORWARD_GRAD", "BACKWARD", "BACKWARD"]
+
+
+# ------------------------------------------------------------------------------------- agreement of the mode
+
+
+def _noop(rank, world_size):
+    return "ran"
+
+
+def test_checked_mode_must_agree_across_ranks(ranks):
+    """It changes which collectives a rank runs, so it is agreed like the route: 1 on one rank and 0 (or auto
+    without DETAIL) on the other raises SettingsMismatchError on every rank at initialisation."""
+    for other in ("0", "auto"):
+        with pytest.raises(RankError) as info:
+            ranks(2, _noop, env={A2A: "off"}, rank_env={0: {CHECKED: "1"}, 1: {CHECKED: other}}, timeout_s=30)
+        assert sorted(info.value.errors) == [0, 1]
+        for kind, message, _ in info.value.errors.values():
+            assert kind == "SettingsMismatchError"
+            assert f"{CHECKED} is rank 0: True, rank 1: False" in message and "TORCH_DISTRIBUTED_DEBUG" in message
+
+
+def test_effective_value_is_what_is_agreed(monkeypatch):
+    """Pure: `1`, and `auto` at torch's DETAIL level, agree (both on); `0` beats DETAIL; `auto` follows torch's
+    level (what torch read from TORCH_DISTRIBUTED_DEBUG), not a later change of the variable."""
+    import torch.distributed as dist
+
+    from fastvideo.distributed import settings
+
+    level = dist.get_debug_level()
+    cases = [("1", "OFF", True), ("auto", "DETAIL", True), ("0", "DETAIL", False), ("auto", "INFO", False),
+             ("auto", "OFF", False)]
+    reports = []
+    try:
+        for value, torch_level, expected in cases:
+            monkeypatch.setenv(CHECKED, value)
+            dist.set_debug_level(getattr(dist.DebugLevel, torch_level))
+            assert settings.checked_mode() is expected, (value, torch_level)
+            reports.append(settings.local_report())
+        dist.set_debug_level(dist.DebugLevel.OFF)
+        monkeypatch.setenv(DEBUG, "DETAIL")  # torch does not re-read it, and neither does the checked mode
+        assert settings.checked_mode() is False
+    finally:
+        dist.set_debug_level(level)
+    on = [r for r, (_, _, expected) in zip(reports, cases) if expected]
+    assert settings.decide(on, [0, 1], 0, "test")[CHECKED] is True
+    with pytest.raises(settings.SettingsMismatchError, match=CHECKED):
+        settings.decide([reports[0], reports[2]], [0, 1], 0, "test")
+    monkeypatch.setenv(CHECKED, "2")
+    with pytest.raises(ValueError, match=f"{CHECKED}='2' is not valid"):
+        settings.checked_mode()
