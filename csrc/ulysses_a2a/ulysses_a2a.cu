@@ -544,6 +544,12 @@ int fvk_coresident_ctas(int device, int* ctas) {
   return coresident_ctas(device, *ctas);
 }
 
+int fvk_relax_capture_mode(void) {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  FVK_CUDA(cudaThreadExchangeStreamCaptureMode(&mode));
+  return FVK_OK;
+}
+
 int fvk_pci_bus_id(int device, char* buf, int len) {
   if (!buf || len < 13) return set_error(FVK_ERR_INVALID, "buffer too small for a PCI bus id");
   FVK_CUDA(cudaDeviceGetPCIBusId(buf, len, device));

@@ -56,6 +56,11 @@ FVK_API int fvk_max_ctas(void); /* LSA barrier slots reserved by fvk_devcomm_cre
 /* CTAs of the fused kernel one device can hold at once (occupancy x SMs), the co-residency limit. */
 FVK_API int fvk_coresident_ctas(int device, int* ctas);
 
+/* Sets the calling thread's stream-capture mode to relaxed, so that its event queries (the helper's
+   watchdog thread) never invalidate a CUDA-graph capture another thread has begun in global mode (as
+   torch's NCCL watchdog does). Per thread, at the driver level: it covers torch's calls too. */
+FVK_API int fvk_relax_capture_mode(void);
+
 /* ---- topology helpers (local) ---- */
 FVK_API int fvk_pci_bus_id(int device, char* buf, int len);
 /* *nvlink = 1 when NVML reports NVLink P2P between the two GPUs (PCI bus ids), else 0. */

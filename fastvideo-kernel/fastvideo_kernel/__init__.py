@@ -66,6 +66,7 @@ _SIGNATURES: dict[str, tuple[type, list]] = {
     "fvk_last_error": (ctypes.c_char_p, []),
     "fvk_max_ctas": (ctypes.c_int, []),
     "fvk_coresident_ctas": (ctypes.c_int, [ctypes.c_int, _c_int_p]),
+    "fvk_relax_capture_mode": (ctypes.c_int, []),
     "fvk_pci_bus_id": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_int]),
     "fvk_nvlink_p2p": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, _c_int_p]),
     "fvk_unique_id_bytes": (ctypes.c_int, []),

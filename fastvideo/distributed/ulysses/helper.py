@@ -443,8 +443,10 @@ class UlyssesHelper:
     ) -> tuple[torch.Tensor, Plan | None, DeclineReason | None]:
         """One call: vote, then the fused plan or the NCCL route. Returns (output, plan, decline reason)."""
         self._check_alive()
-        if self._watchdog is not None:
-            self._watchdog.poll()  # the background thread does this too; here it costs one event query
+        if self._watchdog is not None and not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+            # The background thread does this too; here it costs one event query. Not while this
+            # thread captures a CUDA graph: an event query there would invalidate the capture.
+            self._watchdog.poll()
         compiling = torch.compiler.is_compiling()
         # Before the sequence number moves: a settings error is raised on every rank, a re-agreement is a
         # collective every rank enters at this same call. Not inside a compile region (no host collective).
@@ -564,7 +566,8 @@ class UlyssesHelper:
                                    key="-".join(map(str, self.sp.ranks)),
                                    wait_s=min(5.0, max(2.0, self.watchdog_timeout_s / 2)))
             self._watchdog = FusedCallWatchdog(self.watchdog_timeout_s, rank=self.sp.ranks[self.sp.rank_in_group],
-                                               ranks=self.sp.ranks, on_timeout=self._on_watchdog_timeout, probe=probe)
+                                               ranks=self.sp.ranks, on_timeout=self._on_watchdog_timeout, probe=probe,
+                                               thread_setup=getattr(self.transport, "watchdog_thread_setup", None))
         self._watchdog.track(call)
 
     def _decline(

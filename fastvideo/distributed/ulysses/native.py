@@ -302,6 +302,13 @@ class NativeTransport(Transport):
         self._last_stream = stream
         return out, [int(v) for v in report.cpu().tolist()]
 
+    def watchdog_thread_setup(self) -> None:
+        """Run in the helper's watchdog thread: relax that thread's CUDA stream-capture mode, so its event
+        queries never invalidate a graph capture begun in another thread (torch's NCCL watchdog does the
+        same). A build without ``fvk_relax_capture_mode`` leaves the mode as it is."""
+        if self._lib is not None and hasattr(self._lib, "fvk_relax_capture_mode"):
+            self._check(self._lib.fvk_relax_capture_mode(), "fvk_relax_capture_mode")
+
     def completion_marker(self) -> torch.cuda.Event | None:
         """The last call's completion event (``query()`` only; the helper's watchdog tracks it)."""
         return self._event

@@ -132,6 +132,7 @@ class FusedCallWatchdog:
         on_timeout: Callable[[str], None] = end_process,
         probe: PeerProbe | None = None,
         poll_s: float | None = None,
+        thread_setup: Callable[[], None] | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"FusedCallWatchdog: timeout_s={timeout_s!r} must be positive.")
@@ -139,6 +140,9 @@ class FusedCallWatchdog:
         self.rank, self.ranks = rank, list(ranks)
         self.on_timeout = on_timeout
         self.probe = probe
+        # Run first in the watchdog's own thread: the native transport relaxes that thread's CUDA
+        # stream-capture mode there, so its event queries never invalidate a graph capture elsewhere.
+        self.thread_setup = thread_setup
         self.poll_s = poll_s if poll_s is not None else min(1.0, max(0.01, timeout_s / 10))
         self.fired: str | None = None  # the message, once fired
         self._pending: deque[InFlight] = deque()
@@ -223,6 +227,12 @@ class FusedCallWatchdog:
     # ------------------------------------------------------------------ thread
 
     def _loop(self) -> None:
+        if self.thread_setup is not None:
+            try:
+                self.thread_setup()
+            except Exception as exc:  # noqa: BLE001 - watching matters more; say what may break
+                logger.warning("Ulysses watchdog: thread setup failed (%s: %s); its event queries could invalidate "
+                               "a CUDA-graph capture begun in another thread", type(exc).__name__, exc)
         while not self._stop.wait(self.poll_s):
             self.poll()
             if self.fired is not None:
