@@ -87,25 +87,20 @@ struct NoHook {
   __device__ void operator()(uint32_t) const {}
 };
 
-// Epoch-checker hooks: the window granule a unit lands in, stamped through the Env.
-template <typename V, typename Env>
-struct StoreHook {
+// Epoch-checker hook: the window granule a unit lands in, stamped through the Env as a store into
+// `rank`'s window (kStore) or as this rank's copy-out of `rank`'s slice.
+template <typename V, typename Env, bool kStore>
+struct GranuleHook {
   Env* env;
-  int peer, cta;
+  int rank, cta;
   int64_t chunk, window, granule;
   uint32_t first;
   __device__ void operator()(uint32_t u) const {
-    env->check_store(peer, (window + static_cast<int64_t>(u - first) * sizeof(V)) / granule, cta, chunk);
-  }
-};
-template <typename V, typename Env>
-struct LoadHook {
-  Env* env;
-  int src, cta;
-  int64_t chunk, window, granule;
-  uint32_t first;
-  __device__ void operator()(uint32_t u) const {
-    env->check_load(src, (window + static_cast<int64_t>(u - first) * sizeof(V)) / granule, cta, chunk);
+    const int64_t g = (window + static_cast<int64_t>(u - first) * sizeof(V)) / granule;
+    if constexpr (kStore)
+      env->check_store(rank, g, cta, chunk);
+    else
+      env->check_load(rank, g, cta, chunk);
   }
 };
 
@@ -136,7 +131,7 @@ __device__ void store_chunk(const Problem& p, const Chunk& c, int64_t ci, Env& e
     } else {
       const WindowRun<V> dst{env.window(q) + s.window, u0};
       if constexpr (Env::kCheck)
-        copy_units<V>(src, dst, u0, u1, StoreHook<V, Env>{&env, q, cta, ci, s.window, p.granule, u0});
+        copy_units<V>(src, dst, u0, u1, GranuleHook<V, Env, true>{&env, q, cta, ci, s.window, p.granule, u0});
       else
         copy_units<V>(src, dst, u0, u1, NoHook{});
     }
@@ -157,7 +152,7 @@ __device__ void copy_out_chunk(const Problem& p, const Chunk& c, int64_t ci, Env
     const WindowRun<V> src{own + s.window, u0};
     const TensorRows<V> dst = tensor_rows<V>(p, c, p.out, src_rank, out_head_split);
     if constexpr (Env::kCheck)
-      copy_units<V>(src, dst, u0, u1, LoadHook<V, Env>{&env, src_rank, cta, ci, s.window, p.granule, u0});
+      copy_units<V>(src, dst, u0, u1, GranuleHook<V, Env, false>{&env, src_rank, cta, ci, s.window, p.granule, u0});
     else
       copy_units<V>(src, dst, u0, u1, NoHook{});
   }

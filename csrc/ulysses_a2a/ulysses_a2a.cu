@@ -199,6 +199,14 @@ __device__ inline void epoch_load(unsigned long long* shadow, int64_t granule, u
 
 // ---------------------------------------------------------------------------------- the real fused kernel
 
+// Where fvk_a2a_debug's stamps live in every rank's window: past the plan's bytes, 8 per granule.
+struct StampArea {
+  int64_t offset, bytes;
+};
+inline StampArea stamp_area(const Problem& p) {
+  return StampArea{(window_need(p) + 255) / 256 * 256, window_need(p) / p.granule * 8};
+}
+
 struct DebugArgs {             // fvk_a2a_debug only
   int64_t shadow_offset;       // window offset of the stamp array (same on every rank)
   unsigned long long* report;  // this rank's device report (see report_violation)
@@ -458,11 +466,11 @@ int launch_local(fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const void* x,
     // Cleared on this rank's stream: peers stamp here only after barrier 0, i.e. after this rank's
     // kernel started, i.e. after the clear; and their stamps of the previous call all happened
     // before this rank's previous kernel ended.
-    dbg.shadow_offset = (window_need(p) + 255) / 256 * 256;
-    const int64_t shadow_bytes = window_need(p) / p.granule * 8;
+    const StampArea stamps = stamp_area(p);
+    dbg.shadow_offset = stamps.offset;
     dbg.report = report;
     dbg.call = 0;  // the stamps are cleared every call: no call id (a per-rank counter could diverge)
-    FVK_CUDA(cudaMemsetAsync(static_cast<char*>(ctx->buffer) + dbg.shadow_offset, 0, shadow_bytes, s));
+    FVK_CUDA(cudaMemsetAsync(static_cast<char*>(ctx->buffer) + stamps.offset, 0, stamps.bytes, s));
   }
   if (check)
     launch_kernel<true>(vec, ctas, s, p, ctx, dbg);
@@ -498,13 +506,13 @@ int launch_fused(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, in
   FVK_TRY(make_problem(ctx->nranks, mode, dtype, B, S, H, D, ctas, kMaxCtas, planes_per_chunk, rows_per_chunk,
                        ctx->bytes, p, operand_bytes, (flags & FVK_DEBUG_LEGACY_LAYOUT) ? kLegacy : kStatic));
   if (flags & FVK_DEBUG_EPOCH_CHECK) {
-    const int64_t need = (window_need(p) + 255) / 256 * 256 + window_need(p) / p.granule * 8;
+    const StampArea stamps = stamp_area(p);
+    const int64_t need = stamps.offset + stamps.bytes;
     if (need > static_cast<int64_t>(ctx->bytes))
       return set_error(FVK_ERR_INVALID,
                        "the epoch checker needs %lld window bytes (the plan's %lld + stamps), the "
                        "window has %zu",
                        (long long)need, (long long)window_need(p), ctx->bytes);
-    if (!report) return set_error(FVK_ERR_INVALID, "the epoch checker needs a device report buffer");
   }
   const int rc = launch_local(ctx, p, operand_bytes, x, out, ctas, flags, report, static_cast<cudaStream_t>(stream));
   if (rc != FVK_OK) ctx->poisoned = "a fused launch that failed on this rank after every rank agreed to run it";
