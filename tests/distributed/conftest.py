@@ -73,6 +73,38 @@ def build_helper(*, window_bytes: int = 1 << 20, transport=None, tuned: bool = T
     )
 
 
+def construction_fault(rank: int, scenario: str, faulty_rank: int = 1):
+    """``(transport, helper kwargs)`` that make helper construction decline in ``scenario`` as seen from
+    ``rank``: ``missing`` (no kernel on ``faulty_rank``), ``abi`` (another ABI there), ``alloc`` (its window
+    allocation fails), ``nvlink`` (its topology is PCIe only), ``window`` (every rank asks for another
+    window), ``hosts`` / ``boot_id`` (every rank on another host / boot); anything else builds normally."""
+    from fastvideo.distributed.ulysses.contract import DeclineReason
+    from fastvideo.distributed.ulysses.transport import Capability, GlooPlanTransport, TopologyReport
+
+    kw: dict = {}
+    transport = GlooPlanTransport()
+    faulty = rank == faulty_rank
+    if scenario == "missing" and faulty:
+        transport = GlooPlanTransport(capability_override=Capability(
+            "gloo-plan", False, decline=DeclineReason.TRANSPORT_MISSING, detail="no kernel library on this rank"))
+    elif scenario == "abi" and faulty:
+        cap = transport.capability()
+        transport = GlooPlanTransport(capability_override=Capability(
+            cap.name, True, abi_version=2, entry_points=cap.entry_points, dtypes=cap.dtypes,
+            supports_unaligned=True))
+    elif scenario == "alloc" and faulty:
+        transport = GlooPlanTransport(fail_steps=("alloc_window",))
+    elif scenario == "nvlink" and faulty:
+        transport = GlooPlanTransport(topology_override=TopologyReport(DeclineReason.NOT_NVLINK, "PCIe only"))
+    elif scenario == "window":
+        kw["window_bytes"] = 4096 * (rank + 1)
+    elif scenario == "hosts":
+        kw["identity"] = lambda: (f"host{rank}", "boot")
+    elif scenario == "boot_id":
+        kw["identity"] = lambda: ("samehost", f"boot{rank}")
+    return transport, kw
+
+
 def rank_input(rank: int, shape, dtype=None, seed: int = 0, requires_grad: bool = False):
     """Deterministic, rank-distinct input (any rank can rebuild any other rank's input)."""
     import torch

@@ -8,8 +8,7 @@ import logging
 
 import pytest
 
-from fastvideo.distributed.ulysses.contract import DeclineReason
-from tests.distributed.conftest import build_helper, rank_input
+from tests.distributed.conftest import build_helper, construction_fault, rank_input
 
 
 class _Records(logging.Handler):
@@ -22,21 +21,7 @@ class _Records(logging.Handler):
 
 
 def _declined(rank, world_size, scenario):
-    from fastvideo.distributed.ulysses.transport import Capability, GlooPlanTransport, TopologyReport
-
-    kw = {}
-    transport = GlooPlanTransport()
-    if scenario == "missing" and rank == 1:
-        transport = GlooPlanTransport(capability_override=Capability(
-            "gloo-plan", False, decline=DeclineReason.TRANSPORT_MISSING, detail="no kernel library on this rank"))
-    elif scenario == "alloc" and rank == 2:
-        transport = GlooPlanTransport(fail_steps=("alloc_window",))
-    elif scenario == "nvlink" and rank == 1:
-        transport = GlooPlanTransport(topology_override=TopologyReport(DeclineReason.NOT_NVLINK, "PCIe only"))
-    elif scenario == "window":
-        kw["window_bytes"] = 4096 * (rank + 1)
-    elif scenario == "hosts":
-        kw["identity"] = lambda: (f"host{rank}", "boot")
+    transport, kw = construction_fault(rank, scenario, faulty_rank=2 if scenario == "alloc" else 1)
     handler = _Records()
     logger = logging.getLogger("fastvideo.distributed.ulysses")
     logger.addHandler(handler)

@@ -12,7 +12,16 @@ import torch
 
 from fastvideo.distributed.ulysses.contract import DeclineReason
 from fastvideo.distributed.ulysses.policy import Plan
-from tests.distributed.conftest import READS_LONG_TRAINING, bit_equal, build_helper, catch, last, oracle, rank_input
+from tests.distributed.conftest import (
+    READS_LONG_TRAINING,
+    bit_equal,
+    build_helper,
+    catch,
+    construction_fault,
+    last,
+    oracle,
+    rank_input,
+)
 
 SHAPE = (3, 16, 12, 8)
 FUSED = ("fused", Plan(144, 1, 16, True).word, None, 3, "FORWARD_NO_GRAD")
@@ -134,26 +143,7 @@ def test_grad_flag_mismatch_raises_phase_on_every_rank(ranks):
 
 
 def _construction_decline(rank, world_size, scenario):
-    from fastvideo.distributed.ulysses.transport import Capability, GlooPlanTransport, TopologyReport
-
-    kw = {}
-    transport = GlooPlanTransport()
-    if scenario == "missing" and rank == 1:
-        transport = GlooPlanTransport(capability_override=Capability(
-            "gloo-plan", False, decline=DeclineReason.TRANSPORT_MISSING, detail="no kernel library on this rank"))
-    elif scenario == "abi" and rank == 1:
-        cap = transport.capability()
-        transport = GlooPlanTransport(capability_override=Capability(
-            cap.name, True, abi_version=2, entry_points=cap.entry_points, dtypes=cap.dtypes,
-            supports_unaligned=True))
-    elif scenario == "hosts":
-        kw["identity"] = lambda: (f"host{rank}", "boot")
-    elif scenario == "boot_id":
-        kw["identity"] = lambda: ("samehost", f"boot{rank}")
-    elif scenario == "alloc" and rank == 1:
-        transport = GlooPlanTransport(fail_steps=("alloc_window",))
-    elif scenario == "nvlink" and rank == 1:
-        transport = GlooPlanTransport(topology_override=TopologyReport(DeclineReason.NOT_NVLINK, "PCIe only"))
+    transport, kw = construction_fault(rank, scenario)
     h = build_helper(transport=transport, **kw)
     stats = h.stats()
     window_after = transport._window is not None

@@ -26,13 +26,8 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def relax():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    try:
-        lib = sim.fastvideo_kernel.load()
-    except sim.fastvideo_kernel.KernelUnavailable as exc:
-        pytest.skip(f"kernel library unavailable: {exc}")
+def relax(gpu_lib):
+    lib = gpu_lib
     if not hasattr(lib, "fvk_relax_capture_mode"):
         pytest.skip("kernel library without fvk_relax_capture_mode")
 

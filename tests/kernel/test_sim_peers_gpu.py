@@ -15,16 +15,8 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def lib():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    try:
-        library = sim.fastvideo_kernel.load()
-    except sim.fastvideo_kernel.KernelUnavailable as exc:
-        pytest.skip(f"kernel library unavailable: {exc}")
-    if "sim" not in sim.fastvideo_kernel.entry_points(library):
-        pytest.skip("kernel library older than ABI 2 (no one-launch simulation)")
-    return library
+def lib(gpu_lib):
+    return gpu_lib
 
 
 @pytest.fixture(scope="module")
