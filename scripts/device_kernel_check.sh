@@ -8,28 +8,12 @@
 # Every step runs under a time limit (the whole script stays well inside 8 minutes); a failing
 # step does not stop the later ones; the exit status is non-zero if any step failed.
 set -uo pipefail
-
-OUT="${OUT:-/tmp/fastvideo-kernel-check}"
-mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+source "$(dirname "${BASH_SOURCE[0]}")/device_lib.sh"
+device_init /tmp/fastvideo-kernel-check
 python="${PYTHON:-python3}"
 export python
 summary="$OUT/summary.txt"
 : >"$summary"
-failed=0
-
-# step NAME LIMIT_S LOG COMMAND...: run COMMAND with a time limit, output teed to $OUT/LOG.
-step() {
-  local name=$1 limit=$2 log=$3
-  shift 3
-  echo "=== $name"
-  local start=$SECONDS rc
-  timeout "$limit" "$@" 2>&1 | tee -a "$OUT/$log"
-  rc=$?
-  printf '%-28s rc=%-3s %4ss\n' "$name" "$rc" "$((SECONDS - start))" | tee -a "$summary"
-  [[ $rc == 0 ]] || failed=1
-  return "$rc"
-}
 
 versions() {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
