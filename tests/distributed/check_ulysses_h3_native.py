@@ -446,12 +446,16 @@ class Gate:
             out, report = transport.debug_execute(x, geom, plan, legacy=False)
             wrong = _wrong(out, ref)
             _, legacy = transport.debug_execute(x, geom, plan, legacy=True)
+            # A violation is reported on the rank that saw it (often only the sender into the window
+            # the bad layout overlaps): the pre-fix layout must be reported somewhere, summed over ranks.
+            legacy_total = torch.tensor([legacy[0]], dtype=torch.int64)
+            dist.all_reduce(legacy_total, group=self.sp.cpu_group)
             lines.append(f"{plan.describe(geom)}: {report[0]} violations, {wrong} wrong; pre-fix layout "
-                         f"{legacy[0]} violations")
+                         f"{int(legacy_total)} violations over the ranks")
             if report[0] or wrong:
                 error += f" {plan}: {report[0]} violations, {wrong} wrong;"
-            if not legacy[0]:
-                error += f" {plan}: the pre-fix layout was NOT reported;"
+            if not int(legacy_total):
+                error += f" {plan}: the pre-fix layout was NOT reported on any rank;"
         self.agree(error)
         return "; ".join(lines)
 
