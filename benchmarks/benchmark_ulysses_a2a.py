@@ -188,10 +188,16 @@ def copy_engine_reference(nbytes_per_peer: int, device: torch.device, iters: int
             rebuild, rebuild_args = handles[q]
             peers[q] = rebuild(*rebuild_args)[me]  # rank q's slot for this rank, mapped into this process
 
+    peer_devices = {t.device for t in peers.values()}
+
     def copy_out() -> None:
         for j in range(1, p):  # start after this rank, as the kernel does, to spread links
             q = (me + j) % p
             peers[q].copy_(send, non_blocking=True)
+        # A copy into another device's memory is enqueued on that device's stream, which the timing
+        # events on this rank's stream do not see (2x H200: "fabric" rates of 2 TB/s): wait for it.
+        for dev in peer_devices:
+            torch.cuda.synchronize(dev)
 
     t = common.median(common.device_times(copy_out, device, iters, warmup))
     torch.cuda.synchronize(device)
