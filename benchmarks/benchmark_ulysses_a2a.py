@@ -312,9 +312,10 @@ def run_row(args, name, shape_global, mode, route, helper, dtype, device, fabric
     row["fabric_fraction"] = (fab / xfer) if fab and xfer else None
     row["nccl_p2p_ms"] = p2p * 1e3 if p2p else None
     # Host overhead: host-to-completion minus the device time of the transfer (vote, plan, launch).
-    # (Not at SP1: the op returns its input there, and the transfer timed is not what it does.)
+    # Only where the transfer timed is the whole op (the fused route's execute): on the NCCL route it is
+    # all_to_all_single without the permutes, and at SP1 the op returns its input.
     row["host_overhead_us"] = ((row["median_ms"] - row["transfer_ms"]) * 1e3
-                               if p > 1 and row.get("median_ms") and row.get("transfer_ms") else None)
+                               if plan is not None and row.get("median_ms") and row.get("transfer_ms") else None)
     row["wrong"] = wrong
 
     if args.overlap:
