@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 LIBRARY_NAME = "libfastvideo_ulysses_a2a.so"
-SOURCES = ("ulysses_a2a.cu", "shm_vote.cpp", "sync_model.cpp")  # the .cpp files: host-only C++
+SOURCES = ("ulysses_a2a.cu", "shm_vote.cpp", "sync_model.cpp", "ce_sync_model.cpp")  # .cpp: host-only C++
 DEFAULT_ARCHS = "90"
 
 

@@ -41,6 +41,7 @@
 #include <cuda/atomic>
 #include <new>
 
+#include "ce_plan.h"
 #include "movement.cuh"
 #include "ulysses_a2a.h"
 
@@ -246,6 +247,74 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   run_call<V>(p, env, blockIdx.x, gridDim.x);
 }
 
+// ---------------------------------------------------------------------------------- the copy-engine plan kind
+
+// ce_plan.h has the schedule; these are its device pieces. The transfer itself is cudaMemcpy2DAsync.
+
+// A barrier of the copy-engine schedule: one CTA on LSA barrier slot kCeBarrierSlot. Stream order
+// makes this rank's earlier copies (engine or kernel) complete before it arrives; the system-scope
+// fence and the barrier's release/acquire order them before every peer's later work.
+__global__ void ce_barrier_kernel(ncclDevComm dev_comm) {
+  ncclCoopCta coop;
+  ncclLsaBarrierSession<ncclCoopCta> barrier{coop, dev_comm, ncclTeamLsa(dev_comm), dev_comm.lsaBarrier,
+                                             kCeBarrierSlot};
+  __threadfence_system();
+  barrier.sync(coop, cuda::memory_order_acq_rel);
+}
+
+// This CTA's share (of gridDim.x) of one block of chunk c: units [u0, u1).
+template <typename V>
+__device__ inline void grid_share(const Problem& p, const Chunk& c, uint32_t& u0, uint32_t& u1) {
+  const Span mine = split(block_bytes(p, c) / static_cast<int64_t>(sizeof(V)), gridDim.x, blockIdx.x);
+  u0 = static_cast<uint32_t>(mine.start);
+  u1 = static_cast<uint32_t>(mine.start + mine.size);
+}
+
+// The own block of every chunk, input -> output (it never crosses the fabric).
+template <typename V>
+__global__ void __launch_bounds__(kThreads) ce_local_kernel(Problem p) {
+  const bool in_head_split = p.mode == 0;
+  for (int64_t ci = 0; ci < num_chunks(p); ++ci) {
+    const Chunk c = chunk_at(p, ci);
+    uint32_t u0, u1;
+    grid_share<V>(p, c, u0, u1);
+    copy_units<V>(tensor_rows<V>(p, c, const_cast<char*>(p.x), p.rank, in_head_split),
+                  tensor_rows<V>(p, c, p.out, p.rank, !in_head_split), u0, u1, NoHook{});
+  }
+}
+
+// Chunk `ci`: every peer's block from buffer ci % 2 of this rank's window into the output.
+template <typename V>
+__global__ void __launch_bounds__(kThreads) ce_copy_out_kernel(Problem p, int64_t ci, const char* window) {
+  const Chunk c = chunk_at(p, ci);
+  uint32_t u0, u1;
+  grid_share<V>(p, c, u0, u1);
+  for (int src = 0; src < p.world; ++src) {
+    if (src == p.rank) continue;
+    const WindowRun<V> from{const_cast<char*>(window) + ce_block_offset(p, static_cast<int>(ci % 2), src), 0};
+    copy_units<V>(from, tensor_rows<V>(p, c, p.out, src, p.mode == 1), u0, u1, NoHook{});
+  }
+}
+
+// The fabric reference's SM engine: a flat copy of `units` 16-byte units from `src` into every peer's dst.
+struct PeerPointers {
+  uint4* at[kMaxWorld];
+};
+__global__ void __launch_bounds__(kThreads)
+    flat_push_kernel(const uint4* src, int64_t units, int world, int rank, PeerPointers dst) {
+  for (int j = 1; j < world; ++j) {
+    uint4* out = dst.at[(rank + j) % world];
+    for (int64_t u = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; u < units;
+         u += static_cast<int64_t>(gridDim.x) * blockDim.x)
+      out[u] = src[u];
+  }
+}
+
+// Every peer's window base as this rank maps it (LSA pointers exist only on the device in 2.28).
+__global__ void resolve_peers_kernel(ncclWindow_t window, int world, void** out) {
+  for (int q = 0; q < world; ++q) out[q] = ncclGetLsaPointer(window, 0, q);
+}
+
 // ---------------------------------------------------------------------------------- simulated ranks on one GPU
 
 // P ranks as CTA groups of ONE launch of P x max_ctas co-resident CTAs (block b plays CTA b % max_ctas
@@ -419,6 +488,11 @@ struct fvk_ctx {
   const char* poisoned = nullptr;
   cudaEvent_t done = nullptr;          // recorded after every launch, on its stream
   cudaStream_t last_stream = nullptr;  // the stream of the previous launch
+  // The copy-engine plan kind (ce_plan.h): every peer's window as this rank maps it (LSA pointers,
+  // resolved once by fvk_devcomm_create), the copy stream and the schedule's events.
+  char* peers[kMaxWorld] = {};
+  cudaStream_t copy_stream = nullptr;
+  cudaEvent_t ce_events[kCeEvents] = {};
 };
 
 namespace {
@@ -517,6 +591,184 @@ int launch_fused(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, in
   const int rc = launch_local(ctx, p, operand_bytes, x, out, ctas, flags, report, static_cast<cudaStream_t>(stream));
   if (rc != FVK_OK) ctx->poisoned = "a fused launch that failed on this rank after every rank agreed to run it";
   return rc;
+}
+
+template <typename V>
+cudaError_t launch_ce_kernel(int kind, int ctas, cudaStream_t s, const Problem& p, int64_t chunk, const char* window) {
+  if (kind == kCeLocal)
+    ce_local_kernel<V><<<ctas, kThreads, 0, s>>>(p);
+  else
+    ce_copy_out_kernel<V><<<ctas, kThreads, 0, s>>>(p, chunk, window);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_ce_kernel(int vec, int kind, int ctas, cudaStream_t s, const Problem& p, int64_t chunk,
+                             const char* window) {
+  switch (vec) {
+    case 16: return launch_ce_kernel<uint4>(kind, ctas, s, p, chunk, window);
+    case 8: return launch_ce_kernel<uint2>(kind, ctas, s, p, chunk, window);
+    case 4: return launch_ce_kernel<uint32_t>(kind, ctas, s, p, chunk, window);
+    default: return launch_ce_kernel<uint16_t>(kind, ctas, s, p, chunk, window);
+  }
+}
+
+// push(c) of the copy-engine schedule: this rank's block of chunk c into buffer c % 2 of every peer,
+// landing in [plane][row][run] order (ce_plan.h). Mode 0 reads rows of `run` bytes at a pitch of P
+// runs (one 2D copy per plane, or one for all when the chunk has whole planes); mode 1 reads
+// contiguous rows (one flat copy per plane).
+cudaError_t ce_push(const fvk_ctx* ctx, const Problem& p, int64_t ci, cudaStream_t s) {
+  const Chunk c = chunk_at(p, ci);
+  const int64_t run = p.run_bytes, P = p.world;
+  for (int j = 1; j < p.world; ++j) {
+    const int q = (p.rank + j) % p.world;  // ranks start on different peers
+    char* dst = ctx->peers[q] + ce_block_offset(p, static_cast<int>(ci % 2), p.rank);
+    cudaError_t e = cudaSuccess;
+    if (p.mode == 0) {
+      const bool whole_planes = c.nr == p.S;
+      for (int64_t pl = 0; pl < c.np && e == cudaSuccess; pl += whole_planes ? c.np : 1) {
+        const char* src = p.x + ((c.p0 + pl) * p.S + c.r0) * P * run + q * run;
+        const int64_t rows = whole_planes ? c.np * c.nr : c.nr;
+        e = cudaMemcpy2DAsync(dst + pl * c.nr * run, run, src, P * run, run, rows, cudaMemcpyDefault, s);
+      }
+    } else {
+      for (int64_t pl = 0; pl < c.np && e == cudaSuccess; ++pl) {
+        const char* src = p.x + (((c.p0 + pl) * P + q) * p.S + c.r0) * run;
+        e = cudaMemcpyAsync(dst + pl * c.nr * run, src, c.nr * run, cudaMemcpyDefault, s);
+      }
+    }
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+// Enqueues one call of the copy-engine plan kind: the schedule of ce_plan.h, op by op. Agreed
+// checks first (every rank fails them alike, context intact); a failure once the first barrier may
+// have been enqueued poisons the context, as for the fused kernel.
+int launch_ce(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H, int64_t D,
+              int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, void* stream) {
+  if (!ctx || !ctx->has_dev_comm || !ctx->copy_stream)
+    return set_error(FVK_ERR_STATE, "execute needs a constructed context");
+  if (ctx->poisoned)
+    return set_error(FVK_ERR_STATE,
+                     "this context refuses launches after %s: peers may still wait at that call's barriers; "
+                     "destroy it and build a new one",
+                     ctx->poisoned);
+  if (ctx->dev_comm.lsaSize != ctx->nranks || ctx->dev_comm.lsaRank != ctx->rank)
+    return set_error(FVK_ERR_STATE, "LSA team (size %d, rank %d) does not cover the communicator (%d ranks, rank %d)",
+                     ctx->dev_comm.lsaSize, ctx->dev_comm.lsaRank, ctx->nranks, ctx->rank);
+  Problem p;
+  int64_t operand_bytes = 0;
+  // Two buffers: each chunk must fit half the window.
+  FVK_TRY(make_problem(ctx->nranks, mode, dtype, B, S, H, D, ctas, kMaxCtas, planes_per_chunk, rows_per_chunk,
+                       ctx->bytes / 2, p, operand_bytes, kStatic));
+  if (!x || !out) return set_error(FVK_ERR_INVALID, "null input or output");
+  if (overlaps(out, operand_bytes, ctx->buffer, ctx->bytes) || overlaps(x, operand_bytes, ctx->buffer, ctx->bytes))
+    return set_error(FVK_ERR_INVALID, "input or output aliases the communication window");
+  if (overlaps(out, operand_bytes, x, operand_bytes)) return set_error(FVK_ERR_INVALID, "output aliases the input");
+  p.x = static_cast<const char*>(x);
+  p.out = static_cast<char*>(out);
+  p.rank = ctx->rank;
+  const void* window = ctx->buffer;
+  const int vec = vector_bytes(p, &window, 1);
+  if (vec < p.itemsize) return set_error(FVK_ERR_INVALID, "input or output is not aligned to its element size");
+  DeviceGuard guard;
+  FVK_TRY(guard.set(ctx->device));
+  auto s = static_cast<cudaStream_t>(stream);
+  if (ctx->last_stream != nullptr && ctx->last_stream != s) FVK_CUDA(cudaStreamWaitEvent(s, ctx->done, 0));
+  cudaError_t e = cudaSuccess;
+  const char* what = "";
+  ce_schedule(num_chunks(p), kCeDropNone, [&](const CeOp& op) {
+    if (e != cudaSuccess) return;
+    const cudaStream_t on = op.stream == kMainStream ? s : ctx->copy_stream;
+    switch (op.kind) {
+      case kCeRecord:
+        what = "cudaEventRecord";
+        e = cudaEventRecord(ctx->ce_events[op.event], on);
+        break;
+      case kCeWait:
+        what = "cudaStreamWaitEvent";
+        e = cudaStreamWaitEvent(on, ctx->ce_events[op.event], 0);
+        break;
+      case kCeBarrier:
+        what = "barrier launch";
+        ce_barrier_kernel<<<1, 32, 0, on>>>(ctx->dev_comm);
+        e = cudaGetLastError();
+        break;
+      case kCePush:
+        what = "cudaMemcpy2DAsync into a peer's window";
+        e = ce_push(ctx, p, op.chunk, on);
+        break;
+      case kCeLocal:
+      case kCeCopyOut:
+        what = op.kind == kCeLocal ? "own-block launch" : "copy-out launch";
+        e = launch_ce_kernel(vec, op.kind, ctas, on, p, op.chunk, static_cast<const char*>(ctx->buffer));
+        break;
+    }
+  });
+  if (e == cudaSuccess) e = cudaEventRecord(ctx->done, s);
+  if (e != cudaSuccess) {
+    ctx->poisoned = "a copy-engine call that failed on this rank after every rank agreed to run it";
+    return set_error(FVK_ERR_CUDA, "copy-engine call: %s failed: CUDA error %d %s: %s", what, static_cast<int>(e),
+                     cudaGetErrorName(e), cudaGetErrorString(e));
+  }
+  ctx->last_stream = s;
+  return FVK_OK;
+}
+
+// The fabric's limit as the benchmark measures it: entry barrier, every rank copies `bytes` from its
+// window's start into every peer's window (at (1 + rank) * bytes, so no two writers overlap),
+// exit barrier. engine 0: one copy-engine copy per peer; 1: `ctas` CTAs of SM stores.
+int fabric_copy(fvk_ctx* ctx, int64_t bytes, int engine, int ctas, cudaStream_t s) {
+  if (!ctx || !ctx->has_dev_comm || !ctx->copy_stream)
+    return set_error(FVK_ERR_STATE, "fabric copy needs a constructed context");
+  if (ctx->poisoned) return set_error(FVK_ERR_STATE, "this context refuses launches after %s", ctx->poisoned);
+  if (bytes <= 0 || bytes % 16 || static_cast<uint64_t>(bytes) * (ctx->nranks + 1) > ctx->bytes)
+    return set_error(FVK_ERR_INVALID,
+                     "fabric copy of %lld bytes: need a positive multiple of 16 with (P + 1) x bytes "
+                     "<= the window (%zu)",
+                     (long long)bytes, ctx->bytes);
+  if (engine != 0 && engine != 1)
+    return set_error(FVK_ERR_INVALID, "engine %d is not 0 (copy engine) or 1 (SM)", engine);
+  if (ctas < 1 || ctas > 1024) return set_error(FVK_ERR_INVALID, "ctas=%d outside 1..1024", ctas);
+  DeviceGuard guard;
+  FVK_TRY(guard.set(ctx->device));
+  if (ctx->last_stream != nullptr && ctx->last_stream != s) FVK_CUDA(cudaStreamWaitEvent(s, ctx->done, 0));
+  cudaError_t e = cudaSuccess;
+  ce_barrier_kernel<<<1, 32, 0, s>>>(ctx->dev_comm);
+  e = cudaGetLastError();
+  const int64_t offset = (1 + static_cast<int64_t>(ctx->rank)) * bytes;
+  if (e == cudaSuccess && engine == 0) {
+    for (int j = 1; j < ctx->nranks && e == cudaSuccess; ++j) {
+      const int q = (ctx->rank + j) % ctx->nranks;
+      e = cudaMemcpyAsync(ctx->peers[q] + offset, ctx->buffer, bytes, cudaMemcpyDefault, s);
+    }
+  } else if (e == cudaSuccess) {
+    PeerPointers dst{};
+    for (int q = 0; q < ctx->nranks; ++q) dst.at[q] = reinterpret_cast<uint4*>(ctx->peers[q] + offset);
+    flat_push_kernel<<<ctas, kThreads, 0, s>>>(static_cast<const uint4*>(ctx->buffer), bytes / 16, ctx->nranks,
+                                               ctx->rank, dst);
+    e = cudaGetLastError();
+  }
+  if (e == cudaSuccess) {
+    ce_barrier_kernel<<<1, 32, 0, s>>>(ctx->dev_comm);
+    e = cudaGetLastError();
+  }
+  if (e == cudaSuccess) e = cudaEventRecord(ctx->done, s);
+  if (e != cudaSuccess) {
+    ctx->poisoned = "a fabric copy that failed on this rank after its first barrier";
+    return set_error(FVK_ERR_CUDA, "fabric copy failed: CUDA error %d %s: %s", static_cast<int>(e), cudaGetErrorName(e),
+                     cudaGetErrorString(e));
+  }
+  ctx->last_stream = s;
+  return FVK_OK;
+}
+
+// The context's CUDA events and copy stream (teardown, after the device is idle).
+void release_streams(fvk_ctx* ctx) {
+  if (ctx->done) cudaEventDestroy(ctx->done);
+  for (cudaEvent_t ev : ctx->ce_events)
+    if (ev) cudaEventDestroy(ev);
+  if (ctx->copy_stream) cudaStreamDestroy(ctx->copy_stream);
 }
 
 }  // namespace
@@ -674,6 +926,22 @@ int fvk_devcomm_create(fvk_ctx* ctx) {
   if (!ctx->done) FVK_CUDA(cudaEventCreateWithFlags(&ctx->done, cudaEventDisableTiming));
   FVK_NCCL(ncclDevCommCreate(ctx->comm, &reqs, &ctx->dev_comm));
   ctx->has_dev_comm = true;
+  // The copy-engine plan kind: peers' window bases (LSA pointers are device-side only in 2.28),
+  // its copy stream and events. Local work, once per context.
+  void** resolved = nullptr;
+  FVK_CUDA(cudaMalloc(&resolved, sizeof(void*) * kMaxWorld));
+  resolve_peers_kernel<<<1, 1>>>(ctx->window, ctx->nranks, resolved);
+  cudaError_t e = cudaGetLastError();
+  void* host[kMaxWorld] = {};
+  if (e == cudaSuccess) e = cudaMemcpy(host, resolved, sizeof(void*) * ctx->nranks, cudaMemcpyDeviceToHost);
+  cudaFree(resolved);
+  if (e != cudaSuccess)
+    return set_error(FVK_ERR_CUDA, "resolving the peers' window pointers failed: CUDA error %d %s: %s",
+                     static_cast<int>(e), cudaGetErrorName(e), cudaGetErrorString(e));
+  for (int q = 0; q < ctx->nranks; ++q) ctx->peers[q] = static_cast<char*>(host[q]);
+  if (!ctx->copy_stream) FVK_CUDA(cudaStreamCreateWithFlags(&ctx->copy_stream, cudaStreamNonBlocking));
+  for (cudaEvent_t& ev : ctx->ce_events)
+    if (!ev) FVK_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
   return FVK_OK;
 }
 
@@ -695,6 +963,15 @@ int fvk_a2a_tuned(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, i
 int fvk_a2a_original(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H,
                      int64_t D, void* stream) {
   return fvk_a2a_tuned(ctx, x, out, mode, dtype, B, S, H, D, kOriginalCtas, B, S, stream);
+}
+
+int fvk_a2a_ce(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H, int64_t D,
+               int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, void* stream) {
+  return launch_ce(ctx, x, out, mode, dtype, B, S, H, D, ctas, planes_per_chunk, rows_per_chunk, stream);
+}
+
+int fvk_fabric_copy(fvk_ctx* ctx, int64_t bytes, int engine, int ctas, void* stream) {
+  return fabric_copy(ctx, bytes, engine, ctas, static_cast<cudaStream_t>(stream));
 }
 
 int fvk_a2a_debug(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H,
@@ -826,7 +1103,7 @@ int fvk_destroy(fvk_ctx* ctx) {
     if (ctx->window) nccl(ncclCommWindowDeregister(ctx->comm, ctx->window), "ncclCommWindowDeregister");
     if (ctx->buffer) nccl(ncclMemFree(ctx->buffer), "ncclMemFree");
     if (ctx->comm) nccl(ncclCommDestroy(ctx->comm), "ncclCommDestroy");
-    if (ctx->done) cudaEventDestroy(ctx->done);
+    release_streams(ctx);
   }
   delete ctx;
   return rc;
@@ -853,7 +1130,7 @@ int fvk_abort(fvk_ctx* ctx) {
             set_error(FVK_ERR_NCCL, "ncclMemFree failed: NCCL error %d %s", static_cast<int>(r), ncclGetErrorString(r));
     }
   }
-  if (ctx->done) cudaEventDestroy(ctx->done);
+  release_streams(ctx);
   delete ctx;
   return rc;
 }

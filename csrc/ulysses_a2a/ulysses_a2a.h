@@ -28,8 +28,9 @@ extern "C" {
 #endif
 
 /* 2: static window regions (layout.h), the one-launch simulated ranks (fvk_sim_a2a with calls and
-   flags), fvk_a2a_debug and fvk_check_window_sync. */
-#define FVK_ABI_VERSION 2
+   flags), fvk_a2a_debug and fvk_check_window_sync.
+   3: the copy-engine plan kind (fvk_a2a_ce, ce_plan.h), fvk_fabric_copy and fvk_check_ce_sync. */
+#define FVK_ABI_VERSION 3
 
 /* The library is built with -fvisibility=hidden: only these functions are exported. */
 #define FVK_API __attribute__((visibility("default")))
@@ -85,6 +86,18 @@ FVK_API int fvk_a2a_original(fvk_ctx* ctx, const void* x, void* out, int mode, i
 FVK_API int fvk_a2a_tuned(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H,
                           int64_t D, int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, void* stream);
 
+/* The copy-engine plan kind (ce_plan.h): the same geometry and chunks, the fabric crossed by the copy
+   engines into the peers' windows, `ctas` CTAs for the on-device copies (own block, copy-out). The
+   window holds two chunk buffers, so each chunk must fit half of it. Ends on `stream` (internally it
+   forks onto the context's copy stream and joins back). */
+FVK_API int fvk_a2a_ce(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H,
+                       int64_t D, int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, void* stream);
+
+/* The benchmark's fabric limit (collective, like an execute): barrier, every rank copies `bytes` (a
+   multiple of 16, (P + 1) x bytes <= window) from its window into every peer's window at once,
+   barrier. engine 0: the copy engines (one cudaMemcpyAsync per peer); 1: `ctas` CTAs of SM stores. */
+FVK_API int fvk_fabric_copy(fvk_ctx* ctx, int64_t bytes, int engine, int ctas, void* stream);
+
 /* ---- debug: the fused kernel with the epoch checker (collective, like an execute) ---- */
 #define FVK_DEBUG_EPOCH_CHECK 1u   /* stamp window granules; report any access another CTA index could race */
 #define FVK_DEBUG_LEGACY_LAYOUT 2u /* negative control: the pre-fix window layout (wrong with uneven chunks) */
@@ -129,6 +142,15 @@ FVK_API int fvk_sim_a2a(int world, int ncalls, const fvk_sim_call* calls, void* 
 #define FVK_SYNC_NO_MIDDLE 3      /* no barrier between stores and copy-out (read-after-write) */
 FVK_API int fvk_check_window_sync(int world, int ncalls, const int64_t* calls, size_t window_bytes, int layout,
                                   int schedule, int64_t* violations, char* msg, int len);
+
+/* The same kind of check for the copy-engine schedule (ce_plan.h's ce_schedule, as the launcher runs
+   it): `ncalls` consecutive calls of chunks[n] chunks on `world` ranks, two streams per rank, event
+   records/waits with reuse as issued, barriers pairing by order. Counts conflicting window accesses
+   (push into a buffer block vs its copy-out) without happens-before, and copy-stream work outside its
+   call (before the caller's stream reached it, or after the call's end). drop: 0 as built, or
+   ce_plan.h's kCeDrop* bits (negative controls). */
+FVK_API int fvk_check_ce_sync(int world, int ncalls, const int64_t* chunks, unsigned drop, int64_t* violations,
+                              char* msg, int len);
 
 /* ---- teardown ---- */
 /* Collective: device comm, window deregistration, ncclMemFree, ncclCommDestroy; frees ctx. */

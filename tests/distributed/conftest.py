@@ -40,7 +40,8 @@ FIXTURE_GPU = "T100"
 VOTE_TIMEOUT_S = 10.0  # short enough that a hang fails fast, long enough for 4 ranks on 2 cores
 
 
-def fixture_rows(world_sizes=(2, 3, 4), heads=(12,), head_dims=(8,), dtypes=None, *, ctas=144, planes_per_chunk=1):
+def fixture_rows(world_sizes=(2, 3, 4), heads=(12,), head_dims=(8,), dtypes=None, *, ctas=144, planes_per_chunk=1,
+                 engine="sm"):
     """Tuned rows for the test geometries only (the gate-style fixture: tuned and original plans differ)."""
     import torch
 
@@ -48,7 +49,8 @@ def fixture_rows(world_sizes=(2, 3, 4), heads=(12,), head_dims=(8,), dtypes=None
 
     dtypes = dtypes or (torch.float32, torch.bfloat16)
     return tuple(
-        TunedRow(FIXTURE_GPU, p, dt, h, d, ctas=ctas, planes_per_chunk=planes_per_chunk, source="test fixture")
+        TunedRow(FIXTURE_GPU, p, dt, h, d, ctas=ctas, planes_per_chunk=planes_per_chunk, source="test fixture",
+                 engine=engine)
         for p in world_sizes for dt in dtypes for h in heads for d in head_dims
     )
 

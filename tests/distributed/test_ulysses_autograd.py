@@ -80,6 +80,41 @@ def test_fused_gradients_bit_exact_vs_nccl_route_and_single_device(ranks, world_
         assert recs == [("FORWARD_GRAD", "fused", plan, None, 6), ("BACKWARD", "fused", plan, None, 6)]
 
 
+def _ce_parity(rank, world_size, mode, entries):
+    from dataclasses import replace
+
+    from fastvideo.distributed.ulysses.transport import GlooPlanTransport
+
+    transport = GlooPlanTransport()
+    if entries is not None:  # a build without the copy-engine entry point
+        transport = GlooPlanTransport(capability_override=replace(GlooPlanTransport().capability(),
+                                                                  entry_points=frozenset(entries)))
+    h = build_helper(window_bytes=4096, transport=transport, table=fixture_rows(engine="ce"))
+    x = rank_input(rank, input_shape(mode, world_size), torch.float32, seed=3, requires_grad=True)
+    y = h.all_to_all(x, mode)
+    w = rank_input(rank, y.shape, torch.float32, seed=4)
+    (y * w).sum().backward()
+    y_nccl, g_nccl = nccl_forward_backward(x, w, mode)
+    result = (bit_equal(y, y_nccl), bit_equal(x.grad, g_nccl), records(h, 2))
+    h.destroy()
+    return result
+
+
+@pytest.mark.parametrize("mode", [0, 1])
+def test_copy_engine_rows_run_double_buffered_plans_exactly(ranks, mode):
+    """A ``ce`` row gives a copy-engine plan whose chunks fit half the window (4 KiB: 5 fp32 rows of 768 B,
+    so 16 rows become 4 even chunks of 4); forward and backward run it and equal the NCCL route bit for bit.
+    A build without the ``ce`` entry point ignores the row and runs the original plan (the control)."""
+    ce = Plan(144, 1, even_rows(S, 2048 // (H * D * 4)), True, engine="ce").word
+    env = {"FASTVIDEO_ULYSSES_A2A_LONG_TRAINING": "auto"}
+    for y_ok, g_ok, recs in ranks(2, _ce_parity, mode, None, env=env):
+        assert y_ok and g_ok
+        assert recs == [("FORWARD_GRAD", "fused", ce, None, 12), ("BACKWARD", "fused", ce, None, 12)]
+    for y_ok, g_ok, recs in ranks(2, _ce_parity, mode, ("original", "tuned"), env=env):
+        assert y_ok and g_ok
+        assert [r[2] for r in recs] != [ce, ce] and all(r[1] == "nccl" for r in recs)  # 18 KiB > 4 KiB: WINDOW
+
+
 def test_float64_gradients_exact_through_the_dtype_decline(ranks):
     """float64 is not moved by the kernel: forward and backward both decline DTYPE collectively, and the
     NCCL-route results still equal the NCCL route and the single-device reference exactly."""

@@ -251,7 +251,8 @@ def test_lookup_matches_on_all_five_key_fields():
 @pytest.mark.parametrize(
     "plan",
     [Plan(36, 3, 62500, False), Plan(144, 1, 74898, True), Plan(1, 1, 1, False),
-     Plan((1 << 10) - 1, (1 << 16) - 1, (1 << 36) - 1, True)],
+     Plan((1 << 10) - 1, (1 << 16) - 1, (1 << 35) - 1, True), Plan(132, 1, 37800, True, engine="ce"),
+     Plan((1 << 10) - 1, (1 << 16) - 1, (1 << 35) - 1, True, engine="ce")],
 )
 def test_plan_word_round_trip(plan):
     """Plan.word packs into one non-negative int64 and unpacks to the same plan."""
@@ -260,9 +261,26 @@ def test_plan_word_round_trip(plan):
 
 
 def test_plan_fields_out_of_range_are_rejected():
-    for bad in [(0, 1, 1), (1 << 10, 1, 1), (1, 0, 1), (1, 1 << 16, 1), (1, 1, 0), (1, 1, 1 << 36)]:
+    for bad in [(0, 1, 1), (1 << 10, 1, 1), (1, 0, 1), (1, 1 << 16, 1), (1, 1, 0), (1, 1, 1 << 35)]:
         with pytest.raises(ValueError):
             Plan(*bad, tuned=True)
+    with pytest.raises(ValueError, match="engine"):
+        Plan(1, 1, 1, tuned=True, engine="dma")
+
+
+def test_copy_engine_rows_double_buffer_the_window():
+    """A ``ce`` row's chunks fit half the window (two buffers); the plan says so, and its word carries the engine."""
+    geom = Geometry(0, torch.bfloat16, 1, 37800, 40, 128, 2)  # wan720p at SP2: a 387 MB plane
+    sm = TunedRow("H200", 2, torch.bfloat16, 40, 128, ctas=132, planes_per_chunk=1, source="test")
+    ce = TunedRow("H200", 2, torch.bfloat16, 40, 128, ctas=132, planes_per_chunk=1, source="test", engine="ce")
+    window = 512 << 20
+    sm_plan = choose_plan(geom, gpu="H200", window_bytes=window, table=[sm]).plan
+    ce_choice = choose_plan(geom, gpu="H200", window_bytes=window, table=[ce])
+    assert sm_plan is not None and sm_plan.engine == "sm" and sm_plan.num_chunks(geom) == 1
+    assert ce_choice.plan is not None and ce_choice.plan.engine == "ce" and "copy engine" in ce_choice.why
+    assert ce_choice.plan.num_chunks(geom) == 2 and ce_choice.plan.window_bytes(geom) <= window
+    assert Plan.from_word(ce_choice.plan.word) == ce_choice.plan
+    assert "copy engine" in ce_choice.plan.describe(geom)
 
 
 @pytest.mark.parametrize(

@@ -40,7 +40,8 @@ EXPECTED_SYMBOLS = {
     "fvk_coresident_ctas", "fvk_relax_capture_mode", "fvk_pci_bus_id", "fvk_nvlink_p2p", "fvk_unique_id_bytes",
     "fvk_get_unique_id",
     "fvk_create", "fvk_comm_init", "fvk_window_alloc", "fvk_window_register", "fvk_devcomm_create", "fvk_lsa_info",
-    "fvk_a2a_original", "fvk_a2a_tuned", "fvk_a2a_debug", "fvk_sim_a2a", "fvk_check_window_sync", "fvk_destroy",
+    "fvk_a2a_original", "fvk_a2a_tuned", "fvk_a2a_ce", "fvk_fabric_copy", "fvk_a2a_debug", "fvk_sim_a2a",
+    "fvk_check_window_sync", "fvk_check_ce_sync", "fvk_destroy",
     "fvk_abort",
 }
 
@@ -137,7 +138,7 @@ def test_built_library_abi_query(built):
         lib = fastvideo_kernel.load()
     except fastvideo_kernel.KernelUnavailable as exc:
         pytest.skip(f"the built library cannot be loaded on this machine (e.g. its libnccl.so.2 is absent): {exc}")
-    assert lib.fvk_abi_version() == 2
+    assert lib.fvk_abi_version() == 3
     assert fastvideo_kernel.entry_points(lib) == {"original", "tuned", "debug", "sim", "sync_check"}
     assert fastvideo_kernel.nccl_version_tuple(lib.fvk_nccl_build_version())[:2] >= (2, 28)
     assert lib.fvk_max_ctas() == 144
@@ -162,7 +163,7 @@ def test_built_library_abi_query(built):
     status = lib.fvk_a2a_debug(None, None, None, 0, 3, 1, 4, 4, 8, 36, 1, 4, 1, None, None)
     assert status == 1 and "report buffer" in fastvideo_kernel.last_error(lib)
     info = fastvideo_kernel.info()
-    assert info["abi_version"] == 2 and len(info["sha256"]) == 64
+    assert info["abi_version"] == 3 and len(info["sha256"]) == 64
 
 
 def test_built_library_reports_cuda_errors_without_aborting(built):

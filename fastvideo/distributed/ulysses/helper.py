@@ -52,6 +52,7 @@ from fastvideo.distributed.ulysses.contract import ContractMismatchError, Declin
 from fastvideo.distributed.ulysses.layout import validate_input
 from fastvideo.distributed.ulysses.nccl import nccl_route
 from fastvideo.distributed.ulysses.policy import (
+    ENGINE_CE,
     MAX_CTAS,
     MAX_WORLD_SIZE,
     MIN_WORLD_SIZE,
@@ -63,6 +64,7 @@ from fastvideo.distributed.ulysses.policy import (
     choose_plan,
 )
 from fastvideo.distributed.ulysses.transport import (
+    ENTRY_CE,
     ENTRY_TUNED,
     Capability,
     ConstructionContext,
@@ -414,8 +416,12 @@ class UlyssesHelper:
         choice = self._plan_cache.get(key)
         if choice is None:
             table = self.tuned_table
-            if self.capability is not None and ENTRY_TUNED not in self.capability.entry_points:
-                table = ()  # an older build with only the original entry point runs the original plan
+            if self.capability is not None:
+                entries = self.capability.entry_points
+                if ENTRY_TUNED not in entries:
+                    table = ()  # an older build with only the original entry point runs the original plan
+                elif ENTRY_CE not in entries:  # a build without the copy-engine kind: its rows do not apply
+                    table = tuple(row for row in table if row.engine != ENGINE_CE)
             choice = choose_plan(geom, gpu=self.gpu_name, window_bytes=self.window_bytes, grad=grad,
                                  long_training=long_training, table=table)
             if len(self._plan_cache) >= 4096:  # bounded: shapes in one job are few; a pathological job re-plans

@@ -30,8 +30,9 @@ from typing import Any
 import torch
 
 from fastvideo.distributed.ulysses.contract import DeclineReason, dtype_code
-from fastvideo.distributed.ulysses.policy import KERNEL_DTYPES, MAX_CTAS, ORIGINAL_CTAS, Geometry, Plan
+from fastvideo.distributed.ulysses.policy import ENGINE_CE, KERNEL_DTYPES, MAX_CTAS, ORIGINAL_CTAS, Geometry, Plan
 from fastvideo.distributed.ulysses.transport import (
+    ENTRY_CE,
     ENTRY_ORIGINAL,
     ENTRY_TUNED,
     Capability,
@@ -250,7 +251,13 @@ class NativeTransport(Transport):
         whole = plan.planes_per_chunk >= geom.B and plan.rows_per_chunk >= geom.S
         args = (self._handle, x.data_ptr(), out.data_ptr(), geom.mode, dtype_code(x.dtype), geom.B, geom.S, geom.H,
                 geom.D)
-        if plan.ctas == ORIGINAL_CTAS and whole and ENTRY_ORIGINAL in self._entries:
+        if plan.engine == ENGINE_CE:
+            if ENTRY_CE not in self._entries:
+                raise NativeKernelError(f"plan {plan} needs the copy-engine entry point, which this kernel build lacks")
+            status = self._lib.fvk_a2a_ce(*args, plan.ctas, plan.planes_per_chunk, plan.rows_per_chunk,
+                                          stream.cuda_stream)
+            what = "fvk_a2a_ce"
+        elif plan.ctas == ORIGINAL_CTAS and whole and ENTRY_ORIGINAL in self._entries:
             status = self._lib.fvk_a2a_original(*args, stream.cuda_stream)
             what = "fvk_a2a_original"
         elif ENTRY_TUNED in self._entries:
@@ -301,6 +308,25 @@ class NativeTransport(Transport):
         self._event = event
         self._last_stream = stream
         return out, [int(v) for v in report.cpu().tolist()]
+
+    def fabric_copy(self, nbytes: int, *, engine: int, ctas: int = 132) -> None:
+        """The benchmark's fabric limit (``fvk_fabric_copy``): barrier, every rank copies ``nbytes`` into every
+        peer's window at once, barrier; ``engine`` 0 the copy engines, 1 SM stores. Collective, enqueued on
+        the current stream; every rank must call it with the same arguments. Bypasses the vote."""
+        if self._handle is None or self._event is None:
+            raise NativeKernelError("fabric_copy before construction (or after destroy)")
+        if "fabric" not in self._entries:
+            raise NativeKernelError("this kernel build has no fvk_fabric_copy")
+        stream = torch.cuda.current_stream()
+        if self._last_stream is not None and self._last_stream != stream:
+            stream.wait_event(self._event)
+        self._check(self._lib.fvk_fabric_copy(self._handle, nbytes, engine, ctas, stream.cuda_stream),
+                    "fvk_fabric_copy")
+        event = self._events[self._calls % EVENT_RING]
+        self._calls += 1
+        event.record(stream)
+        self._event = event
+        self._last_stream = stream
 
     def watchdog_thread_setup(self) -> None:
         """Run in the helper's watchdog thread: relax that thread's CUDA stream-capture mode, so its event

@@ -11,9 +11,11 @@ Rules (``docs/ulysses_policy.md``):
 * Untuned (original) plan: ``ORIGINAL_CTAS`` CTAs, the whole operand in one chunk if it fits,
   else the NCCL route (``WINDOW``).
 * Tuned plans come only from ``TUNED_TABLE`` (measured rows, keyed by GPU model, SP size, dtype, H,
-  D): the row's CTAs, planes per chunk, and sub-plane split (``row_chunks``: S_local cut into that
-  many even row ranges). When one plane exceeds the window, chunk along S_local instead of
+  D): the row's engine, CTAs, planes per chunk, and sub-plane split (``row_chunks``: S_local cut into
+  that many even row ranges). When one plane exceeds the window, chunk along S_local instead of
   declining, into as few even row ranges as fit.
+* Engines: ``sm`` (the fused kernel: CTAs store over NVLink) and ``ce`` (the copy engines cross the
+  fabric, CTAs copy on the device; two chunk buffers, so a chunk must fit half the window).
 * Long training: a grad-tracked operand whose plane exceeds ``LONG_TRAINING_PLANE_BYTES`` keeps the
   untuned policy unless ``long_training == "chunked"``. No-grad operands use tuned rows directly.
 """
@@ -35,7 +37,11 @@ LONG_TRAINING_PLANE_BYTES = 512 << 20
 MIN_WORLD_SIZE, MAX_WORLD_SIZE = 2, 8
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
-_CTA_BITS, _PLANE_BITS, _ROW_BITS = 10, 16, 36
+ENGINE_SM, ENGINE_CE = "sm", "ce"
+ENGINES = (ENGINE_SM, ENGINE_CE)
+_CTA_BITS, _PLANE_BITS, _ROW_BITS = 10, 16, 35
+_TUNED_BIT = _CTA_BITS + _PLANE_BITS + _ROW_BITS
+_CE_BIT = _TUNED_BIT + 1  # bit 62: the word stays a positive int64
 
 
 @dataclass(frozen=True)
@@ -77,18 +83,21 @@ class Geometry:
 
 @dataclass(frozen=True)
 class Plan:
-    """A fused-route plan: CTAs per launch and the chunk shape. Packs into one int64 for the vote."""
+    """A fused-route plan: engine, CTAs per launch and the chunk shape. Packs into one int64 for the vote."""
 
     ctas: int
     planes_per_chunk: int
     rows_per_chunk: int
     tuned: bool
+    engine: str = ENGINE_SM
 
     def __post_init__(self) -> None:
         if not (1 <= self.ctas < 1 << _CTA_BITS and 1 <= self.planes_per_chunk < 1 << _PLANE_BITS):
             raise ValueError(f"Plan out of range: {self}")
         if not 1 <= self.rows_per_chunk < 1 << _ROW_BITS:
             raise ValueError(f"Plan out of range: {self}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"Plan engine {self.engine!r} is not one of {ENGINES}")
 
     @property
     def word(self) -> int:
@@ -96,7 +105,8 @@ class Plan:
             self.ctas
             | self.planes_per_chunk << _CTA_BITS
             | self.rows_per_chunk << (_CTA_BITS + _PLANE_BITS)
-            | int(self.tuned) << (_CTA_BITS + _PLANE_BITS + _ROW_BITS)
+            | int(self.tuned) << _TUNED_BIT
+            | int(self.engine == ENGINE_CE) << _CE_BIT
         )
 
     @classmethod
@@ -105,15 +115,18 @@ class Plan:
             ctas=word & ((1 << _CTA_BITS) - 1),
             planes_per_chunk=(word >> _CTA_BITS) & ((1 << _PLANE_BITS) - 1),
             rows_per_chunk=(word >> (_CTA_BITS + _PLANE_BITS)) & ((1 << _ROW_BITS) - 1),
-            tuned=bool(word >> (_CTA_BITS + _PLANE_BITS + _ROW_BITS) & 1),
+            tuned=bool(word >> _TUNED_BIT & 1),
+            engine=ENGINE_CE if word >> _CE_BIT & 1 else ENGINE_SM,
         )
 
     def sub_plane(self, geom: Geometry) -> bool:
         return self.rows_per_chunk < geom.S
 
     def window_bytes(self, geom: Geometry) -> int:
-        """Per-rank output bytes of the largest chunk: what must fit the window."""
-        return min(self.planes_per_chunk, geom.B) * min(self.rows_per_chunk, geom.S) * geom.row_bytes
+        """Window bytes the plan needs: the per-rank output bytes of the largest chunk, twice for ``ce``
+        (chunk c lands in one buffer while chunk c - 1 is copied out of the other)."""
+        chunk = min(self.planes_per_chunk, geom.B) * min(self.rows_per_chunk, geom.S) * geom.row_bytes
+        return 2 * chunk if self.engine == ENGINE_CE else chunk
 
     def chunks(self, geom: Geometry) -> Iterator[tuple[int, int, int, int]]:
         """``(plane_start, plane_end, row_start, row_end)`` of every chunk, in launch order."""
@@ -134,6 +147,8 @@ class Plan:
             n = self.planes_per_chunk
             chunking = "one plane per chunk" if n == 1 else f"{n} planes per chunk"
         kind = "tuned" if self.tuned else "original"
+        if self.engine == ENGINE_CE:
+            kind += ", copy engine"
         chunks, window = self.num_chunks(geom), self.window_bytes(geom)
         return f"{kind}: {self.ctas} CTAs, {chunking}, {chunks} chunk(s), window {window} B"
 
@@ -151,10 +166,13 @@ class TunedRow:
     planes_per_chunk: int
     source: str
     row_chunks: int = 1  # >1: one plane per chunk, S_local split evenly into this many row ranges
+    engine: str = ENGINE_SM
 
     def __post_init__(self) -> None:
         if not 1 <= self.ctas <= MAX_CTAS or self.planes_per_chunk < 1 or self.row_chunks < 1:
             raise ValueError(f"TunedRow out of range (1 <= ctas <= {MAX_CTAS}, planes and row chunks >= 1): {self}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"TunedRow engine {self.engine!r} is not one of {ENGINES}")
 
     @property
     def key(self) -> tuple[str, int, torch.dtype, int, int]:
@@ -274,18 +292,22 @@ def choose_plan(
             "keeps the original policy"
         )
         return Choice(choice.plan, choice.reason, f"{note}; {choice.why}")
-    if geom.plane_bytes <= window_bytes:
+    # A copy-engine plan double-buffers its chunks: each must fit half the window.
+    usable = window_bytes // 2 if row.engine == ENGINE_CE else window_bytes
+    name = f"tuned row {row.gpu}/SP{row.world_size}" + (" (copy engine)" if row.engine == ENGINE_CE else "")
+    if geom.plane_bytes <= usable:
         if row.row_chunks > 1 and geom.S > 1:
             rows = even_rows(geom.S, -(-geom.S // row.row_chunks))
-            return Choice(Plan(row.ctas, 1, rows, tuned=True), None,
-                          f"tuned row {row.gpu}/SP{row.world_size}: {row.row_chunks} row chunks per plane")
-        planes = max(1, min(row.planes_per_chunk, geom.B, window_bytes // geom.plane_bytes))
-        return Choice(Plan(row.ctas, planes, geom.S, tuned=True), None, f"tuned row {row.gpu}/SP{row.world_size}")
-    max_rows = window_bytes // geom.row_bytes
+            return Choice(Plan(row.ctas, 1, rows, tuned=True, engine=row.engine), None,
+                          f"{name}: {row.row_chunks} row chunks per plane")
+        planes = max(1, min(row.planes_per_chunk, geom.B, usable // geom.plane_bytes))
+        return Choice(Plan(row.ctas, planes, geom.S, tuned=True, engine=row.engine), None, name)
+    max_rows = usable // geom.row_bytes
     if max_rows < 1:
-        return Choice(None, DeclineReason.WINDOW, f"one row ({geom.row_bytes} B) exceeds the window ({window_bytes} B)")
+        return Choice(None, DeclineReason.WINDOW,
+                      f"one row ({geom.row_bytes} B) exceeds the usable window ({usable} of {window_bytes} B)")
     rows = even_rows(geom.S, min(max_rows, -(-geom.S // row.row_chunks)))
     return Choice(
-        Plan(row.ctas, 1, rows, tuned=True), None,
-        f"tuned row {row.gpu}/SP{row.world_size}, plane exceeds the window: even row chunks of at most {max_rows}",
+        Plan(row.ctas, 1, rows, tuned=True, engine=row.engine), None,
+        f"{name}, plane exceeds the window: even row chunks of at most {max_rows}",
     )

@@ -26,6 +26,7 @@ from fastvideo.distributed.ulysses.policy import Geometry, Plan
 
 ENTRY_ORIGINAL = "original"  # the 36-CTA whole-operand entry point
 ENTRY_TUNED = "tuned"  # CTA count and chunking as arguments
+ENTRY_CE = "ce"  # the copy-engine plan kind (same arguments as tuned)
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,7 @@ class GlooPlanTransport(Transport):
             self.name,
             True,
             abi_version=1,
-            entry_points=frozenset({ENTRY_ORIGINAL, ENTRY_TUNED}),
+            entry_points=frozenset({ENTRY_ORIGINAL, ENTRY_TUNED, ENTRY_CE}),
             dtypes=(torch.bfloat16, torch.float16, torch.float32),
             supports_unaligned=True,
         )

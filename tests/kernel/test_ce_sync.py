@@ -1,0 +1,72 @@
+"""The copy-engine plan kind's synchronisation as a property (CPU, runs in CI).
+
+``fvk_check_ce_sync`` (csrc/ulysses_a2a/ce_sync_model.cpp) replays ``ce_schedule`` -- the schedule the
+launcher executes (ce_plan.h) -- on every rank for a sequence of calls, builds the happens-before graph
+of stream order, event records and waits (with the reuse of the context's events, as issued) and
+paired barriers, and checks that every push into a window block and every copy-out of it are ordered in
+sequence order, and that the copy-stream work of a call stays inside the call.
+
+Negative controls: each ordering the argument relies on, dropped alone, must be flagged.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+
+import pytest
+
+from tests.kernel.test_window_sync import fastvideo_kernel, lib  # noqa: F401  - the built library, or skip/fail
+
+
+def check(lib, world: int, chunks: list[int], drop: int = 0) -> tuple[int, str]:  # noqa: F811
+    arr = (ctypes.c_int64 * len(chunks))(*chunks)
+    violations = ctypes.c_int64(-1)
+    msg = ctypes.create_string_buffer(512)
+    status = lib.fvk_check_ce_sync(world, len(chunks), arr, drop, ctypes.byref(violations), msg, len(msg))
+    assert status == 0, fastvideo_kernel.last_error(lib)
+    return violations.value, msg.value.decode()
+
+
+SEQUENCES = [[1], [2], [3], [7], [1, 1], [1, 4], [4, 1], [2, 3, 5], [5, 2, 1], [6, 6], [1, 2, 1, 3]]
+
+
+@pytest.mark.parametrize("world", range(2, 9))
+def test_schedule_is_race_free(lib, world):  # noqa: F811
+    for chunks in SEQUENCES:
+        violations, first = check(lib, world, chunks)
+        assert violations == 0, f"P={world} chunks={chunks}: {first}"
+
+
+@pytest.mark.parametrize(("drop", "needs"), [
+    (fastvideo_kernel.CE_DROP_WAIT_COPIED, ("unordered",)),
+    (fastvideo_kernel.CE_DROP_ENTRY_BARRIER, ("unordered",)),
+    (fastvideo_kernel.CE_DROP_LANDED_BARRIER, ("unordered",)),
+    (fastvideo_kernel.CE_DROP_FORK, ("before the caller's stream",)),
+    # Without the join a call's copy-outs also race with the next call's pushes.
+    (fastvideo_kernel.CE_DROP_JOIN, ("after the call ended", "unordered")),
+])
+def test_every_ordering_is_needed(lib, drop, needs):  # noqa: F811
+    """Each dropped ordering is caught; the first violation names what went wrong."""
+    flagged = []
+    for world, chunks in itertools.product((2, 3, 8), SEQUENCES):
+        violations, first = check(lib, world, chunks, drop)
+        if violations:
+            assert any(n in first for n in needs), first
+            flagged.append((world, tuple(chunks)))
+    assert flagged, f"drop {drop} was never flagged"
+    # Where each control must bite: the wait only matters from chunk 2 on (a buffer's second use in a call).
+    if drop == fastvideo_kernel.CE_DROP_WAIT_COPIED:
+        assert (2, (3,)) in flagged and (2, (2,)) not in flagged
+    else:
+        assert (2, (1,)) in flagged or (2, (1, 1)) in flagged
+
+
+def test_bad_arguments_are_errors(lib):  # noqa: F811
+    arr = (ctypes.c_int64 * 1)(0)
+    v = ctypes.c_int64()
+    assert lib.fvk_check_ce_sync(2, 1, arr, 0, ctypes.byref(v), None, 0) == 1
+    assert "chunks=0" in fastvideo_kernel.last_error(lib)
+    arr[0] = 1
+    assert lib.fvk_check_ce_sync(2, 1, arr, 64, ctypes.byref(v), None, 0) == 1
+    assert lib.fvk_check_ce_sync(9, 1, arr, 0, ctypes.byref(v), None, 0) == 1
