@@ -22,11 +22,13 @@ fused pipeline runs over gloo; its timings mean nothing). Columns:
   or around ``helper.transport.execute`` with the plan the helper ran (``auto``); rank-max median.
 * ``GB/s``: bytes moved per rank / xfer time (``common.bandwidth_gbps``; bytes moved per rank =
   operand bytes x (P-1)/P).
-* ``fabric %``: the fabric's limit / xfer time. The limit (``copy_engine_reference``) moves the same
-  bytes per rank to the same peers, all ranks and directions at once, as flat copy-engine copies into
-  CUDA-IPC-mapped peer buffers (no relayout), measured in the same run for each geometry; the JSON names
-  it (``fabric_reference``) and also carries NCCL send/recv of the same bytes (``nccl_p2p_ms``), which
-  on 2x H200 is slower than the fabric (226 against 390 GB/s) and so is not the limit.
+* ``fabric %``: the fabric's limit / xfer time. The limit (``fabric_reference``) moves the same bytes
+  per rank to the same peers, all ranks and directions at once, as a flat push into the peers' windows
+  (no relayout; barrier, copies, barrier), measured in the same run for each geometry with both engines:
+  the copy engines (``fabric_ce_gbps``) and SM stores (``fabric_sm_gbps``); the better one is the limit
+  (``fabric_engine`` says which). The JSON also carries NCCL send/recv of the same bytes
+  (``nccl_p2p_ms``), which on 2x H200 is slower than the fabric (226 against 390 GB/s). (Before
+  2026-11-29 the limit was a CUDA-IPC ``copy_`` that ran at ~31 GB/s on 2x H200: not the peer path.)
 * ``host us``: host-to-completion median minus the transfer's device time (vote, plan, launch,
   allocation): ``host_overhead_us`` in the JSON.
 * ``wrong``: elements whose bits differ from the NCCL route's output for the same input (``nccl_route``
@@ -117,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--require-fused", action="store_true",
                    help="exit 1 unless every auto row at SP >= 2 actually ran the fused route (helper history)")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--tuned-from", metavar="TUNE_JSON",
+                   help="replace the helper's TUNED_TABLE with the rows a tune_ulysses_a2a.py JSON chose "
+                        "(tuned_rows_data): the policy then picks from those measured rows; the header records them")
     p.add_argument("--json", help="write the header and rows here (rank 0)")
     p.add_argument("--save-outputs",
                    help="directory: each rank saves its outputs with safetensors (rank{r}.safetensors)")
@@ -163,51 +168,39 @@ def nccl_p2p_reference(nbytes_per_peer: int, device: torch.device, iters: int, w
     return common.median(common.device_times(exchange, device, iters, warmup))
 
 
-def copy_engine_reference(nbytes_per_peer: int, device: torch.device, iters: int, warmup: int) -> float | None:
-    """The fabric's limit as this benchmark defines it: median seconds for every rank to copy
-    ``nbytes_per_peer`` into each peer's memory with the copy engine (flat ``cudaMemcpyAsync`` into a
-    CUDA-IPC-mapped peer buffer), all ranks and directions at once, ranks lined up by a barrier before
-    each iteration. On 2x H200 this is the highest rate measured (390 GB/s; SM stores reached ~280), so
-    it is the limit the fused route is held to; SM stores are not measured separately here.
+FABRIC_SM_CTAS = 264  # two CTAs per SM on 132-SM H200/H100: the SM engine's flat stores
 
-    Collective over the SP group; the IPC handles travel over its CPU group.
+
+def fabric_reference(helper, nbytes_per_peer: int, device: torch.device, iters: int, warmup: int) -> dict | None:
+    """The fabric's limit, measured in this run: the better of two flat pushes of ``nbytes_per_peer`` into
+    every peer's window, all ranks and directions at once (``fvk_fabric_copy``): copy engines (one
+    ``cudaMemcpyAsync`` per peer through the LSA-mapped pointers) and SM stores (``FABRIC_SM_CTAS`` CTAs).
+    Each iteration is barrier, copies, barrier, as any collective transfer is. A push larger than the
+    window's share ((P + 1) x bytes <= window) is timed at the largest size that fits and scaled linearly.
+
+    Returns ``{"fabric_ms", "fabric_engine", "fabric_ce_gbps", "fabric_sm_gbps", "fabric_measured_bytes"}``
+    or None without the native transport (CPU, SP1, an older kernel). Collective over the SP group.
     """
     sp = get_sp_group()
-    p, me = sp.world_size, sp.rank_in_group
-    if p < 2 or nbytes_per_peer == 0 or device.type != "cuda":
+    p = sp.world_size
+    transport = getattr(helper, "transport", None) if helper is not None else None
+    if p < 2 or nbytes_per_peer == 0 or device.type != "cuda" or not hasattr(transport, "fabric_copy"):
         return None
-    from torch.multiprocessing.reductions import reduce_tensor
-
-    recv = torch.zeros(p, nbytes_per_peer, dtype=torch.uint8, device=device)  # slot q: what rank q sends here
-    send = torch.ones(nbytes_per_peer, dtype=torch.uint8, device=device)
-    handles: list = [None] * p
-    dist.all_gather_object(handles, reduce_tensor(recv), group=sp.cpu_group)
-    peers = {}
-    for q in range(p):
-        if q != me:
-            rebuild, rebuild_args = handles[q]
-            peers[q] = rebuild(*rebuild_args)[me]  # rank q's slot for this rank, mapped into this process
-
-    peer_devices = {t.device for t in peers.values()}
-
-    def copy_out() -> None:
-        for j in range(1, p):  # start after this rank, as the kernel does, to spread links
-            q = (me + j) % p
-            peers[q].copy_(send, non_blocking=True)
-        # A copy into another device's memory is enqueued on that device's stream, which the timing
-        # events on this rank's stream do not see (2x H200: "fabric" rates of 2 TB/s): wait for it.
-        for dev in peer_devices:
-            torch.cuda.synchronize(dev)
-
-    t = common.median(common.device_times(copy_out, device, iters, warmup))
-    torch.cuda.synchronize(device)
-    dist.barrier(group=sp.cpu_group)  # no rank frees its buffer while a peer still writes into it
-    peers.clear()
-    # Every peer's copies landed in this rank's slots (the reference must move what it claims to).
-    missing = [q for q in range(p) if q != me and not bool((recv[q] == 1).all())]
-    if missing:
-        raise RuntimeError(f"copy_engine_reference: rank {me} did not receive the bytes of ranks {missing}")
-    return t
+    if not helper.fused_available or "fabric" not in helper.capability.entry_points:
+        return None
+    window = helper.window_bytes
+    measured = min(nbytes_per_peer, window // (p + 1)) // 16 * 16
+    scale = nbytes_per_peer / measured
+    times = {}
+    for engine, label in ((0, "ce"), (1, "sm")):
+        t = common.median(common.device_times(lambda engine=engine: transport.fabric_copy(
+            measured, engine=engine, ctas=FABRIC_SM_CTAS), device, iters, warmup))
+        times[label] = t * scale
+    best = min(times, key=times.get)
+    moved = nbytes_per_peer * (p - 1)
+    return {"fabric_ms": times[best] * 1e3, "fabric_engine": best,
+            "fabric_ce_gbps": moved / times["ce"] / 1e9, "fabric_sm_gbps": moved / times["sm"] / 1e9,
+            "fabric_measured_bytes": measured}
 
 
 def vote_times_us(helper, n_calls: int) -> float | None:
@@ -299,17 +292,21 @@ def run_row(args, name, shape_global, mode, route, helper, dtype, device, fabric
     row["gbps"] = common.bandwidth_gbps(operand_bytes, p, xfer)
     row["gbps_latency"] = common.bandwidth_gbps(operand_bytes, p, row["median_ms"] / 1e3 if row["median_ms"] else None)
 
-    # The fabric's limit (copy engine into peers' memory, all directions at once), once per operand size;
-    # NCCL send/recv beside it for comparison.
+    # The fabric's limit (the better of copy engines and SM stores into the peers' windows, all directions
+    # at once), once per operand size; NCCL send/recv beside it for comparison.
     key = operand_bytes
     if key not in fabric_cache:
         per_peer = operand_bytes // p if p > 1 else 0
-        fabric_cache[key] = (copy_engine_reference(per_peer, device, args.iters, args.warmup),
+        fabric_cache[key] = (fabric_reference(helper, per_peer, device, args.iters, args.warmup),
                              nccl_p2p_reference(per_peer, device, args.iters, args.warmup))
     fab, p2p = fabric_cache[key]
-    row["fabric_reference"] = "copy engine into IPC-mapped peer memory, all ranks at once" if fab else None
-    row["fabric_ms"] = fab * 1e3 if fab else None
-    row["fabric_fraction"] = (fab / xfer) if fab and xfer else None
+    if fab:
+        row.update(fab)
+        row["fabric_reference"] = ("flat push into the peers' windows, all ranks at once; best engine: "
+                                   f"{fab['fabric_engine']}")
+    else:
+        row.update(fabric_reference=None, fabric_ms=None)
+    row["fabric_fraction"] = (row["fabric_ms"] / 1e3 / xfer) if row["fabric_ms"] and xfer else None
     row["nccl_p2p_ms"] = p2p * 1e3 if p2p else None
     # Host overhead: host-to-completion minus the device time of the transfer (vote, plan, launch).
     # Only where the transfer timed is the whole op (the fused route's execute): on the NCCL route it is
@@ -476,6 +473,19 @@ def compare_revs(args, argv: list[str]) -> int:
 # ---------------------------------------------------------------------------------------------- main
 
 
+def load_tuned_rows(path: str) -> tuple:
+    """The ``TunedRow`` objects a tune_ulysses_a2a.py JSON chose (its ``tuned_rows_data``)."""
+    from fastvideo.distributed.ulysses.policy import TunedRow
+
+    data = json.loads(Path(path).read_text())
+    rows = data.get("tuned_rows_data")
+    if not rows:
+        raise SystemExit(f"--tuned-from {path}: no tuned_rows_data (a tune_ulysses_a2a.py JSON from 2026-11-29 on)")
+    return tuple(TunedRow(r["gpu"], r["world_size"], common.DTYPES[r["dtype"]], r["heads"], r["head_dim"],
+                          ctas=r["ctas"], planes_per_chunk=r["planes_per_chunk"], row_chunks=r["row_chunks"],
+                          engine=r.get("engine", "sm"), source=r["source"]) for r in rows)
+
+
 def print_table(rows: list[dict]) -> None:
     cols = (f"{'geometry':>12} {'mode':>4} {'route':>5} {'ran':>9} {'median':>8} {'p10':>8} {'p90':>8} {'vote us':>8} "
             f"{'vote %':>6} {'host us':>7} {'xfer ms':>8} {'GB/s':>7} {'fabric%':>7} {'wrong':>6}")
@@ -538,12 +548,19 @@ def main(argv: list[str] | None = None) -> int:
             routes = [r for r in routes if r != "auto"]
             if rank == 0:
                 print(f"# {helper_note}", flush=True)
+    tuned_from = None
+    if args.tuned_from and helper is not None:
+        tuned_from = load_tuned_rows(args.tuned_from)
+        helper.tuned_table = tuned_from
     header = common.env_header(device, world, helper, {
+        "tuned_from": ({"path": args.tuned_from, "rows": [repr(r) for r in tuned_from]} if tuned_from is not None
+                       else None),
         "benchmark": "ulysses_a2a", "dtype": args.dtype, "iters": args.iters, "warmup": args.warmup,
         "helper": helper.stats() if helper is not None else None, "helper_note": helper_note,
         "bandwidth_definition": "bytes moved per rank / time; bytes moved per rank = operand bytes x (P-1)/P",
-        "fabric_reference": "copy engine: flat cudaMemcpyAsync of operand/P bytes into every peer's IPC-mapped "
-                            "buffer, all ranks at once (same run); nccl_p2p_ms: batch_isend_irecv of the same bytes",
+        "fabric_reference": "fvk_fabric_copy: flat push of operand/P bytes into every peer's window, all ranks at "
+                            "once, copy engines and SM stores, the better one (same run); nccl_p2p_ms: "
+                            "batch_isend_irecv of the same bytes",
     })
     if rank == 0:
         common.print_header(header)

@@ -20,8 +20,11 @@ summed over ranks); only exact candidates can win. Columns: ``ctas``, ``planes``
 rank / time, ``common.bandwidth_gbps``), ``vs nccl`` (time / the NCCL route's time, permutes
 included, measured the same way), ``wrong``.
 
+Engines (``--engines``): ``sm`` plans (the fused kernel, ``--ctas``) and ``ce`` plans (the copy engines,
+``--ce-ctas`` for their on-device copies; their chunks fit half the window), both held to the same exactness.
+
 Output: the best plan per geometry and mode, then one ``TunedRow(...)`` per table key (GPU model, SP
-size, dtype, H, D): the (CTAs, planes per chunk, row chunks) whose policy-derived plans
+size, dtype, H, D): the (engine, CTAs, planes per chunk, row chunks) whose policy-derived plans
 (``policy.choose_plan`` with only that row in the table: exactly what the helper would run) have the
 lowest total time over the swept geometries and modes of that key. Sub-plane candidates cut S_local
 into even row ranges (``policy.even_rows``), as the policy does with a row's ``row_chunks``.
@@ -59,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", default="0,1")
     p.add_argument("--ctas", default="36,72,108,132,144", help=f"comma list of CTA counts (<= {MAX_CTAS})")
     p.add_argument("--row-splits", default="2,4", help="sub-plane candidates: S_local split into this many chunks")
+    p.add_argument("--engines", default="sm,ce",
+                   help="plan engines: sm (the fused kernel), ce (copy engines; skipped if the build lacks it)")
+    p.add_argument("--ce-ctas", default="132", help="CTA counts for the ce engine's on-device copies (comma list)")
     p.add_argument("--dtype", choices=sorted(common.DTYPES), default="bf16")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
@@ -68,18 +74,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def candidates(geom: Geometry, ctas: list[int], splits: list[int], window: int) -> list[Plan]:
+def candidates(geom: Geometry, ctas: list[int], splits: list[int], window: int, engine: str = "sm") -> list[Plan]:
     plans: list[Plan] = []
+    usable = window // 2 if engine == "ce" else window  # a ce plan double-buffers its chunks
     # Even row ranges, as the policy cuts them (policy.even_rows): k pieces, or as few as the window allows.
     rows_options = sorted({even_rows(geom.S, -(-geom.S // k)) for k in splits if 1 < k <= geom.S}, reverse=True)
-    if geom.plane_bytes > window and window // geom.row_bytes >= 1:
-        rows_options.append(even_rows(geom.S, window // geom.row_bytes))
+    if geom.plane_bytes > usable and usable // geom.row_bytes >= 1:
+        rows_options.append(even_rows(geom.S, usable // geom.row_bytes))
     for c in ctas:
         for planes in range(1, geom.B + 1):
-            plans.append(Plan(c, planes, geom.S, tuned=True))
+            plans.append(Plan(c, planes, geom.S, tuned=True, engine=engine))
         for rows in rows_options:
             if rows < geom.S:
-                plans.append(Plan(c, 1, rows, tuned=True))
+                plans.append(Plan(c, 1, rows, tuned=True, engine=engine))
     seen, out = set(), []
     for plan in plans:
         if plan.word not in seen and plan.window_bytes(geom) <= window:
@@ -89,14 +96,15 @@ def candidates(geom: Geometry, ctas: list[int], splits: list[int], window: int) 
 
 
 def tuned_row_text(gpu: str, ws: int, dt: torch.dtype, heads: int, head_dim: int, ctas: int, planes: int,
-                   row_chunks: int, source: str) -> str:
+                   row_chunks: int, source: str, engine: str = "sm") -> str:
     """A ``TunedRow(...)`` entry formatted to paste into ``TUNED_TABLE`` (ruff-clean at line length 120)."""
     parts = textwrap.wrap(source, 88, drop_whitespace=False, break_on_hyphens=False)
     assert "".join(parts) == source
     pad = " " * 21
     text = "\n".join((pad if i else "") + json.dumps(part) for i, part in enumerate(parts))
+    engine_arg = f", engine={json.dumps(engine)}" if engine != "sm" else ""
     return (f"    TunedRow({json.dumps(gpu)}, {ws}, {dt}, {heads}, {head_dim}, ctas={ctas}, "
-            f"planes_per_chunk={planes},\n             row_chunks={row_chunks}, source=({text})),")
+            f"planes_per_chunk={planes},\n             row_chunks={row_chunks}{engine_arg}, source=({text})),")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,6 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     if any(not 1 <= c <= MAX_CTAS for c in ctas):
         raise SystemExit(f"--ctas {args.ctas}: every value must be in 1..{MAX_CTAS}")
     splits = [int(k) for k in args.row_splits.split(",") if k.strip()]
+    ce_ctas = [int(c) for c in args.ce_ctas.split(",")]
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if "ce" in engines and "ce" not in helper.capability.entry_points:
+        engines.remove("ce")
+        if rank == 0:
+            print("# the kernel build has no copy-engine entry point: sweeping sm only", flush=True)
+    engine_ctas = {"sm": ctas, "ce": ce_ctas}
     modes = [int(m) for m in args.modes.split(",")]
     default = DEFAULT_GEOMETRIES if device.type == "cuda" else ("toy",)
     geometries = args.geometry or [parse_geometry(g) for g in default]
@@ -149,13 +164,15 @@ def main(argv: list[str] | None = None) -> int:
             nccl_s = common.median(common.device_times(lambda x=x, mode=mode: nccl_route(x, mode, sp.device_group),
                                                        device, args.iters, args.warmup))
             group = []
-            for plan in candidates(geom, ctas, splits, helper.window_bytes):
+            plans = [pl for e in engines for pl in candidates(geom, engine_ctas[e], splits, helper.window_bytes, e)]
+            for plan in plans:
                 out = helper.transport.execute(x, geom, plan)
                 wrong = common.rank_sum(common.count_bitwise_diff(out, ref))
                 del out
                 t = common.median(common.device_times(lambda x=x, geom=geom, plan=plan: helper.transport.execute(
                     x, geom, plan), device, args.iters, args.warmup))
-                row = {"geometry": name, "mode": mode, "ctas": plan.ctas, "planes_per_chunk": plan.planes_per_chunk,
+                row = {"geometry": name, "mode": mode, "engine": plan.engine, "ctas": plan.ctas,
+                       "planes_per_chunk": plan.planes_per_chunk,
                        "rows_per_chunk": plan.rows_per_chunk, "chunks": plan.num_chunks(geom),
                        "plan": plan.describe(geom),
                        "transfer_ms": t * 1e3, "gbps": common.bandwidth_gbps(geom.operand_bytes, world, t),
@@ -164,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                 group.append(row)
                 measured[(name, mode, plan.word)] = row
                 if rank == 0:
-                    print(f"{name:>12} {mode:>4} {plan.ctas:>5} {plan.planes_per_chunk:>6} {plan.rows_per_chunk:>8} "
+                    print(f"{name:>12} {mode:>4} {plan.engine + str(plan.ctas):>5} {plan.planes_per_chunk:>6} "
+                          f"{plan.rows_per_chunk:>8} "
                           f"{row['chunks']:>6} {row['transfer_ms']:9.3f} {row['gbps']:7.1f} {row['vs_nccl']:7.3f} "
                           f"{wrong:>6}", flush=True)
             exact = [r for r in group if r["wrong"] == 0]
@@ -186,15 +204,15 @@ def main(argv: list[str] | None = None) -> int:
             keys.setdefault((world, dtype, geom.H, geom.D), []).append((name, mode, geom))
     commit = header["commit"][:12]
     date = datetime.date.today().isoformat()
-    tuned_lines = []
+    tuned_lines, tuned_data = [], []
     for (ws, dt, heads, head_dim), members in keys.items():
         scores = []
         shapes = [(planes, 1) for planes in range(1, max(g.B for _, _, g in members) + 1)]
         shapes += [(1, k) for k in splits if k > 1]
-        for c in ctas:
+        for engine, c in [(e, c) for e in engines for c in engine_ctas[e]]:
             for planes, row_chunks in shapes:
                 table = (TunedRow(gpu, ws, dt, heads, head_dim, ctas=c, planes_per_chunk=planes, row_chunks=row_chunks,
-                                  source="sweep"),)
+                                  source="sweep", engine=engine),)
                 total, complete = 0.0, True
                 for name, mode, geom in members:
                     choice = choose_plan(geom, gpu=gpu, window_bytes=helper.window_bytes, table=table)
@@ -204,15 +222,18 @@ def main(argv: list[str] | None = None) -> int:
                         break
                     total += row["transfer_ms"]
                 if complete:
-                    scores.append((total, c, planes, row_chunks))
+                    scores.append((total, engine, c, planes, row_chunks))
         if not scores:
             continue
-        total, c, planes, row_chunks = min(scores)
+        total, engine, c, planes, row_chunks = min(scores)
         names = sorted({n for n, _, _ in members})
         source = (f"benchmarks/tune_ulysses_a2a.py {date}, {ws}x {common.gpu_name(device)}, NCCL {header['nccl']}, "
                   f"torch {torch.__version__}, commit {commit}, geometries {'/'.join(names)} modes "
                   f"{'/'.join(str(m) for m in modes)}: {total:.3f} ms total")
-        tuned_lines.append(tuned_row_text(gpu, ws, dt, heads, head_dim, c, planes, row_chunks, source))
+        tuned_lines.append(tuned_row_text(gpu, ws, dt, heads, head_dim, c, planes, row_chunks, source, engine))
+        tuned_data.append({"gpu": gpu, "world_size": ws, "dtype": str(dt).replace("torch.", ""), "heads": heads,
+                           "head_dim": head_dim, "ctas": c, "planes_per_chunk": planes, "row_chunks": row_chunks,
+                           "engine": engine, "source": source})
     if rank == 0:
         print("\n# best exact plan per geometry and mode:")
         for r in best:
@@ -223,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         print("# paste into fastvideo/distributed/ulysses/policy.py TUNED_TABLE:")
         for line in tuned_lines:
             print(line)
-        common.write_json(args.json, header, rows, best=best, tuned_rows=tuned_lines)
+        common.write_json(args.json, header, rows, best=best, tuned_rows=tuned_lines, tuned_rows_data=tuned_data)
     failed = any(r["wrong"] for r in rows)
     helper.destroy()
     common.shutdown()

@@ -351,3 +351,17 @@ def test_tune_cpu(tmp_path: Path) -> None:
     exec("import torch\nfrom fastvideo.distributed.ulysses.policy import TunedRow\nT = (\n"
          + "\n".join(data["tuned_rows"]) + "\n)", namespace)
     assert namespace["T"][0].heads == 8
+    # Both engines were swept and held to exactness; the structured rows load back as the same TunedRows.
+    assert {r["engine"] for r in data["rows"]} == {"sm", "ce"}
+    assert [(r.engine, r.ctas, r.planes_per_chunk, r.row_chunks, r.source) for r in namespace["T"]] == [
+        (d["engine"], d["ctas"], d["planes_per_chunk"], d["row_chunks"], d["source"]) for d in data["tuned_rows_data"]]
+
+    # The benchmark runs the policy on exactly those rows (--tuned-from), and records them in its header.
+    bench = tmp_path / "a2a.json"
+    _torchrun("benchmark_ulysses_a2a.py", "--device", "cpu", "--quick", "--tuned-from", str(out), "--json", str(bench))
+    result = _load(bench)
+    assert result["header"]["tuned_from"]["rows"] == [repr(r) for r in namespace["T"]]
+    chosen = namespace["T"][0]
+    auto = [r for r in result["rows"] if r["route"] == "auto"]
+    assert auto and all(r["route_ran"] == "fused" and r["wrong"] == 0 for r in auto)
+    assert all(("copy engine" in r["plan"]) == (chosen.engine == "ce") for r in auto)

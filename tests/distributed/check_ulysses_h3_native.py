@@ -52,6 +52,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -387,7 +388,22 @@ class Gate:
         row = TunedRow(self.gpu, self.p, torch.bfloat16, heads, 128, ctas=144, planes_per_chunk=1,
                        source="gate sweep")
         out.append(("144 CTAs, window-limited rows", (row,), True))
+        # The copy-engine kind: the same chunk shapes (its chunks double-buffered in the window).
+        for ctas in (7, 132):
+            for planes, row_chunks, label in ((b, 1, "whole"), (2, 1, "2 planes then 1"), (1, 3, "3 uneven row chunks"),
+                                              (1, 8, "8 row chunks")):
+                row = TunedRow(self.gpu, self.p, torch.bfloat16, heads, 128, ctas=ctas, planes_per_chunk=planes,
+                               row_chunks=row_chunks, source="gate sweep", engine="ce")
+                out.append((f"copy engine, {ctas} CTAs, {label}", (row,), False))
+        row = TunedRow(self.gpu, self.p, torch.bfloat16, heads, 128, ctas=132, planes_per_chunk=1,
+                       source="gate sweep", engine="ce")
+        out.append(("copy engine, window-limited rows", (row,), True))
         return out
+
+    def copy_engine_table(self) -> tuple[TunedRow, ...]:
+        """The fixture's rows for this GPU and SP size, as copy-engine rows."""
+        return tuple(replace(r, engine="ce", ctas=132, source="gate fixture (copy engine)") for r in self.fixture
+                     if r.gpu == self.gpu and r.world_size == self.p)
 
     def sweep(self, h, small_window_helper, b: int, s_global: int) -> str:
         """Every plan kind, both modes, no grad: bit-exact against the NCCL route, the plan asserted."""
@@ -476,6 +492,18 @@ class Gate:
             for grad in (False, True):
                 self.check(f"parity wan720p {wan} {'train' if grad else 'infer'}", lambda g=grad: self.parity(
                     h, 1, WAN720P, self.wan_heads, grad=g, long_training="auto"))
+            ce_table, saved = self.copy_engine_table(), h.tuned_table
+            try:
+                h.tuned_table = ce_table
+                for label, s_global in tokens.items():
+                    for grad in (False, True):
+                        self.check(f"parity copy engine {label} QKV {h3} {'train' if grad else 'infer'}",
+                                   lambda s=s_global, g=grad: self.parity(h, 3, s, self.h3_heads, grad=g,
+                                                                          long_training="chunked"))
+                self.check(f"parity copy engine wan720p {wan} train", lambda: self.parity(
+                    h, 1, WAN720P, self.wan_heads, grad=True, long_training="chunked"))
+            finally:
+                h.tuned_table = saved
             self.check("output ownership", lambda: self.ownership(h))
             self.check("recovery after capability disagreement", lambda: self.recovery(h))
             small = self.helper(window_bytes=self.small_window())
