@@ -7,6 +7,9 @@
 #                                                   #   epoch checker, and the watchdog SIGKILL check (issue 13)
 #   OUT=$OUT bash scripts/device_sp2.sh speed       # issue 12: tuner sweep, then the transport benchmark
 #   OUT=$OUT bash scripts/device_sp2.sh dit         # issue 14: scripts/device_issue14.sh (when present)
+#   OUT=$OUT bash scripts/device_sp2.sh ce          # issue 12: the full gate (copy-engine parity and sweep
+#                                                   #   included), the tuner over both engines, then the
+#                                                   #   transport benchmark on the tuner's rows (--tuned-from)
 #
 # Each stage installs the kernel wheel first (the machine starts bare) and keeps going after a failed
 # step; the exit status is non-zero if any step failed.
@@ -29,6 +32,16 @@ case "$stage" in
     step "benchmark" 240 "$stage.log" "${TORCHRUN[@]}" benchmarks/benchmark_ulysses_a2a.py --overlap --require-fused \
       --json "$OUT/a2a.json"
     ;;
+  ce)
+    step "native gate" 170 "$stage.log" "${TORCHRUN[@]}" tests/distributed/check_ulysses_h3_native.py --epoch-check \
+      --json "$OUT/gate.json"
+    step "tuner (sm, ce)" 120 "$stage.log" "${TORCHRUN[@]}" benchmarks/tune_ulysses_a2a.py --geometry wan720p \
+      --geometry h3-32k --ctas 144 --ce-ctas 66,132 --row-splits 2,4,8 --engines sm,ce --json "$OUT/tune.json"
+    tuned=()
+    [[ -s $OUT/tune.json ]] && tuned=(--tuned-from "$OUT/tune.json")
+    step "benchmark" 230 "$stage.log" "${TORCHRUN[@]}" benchmarks/benchmark_ulysses_a2a.py --overlap --require-fused \
+      "${tuned[@]}" --json "$OUT/a2a.json"
+    ;;
   dit)
     if [[ -f scripts/device_issue14.sh ]]; then
       step "DiT step" 560 "$stage.log" env BUDGET_S=530 bash scripts/device_issue14.sh
@@ -36,7 +49,7 @@ case "$stage" in
       echo "scripts/device_issue14.sh not found"; failed=1
     fi
     ;;
-  *) echo "unknown stage $stage (gate|speed|dit)" >&2; exit 2 ;;
+  *) echo "unknown stage $stage (gate|speed|dit|ce)" >&2; exit 2 ;;
 esac
 echo "=== summary"; cat "$OUT/summary.txt"
 exit "$failed"
