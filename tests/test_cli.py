@@ -144,7 +144,14 @@ def test_gpu_with_rows_but_not_for_this_geometry_lists_its_rows(capsys):
 
 def test_gpu_with_a_matching_row_names_it(capsys):
     rc, out = explain(capsys, *H3, *PINNED)
-    assert rc == 0 and line(out, "tuned row").startswith("tuned row  GB200/SP4: 144 CTAs")
+    assert rc == 0 and line(out, "tuned row").startswith("tuned row  GB200/SP4: SM stores across the fabric, 144 CTAs")
+
+
+def test_h200_row_says_copy_engine_and_row_chunks(capsys):
+    rc, out = explain(capsys, "--world-size", "2", "--shape", "1,37800,40,128", "--gpu", "H200", *PINNED)
+    row = line(out, "tuned row")
+    assert rc == 0 and "copy engines across the fabric, 66 CTAs" in row and "2 row chunks per plane" in row
+    assert "copy engine" in line(out, "route")
 
 
 @pytest.mark.parametrize("dtype, shown", [("BF16", "torch.bfloat16"), ("BFloat16", "torch.bfloat16"),

@@ -15,10 +15,11 @@
 //         push(c)                 CE: this rank's block of chunk c into buffer c % 2 of every peer
 //         barrier                 every rank's pushes of chunk c have completed (landed barrier)
 //         record landed(c)
-//   copy: wait landed(c), copy-out(c) (SM kernel), record copied(c)
+//   copy: own block of chunk c (SM kernel, input -> output: overlaps push(c)),
+//         wait landed(c), copy-out(c) (SM kernel), record copied(c)
 //
-// plus a fork (the copy stream waits for the caller's stream before touching the input: the
-// own-block kernel runs there first, overlapping the pushes) and a join (the caller's stream waits
+// plus a fork (the copy stream waits for the caller's stream before touching the input or the
+// output) and a join (the caller's stream waits
 // for the copy stream, so the call ends on the caller's stream, and the next call, of either kind,
 // starts only after this one ended: the cross-call argument of ulysses_a2a.cu).
 //
@@ -41,7 +42,7 @@ enum CeOpKind : int {
   kCeWait,     // `stream` waits for the latest record of event `event` issued before this op
   kCeBarrier,  // LSA barrier across all ranks (on the main stream)
   kCePush,     // copy engine: chunk `chunk` of this rank's block for every peer into the peer's window
-  kCeLocal,    // SM kernel: this rank's own block of every chunk, input -> output
+  kCeLocal,    // SM kernel: chunk `chunk` of this rank's own block, input -> output
   kCeCopyOut,  // SM kernel: chunk `chunk` of every peer's block, this rank's window -> output
 };
 
@@ -84,7 +85,6 @@ void ce_schedule(int64_t chunks, unsigned drop, Emit&& emit) {
     emit(CeOp{kCeRecord, kMainStream, -1, kEvFork});
     emit(CeOp{kCeWait, kCopyStream, -1, kEvFork});
   }
-  emit(CeOp{kCeLocal, kCopyStream, -1, 0});
   for (int64_t c = 0; c < chunks; ++c) {
     const int pair = static_cast<int>(c % 2);
     if (c >= 2 && !(drop & kCeDropWaitCopied)) emit(CeOp{kCeWait, kMainStream, c - 2, kEvCopied0 + pair});
@@ -92,6 +92,7 @@ void ce_schedule(int64_t chunks, unsigned drop, Emit&& emit) {
     emit(CeOp{kCePush, kMainStream, c, 0});
     if (!(drop & kCeDropLandedBarrier)) emit(CeOp{kCeBarrier, kMainStream, c, 0});
     emit(CeOp{kCeRecord, kMainStream, c, kEvLanded0 + pair});
+    emit(CeOp{kCeLocal, kCopyStream, c, 0});  // before the wait: it runs while push(c) is in flight
     emit(CeOp{kCeWait, kCopyStream, c, kEvLanded0 + pair});
     emit(CeOp{kCeCopyOut, kCopyStream, c, 0});
     emit(CeOp{kCeRecord, kCopyStream, c, kEvCopied0 + pair});

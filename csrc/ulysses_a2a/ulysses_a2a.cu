@@ -270,17 +270,15 @@ __device__ inline void grid_share(const Problem& p, const Chunk& c, uint32_t& u0
   u1 = static_cast<uint32_t>(mine.start + mine.size);
 }
 
-// The own block of every chunk, input -> output (it never crosses the fabric).
+// Chunk `ci` of the own block, input -> output (it never crosses the fabric).
 template <typename V>
-__global__ void __launch_bounds__(kThreads) ce_local_kernel(Problem p) {
+__global__ void __launch_bounds__(kThreads) ce_local_kernel(Problem p, int64_t ci) {
+  const Chunk c = chunk_at(p, ci);
   const bool in_head_split = p.mode == 0;
-  for (int64_t ci = 0; ci < num_chunks(p); ++ci) {
-    const Chunk c = chunk_at(p, ci);
-    uint32_t u0, u1;
-    grid_share<V>(p, c, u0, u1);
-    copy_units<V>(tensor_rows<V>(p, c, const_cast<char*>(p.x), p.rank, in_head_split),
-                  tensor_rows<V>(p, c, p.out, p.rank, !in_head_split), u0, u1, NoHook{});
-  }
+  uint32_t u0, u1;
+  grid_share<V>(p, c, u0, u1);
+  copy_units<V>(tensor_rows<V>(p, c, const_cast<char*>(p.x), p.rank, in_head_split),
+                tensor_rows<V>(p, c, p.out, p.rank, !in_head_split), u0, u1, NoHook{});
 }
 
 // Chunk `ci`: every peer's block from buffer ci % 2 of this rank's window into the output.
@@ -596,7 +594,7 @@ int launch_fused(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, in
 template <typename V>
 cudaError_t launch_ce_kernel(int kind, int ctas, cudaStream_t s, const Problem& p, int64_t chunk, const char* window) {
   if (kind == kCeLocal)
-    ce_local_kernel<V><<<ctas, kThreads, 0, s>>>(p);
+    ce_local_kernel<V><<<ctas, kThreads, 0, s>>>(p, chunk);
   else
     ce_copy_out_kernel<V><<<ctas, kThreads, 0, s>>>(p, chunk, window);
   return cudaGetLastError();

@@ -127,7 +127,10 @@ def tuned_row_note(gpu: str, geom: Geometry, table: tuple[TunedRow, ...] = TUNED
     row = lookup(table, gpu, geom)
     if row is not None:
         chunking = f"{row.planes_per_chunk} plane(s) per chunk"
-        return f"{row.gpu}/SP{row.world_size}: {row.ctas} CTAs, {chunking} ({row.source})"
+        if row.row_chunks > 1:
+            chunking += f", {row.row_chunks} row chunks per plane"
+        engine = "copy engines across the fabric" if row.engine == "ce" else "SM stores across the fabric"
+        return f"{row.gpu}/SP{row.world_size}: {engine}, {row.ctas} CTAs, {chunking} ({row.source})"
     name = normalize_gpu_name(gpu)
     gpus = sorted({r.gpu for r in table})
     listed = ", ".join(gpus) if gpus else "none"

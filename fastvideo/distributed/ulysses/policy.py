@@ -191,19 +191,22 @@ TUNED_TABLE: tuple[TunedRow, ...] = (
         planes_per_chunk=1,
         source="upstream H3 measurements, 4x GB200, NCCL 2.29.7 (docs/ulysses_performance.md)",
     ),
-    # 2x H200 (NV18), bf16, tuner sweep at 8912e8a: the fastest exact plans (every chunk one size,
-    # so the pre-fix layout was exact on them; the fix keeps their addressing). Transfer only:
-    # wan720p 0.723 ms at 144 CTAs in 4 sub-plane chunks; h3-32k QKV 1.276 ms at 144 CTAs in 6.
+    # 2x H200 (NV18), bf16: the tuner over both engines at 44abd10 (docs/ulysses_performance.md). The
+    # copy-engine plans won both keys, transfer only: wan720p 0.674/0.669 ms (modes 0/1) against the
+    # SM kernel's best 0.698/0.686 (144 CTAs, 4 row chunks); h3-32k 1.218/1.168 against 1.218/1.276.
+    # They also leave the SMs to concurrent work (a GEMM chain slowed <= 9% beside them, 10-54% beside
+    # the NCCL route). Every swept plan of both engines was bit-exact.
     TunedRow(
         "H200",
         2,
         torch.bfloat16,
         40,
         128,
-        ctas=144,
+        ctas=66,
         planes_per_chunk=1,
-        row_chunks=4,
-        source="2x H200 tuner sweep at 8912e8a, wan720p (docs/ulysses_performance.md)",
+        row_chunks=2,
+        engine="ce",
+        source="2x H200 tuner sweep at 44abd10, wan720p modes 0/1 (docs/ulysses_performance.md)",
     ),
     TunedRow(
         "H200",
@@ -211,10 +214,10 @@ TUNED_TABLE: tuple[TunedRow, ...] = (
         torch.bfloat16,
         56,
         128,
-        ctas=144,
+        ctas=66,
         planes_per_chunk=1,
-        row_chunks=2,
-        source="2x H200 tuner sweep at 8912e8a, h3-32k QKV (docs/ulysses_performance.md)",
+        engine="ce",
+        source="2x H200 tuner sweep at 44abd10, h3-32k QKV modes 0/1 (docs/ulysses_performance.md)",
     ),
 )
 
