@@ -203,6 +203,29 @@ def fabric_reference(helper, nbytes_per_peer: int, device: torch.device, iters: 
             "fabric_measured_bytes": measured}
 
 
+def decomposition(helper, plan, geom: Geometry, x: torch.Tensor, device: torch.device, args, cache: dict) -> dict:
+    """Parts of a fused call, each timed alone in this run (CUDA events, rank-max medians), so the next step is
+    chosen from data: ``barrier_pair_us`` (two LSA barriers around a 16-byte push: what each chunk adds),
+    ``copy_out_ms`` (a device copy of the bytes that arrive from peers: the on-device work the plan must hide
+    or pay), ``chunks``; and the model ``fabric + chunks x barrier pair + copy-out / chunks`` (the copy-out of
+    the last chunk is the part no pipelining hides) beside the measured transfer."""
+    transport = helper.transport
+    out: dict = {"chunks": plan.num_chunks(geom), "engine": plan.engine}
+    if device.type != "cuda" or not hasattr(transport, "fabric_copy"):
+        return out
+    if "barrier_pair_us" not in cache:
+        cache["barrier_pair_us"] = common.median(common.device_times(
+            lambda: transport.fabric_copy(16, engine=0), device, args.iters, args.warmup)) * 1e6
+    arriving = geom.operand_bytes * (geom.world_size - 1) // geom.world_size
+    src = torch.empty(arriving, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    copy_s = common.median(common.device_times(lambda src=src, dst=dst: dst.copy_(src), device, args.iters,
+                                               args.warmup))
+    del src, dst
+    out.update(barrier_pair_us=cache["barrier_pair_us"], copy_out_ms=copy_s * 1e3)
+    return out
+
+
 def vote_times_us(helper, n_calls: int) -> float | None:
     """Median vote time (us) of the last ``n_calls`` calls of ``helper``, rank-max; None without votes."""
     if helper is None or n_calls == 0:
@@ -308,6 +331,8 @@ def run_row(args, name, shape_global, mode, route, helper, dtype, device, fabric
         row.update(fabric_reference=None, fabric_ms=None)
     row["fabric_fraction"] = (row["fabric_ms"] / 1e3 / xfer) if row["fabric_ms"] and xfer else None
     row["nccl_p2p_ms"] = p2p * 1e3 if p2p else None
+    if plan is not None:
+        row.update(decomposition(helper, plan, geom, x, device, args, fabric_cache))
     # Host overhead: host-to-completion minus the device time of the transfer (vote, plan, launch).
     # Only where the transfer timed is the whole op (the fused route's execute): on the NCCL route it is
     # all_to_all_single without the permutes, and at SP1 the op returns its input.
@@ -506,6 +531,12 @@ def print_table(rows: list[dict]) -> None:
               f"{f(frac, '7.1f')} {r['wrong']:>6}")
         if r.get("plan"):
             print(f"{'':>12}      plan: {r['plan']}")
+        if r.get("copy_out_ms") is not None and r.get("fabric_ms"):
+            model = r["fabric_ms"] + r["chunks"] * r["barrier_pair_us"] / 1e3 + r["copy_out_ms"] / r["chunks"]
+            print(f"{'':>12}      parts: fabric {r['fabric_ms']:.3f} ms ({r.get('fabric_engine')}), "
+                  f"{r['chunks']} chunk(s) x "
+                  f"barrier pair {r['barrier_pair_us']:.1f} us, copy-out {r['copy_out_ms']:.3f} ms alone; model "
+                  f"{model:.3f} ms vs xfer {r['transfer_ms']:.3f} ms; host {r.get('host_overhead_us') or 0:.1f} us")
         if r.get("note"):
             print(f"{'':>12}      note: {r['note']}")
         if r.get("gemm_slowdown") is not None:
