@@ -85,6 +85,17 @@ FVK_API int fvk_a2a_original(fvk_ctx* ctx, const void* x, void* out, int mode, i
 FVK_API int fvk_a2a_tuned(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H,
                           int64_t D, int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, void* stream);
 
+/* The tuned entry point for CUDA-graph capture: `stream` must be capturing. It records no host-side state
+   (nothing runs at capture) and only graph-legal ordering: each replay waits for the last fused launch
+   before it (eager, or another replay: an external event-wait node on the context's completion event) and
+   for the previous captured launch of the same capture, and records that event when it completes. After
+   a capture, every eager launch waits on that event (so it is ordered after replays issued before it).
+   Replays are collective like any launch: every rank must replay the same graphs in the same order, and
+   only while the context lives. Absent from older builds (the caller then declines under capture). */
+FVK_API int fvk_a2a_captured(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S,
+                             int64_t H, int64_t D, int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk,
+                             void* stream);
+
 /* ---- debug: the fused kernel with the epoch checker (collective, like an execute) ---- */
 #define FVK_DEBUG_EPOCH_CHECK 1u   /* stamp window granules; report any access another CTA index could race */
 #define FVK_DEBUG_LEGACY_LAYOUT 2u /* negative control: the pre-fix window layout (wrong with uneven chunks) */

@@ -37,6 +37,7 @@ ENV_LIBRARY = "FASTVIDEO_KERNEL_LIBRARY"
 ENTRY_SYMBOLS = {
     "original": "fvk_a2a_original",
     "tuned": "fvk_a2a_tuned",
+    "capture": "fvk_a2a_captured",  # the tuned entry point for CUDA-graph capture
     "debug": "fvk_a2a_debug",
     "sim": "fvk_sim_a2a",
     "sync_check": "fvk_check_window_sync",
@@ -81,6 +82,8 @@ _SIGNATURES: dict[str, tuple[type, list]] = {
                                         _VOIDP]),
     "fvk_a2a_tuned": (ctypes.c_int, [_VOIDP, _VOIDP, _VOIDP, ctypes.c_int, ctypes.c_int, _I64, _I64, _I64, _I64,
                                      ctypes.c_int, _I64, _I64, _VOIDP]),
+    "fvk_a2a_captured": (ctypes.c_int, [_VOIDP, _VOIDP, _VOIDP, ctypes.c_int, ctypes.c_int, _I64, _I64, _I64, _I64,
+                                        ctypes.c_int, _I64, _I64, _VOIDP]),
     "fvk_a2a_debug": (ctypes.c_int, [_VOIDP, _VOIDP, _VOIDP, ctypes.c_int, ctypes.c_int, _I64, _I64, _I64, _I64,
                                      ctypes.c_int, _I64, _I64, ctypes.c_uint, _VOIDP, _VOIDP]),
     "fvk_sim_a2a": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.POINTER(SimCall), ctypes.POINTER(_VOIDP),
@@ -149,7 +152,8 @@ def load() -> ctypes.CDLL:
 
 
 def entry_points(lib: ctypes.CDLL) -> frozenset[str]:
-    """The entry points this build exports (``original``, ``tuned``, ``debug``, ``sim``, ``sync_check``)."""
+    """The entry points this build exports (``original``, ``tuned``, ``capture``, ``debug``, ``sim``,
+    ``sync_check``)."""
     abi = lib.fvk_abi_version()
     return frozenset(name for name, symbol in ENTRY_SYMBOLS.items()
                      if hasattr(lib, symbol) and not (symbol in _CHANGED_IN_ABI2 and abi < 2))
