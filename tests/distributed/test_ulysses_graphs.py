@@ -288,3 +288,70 @@ def test_capture_bit_in_the_vote():
     mixed = contract.decide(torch.tensor([row, eager]))
     assert (mixed.verdict, mixed.reason) == (Verdict.DECLINE, DeclineReason.PEER_DISAGREEMENT)
 
+
+
+# ---------------------------------------------------------------------- the 2-GPU check script's CPU dry run
+
+
+def _check_env(**extra: str) -> dict[str, str]:
+    import os
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "NCCL_NVLS_ENABLE": "0", **extra}
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        env.pop(key, None)
+    return env
+
+
+def _run_check(*args: str, **env: str):
+    import pathlib
+    import subprocess
+    import sys
+
+    script = pathlib.Path(__file__).with_name("check_ulysses_graphs.py")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+           "--cpu-dry-run", "--quick", *args]
+    return subprocess.run(cmd, env=_check_env(**env), capture_output=True, text=True, timeout=240)
+
+
+def test_graph_check_script_cpu_dry_run(tmp_path):
+    """tests/distributed/check_ulysses_graphs.py over 2 gloo ranks (CPU transport): every check it can run on
+    CPU passes, the CUDA-only parts say they were skipped, and the JSON has the latency rows and the header."""
+    import json
+
+    out = tmp_path / "graphs.json"
+    proc = _run_check("--json", str(out))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "4 passed, 0 failed" in proc.stdout and "DRY RUN" in proc.stdout
+    assert "capture and 100 replays SKIPPED (no CUDA graphs on CPU)" in proc.stdout
+    assert "SKIP (a2) interleaving" in proc.stdout
+    report = json.loads(out.read_text())
+    assert {"commit", "gpu", "torch", "nccl"} <= set(report["header"])
+    timed = [r for r in report["latency"] if "median_ms" in r]
+    assert {(r["geometry"], r["route"], r["how"]) for r in timed} == {
+        (g, r, h) for g in ("wan720p", "h3-32k") for r in ("auto", "off") for h in ("eager", "compiled")}
+    assert all(r["iters"] >= 50 and r["p10_ms"] <= r["median_ms"] <= r["p90_ms"] for r in timed)
+    assert all(r["ran"].startswith("fused") for r in timed if r["route"] == "auto")
+
+
+def test_graph_check_script_fails_when_the_fused_plan_did_not_run():
+    """Negative control: a window too small for the block's operands makes the fused route decline (window),
+    so the plan assertion of check (a) must fail and the script exit non-zero."""
+    proc = _run_check(FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES="1024")
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    assert "FAIL (a) graph replay" in proc.stdout and "no fused plan to assert" in proc.stdout
+    assert "FAIL (c) latency" in proc.stdout and "did not run the fused route" in proc.stdout
+    assert "0 passed, 4 failed" in proc.stdout
+
+
+def test_graph_check_script_refuses_without_two_gpus():
+    if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
+        pytest.skip("this host has 2+ GPUs; the refusal path is for smaller hosts")
+    import pathlib
+    import subprocess
+    import sys
+
+    script = pathlib.Path(__file__).with_name("check_ulysses_graphs.py")
+    proc = subprocess.run([sys.executable, str(script)], env=_check_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "needs 2+ GPUs" in proc.stderr and "nothing was checked" in proc.stderr
