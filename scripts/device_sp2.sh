@@ -10,6 +10,7 @@
 #   OUT=$OUT bash scripts/device_sp2.sh ce          # issue 12: the full gate (copy-engine parity and sweep
 #                                                   #   included), the tuner over both engines, then the
 #                                                   #   transport benchmark on the tuner's rows (--tuned-from)
+#   OUT=$OUT bash scripts/device_sp2.sh graphs      # issue 16: tests/distributed/check_ulysses_graphs.py
 #
 # Each stage installs the kernel wheel first (the machine starts bare) and keeps going after a failed
 # step; the exit status is non-zero if any step failed.
@@ -42,6 +43,10 @@ case "$stage" in
     step "benchmark" 230 "$stage.log" "${TORCHRUN[@]}" benchmarks/benchmark_ulysses_a2a.py --overlap --require-fused \
       "${tuned[@]}" --json "$OUT/a2a.json"
     ;;
+  graphs)
+    step "graphs (issue 16)" 280 "$stage.log" "${TORCHRUN[@]}" tests/distributed/check_ulysses_graphs.py \
+      --json "$OUT/graphs.json"
+    ;;
   dit)
     if [[ -f scripts/device_issue14.sh ]]; then
       step "DiT step" 560 "$stage.log" env BUDGET_S=530 bash scripts/device_issue14.sh
@@ -49,7 +54,7 @@ case "$stage" in
       echo "scripts/device_issue14.sh not found"; failed=1
     fi
     ;;
-  *) echo "unknown stage $stage (gate|speed|dit|ce)" >&2; exit 2 ;;
+  *) echo "unknown stage $stage (gate|speed|dit|ce|graphs)" >&2; exit 2 ;;
 esac
 echo "=== summary"; cat "$OUT/summary.txt"
 exit "$failed"

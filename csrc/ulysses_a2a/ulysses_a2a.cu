@@ -25,7 +25,8 @@
 // Preconditions the argument needs: (a) every rank issues the same sequence of launches on this
 // context (the vote guarantees it; a launch that fails on one rank after its checks poisons the
 // context, so that rank never launches again and its peers' watchdog ends them); (b) a rank's
-// launches run in issue order (one stream, or launch_local's event wait when the stream changes);
+// launches run in issue order (one stream, or launch_local's event wait when the stream changes; with
+// captured graphs, the completion event's external wait and record nodes: fvk_a2a_captured);
 // (c) no programmatic dependent launch.
 // sync_model.cpp checks this argument as a happens-before property over the plan space, on the
 // functions the kernel runs (layout.h); its negative controls are the pre-fix layout (regions that
@@ -491,9 +492,18 @@ struct fvk_ctx {
   char* peers[kMaxWorld] = {};
   cudaStream_t copy_stream = nullptr;
   cudaEvent_t ce_events[kCeEvents] = {};
+  // CUDA-graph capture (fvk_a2a_captured): `captured` once any launch was captured (eager launches then
+  // always wait on `done`, which replays record); the capture id of the last captured launch, and an
+  // event recorded inside that capture after it (orders the next launch of the same capture).
+  bool captured = false;
+  unsigned long long capture_id = 0;
+  cudaEvent_t capture_done = nullptr;
 };
 
 namespace {
+
+// launch_fused flag of fvk_a2a_captured (internal; not an FVK_DEBUG_* flag, refused by fvk_a2a_debug).
+constexpr unsigned kCaptureLaunch = 1u << 31;
 
 template <bool Check>
 void launch_kernel(int vec, int ctas, cudaStream_t s, const Problem& p, const fvk_ctx* ctx, const DebugArgs& dbg) {
@@ -530,7 +540,25 @@ int launch_local(fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const void* x,
   FVK_TRY(guard.set(ctx->device));
   // Calls share one window and one set of barrier slots: a call on another stream than the previous
   // one waits for it (the cross-call half of the barrier argument needs every rank's calls in order).
-  if (ctx->last_stream != nullptr && ctx->last_stream != s) FVK_CUDA(cudaStreamWaitEvent(s, ctx->done, 0));
+  // Once a launch was captured, every eager call waits: a replay (on any stream) records `done` too.
+  const bool capture = flags & kCaptureLaunch;
+  unsigned long long capture_id = 0;
+  if (capture) {
+    // Inside a CUDA-graph capture, only graph-legal ordering (an event recorded outside the capture cannot
+    // be waited on plainly): each replay waits, through an external event-wait node, for the last fused
+    // work recorded in `done` before the replay was launched (an eager call or another replay), and after
+    // the previous captured launch of this same capture (whatever its stream). `last_stream` is untouched:
+    // a capture runs nothing.
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    FVK_CUDA(cudaStreamGetCaptureInfo(s, &status, &capture_id));
+    if (status != cudaStreamCaptureStatusActive)
+      return set_error(FVK_ERR_STATE, "fvk_a2a_captured needs a stream that is capturing a CUDA graph (status %d)",
+                       static_cast<int>(status));
+    if (ctx->captured && ctx->capture_id == capture_id) FVK_CUDA(cudaStreamWaitEvent(s, ctx->capture_done, 0));
+    FVK_CUDA(cudaStreamWaitEvent(s, ctx->done, cudaEventWaitExternal));
+  } else if (ctx->captured || (ctx->last_stream != nullptr && ctx->last_stream != s)) {
+    FVK_CUDA(cudaStreamWaitEvent(s, ctx->done, 0));
+  }
   DebugArgs dbg{};
   const bool check = flags & FVK_DEBUG_EPOCH_CHECK;
   if (check) {
@@ -549,6 +577,13 @@ int launch_local(fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const void* x,
   else
     launch_kernel<false>(vec, ctas, s, p, ctx, dbg);
   FVK_CUDA(cudaGetLastError());
+  if (capture) {
+    FVK_CUDA(cudaEventRecord(ctx->capture_done, s));                            // a node of this capture
+    FVK_CUDA(cudaEventRecordWithFlags(ctx->done, s, cudaEventRecordExternal));  // recorded by every replay
+    ctx->captured = true;
+    ctx->capture_id = capture_id;
+    return FVK_OK;
+  }
   FVK_CUDA(cudaEventRecord(ctx->done, s));
   ctx->last_stream = s;
   return FVK_OK;
@@ -567,7 +602,7 @@ int launch_fused(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, in
                      "this context refuses launches after %s: peers may still wait at that call's barriers; "
                      "destroy it and build a new one",
                      ctx->poisoned);
-  if (flags & ~(FVK_DEBUG_EPOCH_CHECK | FVK_DEBUG_LEGACY_LAYOUT))
+  if (flags & ~(FVK_DEBUG_EPOCH_CHECK | FVK_DEBUG_LEGACY_LAYOUT | kCaptureLaunch))
     return set_error(FVK_ERR_INVALID, "unknown debug flags 0x%x", flags);
   // LSA rank r must be communicator rank r: ncclGetLsaPointer(window, 0, q) is addressed by SP rank.
   if (ctx->dev_comm.lsaSize != ctx->nranks || ctx->dev_comm.lsaRank != ctx->rank)
@@ -672,7 +707,9 @@ int launch_ce(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64
   DeviceGuard guard;
   FVK_TRY(guard.set(ctx->device));
   auto s = static_cast<cudaStream_t>(stream);
-  if (ctx->last_stream != nullptr && ctx->last_stream != s) FVK_CUDA(cudaStreamWaitEvent(s, ctx->done, 0));
+  // After a capture, replays record `done` on any stream: always wait (as launch_local does).
+  if (ctx->captured || (ctx->last_stream != nullptr && ctx->last_stream != s))
+    FVK_CUDA(cudaStreamWaitEvent(s, ctx->done, 0));
   cudaError_t e = cudaSuccess;
   const char* what = "";
   ce_schedule(num_chunks(p), kCeDropNone, [&](const CeOp& op) {
@@ -730,7 +767,9 @@ int fabric_copy(fvk_ctx* ctx, int64_t bytes, int engine, int ctas, cudaStream_t 
   if (ctas < 1 || ctas > 1024) return set_error(FVK_ERR_INVALID, "ctas=%d outside 1..1024", ctas);
   DeviceGuard guard;
   FVK_TRY(guard.set(ctx->device));
-  if (ctx->last_stream != nullptr && ctx->last_stream != s) FVK_CUDA(cudaStreamWaitEvent(s, ctx->done, 0));
+  // After a capture, replays record `done` on any stream: always wait (as launch_local does).
+  if (ctx->captured || (ctx->last_stream != nullptr && ctx->last_stream != s))
+    FVK_CUDA(cudaStreamWaitEvent(s, ctx->done, 0));
   cudaError_t e = cudaSuccess;
   ce_barrier_kernel<<<1, 32, 0, s>>>(ctx->dev_comm);
   e = cudaGetLastError();
@@ -764,6 +803,7 @@ int fabric_copy(fvk_ctx* ctx, int64_t bytes, int engine, int ctas, cudaStream_t 
 // The context's CUDA events and copy stream (teardown, after the device is idle).
 void release_streams(fvk_ctx* ctx) {
   if (ctx->done) cudaEventDestroy(ctx->done);
+  if (ctx->capture_done) cudaEventDestroy(ctx->capture_done);
   for (cudaEvent_t ev : ctx->ce_events)
     if (ev) cudaEventDestroy(ev);
   if (ctx->copy_stream) cudaStreamDestroy(ctx->copy_stream);
@@ -922,6 +962,7 @@ int fvk_devcomm_create(fvk_ctx* ctx) {
 #endif
   reqs.lsaBarrierCount = kMaxCtas;
   if (!ctx->done) FVK_CUDA(cudaEventCreateWithFlags(&ctx->done, cudaEventDisableTiming));
+  if (!ctx->capture_done) FVK_CUDA(cudaEventCreateWithFlags(&ctx->capture_done, cudaEventDisableTiming));
   FVK_NCCL(ncclDevCommCreate(ctx->comm, &reqs, &ctx->dev_comm));
   ctx->has_dev_comm = true;
   // The copy-engine plan kind: peers' window bases (LSA pointers are device-side only in 2.28),
@@ -972,10 +1013,17 @@ int fvk_fabric_copy(fvk_ctx* ctx, int64_t bytes, int engine, int ctas, void* str
   return fabric_copy(ctx, bytes, engine, ctas, static_cast<cudaStream_t>(stream));
 }
 
+int fvk_a2a_captured(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H,
+                     int64_t D, int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, void* stream) {
+  return launch_fused(ctx, x, out, mode, dtype, B, S, H, D, ctas, planes_per_chunk, rows_per_chunk, kCaptureLaunch,
+                      nullptr, stream);
+}
+
 int fvk_a2a_debug(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H,
                   int64_t D, int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, unsigned flags, void* report,
                   void* stream) {
   if (!report) return set_error(FVK_ERR_INVALID, "fvk_a2a_debug needs a device report buffer (5 x uint64)");
+  if (flags & kCaptureLaunch) return set_error(FVK_ERR_INVALID, "fvk_a2a_debug cannot be captured (flags 0x%x)", flags);
   return launch_fused(ctx, x, out, mode, dtype, B, S, H, D, ctas, planes_per_chunk, rows_per_chunk, flags,
                       static_cast<unsigned long long*>(report), stream);
 }

@@ -97,6 +97,16 @@ FVK_API int fvk_a2a_ce(fvk_ctx* ctx, const void* x, void* out, int mode, int dty
    multiple of 16, (P + 1) x bytes <= window) from its window into every peer's window at once,
    barrier. engine 0: the copy engines (one cudaMemcpyAsync per peer); 1: `ctas` CTAs of SM stores. */
 FVK_API int fvk_fabric_copy(fvk_ctx* ctx, int64_t bytes, int engine, int ctas, void* stream);
+/* The tuned entry point for CUDA-graph capture: `stream` must be capturing. It records no host-side state
+   (nothing runs at capture) and only graph-legal ordering: each replay waits for the last fused launch
+   before it (eager, or another replay: an external event-wait node on the context's completion event) and
+   for the previous captured launch of the same capture, and records that event when it completes. After
+   a capture, every eager launch waits on that event (so it is ordered after replays issued before it).
+   Replays are collective like any launch: every rank must replay the same graphs in the same order, and
+   only while the context lives. Absent from older builds (the caller then declines under capture). */
+FVK_API int fvk_a2a_captured(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S,
+                             int64_t H, int64_t D, int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk,
+                             void* stream);
 
 /* ---- debug: the fused kernel with the epoch checker (collective, like an execute) ---- */
 #define FVK_DEBUG_EPOCH_CHECK 1u   /* stamp window granules; report any access another CTA index could race */

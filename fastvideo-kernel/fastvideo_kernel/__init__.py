@@ -39,6 +39,7 @@ ENTRY_SYMBOLS = {
     "tuned": "fvk_a2a_tuned",
     "ce": "fvk_a2a_ce",
     "fabric": "fvk_fabric_copy",
+    "capture": "fvk_a2a_captured",  # the tuned entry point for CUDA-graph capture
     "debug": "fvk_a2a_debug",
     "sim": "fvk_sim_a2a",
     "sync_check": "fvk_check_window_sync",
@@ -92,6 +93,8 @@ _SIGNATURES: dict[str, tuple[type, list]] = {
     "fvk_fabric_copy": (ctypes.c_int, [_VOIDP, _I64, ctypes.c_int, ctypes.c_int, _VOIDP]),
     "fvk_check_ce_sync": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.POINTER(_I64), ctypes.c_uint,
                                          ctypes.POINTER(_I64), ctypes.c_char_p, ctypes.c_int]),
+    "fvk_a2a_captured": (ctypes.c_int, [_VOIDP, _VOIDP, _VOIDP, ctypes.c_int, ctypes.c_int, _I64, _I64, _I64, _I64,
+                                        ctypes.c_int, _I64, _I64, _VOIDP]),
     "fvk_a2a_debug": (ctypes.c_int, [_VOIDP, _VOIDP, _VOIDP, ctypes.c_int, ctypes.c_int, _I64, _I64, _I64, _I64,
                                      ctypes.c_int, _I64, _I64, ctypes.c_uint, _VOIDP, _VOIDP]),
     "fvk_sim_a2a": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.POINTER(SimCall), ctypes.POINTER(_VOIDP),
@@ -162,6 +165,8 @@ def load() -> ctypes.CDLL:
 def entry_points(lib: ctypes.CDLL) -> frozenset[str]:
     """The entry points this build exports (``original``, ``tuned``, ``ce``, ``fabric``, ``debug``, ``sim``,
     ``sync_check``, ``ce_sync_check``)."""
+    """The entry points this build exports (``original``, ``tuned``, ``capture``, ``debug``, ``sim``,
+    ``sync_check``)."""
     abi = lib.fvk_abi_version()
     return frozenset(name for name, symbol in ENTRY_SYMBOLS.items()
                      if hasattr(lib, symbol) and not (symbol in _CHANGED_IN_ABI2 and abi < 2))

@@ -213,16 +213,15 @@ def test_common_eligibility_bit_declines_with_that_reason(ranks):
 
 
 def _capture(rank, world_size, everywhere):
-    # CUDA graph capture cannot happen on CPU: UlyssesHelper._local_bits only consults
-    # torch.cuda.is_current_stream_capturing() for CUDA tensors. We stand in for that branch by adding
-    # the CUDA_GRAPH_CAPTURE bit to the rank-local bits, which is exactly what the branch does; the vote,
-    # verdict, counting and fallback that follow are the real code paths.
+    # CUDA graph capture cannot happen on CPU: the helper asks ``h._capturing(x)`` (for CUDA tensors, whether
+    # the current stream is capturing), forced here. The CPU transport cannot freeze a plan into a graph (it
+    # runs gloo collectives per call), so a capture declines; the vote, verdict, counting and fallback are the
+    # real code paths. The capturable route: tests/distributed/test_ulysses_graphs.py.
     h = build_helper()
-    original = h._local_bits
     if everywhere or rank == 0:
-        h._local_bits = lambda x, geom: original(x, geom) | DeclineReason.CUDA_GRAPH_CAPTURE.bit
+        h._capturing = lambda x: True
     first = _call_and_check(h, rank, seed=0)
-    h._local_bits = original
+    h._capturing = lambda x: False
     second = _call_and_check(h, rank, seed=1)
     declines = h.stats()["declines"]
     h.destroy()
@@ -232,8 +231,8 @@ def _capture(rank, world_size, everywhere):
 @pytest.mark.parametrize("everywhere, reason", [(True, "cuda_graph_capture"), (False, "peer_disagreement")])
 @READS_LONG_TRAINING
 def test_capture_declines_collectively(ranks, everywhere, reason):
-    """Capture on every rank declines CUDA_GRAPH_CAPTURE; capture on one rank only declines PEER_DISAGREEMENT;
-    after capture the fused route is back (bit-level stand-in, see the rank function's comment)."""
+    """Capture of a plan the transport cannot freeze, on every rank, declines CUDA_GRAPH_CAPTURE; on one rank
+    only, PEER_DISAGREEMENT; after capture the fused route is back (capture forced, see the rank function)."""
     for first, second, declines in ranks(2, _capture, everywhere, timeout_s=60):
         assert first == (True, ("nccl", 0, reason, 0, "FORWARD_NO_GRAD"))
         assert second == (True, FUSED) and declines == {reason: 1}

@@ -40,9 +40,8 @@ EXPECTED_SYMBOLS = {
     "fvk_coresident_ctas", "fvk_relax_capture_mode", "fvk_pci_bus_id", "fvk_nvlink_p2p", "fvk_unique_id_bytes",
     "fvk_get_unique_id",
     "fvk_create", "fvk_comm_init", "fvk_window_alloc", "fvk_window_register", "fvk_devcomm_create", "fvk_lsa_info",
-    "fvk_a2a_original", "fvk_a2a_tuned", "fvk_a2a_ce", "fvk_fabric_copy", "fvk_a2a_debug", "fvk_sim_a2a",
-    "fvk_check_window_sync", "fvk_check_ce_sync", "fvk_destroy",
-    "fvk_abort",
+    "fvk_a2a_original", "fvk_a2a_tuned", "fvk_a2a_ce", "fvk_fabric_copy", "fvk_a2a_captured", "fvk_a2a_debug",
+    "fvk_sim_a2a", "fvk_check_window_sync", "fvk_check_ce_sync", "fvk_destroy", "fvk_abort",
 }
 
 
@@ -139,7 +138,8 @@ def test_built_library_abi_query(built):
     except fastvideo_kernel.KernelUnavailable as exc:
         pytest.skip(f"the built library cannot be loaded on this machine (e.g. its libnccl.so.2 is absent): {exc}")
     assert lib.fvk_abi_version() == 3
-    assert fastvideo_kernel.entry_points(lib) == {"original", "tuned", "debug", "sim", "sync_check"}
+    assert fastvideo_kernel.entry_points(lib) == {"original", "tuned", "ce", "fabric", "capture", "debug", "sim",
+                                                  "sync_check", "ce_sync_check"}
     assert fastvideo_kernel.nccl_version_tuple(lib.fvk_nccl_build_version())[:2] >= (2, 28)
     assert lib.fvk_max_ctas() == 144
     assert lib.fvk_unique_id_bytes() == 128
@@ -162,6 +162,10 @@ def test_built_library_abi_query(built):
     assert status == 5 and "constructed context" in fastvideo_kernel.last_error(lib)
     status = lib.fvk_a2a_debug(None, None, None, 0, 3, 1, 4, 4, 8, 36, 1, 4, 1, None, None)
     assert status == 1 and "report buffer" in fastvideo_kernel.last_error(lib)
+    status = lib.fvk_a2a_captured(None, None, None, 0, 3, 1, 4, 4, 8, 36, 1, 4, None)
+    assert status == 5 and "constructed context" in fastvideo_kernel.last_error(lib)
+    status = lib.fvk_a2a_debug(None, None, None, 0, 3, 1, 4, 4, 8, 36, 1, 4, 1 << 31, 1, None)  # the capture flag
+    assert status == 1 and "cannot be captured" in fastvideo_kernel.last_error(lib)
     info = fastvideo_kernel.info()
     assert info["abi_version"] == 3 and len(info["sha256"]) == 64
 
@@ -176,3 +180,32 @@ def test_built_library_reports_cuda_errors_without_aborting(built):
     handle = ctypes.c_void_p()
     status = lib.fvk_create(0, ctypes.byref(handle))
     assert status == 2 and "cudaGetDeviceCount" in fastvideo_kernel.last_error(lib)
+
+
+def test_native_capture_decline_names_the_fix_and_refuses_unknown_plan_kinds():
+    """No library needed: a build without ``fvk_a2a_captured`` declines capture naming the rebuild; with it, a
+    known plan can be frozen (the control) and a plan word with bits this code does not know (another plan
+    kind, which may need host work per call) cannot."""
+    import types
+
+    geom = Geometry.from_input((3, 16, 12, 8), 0, 2, torch.bfloat16)
+    tuned, original = Plan(144, 1, 16, True), Plan(36, 3, 16, False)
+    old = NativeTransport()
+    old._entries = frozenset({"original", "tuned"})
+    assert "rebuild fastvideo-kernel" in old.capture_decline(geom, tuned)
+    new = NativeTransport()
+    new._entries = frozenset({"original", "tuned", "capture"})
+    assert new.capture_decline(geom, tuned) is None and new.capture_decline(geom, original) is None
+    other_kind = types.SimpleNamespace(ctas=144, planes_per_chunk=1, rows_per_chunk=16, tuned=True,
+                                       word=tuned.word | 1 << 63)
+    assert "not a single fused-kernel launch" in new.capture_decline(geom, other_kind)
+
+
+def test_loader_reports_the_capture_entry_only_when_exported():
+    """An older build without ``fvk_a2a_captured`` loads and lacks the ``capture`` entry point (a decline reason
+    under capture, never an import error); the control has it."""
+    import types
+
+    base = {"fvk_abi_version": lambda: 2, "fvk_a2a_original": object(), "fvk_a2a_tuned": object()}
+    assert "capture" not in fastvideo_kernel.entry_points(types.SimpleNamespace(**base))
+    assert "capture" in fastvideo_kernel.entry_points(types.SimpleNamespace(**base, fvk_a2a_captured=object()))

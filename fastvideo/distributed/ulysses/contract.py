@@ -15,7 +15,7 @@ Wire format (frozen; ``CONTRACT_VERSION`` changes when it does; ``docs/ulysses_c
  7    H               global head count
  8    D               head dim
  9    PHASE           0: no-grad forward, 1: grad-tracked forward, 2: backward
- 10   WINDOW_BYTES    window bytes the plan needs (0: no fused plan)
+ 10   WINDOW_BYTES    window bytes the plan needs (0: no fused plan), | ``WINDOW_CAPTURED`` under capture
  11   PLAN            packed plan word (``Plan.word``; 0: no fused plan)
 ====  ==============  =================================================================
 
@@ -39,6 +39,10 @@ import torch
 
 CONTRACT_VERSION = 1
 NUM_FIELDS = 12
+# Set in WINDOW_BYTES by a rank whose call is being captured into a CUDA graph with the plan frozen: a rank
+# capturing while a peer runs eagerly differs there, so every rank declines together (PEER_DISAGREEMENT).
+# Window bytes never reach it; eager votes are unchanged (no version bump).
+WINDOW_CAPTURED = 1 << 62
 
 
 class Field(enum.IntEnum):
@@ -80,7 +84,7 @@ class DeclineReason(enum.IntEnum):
     DTYPE = 8  # dtype the kernel does not move
     NON_CONTIGUOUS = 9  # operand not contiguous
     ALIGNMENT = 10  # alignment the kernel build cannot serve
-    CUDA_GRAPH_CAPTURE = 11  # called inside CUDA graph capture
+    CUDA_GRAPH_CAPTURE = 11  # called inside CUDA graph capture with a plan that cannot be frozen into the graph
     TORCH_COMPILE = 12  # called inside a torch.compile region
     WINDOW = 13  # the plan's chunk does not fit the window (untuned policy: the whole operand)
     DISPOSED = 14  # helper destroyed, or disposed after a failed vote

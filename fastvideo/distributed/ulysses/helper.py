@@ -48,7 +48,14 @@ from fastvideo import envs
 from fastvideo.distributed import settings as _settings
 from fastvideo.distributed.parallel_state import GroupCoordinator, get_sp_group
 from fastvideo.distributed.ulysses import contract
-from fastvideo.distributed.ulysses.contract import ContractMismatchError, DeclineReason, Field, Phase, Verdict
+from fastvideo.distributed.ulysses.contract import (
+    WINDOW_CAPTURED,
+    ContractMismatchError,
+    DeclineReason,
+    Field,
+    Phase,
+    Verdict,
+)
 from fastvideo.distributed.ulysses.layout import validate_input
 from fastvideo.distributed.ulysses.nccl import nccl_route
 from fastvideo.distributed.ulysses.policy import (
@@ -93,6 +100,7 @@ class CallRecord:
     plan: Plan | None
     reason: DeclineReason | None
     chunks: int
+    captured: bool = False  # the fused launch was captured into a CUDA graph (its replays are not recorded)
 
 
 def host_identity() -> tuple[str, str]:
@@ -103,6 +111,11 @@ def host_identity() -> tuple[str, str]:
     except OSError:
         boot_id = ""
     return socket.gethostname(), boot_id
+
+
+def stream_capturing(x: torch.Tensor) -> bool:
+    """Whether this call is being captured into a CUDA graph (its device's current stream is capturing)."""
+    return x.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def _default_transport(device: torch.device) -> Transport | None:
@@ -139,8 +152,10 @@ class UlyssesHelper:
     """Decides, identically on every SP rank, whether each call takes the fused route and how.
 
     Construction and ``destroy()`` are collective over the SP group. ``all_to_all`` is collective
-    and blocks the host for the vote; it is not CUDA-graph-capturable on the fused route (capture
-    declines collectively to the NCCL route).
+    and blocks the host for the vote. Under CUDA-graph capture every rank votes once, at capture, and
+    where every rank's transport can freeze the agreed plan (``Transport.capture_decline``), the fused
+    launch is captured with that plan; otherwise every rank declines ``cuda_graph_capture`` together and
+    the NCCL route is captured. Replays do no host work (``docs/compile_and_cuda_graphs.md``).
     """
 
     def __init__(
@@ -206,7 +221,11 @@ class UlyssesHelper:
         self._logged: set[DeclineReason] = set()
         self._declines: Counter[DeclineReason] = Counter()
         self._plans: Counter[tuple[int, Geometry]] = Counter()  # (plan word, geometry): described in stats()
-        self._calls = self._fused = self._raised = 0
+        self._calls = self._fused = self._raised = self._captured = 0
+        # Whether a call is being captured into a CUDA graph (tests force it on CPU); why the last capture
+        # on this rank could not freeze its plan (logged with the decline).
+        self._capturing: Callable[[torch.Tensor], bool] = stream_capturing
+        self._capture_detail = ""
         self._vote_s: deque[float] = deque(maxlen=4096)
         self.history: deque[CallRecord] = deque(maxlen=history)
         if watchdog_timeout_s is None:
@@ -404,7 +423,8 @@ class UlyssesHelper:
         self._tuned_table = tuple(table)
         self._plan_cache.clear()
 
-    def plan_for(self, geom: Geometry, *, grad: bool, long_training: str | None = None) -> Choice:
+    def plan_for(self, geom: Geometry, *, grad: bool, long_training: str | None = None,
+                 capturing: bool = False) -> Choice:
         """The policy's choice for ``geom`` on this helper (pure; no vote), cached per call signature.
 
         The policy is a pure function of the signature and of what is fixed per helper (GPU, window,
@@ -412,7 +432,7 @@ class UlyssesHelper:
         """
         if long_training is None:
             long_training = envs.get("FASTVIDEO_ULYSSES_A2A_LONG_TRAINING")
-        key = (geom, grad, long_training)
+        key = (geom, grad, long_training, capturing)
         choice = self._plan_cache.get(key)
         if choice is None:
             table = self.tuned_table
@@ -420,7 +440,10 @@ class UlyssesHelper:
                 entries = self.capability.entry_points
                 if ENTRY_TUNED not in entries:
                     table = ()  # an older build with only the original entry point runs the original plan
-                elif ENTRY_CE not in entries:  # a build without the copy-engine kind: its rows do not apply
+                elif ENTRY_CE not in entries or capturing:
+                    # A build without the copy-engine kind, or a CUDA-graph capture (a copy-engine call
+                    # forks onto the context's copy stream: not frozen into graphs yet): the table's SM
+                    # rows apply (it lists a key's copy-engine row first, then its SM row).
                     table = tuple(row for row in table if row.engine != ENGINE_CE)
             choice = choose_plan(geom, gpu=self.gpu_name, window_bytes=self.window_bytes, grad=grad,
                                  long_training=long_training, table=table)
@@ -438,8 +461,6 @@ class UlyssesHelper:
             bits |= DeclineReason.NON_CONTIGUOUS.bit
         if x.device != self.device:
             bits |= DeclineReason.DEVICE.bit
-        if x.is_cuda and torch.cuda.is_current_stream_capturing():
-            bits |= DeclineReason.CUDA_GRAPH_CAPTURE.bit
         if not bits and self.transport is not None:
             bits |= self.transport.eligibility(x)
         return bits
@@ -449,7 +470,8 @@ class UlyssesHelper:
     ) -> tuple[torch.Tensor, Plan | None, DeclineReason | None]:
         """One call: vote, then the fused plan or the NCCL route. Returns (output, plan, decline reason)."""
         self._check_alive()
-        if self._watchdog is not None and not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+        capturing = self._capturing(x)
+        if self._watchdog is not None and not capturing:
             # The background thread does this too; here it costs one event query. Not while this
             # thread captures a CUDA graph: an event query there would invalidate the capture.
             self._watchdog.poll()
@@ -484,10 +506,19 @@ class UlyssesHelper:
                 elif not bits:
                     assert agreed is not None
                     choice = self.plan_for(geom, grad=phase == Phase.FORWARD_GRAD,
-                                           long_training=agreed["FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"])
+                                           long_training=agreed["FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"],
+                                           capturing=capturing)
                     plan = choice.plan
                     if plan is None:
                         bits |= (DeclineReason.WINDOW if choice.reason is None else choice.reason).bit
+                if capturing and plan is not None and not bits:
+                    # Capture: the plan is frozen into the graph when this rank's transport can capture it
+                    # (one device launch, no host work per call); else decline, named, on every rank.
+                    assert self.transport is not None
+                    why = self.transport.capture_decline(geom, plan)
+                    if why is not None:
+                        bits |= DeclineReason.CUDA_GRAPH_CAPTURE.bit
+                        self._capture_detail = why
             except Exception as exc:  # noqa: BLE001 - raised on every rank after the vote, never alone
                 # Raising here alone would leave this rank a call ahead and its peers inside the vote:
                 # vote the failure instead, so every rank raises together.
@@ -501,7 +532,8 @@ class UlyssesHelper:
         fields[Field.B], fields[Field.S_LOCAL], fields[Field.H], fields[Field.D] = geom.B, geom.S, geom.H, geom.D
         fields[Field.PHASE] = int(phase)
         if plan is not None and not bits:
-            fields[Field.WINDOW_BYTES] = plan.window_bytes(geom)
+            # A rank capturing while a peer runs eagerly differs here: every rank declines together.
+            fields[Field.WINDOW_BYTES] = plan.window_bytes(geom) | (WINDOW_CAPTURED if capturing else 0)
             fields[Field.PLAN] = plan.word
         start = time.perf_counter()
         try:
@@ -521,7 +553,8 @@ class UlyssesHelper:
         plan = _plan_from_word(decision.plan_word)
         assert self.transport is not None
         try:
-            out = self.transport.execute(x, geom, plan)
+            # Every rank captures (the capture bit is in the agreed WINDOW_BYTES), or none does.
+            out = self.transport.execute_captured(x, geom, plan) if capturing else self.transport.execute(x, geom, plan)
         except Exception as exc:
             # Every rank agreed to run this call, so its peers have launched (or will launch) it and may
             # wait at its barriers; a later launch here could pair with their stuck call. This helper
@@ -529,13 +562,17 @@ class UlyssesHelper:
             self._dispose(f"the fused launch of call {seq} failed on this rank after the vote: "
                           f"{type(exc).__name__}: {exc}")
             raise
-        marker = self.transport.completion_marker()
-        if marker is not None:
-            self._watch(InFlight(seq, self.generation, lambda: f"{phase.name.lower()}, {geom}",
-                                 lambda: plan.describe(geom), marker, time.monotonic()))
+        if capturing:
+            # Nothing ran: the graph's replays run it, unseen by the watchdog and by this helper.
+            self._captured += 1
+        else:
+            marker = self.transport.completion_marker()
+            if marker is not None:
+                self._watch(InFlight(seq, self.generation, lambda: f"{phase.name.lower()}, {geom}",
+                                     lambda: plan.describe(geom), marker, time.monotonic()))
         self._fused += 1
         self._plans[(plan.word, geom)] += 1
-        self.history.append(CallRecord(seq, phase, mode, "fused", plan, None, plan.num_chunks(geom)))
+        self.history.append(CallRecord(seq, phase, mode, "fused", plan, None, plan.num_chunks(geom), capturing))
         return out, plan, None
 
     def vote_caller_error(self, mode: int, phase: Phase, error: BaseException) -> NoReturn:
@@ -583,10 +620,13 @@ class UlyssesHelper:
         if reason not in self._logged and reason is not DeclineReason.DISABLED:
             self._logged.add(reason)
             logger.warning(
-                "Ulysses fused all-to-all declined (%s) for %s; using the NCCL route. "
-                "Run `python -m fastvideo.distributed.ulysses explain` for details.",
+                "Ulysses fused all-to-all declined (%s) for %s; using the NCCL route. %s",
                 reason.label,
                 geom,
+                f"Under CUDA-graph capture the plan could not be frozen on some rank (here: "
+                f"{self._capture_detail or 'a peer could not'}); the NCCL route is captured."
+                if reason is DeclineReason.CUDA_GRAPH_CAPTURE
+                else "Run `python -m fastvideo.distributed.ulysses explain` for details.",
             )
         self.history.append(CallRecord(seq, phase, geom.mode, "nccl", None, reason, 0))
         return nccl_route(x, geom.mode, self.sp.device_group), None, reason
@@ -617,6 +657,7 @@ class UlyssesHelper:
             "construction_per_rank": dict(self.construction_per_rank),
             "calls": self._calls,
             "fused": self._fused,
+            "captured": self._captured,  # fused launches captured into CUDA graphs (counted in "fused")
             "raised": self._raised,
             "declines": {r.label: n for r, n in sorted(self._declines.items())},
             "plans": dict(Counter({Plan.from_word(w).describe(g): n for (w, g), n in self._plans.items()})),

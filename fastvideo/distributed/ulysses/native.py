@@ -32,6 +32,7 @@ import torch
 from fastvideo.distributed.ulysses.contract import DeclineReason, dtype_code
 from fastvideo.distributed.ulysses.policy import ENGINE_CE, KERNEL_DTYPES, MAX_CTAS, ORIGINAL_CTAS, Geometry, Plan
 from fastvideo.distributed.ulysses.transport import (
+    ENTRY_CAPTURE,
     ENTRY_CE,
     ENTRY_ORIGINAL,
     ENTRY_TUNED,
@@ -274,6 +275,42 @@ class NativeTransport(Transport):
         event.record(stream)
         self._event = event
         self._last_stream = stream
+        return out
+
+    def capture_decline(self, geom: Geometry, plan: Plan) -> str | None:
+        """None when ``plan`` can be frozen into the graph being captured: this build has ``fvk_a2a_captured``
+        and the plan is one launch of the fused kernel (a plan word this code knows: CTAs, planes and rows
+        per chunk, tuned; any other plan kind is refused until it is shown to need no host work per call)."""
+        if ENTRY_CAPTURE not in self._entries:
+            return ("this kernel build has no fvk_a2a_captured (older than the capturable route): rebuild "
+                    "fastvideo-kernel to capture the fused route")
+        if Plan(plan.ctas, plan.planes_per_chunk, plan.rows_per_chunk, plan.tuned).word != plan.word:
+            return f"plan word {plan.word:#x} is not a single fused-kernel launch"
+        if plan.ctas > MAX_CTAS:
+            return f"plan asks for {plan.ctas} CTAs, at most {MAX_CTAS}"
+        return None
+
+    def execute_captured(self, x: torch.Tensor, geom: Geometry, plan: Plan) -> torch.Tensor:
+        """Capture the agreed plan (``fvk_a2a_captured``) into the graph the current stream is capturing.
+
+        The launch arguments (pointers, geometry, plan) are frozen into the graph; the output is allocated
+        from the graph's memory pool, as every captured op's. No Python stream bookkeeping and no completion
+        event: nothing runs at capture, and the watchdog cannot see replays. The library orders replays
+        against eager calls and each other through its completion event (ulysses_a2a.h)."""
+        if self._handle is None or self._ctx is None:
+            raise NativeKernelError("execute_captured before construction (or after destroy)")
+        if geom.world_size != self._ctx.world_size:
+            raise NativeKernelError(f"geometry for SP size {geom.world_size}, communicator has {self._ctx.world_size}")
+        out = torch.empty(output_shape(geom), dtype=x.dtype, device=x.device)
+        stream = torch.cuda.current_stream(x.device)
+        whole = plan.planes_per_chunk >= geom.B and plan.rows_per_chunk >= geom.S
+        # The same launch arguments as ``execute`` (the original plan runs as 36 CTAs over (B, S)).
+        ctas, planes, rows = (ORIGINAL_CTAS, geom.B, geom.S) if plan.ctas == ORIGINAL_CTAS and whole else (
+            plan.ctas, plan.planes_per_chunk, plan.rows_per_chunk)
+        status = self._lib.fvk_a2a_captured(self._handle, x.data_ptr(), out.data_ptr(), geom.mode,
+                                            dtype_code(x.dtype), geom.B, geom.S, geom.H, geom.D, ctas, planes, rows,
+                                            stream.cuda_stream)
+        self._check(status, "fvk_a2a_captured")
         return out
 
     def debug_execute(self, x: torch.Tensor, geom: Geometry, plan: Plan, *, legacy: bool = False

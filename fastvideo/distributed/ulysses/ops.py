@@ -29,8 +29,8 @@ every route). Collective over the SP group; blocks the host for the vote where t
   fake tensor never reaches a collective.
 * Tagged ``torch.Tag.cudagraph_unsafe``: inductor's CUDA-graph trees (``mode="reduce-overhead"``) run it
   between captured partitions, so it votes on every replay. Under a manual ``torch.cuda.graph`` capture it
-  votes once at capture and every rank captures the NCCL route (the fused route declines under capture);
-  ``docs/compile_and_cuda_graphs.md`` has the rules and the design of a capturable fused route.
+  votes once at capture and every rank captures the fused launch with the agreed plan frozen (or, for a plan
+  that cannot be frozen, the NCCL route); ``docs/compile_and_cuda_graphs.md`` has the rules.
 * Not twice differentiable (the backward op has no autograd formula).
 
 The public function (``communication_op``) calls the op, except on the eager hot path: plain

@@ -11,9 +11,10 @@ Rules (``docs/ulysses_policy.md``):
 * Untuned (original) plan: ``ORIGINAL_CTAS`` CTAs, the whole operand in one chunk if it fits,
   else the NCCL route (``WINDOW``).
 * Tuned plans come only from ``TUNED_TABLE`` (measured rows, keyed by GPU model, SP size, dtype, H,
-  D): the row's engine, CTAs, planes per chunk, and sub-plane split (``row_chunks``: S_local cut into
-  that many even row ranges). When one plane exceeds the window, chunk along S_local instead of
-  declining, into as few even row ranges as fit.
+  D; the first row of a key applies, so a key lists its copy-engine row before its SM row, which the
+  helper uses where copy-engine rows do not apply): the row's engine, CTAs, planes per chunk, and
+  sub-plane split (``row_chunks``: S_local cut into that many even row ranges). When one plane
+  exceeds the window, chunk along S_local instead of declining, into as few even row ranges as fit.
 * Engines: ``sm`` (the fused kernel: CTAs store over NVLink) and ``ce`` (the copy engines cross the
   fabric, CTAs copy on the device; two chunk buffers, so a chunk must fit half the window).
 * Long training: a grad-tracked operand whose plane exceeds ``LONG_TRAINING_PLANE_BYTES`` keeps the
@@ -218,6 +219,31 @@ TUNED_TABLE: tuple[TunedRow, ...] = (
         planes_per_chunk=1,
         engine="ce",
         source="2x H200 tuner sweep at 44abd10, h3-32k QKV modes 0/1 (docs/ulysses_performance.md)",
+    ),
+    # The SM kernel's rows for the same keys, used where the copy-engine kind is not (a build without it,
+    # CUDA-graph capture): 2x H200 tuner sweep at 8912e8a, confirmed best among SM plans at 44abd10 for
+    # wan720p (0.698/0.686 ms) and h3-32k mode 0 (1.218 ms).
+    TunedRow(
+        "H200",
+        2,
+        torch.bfloat16,
+        40,
+        128,
+        ctas=144,
+        planes_per_chunk=1,
+        row_chunks=4,
+        source="2x H200 tuner sweep at 8912e8a, wan720p (docs/ulysses_performance.md)",
+    ),
+    TunedRow(
+        "H200",
+        2,
+        torch.bfloat16,
+        56,
+        128,
+        ctas=144,
+        planes_per_chunk=1,
+        row_chunks=2,
+        source="2x H200 tuner sweep at 8912e8a, h3-32k QKV (docs/ulysses_performance.md)",
     ),
 )
 

@@ -27,6 +27,7 @@ from fastvideo.distributed.ulysses.policy import Geometry, Plan
 ENTRY_ORIGINAL = "original"  # the 36-CTA whole-operand entry point
 ENTRY_TUNED = "tuned"  # CTA count and chunking as arguments
 ENTRY_CE = "ce"  # the copy-engine plan kind (same arguments as tuned)
+ENTRY_CAPTURE = "capture"  # the tuned entry point for CUDA-graph capture (fvk_a2a_captured)
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,18 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def execute(self, x: torch.Tensor, geom: Geometry, plan: Plan) -> torch.Tensor:
         """Run the agreed plan. Collective over the SP group; returns a tensor the caller owns."""
+
+    def capture_decline(self, geom: Geometry, plan: Plan) -> str | None:
+        """Why ``plan`` cannot be frozen into a CUDA graph being captured on this rank (None: it can, and
+        ``execute_captured`` captures it). A plan can be frozen when one call is device work alone: enqueued
+        with no host work that a replay would need. By default a transport cannot (the CPU transport runs
+        gloo collectives on the host per chunk)."""
+        return f"the {self.name} transport does host work per call (it cannot be captured into a CUDA graph)"
+
+    def execute_captured(self, x: torch.Tensor, geom: Geometry, plan: Plan) -> torch.Tensor:
+        """Capture the agreed plan into the CUDA graph the current stream is capturing (only after
+        ``capture_decline`` returned None on every rank): no host state changes, nothing to watch."""
+        raise NotImplementedError(f"{self.name}: no capturable route")
 
     def completion_marker(self):
         """A handle whose ``query()`` says whether the last ``execute``'s device work has completed (the

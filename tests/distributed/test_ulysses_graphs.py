@@ -1,0 +1,357 @@
+"""The capturable fused route on gloo ranks, with CUDA-graph capture forced on (CPU has no graphs).
+
+What a capture must do, and what a replay must not (``docs/compile_and_cuda_graphs.md``):
+
+* every rank votes exactly once per captured call, at capture, and freezes the agreed plan (the same
+  plan word on every rank; a backward freezes its forward's plan);
+* a replay does no host work: no vote, no sequence number, no call into the helper or the transport's
+  host API. The replay is simulated: ``RecordingTransport.execute_captured`` records each captured
+  launch (its input and output tensors, geometry and plan) as a graph would, and ``replay`` moves the
+  data of every recorded launch in order (what the captured kernels do on the device), after fresh
+  inputs were copied into the static input, as with ``torch.cuda.graph``;
+* a plan that cannot be frozen (a transport that does host work per call, a refused plan) declines
+  ``cuda_graph_capture`` on every rank, and the NCCL route runs; one rank refusing declines
+  ``peer_disagreement``; a capture on some ranks only declines ``peer_disagreement``.
+
+Each assertion has a negative control showing it can fail: a "replay" that calls the op again votes and
+is caught; a stale static input fails the exactness check; an untuned helper freezes another plan than the
+one asserted; a vote without the capture bit lets one rank capture while its peer runs eagerly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from fastvideo.distributed.ulysses import contract
+from fastvideo.distributed.ulysses.contract import DeclineReason, Field, Phase, Verdict
+from fastvideo.distributed.ulysses.policy import Geometry, Plan
+from fastvideo.distributed.ulysses.transport import ENTRY_CAPTURE, GlooPlanTransport, output_shape
+from tests.distributed.conftest import READS_LONG_TRAINING, bit_equal, build_helper, oracle, rank_input
+
+SHAPE = (3, 16, 12, 8)  # [B, S_local, H, D] at SP2: the fixture row freezes 144 CTAs, one plane per chunk
+TUNED = Plan(144, 1, 16, True)
+ORIGINAL = Plan(36, 3, 16, False)
+
+
+@dataclass
+class Launch:
+    """One captured launch, as a graph holds it: the tensors it reads and writes, geometry and plan."""
+
+    x: torch.Tensor
+    out: torch.Tensor
+    geom: Geometry
+    plan: Plan
+
+
+class RecordingTransport(GlooPlanTransport):
+    """The CPU transport with a capturable route: ``execute_captured`` records instead of moving data.
+
+    ``host_calls`` counts every call into the host API the helper uses per call (eligibility, the capture
+    check, execute, execute_captured); ``replay`` is the device side and counts nothing. ``refuse``: the
+    reason ``capture_decline`` gives (None: the plan can be frozen). ``move=False``: eager ``execute``
+    records without any collective (for the negative control where ranks disagree on the route).
+    """
+
+    name = "recording"
+
+    def __init__(self, refuse: str | None = None, move: bool = True) -> None:
+        super().__init__()
+        self.refuse, self.move = refuse, move
+        self.host_calls = 0
+        self.captured: list[Launch] = []
+        self.eager: list[Plan] = []
+
+    def capability(self):
+        cap = super().capability()
+        return type(cap)(self.name, True, abi_version=cap.abi_version,
+                         entry_points=cap.entry_points | {ENTRY_CAPTURE}, dtypes=cap.dtypes, supports_unaligned=True)
+
+    def eligibility(self, x):
+        self.host_calls += 1
+        return 0
+
+    def capture_decline(self, geom, plan):
+        self.host_calls += 1
+        return self.refuse
+
+    def execute(self, x, geom, plan):
+        self.host_calls += 1
+        self.eager.append(plan)
+        if not self.move:
+            return torch.empty(output_shape(geom), dtype=x.dtype)
+        return super().execute(x, geom, plan)
+
+    def execute_captured(self, x, geom, plan):
+        self.host_calls += 1
+        out = torch.full(output_shape(geom), float("nan"), dtype=x.dtype)  # nothing runs at capture
+        self.captured.append(Launch(x, out, geom, plan))
+        return out
+
+    def replay(self) -> None:
+        """The device side of one replay: every captured launch, in capture order, with its frozen plan."""
+        for launch in self.captured:
+            launch.out.copy_(GlooPlanTransport.execute(self, launch.x, launch.geom, launch.plan))
+
+
+class Counters:
+    """Host-side work of a helper: votes exchanged, sequence number, calls, transport host calls."""
+
+    def __init__(self, h) -> None:
+        self.h, self.votes = h, 0
+        exchange = h._call_vote.exchange
+
+        def counted(fields):
+            self.votes += 1
+            return exchange(fields)
+
+        h._call_vote.exchange = counted
+
+    def snapshot(self) -> tuple[int, int, int, int]:
+        return (self.votes, self.h._seq, self.h.stats()["calls"], self.h.transport.host_calls)
+
+
+def host_work(before: tuple, after: tuple) -> str:
+    """'' when nothing host-side happened between two snapshots, else what did (the replay assertion)."""
+    names = ("votes", "sequence number", "calls", "transport host calls")
+    return ", ".join(f"{n} {a} -> {b}" for n, a, b in zip(names, before, after, strict=True) if a != b)
+
+
+def _capture_block(h, x_static: torch.Tensor, g_static: torch.Tensor):
+    """Capture (forced) a forward and backward of two calls: mode 0, then mode 1 back, and the gradient."""
+    h._capturing = lambda x: True
+    try:
+        xg = x_static.requires_grad_()
+        y = h.all_to_all(xg, 0)
+        z = h.all_to_all(y, 1)
+        (gx,) = torch.autograd.grad(z, xg, g_static)
+    finally:
+        h._capturing = lambda x: False
+    return z, gx
+
+
+def _capture_and_replay(rank, world_size, tuned, replays):
+    h = build_helper(transport=RecordingTransport(), tuned=tuned)
+    counters = Counters(h)
+    x_static = rank_input(rank, SHAPE, seed=0)
+    g_static = rank_input(rank, SHAPE, seed=1)
+    z, gx = _capture_block(h, x_static, g_static)
+    t = h.transport
+    capture = {
+        "votes": counters.votes,
+        "launches": len(t.captured),
+        "eager": len(t.eager),
+        "records": [(r.route, r.phase.name, r.mode, r.plan.word if r.plan else 0, r.captured) for r in h.history],
+        "frozen": [launch.plan.word for launch in t.captured],
+        "statics": [launch.x is x_static for launch in t.captured[:1]],
+    }
+    exact, work = [], []
+    for i in range(replays):
+        # Fresh inputs into the static input and gradient, as with torch.cuda.graph; then replay.
+        x_static.data.copy_(rank_input(rank, SHAPE, seed=10 + i))
+        g_static.copy_(rank_input(rank, SHAPE, seed=100 + i))
+        before = counters.snapshot()
+        t.replay()
+        work.append(host_work(before, counters.snapshot()))
+        y_ref = oracle(x_static, 0)
+        exact.append(bit_equal(t.captured[0].out, y_ref) and bit_equal(z, x_static)  # mode 1 undoes mode 0
+                     and bit_equal(t.captured[1].out, oracle(y_ref, 1)) and bit_equal(gx, g_static))
+    # Negative control of the exactness check: new data in a tensor the graph does not read (stale static input).
+    fresh = rank_input(rank, SHAPE, seed=999)
+    t.replay()
+    stale_exact = bit_equal(t.captured[0].out, oracle(fresh, 0))
+    # Negative control of the no-host-work check: a "replay" that runs the op again (as an uncaptured
+    # graph would) votes, and the same check must report it.
+    before = counters.snapshot()
+    with torch.no_grad():
+        h.all_to_all(x_static.detach(), 0)
+    rerun_work = host_work(before, counters.snapshot())
+    eager_after = (h.history[-1].route, h.history[-1].captured)
+    stats = h.stats()
+    h.destroy()
+    return capture, exact, work, stale_exact, rerun_work, eager_after, stats["captured"], stats["fused"]
+
+
+@READS_LONG_TRAINING
+def test_one_vote_per_capture_frozen_plan_and_no_host_work_per_replay(ranks):
+    """Forward and backward of two calls captured (forced) on 2 gloo ranks: 4 votes per rank at capture,
+    4 captured launches with the tuned plan on every rank (the backward with its forward's), nothing run
+    eagerly; 5 simulated replays with fresh inputs do no host work and are bit-exact against the NCCL route."""
+    results = ranks(2, _capture_and_replay, True, 5, timeout_s=90)
+    frozen = []
+    for capture, exact, work, stale_exact, rerun_work, eager_after, captured, fused in results:
+        assert capture["votes"] == 4 and capture["launches"] == 4 and capture["eager"] == 0
+        assert capture["records"] == [
+            ("fused", "FORWARD_GRAD", 0, TUNED.word, True), ("fused", "FORWARD_GRAD", 1, TUNED.word, True),
+            ("fused", "BACKWARD", 0, TUNED.word, True), ("fused", "BACKWARD", 1, TUNED.word, True)]
+        assert capture["statics"] == [True]  # the captured launch reads the static input itself
+        assert exact == [True] * 5
+        assert work == [""] * 5
+        # Negative controls: the checks above can fail.
+        assert stale_exact is False
+        assert "votes 4 -> 5" in rerun_work and "sequence number 4 -> 5" in rerun_work
+        assert eager_after == ("fused", False)  # after capture, eager calls run (and are not marked captured)
+        assert (captured, fused) == (4, 5)
+        frozen.append(capture["frozen"])
+    assert frozen[0] == frozen[1] == [TUNED.word] * 4  # the same frozen plan on every rank
+
+
+@READS_LONG_TRAINING
+def test_plan_assertion_negative_control_untuned_freezes_the_original_plan(ranks):
+    """Control for the plan assertion: without the tuned rows the capture freezes the original plan, so the
+    assertion of the tuned plan above would fail (it tells plans apart)."""
+    for capture, exact, *_ in ranks(2, _capture_and_replay, False, 1, timeout_s=90):
+        assert capture["frozen"] == [ORIGINAL.word] * 4 and ORIGINAL.word != TUNED.word
+        assert exact == [True]
+
+
+def _refused(rank, world_size, scenario):
+    if scenario == "cpu transport":  # the plain CPU transport: gloo collectives on the host per chunk
+        transport = GlooPlanTransport()
+    elif scenario == "all refuse":
+        transport = RecordingTransport(refuse="test: this plan needs host work per call")
+    else:  # "one refuses"
+        transport = RecordingTransport(refuse="test: this plan needs host work per call" if rank == 1 else None)
+    h = build_helper(transport=transport)
+    x = rank_input(rank, SHAPE)
+    h._capturing = lambda t: True
+    with torch.no_grad():
+        y = h.all_to_all(x, 0)
+    h._capturing = lambda t: False
+    first = (h.history[-1].route, h.history[-1].reason.label, h.history[-1].captured, bit_equal(y, oracle(x, 0)))
+    launches = len(getattr(transport, "captured", []))
+    detail = h._capture_detail
+    with torch.no_grad():
+        y2 = h.all_to_all(x, 0)  # not capturing: the fused route again
+    second = (h.history[-1].route, bit_equal(y2, oracle(x, 0)))
+    h.destroy()
+    return first, launches, detail, second
+
+
+@pytest.mark.parametrize("scenario, reason", [("cpu transport", "cuda_graph_capture"),
+                                              ("all refuse", "cuda_graph_capture"),
+                                              ("one refuses", "peer_disagreement")])
+@READS_LONG_TRAINING
+def test_plan_that_cannot_be_frozen_declines_with_its_reason(ranks, scenario, reason):
+    """Under capture, a plan no rank can freeze declines ``cuda_graph_capture`` on every rank (the NCCL route
+    runs, exact, nothing is captured); one rank refusing declines ``peer_disagreement``; the next eager call
+    runs fused again."""
+    results = ranks(2, _refused, scenario, timeout_s=60)
+    for rank, (first, launches, detail, second) in enumerate(results):
+        assert first == ("nccl", reason, False, True)
+        assert launches == 0
+        assert second == ("fused", True)
+        if scenario == "cpu transport":
+            assert "does host work per call" in detail
+        elif scenario == "all refuse" or rank == 1:
+            assert detail == "test: this plan needs host work per call"
+
+
+def _capture_on_one_rank(rank, world_size, with_bit):
+    from fastvideo.distributed.ulysses import helper as helper_mod
+
+    if not with_bit:  # negative control: the vote no longer says which ranks capture
+        helper_mod.WINDOW_CAPTURED = 0
+    h = build_helper(transport=RecordingTransport(move=False))
+    x = rank_input(rank, SHAPE)
+    h._capturing = lambda t: rank == 0
+    with torch.no_grad():
+        h.all_to_all(x, 0)
+    record = h.history[-1]
+    how = "captured" if h.transport.captured else ("eager fused" if h.transport.eager else "nccl")
+    h.destroy()
+    return how, record.reason.label if record.reason is not None else None
+
+
+@READS_LONG_TRAINING
+def test_capture_on_some_ranks_only_declines_together(ranks):
+    """Rank 0 captures, rank 1 calls eagerly: the capture bit in the vote differs, so both decline
+    ``peer_disagreement`` and take the NCCL route. Control: without the bit the vote agrees, rank 0 captures
+    while rank 1 runs the fused route eagerly (the ranks disagree on how the call runs)."""
+    assert ranks(2, _capture_on_one_rank, True, timeout_s=60) == [("nccl", "peer_disagreement")] * 2
+    assert ranks(2, _capture_on_one_rank, False, timeout_s=60) == [("captured", None), ("eager fused", None)]
+
+
+def test_capture_bit_in_the_vote():
+    """The verdict on the capture bit (pure): identical capturing votes RUN, one rank without it DECLINEs."""
+    geom = Geometry.from_input(SHAPE, 0, 2, torch.float32)
+    row = [0] * contract.NUM_FIELDS
+    row[Field.HEADER], row[Field.B], row[Field.S_LOCAL], row[Field.H], row[Field.D] = contract.header(1), *SHAPE
+    row[Field.DTYPE], row[Field.PHASE], row[Field.PLAN] = 1, int(Phase.FORWARD_NO_GRAD), TUNED.word
+    row[Field.WINDOW_BYTES] = TUNED.window_bytes(geom) | contract.WINDOW_CAPTURED
+    eager = list(row)
+    eager[Field.WINDOW_BYTES] = TUNED.window_bytes(geom)
+    assert TUNED.window_bytes(geom) < contract.WINDOW_CAPTURED
+    assert contract.decide(torch.tensor([row, row])).verdict is Verdict.RUN
+    mixed = contract.decide(torch.tensor([row, eager]))
+    assert (mixed.verdict, mixed.reason) == (Verdict.DECLINE, DeclineReason.PEER_DISAGREEMENT)
+
+
+
+# ---------------------------------------------------------------------- the 2-GPU check script's CPU dry run
+
+
+def _check_env(**extra: str) -> dict[str, str]:
+    import os
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "NCCL_NVLS_ENABLE": "0", **extra}
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        env.pop(key, None)
+    return env
+
+
+def _run_check(*args: str, **env: str):
+    import pathlib
+    import subprocess
+    import sys
+
+    script = pathlib.Path(__file__).with_name("check_ulysses_graphs.py")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+           "--cpu-dry-run", "--quick", *args]
+    return subprocess.run(cmd, env=_check_env(**env), capture_output=True, text=True, timeout=240)
+
+
+def test_graph_check_script_cpu_dry_run(tmp_path):
+    """tests/distributed/check_ulysses_graphs.py over 2 gloo ranks (CPU transport): every check it can run on
+    CPU passes, the CUDA-only parts say they were skipped, and the JSON has the latency rows and the header."""
+    import json
+
+    out = tmp_path / "graphs.json"
+    proc = _run_check("--json", str(out))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "4 passed, 0 failed" in proc.stdout and "DRY RUN" in proc.stdout
+    assert "capture and 100 replays SKIPPED (no CUDA graphs on CPU)" in proc.stdout
+    assert "SKIP (a2) interleaving" in proc.stdout
+    report = json.loads(out.read_text())
+    assert {"commit", "gpu", "torch", "nccl"} <= set(report["header"])
+    timed = [r for r in report["latency"] if "median_ms" in r]
+    assert {(r["geometry"], r["route"], r["how"]) for r in timed} == {
+        (g, r, h) for g in ("wan720p", "h3-32k") for r in ("auto", "off") for h in ("eager", "compiled")}
+    assert all(r["iters"] >= 50 and r["p10_ms"] <= r["median_ms"] <= r["p90_ms"] for r in timed)
+    assert all(r["ran"].startswith("fused") for r in timed if r["route"] == "auto")
+
+
+def test_graph_check_script_fails_when_the_fused_plan_did_not_run():
+    """Negative control: a window too small for the block's operands makes the fused route decline (window),
+    so the plan assertion of check (a) must fail and the script exit non-zero."""
+    proc = _run_check(FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES="1024")
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    assert "FAIL (a) graph replay" in proc.stdout and "no fused plan to assert" in proc.stdout
+    assert "FAIL (c) latency" in proc.stdout and "did not run the fused route" in proc.stdout
+    assert "0 passed, 4 failed" in proc.stdout
+
+
+def test_graph_check_script_refuses_without_two_gpus():
+    if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
+        pytest.skip("this host has 2+ GPUs; the refusal path is for smaller hosts")
+    import pathlib
+    import subprocess
+    import sys
+
+    script = pathlib.Path(__file__).with_name("check_ulysses_graphs.py")
+    proc = subprocess.run([sys.executable, str(script)], env=_check_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "needs 2+ GPUs" in proc.stderr and "nothing was checked" in proc.stderr
