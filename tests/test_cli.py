@@ -150,7 +150,7 @@ def test_gpu_with_a_matching_row_names_it(capsys):
 def test_h200_row_says_copy_engine_and_row_chunks(capsys):
     rc, out = explain(capsys, "--world-size", "2", "--shape", "1,37800,40,128", "--gpu", "H200", *PINNED)
     row = line(out, "tuned row")
-    assert rc == 0 and "copy engines across the fabric, 66 CTAs" in row and "2 row chunks per plane" in row
+    assert rc == 0 and "copy engines across the fabric, 132 CTAs" in row and "2 row chunks per plane" in row
     assert "copy engine" in line(out, "route")
 
 

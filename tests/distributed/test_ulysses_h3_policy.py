@@ -170,14 +170,14 @@ def test_row_chunks_split_a_plane_that_fits():
     """A measured row with ``row_chunks`` cuts each plane into that many even row ranges (H200 SP2 rows:
     copy-engine plans, wan720p in 2 row chunks, h3-32k one plane per chunk)."""
     wan = geom((1, 37800, 40, 128), 2)
-    assert choose_plan(wan, gpu="NVIDIA H200").plan == Plan(66, 1, 18900, tuned=True, engine="ce")
+    assert choose_plan(wan, gpu="NVIDIA H200").plan == Plan(132, 1, 18900, tuned=True, engine="ce")
     h3 = geom((3, 16384, 56, 128), 2)
     plan = choose_plan(h3, gpu="NVIDIA H200").plan
-    assert plan == Plan(66, 1, 16384, tuned=True, engine="ce") and plan.num_chunks(h3) == 3
+    assert plan == Plan(132, 2, 16384, tuned=True, engine="ce") and plan.num_chunks(h3) == 2
     # A plane above half the window (the ce kind's buffer): even row chunks that fit it.
     h3_128k = geom((3, 65536, 56, 128), 2)
     plan = choose_plan(h3_128k, gpu="NVIDIA H200").plan
-    assert plan == Plan(66, 1, 32768, tuned=True, engine="ce") and plan.window_bytes(h3_128k) <= 1 << 30
+    assert plan == Plan(132, 1, 32768, tuned=True, engine="ce") and plan.window_bytes(h3_128k) <= 1 << 30
     row = TunedRow("T100", 2, torch.float32, 4, 8, ctas=72, planes_per_chunk=2, row_chunks=3, source="test")
     g = geom((2, 10, 4, 8), 2, torch.float32)
     assert choose_plan(g, gpu="T100", table=(row,)).plan == Plan(72, 1, 4, tuned=True)  # 4 + 4 + 2 rows

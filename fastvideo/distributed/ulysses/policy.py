@@ -192,22 +192,23 @@ TUNED_TABLE: tuple[TunedRow, ...] = (
         planes_per_chunk=1,
         source="upstream H3 measurements, 4x GB200, NCCL 2.29.7 (docs/ulysses_performance.md)",
     ),
-    # 2x H200 (NV18), bf16: the tuner over both engines at 44abd10 (docs/ulysses_performance.md). The
-    # copy-engine plans won both keys, transfer only: wan720p 0.674/0.669 ms (modes 0/1) against the
-    # SM kernel's best 0.698/0.686 (144 CTAs, 4 row chunks); h3-32k 1.218/1.168 against 1.218/1.276.
-    # They also leave the SMs to concurrent work (a GEMM chain slowed <= 9% beside them, 10-54% beside
-    # the NCCL route). Every swept plan of both engines was bit-exact.
+    # 2x H200 (NV18), bf16: the tuner over both engines at 080c619 (one barrier per chunk), the rows the
+    # benchmark then ran (docs/ulysses_performance.md). The copy-engine plans won both keys, transfer
+    # only: wan720p 0.681/0.663 ms (modes 0/1, 2 row chunks) against the SM kernel's best ~0.69; h3-32k
+    # 1.126/1.124 against ~1.25. CTA counts (66 or 132, for the on-device copies) trade places between
+    # runs within noise. They also leave the SMs to concurrent work (a GEMM chain slowed <= 9% beside
+    # them, 10-54% beside the NCCL route). Every swept plan of both engines was bit-exact.
     TunedRow(
         "H200",
         2,
         torch.bfloat16,
         40,
         128,
-        ctas=66,
+        ctas=132,
         planes_per_chunk=1,
         row_chunks=2,
         engine="ce",
-        source="2x H200 tuner sweep at 44abd10, wan720p modes 0/1 (docs/ulysses_performance.md)",
+        source="2x H200 tuner sweep at 080c619, wan720p modes 0/1 (docs/ulysses_performance.md)",
     ),
     TunedRow(
         "H200",
@@ -215,10 +216,10 @@ TUNED_TABLE: tuple[TunedRow, ...] = (
         torch.bfloat16,
         56,
         128,
-        ctas=66,
-        planes_per_chunk=1,
+        ctas=132,
+        planes_per_chunk=2,
         engine="ce",
-        source="2x H200 tuner sweep at 44abd10, h3-32k QKV modes 0/1 (docs/ulysses_performance.md)",
+        source="2x H200 tuner sweep at 080c619, h3-32k QKV modes 0/1 (docs/ulysses_performance.md)",
     ),
     # The SM kernel's rows for the same keys, used where the copy-engine kind is not (a build without it,
     # CUDA-graph capture): 2x H200 tuner sweep at 8912e8a, confirmed best among SM plans at 44abd10 for
