@@ -79,6 +79,38 @@ FVK_HD inline int64_t ce_block_offset(const Problem& p, int buffer, int src) {
   return (static_cast<int64_t>(buffer) * p.world + src) * full_block_bytes(p);
 }
 
+// One copy-engine copy of push(c): `rows` rows of `width` bytes from this rank's input at
+// `src_offset` (pitch `src_pitch`) into `peer`'s window at `dst_offset` (pitch `dst_pitch`).
+struct CeCopy {
+  int peer;
+  int64_t src_offset, src_pitch, dst_offset, dst_pitch, width, rows;
+};
+
+// The copies of push(chunk ci) by this rank (p.rank), peers in the kernel's order (starting after
+// this rank, so ranks spread over the links). The block lands in [plane][row][run] order at
+// ce_block_offset(ci % 2, rank). Mode 0 reads rows of `run` bytes at a pitch of P runs (one 2D copy
+// per plane, or one for all planes when the chunk has whole planes); mode 1 reads contiguous rows (one
+// flat copy per plane). The launcher (ce_push) and the host addressing check run exactly these.
+template <typename Emit>
+void ce_push_copies(const Problem& p, int64_t ci, Emit&& emit) {
+  const Chunk c = chunk_at(p, ci);
+  const int64_t run = p.run_bytes, P = p.world;
+  for (int j = 1; j < p.world; ++j) {
+    const int q = (p.rank + j) % p.world;
+    const int64_t dst = ce_block_offset(p, static_cast<int>(ci % 2), p.rank);
+    if (p.mode == 0) {
+      const bool whole_planes = c.nr == p.S;
+      for (int64_t pl = 0; pl < c.np; pl += whole_planes ? c.np : 1)
+        emit(CeCopy{q, ((c.p0 + pl) * p.S + c.r0) * P * run + q * run, P * run, dst + pl * c.nr * run, run, run,
+                    whole_planes ? c.np * c.nr : c.nr});
+    } else {
+      for (int64_t pl = 0; pl < c.np; ++pl)
+        emit(CeCopy{q, (((c.p0 + pl) * P + q) * p.S + c.r0) * run, c.nr * run, dst + pl * c.nr * run, c.nr * run,
+                    c.nr * run, 1});
+    }
+  }
+}
+
 // Window bytes a call of this kind needs: two buffers of P full blocks.
 FVK_HD inline int64_t ce_window_need(const Problem& p) {
   return 2 * window_need(p);

@@ -35,7 +35,7 @@ struct TensorRows {
   uint32_t run_units, nr;
   int world, q;
   bool head_split;
-  __device__ V* at(uint32_t u) const {
+  FVK_HD V* at(uint32_t u) const {  // host too: the copy-engine kind's host addressing check
     // Unit counts within a block stay below 2^31 (the host checks): 32-bit divisions, no wrap.
     const uint32_t row = u / run_units, k = u - row * run_units;
     const uint32_t pl = row / nr, r = row - pl * nr;
@@ -46,7 +46,7 @@ struct TensorRows {
 };
 
 template <typename V>
-TensorRows<V> __device__ inline tensor_rows(const Problem& p, const Chunk& c, char* base, int q, bool head_split) {
+FVK_HD inline TensorRows<V> tensor_rows(const Problem& p, const Chunk& c, char* base, int q, bool head_split) {
   return TensorRows<V>{
       base,    p.S, c.p0,      c.r0, static_cast<uint32_t>(p.run_bytes / sizeof(V)), static_cast<uint32_t>(c.nr),
       p.world, q,   head_split};
@@ -57,7 +57,7 @@ template <typename V>
 struct WindowRun {
   char* base;
   uint32_t first;
-  __device__ V* at(uint32_t u) const { return reinterpret_cast<V*>(base) + (u - first); }
+  FVK_HD V* at(uint32_t u) const { return reinterpret_cast<V*>(base) + (u - first); }
 };
 
 // Copy units [u0, u1) from `src` to `dst`, the whole CTA cooperating; `hook(u)` runs before each

@@ -162,6 +162,17 @@ FVK_API int fvk_check_window_sync(int world, int ncalls, const int64_t* calls, s
 FVK_API int fvk_check_ce_sync(int world, int ncalls, const int64_t* chunks, unsigned drop, int64_t* violations,
                               char* msg, int len);
 
+/* The copy-engine kind's addressing on the host (no GPU): P ranks' inputs, outputs and windows in host
+   memory, the data movement of one call as the launcher and the kernels address it (ce_push_copies,
+   tensor_rows, ce_block_offset), every push of a chunk before its copy-outs; then every output byte
+   against the all-to-all's definition. *wrong counts differing bytes (and out-of-bounds pushes); msg
+   describes the first. Operands up to 256 MiB. flags: FVK_CE_CHECK_SWAP_BUFFERS (negative control:
+   copy-outs read the other buffer). */
+#define FVK_CE_CHECK_SWAP_BUFFERS 1u
+FVK_API int fvk_check_ce_addressing(int world, int mode, int dtype, int64_t B, int64_t S, int64_t H, int64_t D,
+                                    int64_t planes_per_chunk, int64_t rows_per_chunk, unsigned flags, int64_t* wrong,
+                                    char* msg, int len);
+
 /* ---- teardown ---- */
 /* Collective: device comm, window deregistration, ncclMemFree, ncclCommDestroy; frees ctx. */
 FVK_API int fvk_destroy(fvk_ctx* ctx);

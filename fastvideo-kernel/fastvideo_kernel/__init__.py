@@ -44,11 +44,13 @@ ENTRY_SYMBOLS = {
     "sim": "fvk_sim_a2a",
     "sync_check": "fvk_check_window_sync",
     "ce_sync_check": "fvk_check_ce_sync",
+    "ce_addressing_check": "fvk_check_ce_addressing",
 }
 SIM_SKEW, SIM_EPOCH_CHECK, SIM_LEGACY_LAYOUT = 1, 2, 4  # fvk_sim_a2a flags
 # fvk_check_ce_sync negative controls (ce_plan.h's CeDrop): each drops one ordering of the schedule.
 CE_DROP_WAIT_COPIED, CE_DROP_ENTRY_BARRIER, CE_DROP_LANDED_BARRIER, CE_DROP_FORK, CE_DROP_JOIN = 1, 2, 4, 8, 16
 FABRIC_COPY_ENGINE, FABRIC_SM = 0, 1  # fvk_fabric_copy engines
+CE_CHECK_SWAP_BUFFERS = 1  # fvk_check_ce_addressing negative control: copy-outs read the other buffer
 DEBUG_EPOCH_CHECK, DEBUG_LEGACY_LAYOUT = 1, 2  # fvk_a2a_debug flags
 
 _c_int_p = ctypes.POINTER(ctypes.c_int)
@@ -95,6 +97,9 @@ _SIGNATURES: dict[str, tuple[type, list]] = {
                                          ctypes.POINTER(_I64), ctypes.c_char_p, ctypes.c_int]),
     "fvk_a2a_captured": (ctypes.c_int, [_VOIDP, _VOIDP, _VOIDP, ctypes.c_int, ctypes.c_int, _I64, _I64, _I64, _I64,
                                         ctypes.c_int, _I64, _I64, _VOIDP]),
+    "fvk_check_ce_addressing": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.c_int, _I64, _I64, _I64, _I64, _I64,
+                                               _I64, ctypes.c_uint, ctypes.POINTER(_I64), ctypes.c_char_p,
+                                               ctypes.c_int]),
     "fvk_a2a_debug": (ctypes.c_int, [_VOIDP, _VOIDP, _VOIDP, ctypes.c_int, ctypes.c_int, _I64, _I64, _I64, _I64,
                                      ctypes.c_int, _I64, _I64, ctypes.c_uint, _VOIDP, _VOIDP]),
     "fvk_sim_a2a": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.POINTER(SimCall), ctypes.POINTER(_VOIDP),
@@ -164,7 +169,7 @@ def load() -> ctypes.CDLL:
 
 def entry_points(lib: ctypes.CDLL) -> frozenset[str]:
     """The entry points this build exports (``original``, ``tuned``, ``ce``, ``fabric``, ``debug``, ``sim``,
-    ``sync_check``, ``ce_sync_check``)."""
+    ``sync_check``, ``ce_sync_check``, ``ce_addressing_check``)."""
     """The entry points this build exports (``original``, ``tuned``, ``capture``, ``debug``, ``sim``,
     ``sync_check``)."""
     abi = lib.fvk_abi_version()

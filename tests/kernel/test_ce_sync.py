@@ -70,3 +70,48 @@ def test_bad_arguments_are_errors(lib):  # noqa: F811
     arr[0] = 1
     assert lib.fvk_check_ce_sync(2, 1, arr, 64, ctypes.byref(v), None, 0) == 1
     assert lib.fvk_check_ce_sync(9, 1, arr, 0, ctypes.byref(v), None, 0) == 1
+
+
+# ------------------------------------------------------------------------------------- addressing
+
+def addressing(lib, world, mode, dtype, shape, plan, flags=0):  # noqa: F811
+    """(wrong bytes, first) of one copy-engine call on the host (``fvk_check_ce_addressing``)."""
+    wrong = ctypes.c_int64(-1)
+    msg = ctypes.create_string_buffer(256)
+    b, s, h, d = shape
+    status = lib.fvk_check_ce_addressing(world, mode, dtype, b, s, h, d, plan[0], plan[1], flags, ctypes.byref(wrong),
+                                         msg, len(msg))
+    assert status == 0, fastvideo_kernel.last_error(lib)
+    return wrong.value, msg.value.decode()
+
+
+# (B, S_local, H global, D) x plans (planes, rows per chunk): whole, planes then a smaller last, uneven
+# rows, one row per chunk; fp32 (4 bytes) and bf16 (2) so runs are 32..1024 bytes.
+SHAPES = [(1, 7, 8, 8), (3, 5, 16, 4), (4, 9, 8, 16), (2, 16, 24, 8)]
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+@pytest.mark.parametrize("mode", [0, 1])
+def test_copy_engine_addressing_is_the_all_to_all(lib, world, mode):  # noqa: F811
+    """Every byte of every rank's output equals the all-to-all's definition, for plans with chunks of
+    different sizes, through the launcher's copies and the kernels' addressing (on the host)."""
+    for b, s, h, d in SHAPES:
+        h = h // 8 * world if h % world else h  # H divisible by P
+        for dtype in (1, 3):
+            for plan in ((b, s), (2, s), (1, s), (1, 3), (2, 2), (1, 1)):
+                wrong, first = addressing(lib, world, mode, dtype, (b, s, h, d), plan)
+                assert wrong == 0, f"P={world} mode {mode} {(b, s, h, d)} dtype {dtype} plan {plan}: {first}"
+
+
+def test_swapped_buffers_are_caught(lib):  # noqa: F811
+    """Negative control: copy-outs that read the other buffer give wrong bytes, with one chunk and with many."""
+    for plan in ((3, 5), (1, 2)):
+        wrong, first = addressing(lib, 2, 0, 3, (3, 5, 8, 8), plan, flags=fastvideo_kernel.CE_CHECK_SWAP_BUFFERS)
+        assert wrong > 0 and "wrong bytes" in first
+
+
+def test_addressing_check_rejects_bad_input(lib):  # noqa: F811
+    v = ctypes.c_int64()
+    assert lib.fvk_check_ce_addressing(2, 0, 3, 1, 4, 7, 8, 1, 4, 0, ctypes.byref(v), None, 0) == 1  # H % P
+    assert lib.fvk_check_ce_addressing(2, 0, 3, 1, 4, 8, 8, 1, 4, 2, ctypes.byref(v), None, 0) == 1  # flags
+    assert lib.fvk_check_ce_addressing(2, 0, 3, 64, 1 << 20, 8, 64, 1, 4, 0, ctypes.byref(v), None, 0) == 1  # size

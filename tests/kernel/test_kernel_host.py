@@ -41,7 +41,8 @@ EXPECTED_SYMBOLS = {
     "fvk_get_unique_id",
     "fvk_create", "fvk_comm_init", "fvk_window_alloc", "fvk_window_register", "fvk_devcomm_create", "fvk_lsa_info",
     "fvk_a2a_original", "fvk_a2a_tuned", "fvk_a2a_ce", "fvk_fabric_copy", "fvk_a2a_captured", "fvk_a2a_debug",
-    "fvk_sim_a2a", "fvk_check_window_sync", "fvk_check_ce_sync", "fvk_destroy", "fvk_abort",
+    "fvk_sim_a2a", "fvk_check_window_sync", "fvk_check_ce_sync", "fvk_check_ce_addressing", "fvk_destroy",
+    "fvk_abort",
 }
 
 
@@ -139,7 +140,7 @@ def test_built_library_abi_query(built):
         pytest.skip(f"the built library cannot be loaded on this machine (e.g. its libnccl.so.2 is absent): {exc}")
     assert lib.fvk_abi_version() == 3
     assert fastvideo_kernel.entry_points(lib) == {"original", "tuned", "ce", "fabric", "capture", "debug", "sim",
-                                                  "sync_check", "ce_sync_check"}
+                                                  "sync_check", "ce_sync_check", "ce_addressing_check"}
     assert fastvideo_kernel.nccl_version_tuple(lib.fvk_nccl_build_version())[:2] >= (2, 28)
     assert lib.fvk_max_ctas() == 144
     assert lib.fvk_unique_id_bytes() == 128
