@@ -521,23 +521,48 @@ void launch_kernel(int vec, int ctas, cudaStream_t s, const Problem& p, const fv
 // the debug one (epoch checker stamps in the window past the plan's bytes, optional legacy layout).
 // The part of a launch that can fail on one rank alone (local pointers, the device, CUDA errors):
 // its peers, which passed the same vote, may already be waiting at its barriers.
-int launch_local(fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const void* x, void* out, int ctas, unsigned flags,
-                 unsigned long long* report, cudaStream_t s) {
+// The context checks every launch of either kind makes first: they fail alike on every rank (the
+// context is shared state all ranks built together), so they leave the context usable.
+int check_context(const fvk_ctx* ctx, bool copy_engine) {
+  if (!ctx || !ctx->has_dev_comm || (copy_engine && !ctx->copy_stream))
+    return set_error(FVK_ERR_STATE, "execute needs a constructed context");
+  if (ctx->poisoned)
+    return set_error(FVK_ERR_STATE,
+                     "this context refuses launches after %s: peers may still wait at that call's barriers; "
+                     "destroy it and build a new one",
+                     ctx->poisoned);
+  // LSA rank r must be communicator rank r: peers' windows are addressed by SP rank.
+  if (ctx->dev_comm.lsaSize != ctx->nranks || ctx->dev_comm.lsaRank != ctx->rank)
+    return set_error(FVK_ERR_STATE, "LSA team (size %d, rank %d) does not cover the communicator (%d ranks, rank %d)",
+                     ctx->dev_comm.lsaSize, ctx->dev_comm.lsaRank, ctx->nranks, ctx->rank);
+  return FVK_OK;
+}
+
+// This rank's operands into `p`, and the widest vector every pointer allows. It fails on one rank alone
+// (local pointers), after every rank agreed to run the call: the callers poison the context then.
+int bind_operands(const fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const void* x, void* out, int& vec) {
   if (!x || !out) return set_error(FVK_ERR_INVALID, "null input or output");
   if (overlaps(out, operand_bytes, ctx->buffer, ctx->bytes) || overlaps(x, operand_bytes, ctx->buffer, ctx->bytes))
     return set_error(FVK_ERR_INVALID, "input or output aliases the communication window");
   if (overlaps(out, operand_bytes, x, operand_bytes)) return set_error(FVK_ERR_INVALID, "output aliases the input");
+  p.x = static_cast<const char*>(x);
+  p.out = static_cast<char*>(out);
+  p.rank = ctx->rank;
+  const void* window = ctx->buffer;
+  vec = vector_bytes(p, &window, 1);
+  if (vec < p.itemsize) return set_error(FVK_ERR_INVALID, "input or output is not aligned to its element size");
+  return FVK_OK;
+}
+
+int launch_local(fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const void* x, void* out, int ctas, unsigned flags,
+                 unsigned long long* report, cudaStream_t s) {
   // Spinning CTAs wait for the same CTA index on peers: a CTA that cannot become resident while
   // others spin would deadlock every rank, so refuse such launches instead.
   if (ctas > ctx->coresident)
     return set_error(FVK_ERR_NOT_CORESIDENT, "ctas=%d exceeds the %d CTAs this device can hold at once", ctas,
                      ctx->coresident);
-  p.x = static_cast<const char*>(x);
-  p.out = static_cast<char*>(out);
-  p.rank = ctx->rank;
-  const void* window = ctx->buffer;
-  const int vec = vector_bytes(p, &window, 1);
-  if (vec < p.itemsize) return set_error(FVK_ERR_INVALID, "input or output is not aligned to its element size");
+  int vec = 0;
+  FVK_TRY(bind_operands(ctx, p, operand_bytes, x, out, vec));
   DeviceGuard guard;
   FVK_TRY(guard.set(ctx->device));
   // Calls share one window and one set of barrier slots: a call on another stream than the previous
@@ -598,18 +623,9 @@ int launch_local(fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const void* x,
 int launch_fused(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H,
                  int64_t D, int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, unsigned flags,
                  unsigned long long* report, void* stream) {
-  if (!ctx || !ctx->has_dev_comm) return set_error(FVK_ERR_STATE, "execute needs a constructed context");
-  if (ctx->poisoned)
-    return set_error(FVK_ERR_STATE,
-                     "this context refuses launches after %s: peers may still wait at that call's barriers; "
-                     "destroy it and build a new one",
-                     ctx->poisoned);
+  FVK_TRY(check_context(ctx, false));
   if (flags & ~(FVK_DEBUG_EPOCH_CHECK | FVK_DEBUG_LEGACY_LAYOUT | kCaptureLaunch))
     return set_error(FVK_ERR_INVALID, "unknown debug flags 0x%x", flags);
-  // LSA rank r must be communicator rank r: ncclGetLsaPointer(window, 0, q) is addressed by SP rank.
-  if (ctx->dev_comm.lsaSize != ctx->nranks || ctx->dev_comm.lsaRank != ctx->rank)
-    return set_error(FVK_ERR_STATE, "LSA team (size %d, rank %d) does not cover the communicator (%d ranks, rank %d)",
-                     ctx->dev_comm.lsaSize, ctx->dev_comm.lsaRank, ctx->nranks, ctx->rank);
   Problem p;
   int64_t operand_bytes = 0;
   FVK_TRY(make_problem(ctx->nranks, mode, dtype, B, S, H, D, ctas, kMaxCtas, planes_per_chunk, rows_per_chunk,
@@ -660,39 +676,13 @@ cudaError_t ce_push(const fvk_ctx* ctx, const Problem& p, int64_t ci, cudaStream
   return e;
 }
 
-// Enqueues one call of the copy-engine plan kind: the schedule of ce_plan.h, op by op. Agreed
-// checks first (every rank fails them alike, context intact); a failure once the first barrier may
-// have been enqueued poisons the context, as for the fused kernel.
-int launch_ce(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H, int64_t D,
-              int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, void* stream) {
-  if (!ctx || !ctx->has_dev_comm || !ctx->copy_stream)
-    return set_error(FVK_ERR_STATE, "execute needs a constructed context");
-  if (ctx->poisoned)
-    return set_error(FVK_ERR_STATE,
-                     "this context refuses launches after %s: peers may still wait at that call's barriers; "
-                     "destroy it and build a new one",
-                     ctx->poisoned);
-  if (ctx->dev_comm.lsaSize != ctx->nranks || ctx->dev_comm.lsaRank != ctx->rank)
-    return set_error(FVK_ERR_STATE, "LSA team (size %d, rank %d) does not cover the communicator (%d ranks, rank %d)",
-                     ctx->dev_comm.lsaSize, ctx->dev_comm.lsaRank, ctx->nranks, ctx->rank);
-  Problem p;
-  int64_t operand_bytes = 0;
-  // Two buffers: each chunk must fit half the window.
-  FVK_TRY(make_problem(ctx->nranks, mode, dtype, B, S, H, D, ctas, kMaxCtas, planes_per_chunk, rows_per_chunk,
-                       ctx->bytes / 2, p, operand_bytes, kStatic));
-  if (!x || !out) return set_error(FVK_ERR_INVALID, "null input or output");
-  if (overlaps(out, operand_bytes, ctx->buffer, ctx->bytes) || overlaps(x, operand_bytes, ctx->buffer, ctx->bytes))
-    return set_error(FVK_ERR_INVALID, "input or output aliases the communication window");
-  if (overlaps(out, operand_bytes, x, operand_bytes)) return set_error(FVK_ERR_INVALID, "output aliases the input");
-  p.x = static_cast<const char*>(x);
-  p.out = static_cast<char*>(out);
-  p.rank = ctx->rank;
-  const void* window = ctx->buffer;
-  const int vec = vector_bytes(p, &window, 1);
-  if (vec < p.itemsize) return set_error(FVK_ERR_INVALID, "input or output is not aligned to its element size");
+// The part of a copy-engine call that can fail on one rank alone: its operands, then the schedule of
+// ce_plan.h, op by op.
+int ce_local(fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const void* x, void* out, int ctas, cudaStream_t s) {
+  int vec = 0;
+  FVK_TRY(bind_operands(ctx, p, operand_bytes, x, out, vec));
   DeviceGuard guard;
   FVK_TRY(guard.set(ctx->device));
-  auto s = static_cast<cudaStream_t>(stream);
   // After a capture, replays record `done` on any stream: always wait (as launch_local does).
   if (ctx->captured || (ctx->last_stream != nullptr && ctx->last_stream != s))
     FVK_CUDA(cudaStreamWaitEvent(s, ctx->done, 0));
@@ -727,22 +717,34 @@ int launch_ce(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64
     }
   });
   if (e == cudaSuccess) e = cudaEventRecord(ctx->done, s);
-  if (e != cudaSuccess) {
-    ctx->poisoned = "a copy-engine call that failed on this rank after every rank agreed to run it";
+  if (e != cudaSuccess)
     return set_error(FVK_ERR_CUDA, "copy-engine call: %s failed: CUDA error %d %s: %s", what, static_cast<int>(e),
                      cudaGetErrorName(e), cudaGetErrorString(e));
-  }
   ctx->last_stream = s;
   return FVK_OK;
+}
+
+// Checks and enqueues one call of the copy-engine plan kind. Checks of agreed values (geometry, plan,
+// window) fail identically on every rank and leave the context usable; a failure after them poisons it,
+// as for the fused kernel.
+int launch_ce(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H, int64_t D,
+              int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, void* stream) {
+  FVK_TRY(check_context(ctx, true));
+  Problem p;
+  int64_t operand_bytes = 0;
+  // Two buffers: each chunk must fit half the window.
+  FVK_TRY(make_problem(ctx->nranks, mode, dtype, B, S, H, D, ctas, kMaxCtas, planes_per_chunk, rows_per_chunk,
+                       ctx->bytes / 2, p, operand_bytes, kStatic));
+  const int rc = ce_local(ctx, p, operand_bytes, x, out, ctas, static_cast<cudaStream_t>(stream));
+  if (rc != FVK_OK) ctx->poisoned = "a copy-engine call that failed on this rank after every rank agreed to run it";
+  return rc;
 }
 
 // The fabric's limit as the benchmark measures it: entry barrier, every rank copies `bytes` from its
 // window's start into every peer's window (at (1 + rank) * bytes, so no two writers overlap),
 // exit barrier. engine 0: one copy-engine copy per peer; 1: `ctas` CTAs of SM stores.
 int fabric_copy(fvk_ctx* ctx, int64_t bytes, int engine, int ctas, cudaStream_t s) {
-  if (!ctx || !ctx->has_dev_comm || !ctx->copy_stream)
-    return set_error(FVK_ERR_STATE, "fabric copy needs a constructed context");
-  if (ctx->poisoned) return set_error(FVK_ERR_STATE, "this context refuses launches after %s", ctx->poisoned);
+  FVK_TRY(check_context(ctx, true));
   if (bytes <= 0 || bytes % 16 || static_cast<uint64_t>(bytes) * (ctx->nranks + 1) > ctx->bytes)
     return set_error(FVK_ERR_INVALID,
                      "fabric copy of %lld bytes: need a positive multiple of 16 with (P + 1) x bytes "
