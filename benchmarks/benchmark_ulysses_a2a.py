@@ -190,6 +190,8 @@ def fabric_reference(helper, nbytes_per_peer: int, device: torch.device, iters: 
         return None
     window = helper.window_bytes
     measured = min(nbytes_per_peer, window // (p + 1)) // 16 * 16
+    if measured < 16:  # an operand below 16 bytes per peer, or a tiny window: nothing to time
+        return None
     scale = nbytes_per_peer / measured
     times = {}
     for engine, label in ((0, "ce"), (1, "sm")):

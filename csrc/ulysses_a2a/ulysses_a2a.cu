@@ -554,6 +554,17 @@ int bind_operands(const fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const v
   return FVK_OK;
 }
 
+// The copy-engine kind and the fabric copy are not capturable (a copy-engine call forks onto the
+// context's copy stream and pushes to host-resolved peer pointers per chunk): refuse a capturing stream.
+// Every rank agrees on capturing (the vote's WINDOW_BYTES carries it), so this fails alike everywhere.
+int refuse_capture(void* stream, const char* what) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  FVK_CUDA(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status));
+  if (status != cudaStreamCaptureStatusNone)
+    return set_error(FVK_ERR_STATE, "%s cannot be captured into a CUDA graph (the stream is capturing)", what);
+  return FVK_OK;
+}
+
 int launch_local(fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const void* x, void* out, int ctas, unsigned flags,
                  unsigned long long* report, cudaStream_t s) {
   // Spinning CTAs wait for the same CTA index on peers: a CTA that cannot become resident while
@@ -717,9 +728,14 @@ int ce_local(fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const void* x, voi
     }
   });
   if (e == cudaSuccess) e = cudaEventRecord(ctx->done, s);
-  if (e != cudaSuccess)
+  if (e != cudaSuccess) {
+    // Best effort: the copy-outs already queued on the copy stream write `out`; join them into the
+    // caller's stream so the allocator does not hand `out` to another tensor while they run.
+    if (cudaEventRecord(ctx->ce_events[kEvJoin], ctx->copy_stream) == cudaSuccess)
+      cudaStreamWaitEvent(s, ctx->ce_events[kEvJoin], 0);
     return set_error(FVK_ERR_CUDA, "copy-engine call: %s failed: CUDA error %d %s: %s", what, static_cast<int>(e),
                      cudaGetErrorName(e), cudaGetErrorString(e));
+  }
   ctx->last_stream = s;
   return FVK_OK;
 }
@@ -730,6 +746,7 @@ int ce_local(fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const void* x, voi
 int launch_ce(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H, int64_t D,
               int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, void* stream) {
   FVK_TRY(check_context(ctx, true));
+  FVK_TRY(refuse_capture(stream, "fvk_a2a_ce"));
   Problem p;
   int64_t operand_bytes = 0;
   // Two buffers: each chunk must fit half the window.
@@ -743,16 +760,7 @@ int launch_ce(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64
 // The fabric's limit as the benchmark measures it: entry barrier, every rank copies `bytes` from its
 // window's start into every peer's window (at (1 + rank) * bytes, so no two writers overlap),
 // exit barrier. engine 0: one copy-engine copy per peer; 1: `ctas` CTAs of SM stores.
-int fabric_copy(fvk_ctx* ctx, int64_t bytes, int engine, int ctas, cudaStream_t s) {
-  FVK_TRY(check_context(ctx, true));
-  if (bytes <= 0 || bytes % 16 || static_cast<uint64_t>(bytes) * (ctx->nranks + 1) > ctx->bytes)
-    return set_error(FVK_ERR_INVALID,
-                     "fabric copy of %lld bytes: need a positive multiple of 16 with (P + 1) x bytes "
-                     "<= the window (%zu)",
-                     (long long)bytes, ctx->bytes);
-  if (engine != 0 && engine != 1)
-    return set_error(FVK_ERR_INVALID, "engine %d is not 0 (copy engine) or 1 (SM)", engine);
-  if (ctas < 1 || ctas > 1024) return set_error(FVK_ERR_INVALID, "ctas=%d outside 1..1024", ctas);
+int fabric_local(fvk_ctx* ctx, int64_t bytes, int engine, int ctas, cudaStream_t s) {
   DeviceGuard guard;
   FVK_TRY(guard.set(ctx->device));
   // After a capture, replays record `done` on any stream: always wait (as launch_local does).
@@ -779,13 +787,28 @@ int fabric_copy(fvk_ctx* ctx, int64_t bytes, int engine, int ctas, cudaStream_t 
     e = cudaGetLastError();
   }
   if (e == cudaSuccess) e = cudaEventRecord(ctx->done, s);
-  if (e != cudaSuccess) {
-    ctx->poisoned = "a fabric copy that failed on this rank after its first barrier";
+  if (e != cudaSuccess)
     return set_error(FVK_ERR_CUDA, "fabric copy failed: CUDA error %d %s: %s", static_cast<int>(e), cudaGetErrorName(e),
                      cudaGetErrorString(e));
-  }
   ctx->last_stream = s;
   return FVK_OK;
+}
+
+int fabric_copy(fvk_ctx* ctx, int64_t bytes, int engine, int ctas, cudaStream_t s) {
+  FVK_TRY(check_context(ctx, true));
+  FVK_TRY(refuse_capture(s, "fvk_fabric_copy"));
+  if (bytes <= 0 || bytes % 16 || static_cast<uint64_t>(bytes) * (ctx->nranks + 1) > ctx->bytes)
+    return set_error(FVK_ERR_INVALID,
+                     "fabric copy of %lld bytes: need a positive multiple of 16 with (P + 1) x bytes "
+                     "<= the window (%zu)",
+                     (long long)bytes, ctx->bytes);
+  if (engine != 0 && engine != 1)
+    return set_error(FVK_ERR_INVALID, "engine %d is not 0 (copy engine) or 1 (SM)", engine);
+  if (ctas < 1 || ctas > 1024) return set_error(FVK_ERR_INVALID, "ctas=%d outside 1..1024", ctas);
+  // Past the agreed checks: peers may already wait at the first barrier (as for every launch).
+  const int rc = fabric_local(ctx, bytes, engine, ctas, s);
+  if (rc != FVK_OK) ctx->poisoned = "a fabric copy that failed on this rank after every rank agreed to run it";
+  return rc;
 }
 
 // The context's CUDA events and copy stream (teardown, after the device is idle).
@@ -1151,8 +1174,11 @@ int fvk_check_ce_addressing(int world, int mode, int dtype, int64_t B, int64_t S
       ce_push_copies(p, ci, [&](const CeCopy& k) {
         const int64_t src_end = k.src_offset + (k.rows - 1) * k.src_pitch + k.width;
         const int64_t dst_end = k.dst_offset + (k.rows - 1) * k.dst_pitch + k.width;
-        if (k.src_offset < 0 || src_end > operand_bytes || k.dst_offset < 0 || dst_end > need) {
-          fail("push out of bounds: chunk " + std::to_string(ci) + " rank " + std::to_string(r), 1);
+        // Each push stays inside its own block: buffer ci % 2, source r (what the sync model assumes).
+        const int64_t block = ce_block_offset(p, static_cast<int>(ci % 2), r);
+        if (k.src_offset < 0 || src_end > operand_bytes || k.dst_offset < block ||
+            dst_end > block + full_block_bytes(p) || dst_end > need) {
+          fail("push outside its block: chunk " + std::to_string(ci) + " rank " + std::to_string(r), 1);
           return;
         }
         for (int64_t row = 0; row < k.rows; ++row)
