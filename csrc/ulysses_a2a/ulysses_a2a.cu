@@ -1273,8 +1273,8 @@ int fvk_abort(fvk_ctx* ctx) {
         rc =
             set_error(FVK_ERR_NCCL, "ncclMemFree failed: NCCL error %d %s", static_cast<int>(r), ncclGetErrorString(r));
     }
+    release_streams(ctx);  // on the context's device, as fvk_destroy does
   }
-  release_streams(ctx);
   delete ctx;
   return rc;
 }
