@@ -1081,6 +1081,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-checkpointing", action="store_true", help="disable full activation checkpointing")
     p.add_argument("--long-training", help="comma list of FASTVIDEO_ULYSSES_A2A_LONG_TRAINING values (auto, "
                                            "chunked): one auto variant each (default: the environment's value)")
+    p.add_argument("--engine", choices=("table", "sm", "ce"), default="table",
+                   help="fused-route plans from TUNED_TABLE as it is (default), or from its rows of one engine only "
+                        "(sm: the fused kernel; ce: copy engines): to compare the engines inside the step")
     p.add_argument("--grad-factor", type=float, default=4.0,
                    help="gradient threshold = factor x max abs diff of two repeated NCCL-route steps")
     p.add_argument("--clip", type=float, default=1.0, help="clip_grad_norm_ max norm")
@@ -1095,6 +1098,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--estimate-world", type=int, default=2, help="SP size for --estimate")
     p.add_argument("--save", help="directory: per-rank safetensors of inference outputs and gradients")
     return p
+
+
+def restrict_engine(table: tuple, engine: str) -> tuple:
+    """``table`` as it is (``engine == "table"``) or only its rows of one engine (``sm`` / ``ce``)."""
+    return tuple(table) if engine == "table" else tuple(row for row in table if row.engine == engine)
 
 
 def offload_for(args, n_tok: int) -> bool:
@@ -1169,6 +1177,9 @@ def main(argv: list[str] | None = None) -> int:
                 from fastvideo.distributed.ulysses.helper import get_default_helper
 
                 helper = get_default_helper()
+            if args.engine != "table":
+                helper.tuned_table = restrict_engine(helper.tuned_table, args.engine)
+                notes.append(f"--engine {args.engine}: the helper plans from TUNED_TABLE's {args.engine} rows only")
         except Exception as exc:  # noqa: BLE001 - reported; auto rows are dropped
             notes.append(f"auto route dropped: helper construction failed: {type(exc).__name__}: {exc}")
             routes = [r for r in routes if r != "auto"]
@@ -1186,7 +1197,7 @@ def main(argv: list[str] | None = None) -> int:
     header = common.env_header(device, world, helper, {
         "benchmark": "dit_step", "hidden": args.hidden, "heads": args.heads, "blocks": args.blocks,
         "params": n_params, "attention": backend, "dtype": args.dtype, "offload_activations": args.offload_activations,
-        "offload_above": args.offload_above,
+        "offload_above": args.offload_above, "engine": args.engine,
         "checkpointing": not args.no_checkpointing, "trials": args.trials, "long_training": longs,
         "op_iters": args.op_iters, "notes": notes, "helper": helper.stats() if helper is not None else None,
         "window_bytes": getattr(helper, "window_bytes", None),

@@ -196,6 +196,18 @@ def test_dit_step_op_seconds() -> None:
     assert b.step_op_seconds({"qkv/bwd": 1}, UNITS) is None  # a backward without its forward
 
 
+def test_dit_step_engine_restriction() -> None:
+    """--engine keeps the table (table) or one engine's rows; for H200 the ce rows come first, the sm rows after."""
+    from fastvideo.distributed.ulysses.policy import TUNED_TABLE
+
+    bench = _bench_module()
+    assert bench.restrict_engine(TUNED_TABLE, "table") == tuple(TUNED_TABLE)
+    sm, ce = bench.restrict_engine(TUNED_TABLE, "sm"), bench.restrict_engine(TUNED_TABLE, "ce")
+    assert sm and ce and all(r.engine == "sm" for r in sm) and all(r.engine == "ce" for r in ce)
+    assert len(sm) + len(ce) == len(TUNED_TABLE)
+    assert {r.heads for r in ce if r.gpu == "H200"} == {r.heads for r in sm if r.gpu == "H200"} == {40, 56}
+
+
 def test_dit_step_gain_arithmetic() -> None:
     b = _bench_module()
     assert b.ideal_gain(0.10, 0.6, 1.0) == pytest.approx(0.04)
