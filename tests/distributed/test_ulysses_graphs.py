@@ -355,3 +355,30 @@ def test_graph_check_script_refuses_without_two_gpus():
     script = pathlib.Path(__file__).with_name("check_ulysses_graphs.py")
     proc = subprocess.run([sys.executable, str(script)], env=_check_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "needs 2+ GPUs" in proc.stderr and "nothing was checked" in proc.stderr
+
+
+def _capture_plans_from_sm_rows(rank, world_size):
+    from tests.distributed.conftest import fixture_rows
+
+    table = fixture_rows(engine="ce", ctas=132) + fixture_rows(engine="sm")  # a key's ce row first, as in the table
+    h = build_helper(transport=RecordingTransport(), table=table)
+    x = rank_input(rank, SHAPE, seed=0)
+    h._capturing = lambda x: True
+    try:
+        with torch.no_grad():
+            h.all_to_all(x, 0)
+    finally:
+        h._capturing = lambda x: False
+    with torch.no_grad():
+        y = h.all_to_all(x, 0)
+    result = ([(r.plan.engine, r.plan.ctas, r.captured) for r in h.history], bit_equal(y, oracle(x, 0)))
+    h.destroy()
+    return result
+
+
+@READS_LONG_TRAINING
+def test_capture_plans_from_the_sm_rows(ranks):
+    """A key with a copy-engine row (first) and an SM row: a captured call freezes the SM row's plan (the
+    copy-engine kind cannot be captured), an eager call runs the copy-engine plan; both exact."""
+    for records, exact in ranks(2, _capture_plans_from_sm_rows, timeout_s=60):
+        assert records == [("sm", 144, True), ("ce", 132, False)] and exact
