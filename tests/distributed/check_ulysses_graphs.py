@@ -39,7 +39,6 @@ with ``backend="aot_eager"`` (reduce-overhead needs CUDA), (c) eager and compile
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import pathlib
@@ -66,6 +65,7 @@ from fastvideo.distributed import parallel_state  # noqa: E402
 from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a  # noqa: E402
 from fastvideo.distributed.ulysses import helper as helper_mod  # noqa: E402
 from fastvideo.distributed.ulysses.policy import Geometry, Plan  # noqa: E402
+from tests.distributed.check_launch import init_check_group  # noqa: E402
 
 GEOMETRIES = {"wan720p": (1, 75600, 40, 128), "h3-32k": (3, 32768, 56, 128)}  # global [B, S, H, D]
 DRY_RUN_SCALE = 512
@@ -491,24 +491,10 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="50 latency iterations (100 without)")
     parser.add_argument("--cpu-dry-run", action="store_true", help="the script's logic over gloo at small sizes")
     args = parser.parse_args()
-    world = int(os.environ.get("WORLD_SIZE", "1"))
     start = time.perf_counter()
-    if args.cpu_dry_run:
-        if world < 2:
-            print("check_ulysses_graphs --cpu-dry-run: run it under torch.distributed.run --nproc_per_node>=2",
-                  file=sys.stderr)
-            return 2
-        dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=2))
-    else:
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if gpus < 2 or world < 2:
-            print(f"check_ulysses_graphs: needs 2+ GPUs and torch.distributed.run --nproc_per_node>=2 (found {gpus} "
-                  f"GPUs, WORLD_SIZE={world}); nothing was checked.", file=sys.stderr)
-            return 2
-        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-        local = int(os.environ["LOCAL_RANK"])
-        torch.cuda.set_device(local)
-        dist.init_process_group("nccl", device_id=torch.device("cuda", local), timeout=datetime.timedelta(minutes=5))
+    if not init_check_group("check_ulysses_graphs", args.cpu_dry_run):
+        return 2
+    if not args.cpu_dry_run:
         # Deterministic attention for the exactness checks (flash-attention's backward may use atomics).
         torch.backends.cuda.enable_flash_sdp(False)
         torch.backends.cuda.enable_mem_efficient_sdp(False)

@@ -75,6 +75,7 @@ from fastvideo.distributed.ulysses.policy import (  # noqa: E402
     lookup,
     normalize_gpu_name,
 )
+from tests.distributed.check_launch import init_check_group  # noqa: E402
 
 H3 = {"32k": 32768, "128k": 131072, "250k": 250000}
 WAN720P = 75600
@@ -547,25 +548,12 @@ def main() -> int:
                         help="test the gate logic over gloo, CPU transport, 1/512 scale (not a gate result)")
     parser.add_argument("--inject-wrong-round", type=int, default=-1, help=argparse.SUPPRESS)  # fail-fast test
     args = parser.parse_args()
-    world = int(os.environ.get("WORLD_SIZE", "1"))
     if args.cpu_dry_run:
-        if world < 2:
-            print("check_ulysses_h3_native --cpu-dry-run: run it under torchrun --nproc_per_node>=2", file=sys.stderr)
-            return 2
         from fastvideo.distributed.ulysses import policy
 
         policy.LONG_TRAINING_PLANE_BYTES //= DRY_RUN_SCALE  # scaled with the sequences and the window
-        dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=2))
-    else:
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if gpus < 2 or world < 2:
-            print(f"check_ulysses_h3_native: needs 2+ GPUs and torchrun --nproc_per_node>=2 (found {gpus} GPUs, "
-                  f"WORLD_SIZE={world}); nothing was checked.", file=sys.stderr)
-            return 2
-        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-        local = int(os.environ["LOCAL_RANK"])
-        torch.cuda.set_device(local)
-        dist.init_process_group("nccl", device_id=torch.device("cuda", local), timeout=datetime.timedelta(minutes=5))
+    if not init_check_group("check_ulysses_h3_native", args.cpu_dry_run):
+        return 2
     parallel_state.initialize_sequence_parallel(dist.get_world_size())
     if args.epoch_check and args.cpu_dry_run:
         parser.error("--epoch-check runs the native kernel; it cannot be combined with --cpu-dry-run")
