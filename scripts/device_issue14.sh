@@ -112,27 +112,24 @@ fi
 step "fastvideo_kernel.info()" 40 0 bash -c info
 
 jsons=()
+# dit NAME PLANNED_S RESERVE_S JSON ARGS...: one 2-rank DiT benchmark run as a budgeted step.
+dit() {
+  local name=$1 planned=$2 reserve=$3 json=$4
+  shift 4
+  step "$name" "$planned" "$reserve" "$python" -m torch.distributed.run --standalone --nproc_per_node=2 \
+    "${bench[@]}" "$@" --json "$OUT/$json"
+  jsons+=("$OUT/$json")
+}
 for part in $PARTS; do
   case "$part" in
     dense)
       # Reserve the sparse run's core (32k + 128k) when it follows.
       reserve=20
       [[ " $PARTS " == *" sparse "* ]] && reserve=200
-      step "dit dense 32k,128k" 220 "$reserve" "$python" -m torch.distributed.run --standalone --nproc_per_node=2 \
-        "${bench[@]}" "${dense[@]}" --json "$OUT/dit_dense.json"
-      jsons+=("$OUT/dit_dense.json") ;;
-    sparse)
-      step "dit sparse 32k,128k,250k" 600 20 "$python" -m torch.distributed.run --standalone --nproc_per_node=2 \
-        "${bench[@]}" "${sparse[@]}" --json "$OUT/dit_sparse.json"
-      jsons+=("$OUT/dit_sparse.json") ;;
-    sparse250k)
-      step "dit sparse 250k" 600 20 "$python" -m torch.distributed.run --standalone --nproc_per_node=2 \
-        "${bench[@]}" "${sparse250k[@]}" --json "$OUT/dit_sparse250k.json"
-      jsons+=("$OUT/dit_sparse250k.json") ;;
-    engines250k)
-      step "dit sparse 250k, sm plans" 600 20 "$python" -m torch.distributed.run --standalone --nproc_per_node=2 \
-        "${bench[@]}" "${engines250k[@]}" --json "$OUT/dit_sparse250k_sm.json"
-      jsons+=("$OUT/dit_sparse250k_sm.json") ;;
+      dit "dit dense 32k,128k" 220 "$reserve" dit_dense.json "${dense[@]}" ;;
+    sparse) dit "dit sparse 32k,128k,250k" 600 20 dit_sparse.json "${sparse[@]}" ;;
+    sparse250k) dit "dit sparse 250k" 600 20 dit_sparse250k.json "${sparse250k[@]}" ;;
+    engines250k) dit "dit sparse 250k, sm plans" 600 20 dit_sparse250k_sm.json "${engines250k[@]}" ;;
     *) echo "unknown part: $part" | tee -a "$summary"; failed=1 ;;
   esac
 done
