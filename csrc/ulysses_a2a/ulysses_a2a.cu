@@ -18,8 +18,8 @@
 // CTAs i, separated by barrier i (store of chunk c after barrier 2c, which every rank's CTA i
 // reaches only after its copy-out of chunk c-1; copy-out of chunk c after barrier 2c+1, reached
 // only after every rank's CTA i stored chunk c), and stores of one chunk by different senders go
-// to different src blocks. Consecutive calls are ordered on each rank by its stream (the Python
-// side adds an event when the caller's stream changes): a CTA of call n+1 stores only after its
+// to different src blocks. Consecutive calls are ordered on each rank by its stream (the launcher
+// adds an event wait when the caller's stream changes): a CTA of call n+1 stores only after its
 // first barrier, which needs the same CTA index of every rank to have STARTED call n+1, i.e. every
 // rank to have finished call n entirely, whatever either call's CTA count or chunking.
 // Preconditions the argument needs: (a) every rank issues the same sequence of launches on this

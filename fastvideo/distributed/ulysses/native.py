@@ -94,7 +94,6 @@ class NativeTransport(Transport):
         self._event: torch.cuda.Event | None = None  # the last call's completion event
         self._events: list[torch.cuda.Event] = []
         self._calls = 0
-        self._last_stream: torch.cuda.Stream | None = None
 
     # ------------------------------------------------------------------ probing (local)
 
@@ -244,11 +243,9 @@ class NativeTransport(Transport):
         if geom.world_size != self._ctx.world_size:
             raise NativeKernelError(f"geometry for SP size {geom.world_size}, communicator has {self._ctx.world_size}")
         out = torch.empty(output_shape(geom), dtype=x.dtype, device=x.device)
+        # Calls share one window and one set of barrier slots; the library orders a call after the previous
+        # one when the stream changes (its own completion event), so nothing is waited for here.
         stream = torch.cuda.current_stream(x.device)
-        # Calls share one window and one set of barrier slots: order this call after the previous
-        # one when it was issued on another stream (same-stream calls are already ordered).
-        if self._last_stream is not None and self._last_stream != stream:
-            stream.wait_event(self._event)
         whole = plan.planes_per_chunk >= geom.B and plan.rows_per_chunk >= geom.S
         args = (self._handle, x.data_ptr(), out.data_ptr(), geom.mode, dtype_code(x.dtype), geom.B, geom.S, geom.H,
                 geom.D)
@@ -270,11 +267,7 @@ class NativeTransport(Transport):
         else:
             raise NativeKernelError(f"plan {plan} needs the tuned entry point, which this kernel build lacks")
         self._check(status, what)
-        event = self._events[self._calls % EVENT_RING]
-        self._calls += 1
-        event.record(stream)
-        self._event = event
-        self._last_stream = stream
+        self._record_completion(stream)
         return out
 
     def capture_decline(self, geom: Geometry, plan: Plan) -> str | None:
@@ -332,18 +325,12 @@ class NativeTransport(Transport):
         out = torch.empty(output_shape(geom), dtype=x.dtype, device=x.device)
         report = torch.zeros(5, dtype=torch.int64, device=x.device)
         stream = torch.cuda.current_stream(x.device)
-        if self._last_stream is not None and self._last_stream != stream:
-            stream.wait_event(self._event)
         flags = fastvideo_kernel.DEBUG_EPOCH_CHECK | (fastvideo_kernel.DEBUG_LEGACY_LAYOUT if legacy else 0)
         status = self._lib.fvk_a2a_debug(self._handle, x.data_ptr(), out.data_ptr(), geom.mode, dtype_code(x.dtype),
                                          geom.B, geom.S, geom.H, geom.D, plan.ctas, plan.planes_per_chunk,
                                          plan.rows_per_chunk, flags, report.data_ptr(), stream.cuda_stream)
         self._check(status, "fvk_a2a_debug")
-        event = self._events[self._calls % EVENT_RING]
-        self._calls += 1
-        event.record(stream)
-        self._event = event
-        self._last_stream = stream
+        self._record_completion(stream)
         return out, [int(v) for v in report.cpu().tolist()]
 
     def fabric_copy(self, nbytes: int, *, engine: int, ctas: int = 132) -> None:
@@ -355,15 +342,16 @@ class NativeTransport(Transport):
         if "fabric" not in self._entries:
             raise NativeKernelError("this kernel build has no fvk_fabric_copy")
         stream = torch.cuda.current_stream()
-        if self._last_stream is not None and self._last_stream != stream:
-            stream.wait_event(self._event)
         self._check(self._lib.fvk_fabric_copy(self._handle, nbytes, engine, ctas, stream.cuda_stream),
                     "fvk_fabric_copy")
+        self._record_completion(stream)
+
+    def _record_completion(self, stream: torch.cuda.Stream) -> None:
+        """After every launch: the call's completion event, round-robin from the ring, for the watchdog."""
         event = self._events[self._calls % EVENT_RING]
         self._calls += 1
         event.record(stream)
         self._event = event
-        self._last_stream = stream
 
     def watchdog_thread_setup(self) -> None:
         """Run in the helper's watchdog thread: relax that thread's CUDA stream-capture mode, so its event
@@ -396,5 +384,4 @@ class NativeTransport(Transport):
         self._ctx = None
         self._event = None
         self._events = []
-        self._last_stream = None
         self._unique_id = None
