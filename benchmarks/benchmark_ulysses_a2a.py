@@ -31,6 +31,12 @@ fused pipeline runs over gloo; its timings mean nothing). Columns:
   2026-11-29 the limit was a CUDA-IPC ``copy_`` that ran at ~31 GB/s on 2x H200: not the peer path.)
 * ``host us``: host-to-completion median minus the transfer's device time (vote, plan, launch,
   allocation): ``host_overhead_us`` in the JSON.
+* Line-up (``--lineup``, the header's ``lineup``): before each timed iteration (latency, transfer, fabric) the
+  ranks meet at a same-host shared-memory spin barrier (``shm``: exit skew under a microsecond) where every
+  rank is on one host and loads the kernel library, else at a gloo barrier, whose exit skew (median 39 us at
+  SP2 on the 2-core CI VM) the first rank out pays inside the timed call. Each row also carries the same
+  iterations timed from the last rank's entry (``aligned_median_ms``, ``host_overhead_aligned_us``: max end -
+  max start on the host's one monotonic clock) and the entry skew the line-up left (``entry_skew_us``).
 * ``wrong``: elements whose bits differ from the NCCL route's output for the same input (``nccl_route``
   computed in the same row), summed over ranks, for the op's output and (auto rows) the direct
   ``transport.execute`` output. The script exits 1 when any row has wrong > 0 (and,
@@ -119,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--require-fused", action="store_true",
                    help="exit 1 unless every auto row at SP >= 2 actually ran the fused route (helper history)")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--lineup", choices=common.LINEUPS, default="auto",
+                   help="how ranks are lined up before each timed iteration: a same-host shared-memory spin "
+                        "barrier (shm; auto where every rank is on one host and loads the kernel library) or "
+                        "a gloo barrier, whose exit skew the first rank out pays inside the timed call")
     p.add_argument("--tuned-from", metavar="TUNE_JSON",
                    help="replace the helper's TUNED_TABLE with the rows a tune_ulysses_a2a.py JSON chose "
                         "(tuned_rows_data): the policy then picks from those measured rows; the header records them")
@@ -267,7 +277,8 @@ def run_row(args, name, shape_global, mode, route, helper, dtype, device, fabric
 
     use_helper = route == "auto" and p > 1 and helper is not None
     mark = helper.stats()["calls"] if use_helper else 0
-    lat = common.host_latencies(op, device, args.iters, args.warmup)
+    timings = common.host_timings(op, device, args.iters, args.warmup)
+    lat = timings["rank_max"]
     out = op()
     common.synchronize(device)
     wrong = common.rank_sum(common.count_bitwise_diff(out, ref))
@@ -275,6 +286,11 @@ def run_row(args, name, shape_global, mode, route, helper, dtype, device, fabric
                  "route": route, "dtype": str(dtype).replace("torch.", ""), "sp_size": p,
                  "operand_bytes_per_rank": operand_bytes,
                  "bytes_moved_per_rank": common.bytes_moved_per_rank(operand_bytes, p), **common.summarize(lat)}
+    # The same iterations from the last rank's entry (same-host clock), and what the line-up left between entries.
+    aligned = common.summarize(timings["aligned"])
+    row.update(aligned_median_ms=aligned["median_ms"], aligned_p10_ms=aligned["p10_ms"],
+               aligned_p90_ms=aligned["p90_ms"],
+               entry_skew_us=(common.median(timings["entry_skew"]) or 0.0) * 1e6 if timings["entry_skew"] else None)
 
     # What actually ran.
     plan = None
@@ -340,6 +356,10 @@ def run_row(args, name, shape_global, mode, route, helper, dtype, device, fabric
     # all_to_all_single without the permutes, and at SP1 the op returns its input.
     row["host_overhead_us"] = ((row["median_ms"] - row["transfer_ms"]) * 1e3
                                if plan is not None and row.get("median_ms") and row.get("transfer_ms") else None)
+    # The same from the last rank's entry: the line-up's exit skew left out.
+    row["host_overhead_aligned_us"] = ((row["aligned_median_ms"] - row["transfer_ms"]) * 1e3
+                                       if row["host_overhead_us"] is not None and row.get("aligned_median_ms")
+                                       else None)
     row["wrong"] = wrong
 
     if args.overlap:
@@ -531,6 +551,9 @@ def print_table(rows: list[dict]) -> None:
               f"{f(r['p10_ms'], '8.3f')} {f(r['p90_ms'], '8.3f')} {f(r['vote_us'], '8.1f')} {f(share, '6.1f')} "
               f"{f(r.get('host_overhead_us'), '7.1f')} {f(r['transfer_ms'], '8.3f')} {f(r['gbps'], '7.1f')} "
               f"{f(frac, '7.1f')} {r['wrong']:>6}")
+        if r.get("aligned_median_ms") is not None and r.get("sp_size", 1) > 1:
+            print(f"{'':>12}      from the last rank's entry: median {r['aligned_median_ms']:.3f} ms, host "
+                  f"{f(r.get('host_overhead_aligned_us'), '.1f')} us; entry skew {f(r.get('entry_skew_us'), '.1f')} us")
         if r.get("plan"):
             print(f"{'':>12}      plan: {r['plan']}")
         if r.get("copy_out_ms") is not None and r.get("fabric_ms"):
@@ -557,6 +580,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.iters, args.warmup = 5, 2
     rank, world, device = common.init_distributed(args.device)
+    common.set_lineup(args.lineup)
     dtype = common.DTYPES[args.dtype]
     default = DEFAULT_GEOMETRIES if device.type == "cuda" else ("toy",)
     geometries = args.geometry or [parse_geometry(g) for g in default]
@@ -608,6 +632,7 @@ def main(argv: list[str] | None = None) -> int:
         save_outputs(args.save_outputs, rank, saved)
     if helper is not None:
         header["helper_after"] = helper.stats()
+    header["lineup"] = common.lineup()
     if rank == 0:
         print_table(rows)
         common.write_json(args.json, header, rows)

@@ -86,6 +86,7 @@ def init_distributed(device: str) -> tuple[int, int, torch.device]:
 def shutdown() -> None:
     from fastvideo.distributed.parallel_state import destroy_sequence_parallel
 
+    close_lineup()
     destroy_sequence_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -250,6 +251,7 @@ def write_json(path: str | None, header: dict, rows: Sequence[dict], **extra) ->
     if not path:
         return
     Path(path).parent.mkdir(parents=True, exist_ok=True)
+    header = {**header, "lineup": header.get("lineup") or lineup()}  # how the timed loops lined the ranks up
     with open(path, "w") as f:
         json.dump({"header": header, "rows": list(rows), **extra}, f, indent=2, default=str)
         f.write("\n")
@@ -263,9 +265,83 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+# The line-up before each timed iteration. A gloo barrier leaves the ranks tens of microseconds apart when it
+# returns (its exit skew: median 39 us, p90 90 us at 2 ranks on the 2-core CI VM, 2026-12-01,
+# docs/benchmarks.md), and a collective timed from there bills that skew to the op: the first rank out waits in
+# the op's vote (or at its device barrier) for the last. On one host a shared-memory spin barrier (the kernel
+# library's same-host vote, used as a barrier) returns within a microsecond. `auto` takes it where every rank
+# is on one host and loads the library, else gloo; every rank makes the same choice (``ShmVote.create`` is
+# collective and fails everywhere or nowhere).
+LINEUPS = ("auto", "shm", "gloo")
+_lineup: dict = {"request": "auto", "kind": None, "vote": None, "why": ""}
+
+
+def set_lineup(request: str) -> None:
+    """Choose the line-up (``auto``, ``shm`` or ``gloo``) before the first ``barrier()``; local, call it on every
+    rank with the same value."""
+    if request not in LINEUPS:
+        raise ValueError(f"lineup {request!r}: choose one of {', '.join(LINEUPS)}")
+    if _lineup["kind"] is not None:
+        raise RuntimeError("set_lineup after the first barrier(): the line-up is fixed for the run")
+    _lineup["request"] = request
+
+
+def _same_host() -> bool:
+    """Every rank on one host (hostname and boot id). Collective over the SP group's gloo group at the first
+    call, cached after it (every rank caches the same answer)."""
+    if "same_host" not in _lineup:
+        try:
+            with open("/proc/sys/kernel/random/boot_id") as f:
+                boot = f.read().strip()
+        except OSError:
+            boot = ""
+        ids: list = [None] * dist.get_world_size()
+        dist.all_gather_object(ids, (platform.node(), boot), group=cpu_group())
+        _lineup["same_host"] = len(set(ids)) == 1
+    return _lineup["same_host"]
+
+
+def _open_lineup() -> None:
+    """Collective, once: the shared-memory barrier where the request and the hosts allow it, else gloo."""
+    request, why = _lineup["request"], ""
+    if request != "gloo":
+        if not _same_host():
+            why = "ranks on more than one host"
+        else:
+            from fastvideo.distributed.ulysses.vote import GlooVote, ShmVote, load_vote_library
+
+            ranks = list(range(dist.get_world_size()))
+            vote, why = ShmVote.create(GlooVote(ranks, 600.0), dist.get_rank(), load_vote_library())
+            if vote is not None:
+                _lineup.update(kind="shm", vote=vote, fields=[0] * 12)
+                return
+        if request == "shm":
+            raise SystemExit(f"--lineup shm: the shared-memory barrier is unavailable ({why})")
+    _lineup.update(kind="gloo", why=why)
+
+
+def lineup() -> dict:
+    """Which line-up the timed loops used (``kind``: shm, gloo or none at one rank) and why not shm."""
+    return {"kind": _lineup["kind"] or "none", "request": _lineup["request"], "why_not_shm": _lineup["why"]}
+
+
+def close_lineup() -> None:
+    vote = _lineup.get("vote")
+    if vote is not None:
+        vote.destroy()
+    _lineup.update(kind=None, vote=None)
+    _lineup.pop("same_host", None)
+
+
 def barrier() -> None:
-    """Line the ranks up (over gloo, outside any timed region)."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
+    """Line the ranks up, outside any timed region. Collective; opens the line-up at its first call."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return
+    if _lineup["kind"] is None:
+        _open_lineup()
+    if _lineup["kind"] == "shm":
+        _lineup["vote"].exchange(_lineup["fields"])
+    else:
         dist.barrier(group=cpu_group())
 
 
@@ -296,22 +372,51 @@ def summarize(values: Sequence[float]) -> dict:
     return {"median_ms": statistics.median(v) * 1e3, "p10_ms": pick(0.10), "p90_ms": pick(0.90)}
 
 
-def host_latencies(fn: Callable[[], object], device: torch.device, iters: int, warmup: int) -> list[float]:
-    """Host-to-completion seconds of ``fn`` per iteration: perf_counter around the call + device sync.
+def host_timings(fn: Callable[[], object], device: torch.device, iters: int, warmup: int) -> dict[str, list[float]]:
+    """Host-to-completion of ``fn`` per iteration, seconds: ``perf_counter`` around the call + device sync,
+    the ranks lined up (``barrier``) before each iteration. Collective. Returns
 
-    Ranks are lined up with a barrier before each iteration; the result is the rank-max per iteration.
+    * ``rank_max``: the slowest rank's own start-to-end time, per iteration (what ``host_latencies`` returns);
+    * ``aligned``: from the LAST rank's start to the last rank's end (``max end - max start``): the op's cost
+      without the line-up's exit skew. ``perf_counter`` is ``CLOCK_MONOTONIC``, one clock for every process of
+      a host, so this is only kept where every rank is on one host (else empty);
+    * ``entry_skew``: ``max start - min start``, what the line-up left (empty where ``aligned`` is).
     """
     for _ in range(warmup):
         fn()
     synchronize(device)
-    times = []
+    starts, ends = [], []
     for _ in range(iters):
         barrier()
         start = time.perf_counter()
         fn()
         synchronize(device)
-        times.append(time.perf_counter() - start)
-    return rank_max(times)
+        starts.append(start)
+        ends.append(time.perf_counter())
+    rank_max_times = rank_max([e - s for s, e in zip(starts, ends, strict=True)])
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return {"rank_max": rank_max_times, "aligned": rank_max_times, "entry_skew": [0.0] * len(starts)}
+    if not _same_host():
+        return {"rank_max": rank_max_times, "aligned": [], "entry_skew": []}
+    both = torch.tensor([starts, ends], dtype=torch.float64)
+    gathered = [torch.empty_like(both) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, both, group=cpu_group())
+    stacked = torch.stack(gathered)  # [rank, start|end, iteration]
+    aligned, skew = aligned_times(stacked[:, 0], stacked[:, 1])
+    return {"rank_max": rank_max_times, "aligned": aligned, "entry_skew": skew}
+
+
+def aligned_times(starts: torch.Tensor, ends: torch.Tensor) -> tuple[list[float], list[float]]:
+    """Per iteration, from ``[rank, iteration]`` start and end times on one clock: (last end - last start,
+    last start - first start). A collective cannot finish before its last rank arrives, so the first is its
+    cost from that arrival; the second is the skew the line-up left."""
+    last_start = starts.max(dim=0).values
+    return (ends.max(dim=0).values - last_start).tolist(), (last_start - starts.min(dim=0).values).tolist()
+
+
+def host_latencies(fn: Callable[[], object], device: torch.device, iters: int, warmup: int) -> list[float]:
+    """Host-to-completion seconds of ``fn`` per iteration: the rank-max of ``host_timings``. Collective."""
+    return host_timings(fn, device, iters, warmup)["rank_max"]
 
 
 def device_times(fn: Callable[[], object], device: torch.device, iters: int, warmup: int) -> list[float]:
