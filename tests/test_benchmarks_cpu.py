@@ -66,6 +66,18 @@ def test_a2a_benchmark_cpu(tmp_path: Path) -> None:
     assert (tmp_path / "outputs" / "rank0.safetensors").exists()
 
 
+@pytest.mark.timeout(120)
+def test_lineup_skew_script(tmp_path: Path) -> None:
+    out = tmp_path / "skew.json"
+    cmd = [sys.executable, str(BENCH / "measure_lineup_skew.py"), "--iters", "40", "--warmup", "5", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["lineup"] for r in rows] == ["gloo", "shm"] and rows[0]["ran"] == "gloo"
+    assert rows[1]["ran"] in ("shm", "gloo")  # shm where the built library loads, else the fallback, named
+    assert all(r["iters"] == 40 and 0 <= r["median_us"] <= r["p90_us"] <= r["max_us"] for r in rows)
+
+
 @pytest.mark.timeout(60)
 def test_a2a_benchmark_sp1(tmp_path: Path) -> None:
     out = tmp_path / "sp1.json"
