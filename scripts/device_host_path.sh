@@ -31,7 +31,7 @@ echo "=== summary"
 cat "$OUT/summary.txt"
 tar czf "$FINAL_OUT/all.tar.gz" -C "$OUT" .
 cp "$OUT/summary.txt" "$FINAL_OUT/"
-for f in host_path_shm.json lineup_skew.json launch_host.json sim_peers.json; do
+for f in host_path_shm.json lineup_skew.json launch_host.json; do
   [[ -f "$OUT/$f" ]] && cp "$OUT/$f" "$FINAL_OUT/"
 done
 exit "$failed"
