@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -51,6 +51,20 @@ MIN_ABI_VERSION = 2
 # the hot path allocates none). Reusing one re-records it for a later call, which completes no earlier:
 # the watchdog then sees the older call late, never early.
 EVENT_RING = 16
+
+
+# The current stream's raw handle in one call (absent from CPU builds of torch: ``_current_stream`` then uses
+# ``torch.cuda.current_stream``).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+class _Launch(NamedTuple):
+    """One signature's launch: the entry point's name and function, its fixed arguments, the output shape."""
+
+    name: str
+    fn: Any
+    args: tuple[int, ...]
+    out_shape: tuple[int, ...]
 
 
 class NativeKernelError(RuntimeError):
@@ -94,6 +108,8 @@ class NativeTransport(Transport):
         self._event: torch.cuda.Event | None = None  # the last call's completion event
         self._events: list[torch.cuda.Event] = []
         self._calls = 0
+        self._launches: dict[tuple, _Launch] = {}  # per (geometry, plan, dtype): see _launch_for
+        self._streams: dict[tuple[int, int], torch.cuda.Stream] = {}  # (device, raw handle) -> Stream
 
     # ------------------------------------------------------------------ probing (local)
 
@@ -237,36 +253,61 @@ class NativeTransport(Transport):
         # narrower otherwise); only a pointer misaligned for its own dtype cannot be served.
         return DeclineReason.ALIGNMENT.bit if x.data_ptr() % x.element_size() else 0
 
-    def execute(self, x: torch.Tensor, geom: Geometry, plan: Plan) -> torch.Tensor:
-        if self._handle is None or self._event is None or self._ctx is None:
-            raise NativeKernelError("execute before construction (or after destroy)")
+    def _launch_for(self, geom: Geometry, plan: Plan, dtype: torch.dtype) -> _Launch:
+        """The entry point and the fixed arguments of ``plan`` on ``geom`` (everything but the pointers and
+        the stream), built once per signature: a DiT's layers repeat a few signatures."""
+        key = (geom, plan, dtype)
+        launch = self._launches.get(key)
+        if launch is not None:
+            return launch
         if geom.world_size != self._ctx.world_size:
             raise NativeKernelError(f"geometry for SP size {geom.world_size}, communicator has {self._ctx.world_size}")
-        out = torch.empty(output_shape(geom), dtype=x.dtype, device=x.device)
-        # Calls share one window and one set of barrier slots; the library orders a call after the previous
-        # one when the stream changes (its own completion event), so nothing is waited for here.
-        stream = torch.cuda.current_stream(x.device)
         whole = plan.planes_per_chunk >= geom.B and plan.rows_per_chunk >= geom.S
-        args = (self._handle, x.data_ptr(), out.data_ptr(), geom.mode, dtype_code(x.dtype), geom.B, geom.S, geom.H,
-                geom.D)
+        fixed = (geom.mode, dtype_code(dtype), geom.B, geom.S, geom.H, geom.D)
+        chunking = (plan.ctas, plan.planes_per_chunk, plan.rows_per_chunk)
         if plan.engine == ENGINE_CE:
             if ENTRY_CE not in self._entries:
                 raise NativeKernelError(f"plan {plan} needs the copy-engine entry point, which this kernel build lacks")
-            status = self._lib.fvk_a2a_ce(*args, plan.ctas, plan.planes_per_chunk, plan.rows_per_chunk,
-                                          stream.cuda_stream)
-            what = "fvk_a2a_ce"
+            launch = _Launch("fvk_a2a_ce", self._lib.fvk_a2a_ce, fixed + chunking, output_shape(geom))
         elif plan.ctas == ORIGINAL_CTAS and whole and ENTRY_ORIGINAL in self._entries:
-            status = self._lib.fvk_a2a_original(*args, stream.cuda_stream)
-            what = "fvk_a2a_original"
+            launch = _Launch("fvk_a2a_original", self._lib.fvk_a2a_original, fixed, output_shape(geom))
         elif ENTRY_TUNED in self._entries:
             if plan.ctas > MAX_CTAS:
                 raise NativeKernelError(f"plan asks for {plan.ctas} CTAs, at most {MAX_CTAS}")
-            status = self._lib.fvk_a2a_tuned(*args, plan.ctas, plan.planes_per_chunk, plan.rows_per_chunk,
-                                             stream.cuda_stream)
-            what = "fvk_a2a_tuned"
+            launch = _Launch("fvk_a2a_tuned", self._lib.fvk_a2a_tuned, fixed + chunking, output_shape(geom))
         else:
             raise NativeKernelError(f"plan {plan} needs the tuned entry point, which this kernel build lacks")
-        self._check(status, what)
+        if len(self._launches) >= 1024:  # bounded: a pathological job re-builds
+            self._launches.clear()
+        self._launches[key] = launch
+        return launch
+
+    def _current_stream(self, device: torch.device) -> tuple[int, torch.cuda.Stream]:
+        """(raw cudaStream_t, its torch Stream) of ``device``'s current stream. ``torch.cuda.current_stream``
+        builds a Stream object per call (about 3 us on the H200 host, measure_launch_host.py); the raw handle
+        is one call, and a Stream object per handle is kept (a Stream resolves to its handle, so the one kept
+        for a handle records on that same CUDA stream)."""
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        raw = _raw_stream(index) if _raw_stream is not None else None
+        # Keyed by device too: every device's default stream has the raw handle 0.
+        stream = self._streams.get((index, raw)) if raw is not None else None
+        if stream is None:
+            stream = torch.cuda.current_stream(device)
+            raw = stream.cuda_stream
+            if len(self._streams) >= 64:
+                self._streams.clear()
+            self._streams[(index, raw)] = stream
+        return raw, stream
+
+    def execute(self, x: torch.Tensor, geom: Geometry, plan: Plan) -> torch.Tensor:
+        if self._handle is None or self._event is None or self._ctx is None:
+            raise NativeKernelError("execute before construction (or after destroy)")
+        launch = self._launch_for(geom, plan, x.dtype)
+        out = torch.empty(launch.out_shape, dtype=x.dtype, device=x.device)
+        # Calls share one window and one set of barrier slots; the library orders a call after the previous
+        # one when the stream changes (its own completion event), so nothing is waited for here.
+        raw, stream = self._current_stream(x.device)
+        self._check(launch.fn(self._handle, x.data_ptr(), out.data_ptr(), *launch.args, raw), launch.name)
         self._record_completion(stream)
         return out
 
@@ -382,6 +423,8 @@ class NativeTransport(Transport):
     def _reset(self) -> None:
         self._handle = None
         self._ctx = None
+        self._launches.clear()
+        self._streams.clear()
         self._event = None
         self._events = []
         self._unique_id = None
