@@ -49,7 +49,8 @@ step "fastvideo_kernel.info()" 60 versions.log bash -c info
 step "simulated peers" 200 sim_peers.log "$python" tests/kernel/check_sim_peers.py --json "$OUT/sim_peers.json"
 step "1-rank NCCL smoke" 120 smoke_native.log "$python" tests/kernel/smoke_native_single_rank.py
 step "pytest tests/kernel" 200 pytest_kernel.log \
-  "$python" -m pytest -q -p no:cacheprovider tests/kernel/test_sim_peers_gpu.py tests/kernel/test_kernel_host.py
+  "$python" -m pytest -q -p no:cacheprovider tests/kernel/test_sim_peers_gpu.py tests/kernel/test_kernel_host.py \
+  tests/kernel/test_native_capture_gpu.py
 
 echo "=== summary"
 cat "$summary"

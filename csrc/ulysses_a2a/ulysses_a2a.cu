@@ -554,14 +554,54 @@ int bind_operands(const fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const v
   return FVK_OK;
 }
 
-// The copy-engine kind and the fabric copy are not capturable (a copy-engine call forks onto the
-// context's copy stream and pushes to host-resolved peer pointers per chunk): refuse a capturing stream.
-// Every rank agrees on capturing (the vote's WINDOW_BYTES carries it), so this fails alike everywhere.
+// The eager entry points of the copy-engine kind and the fabric copy refuse a capturing stream: the
+// copy-engine kind is captured through fvk_a2a_ce_captured (ordering through external event nodes), the
+// fabric copy (a benchmark) never. Every rank agrees on capturing (the vote's WINDOW_BYTES carries it),
+// so this fails alike everywhere.
 int refuse_capture(void* stream, const char* what) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   FVK_CUDA(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status));
   if (status != cudaStreamCaptureStatusNone)
     return set_error(FVK_ERR_STATE, "%s cannot be captured into a CUDA graph (the stream is capturing)", what);
+  return FVK_OK;
+}
+
+// Orders a call after the previous fused work on this context (the cross-call half of every barrier
+// argument needs each rank's calls in order: they share one window and one set of barrier slots).
+// Eager: a call on another stream than the previous one waits for it; once a launch was captured, every
+// eager call waits (a replay, on any stream, records `done` too). Inside a CUDA-graph capture, only
+// graph-legal ordering (an event recorded outside the capture cannot be waited on plainly): each replay
+// waits, through an external event-wait node, for the last fused work recorded in `done` before the replay
+// was launched (an eager call or another replay), and after the previous captured launch of this same
+// capture (whatever its stream). `last_stream` is untouched by a capture: a capture runs nothing.
+int order_call(const fvk_ctx* ctx, cudaStream_t s, bool capture, unsigned long long& capture_id) {
+  capture_id = 0;
+  if (capture) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    FVK_CUDA(cudaStreamGetCaptureInfo(s, &status, &capture_id));
+    if (status != cudaStreamCaptureStatusActive)
+      return set_error(FVK_ERR_STATE, "a captured launch needs a stream that is capturing a CUDA graph (status %d)",
+                       static_cast<int>(status));
+    if (ctx->captured && ctx->capture_id == capture_id) FVK_CUDA(cudaStreamWaitEvent(s, ctx->capture_done, 0));
+    FVK_CUDA(cudaStreamWaitEvent(s, ctx->done, cudaEventWaitExternal));
+  } else if (ctx->captured || (ctx->last_stream != nullptr && ctx->last_stream != s)) {
+    FVK_CUDA(cudaStreamWaitEvent(s, ctx->done, 0));
+  }
+  return FVK_OK;
+}
+
+// Marks the end of a call on `s`, its last stream: `done` for the next call (order_call), recorded by every
+// replay when captured (an external event-record node), plus `capture_done` inside the capture.
+int finish_call(fvk_ctx* ctx, cudaStream_t s, bool capture, unsigned long long capture_id) {
+  if (capture) {
+    FVK_CUDA(cudaEventRecord(ctx->capture_done, s));                            // a node of this capture
+    FVK_CUDA(cudaEventRecordWithFlags(ctx->done, s, cudaEventRecordExternal));  // recorded by every replay
+    ctx->captured = true;
+    ctx->capture_id = capture_id;
+    return FVK_OK;
+  }
+  FVK_CUDA(cudaEventRecord(ctx->done, s));
+  ctx->last_stream = s;
   return FVK_OK;
 }
 
@@ -576,27 +616,9 @@ int launch_local(fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const void* x,
   FVK_TRY(bind_operands(ctx, p, operand_bytes, x, out, vec));
   DeviceGuard guard;
   FVK_TRY(guard.set(ctx->device));
-  // Calls share one window and one set of barrier slots: a call on another stream than the previous
-  // one waits for it (the cross-call half of the barrier argument needs every rank's calls in order).
-  // Once a launch was captured, every eager call waits: a replay (on any stream) records `done` too.
   const bool capture = flags & kCaptureLaunch;
   unsigned long long capture_id = 0;
-  if (capture) {
-    // Inside a CUDA-graph capture, only graph-legal ordering (an event recorded outside the capture cannot
-    // be waited on plainly): each replay waits, through an external event-wait node, for the last fused
-    // work recorded in `done` before the replay was launched (an eager call or another replay), and after
-    // the previous captured launch of this same capture (whatever its stream). `last_stream` is untouched:
-    // a capture runs nothing.
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    FVK_CUDA(cudaStreamGetCaptureInfo(s, &status, &capture_id));
-    if (status != cudaStreamCaptureStatusActive)
-      return set_error(FVK_ERR_STATE, "fvk_a2a_captured needs a stream that is capturing a CUDA graph (status %d)",
-                       static_cast<int>(status));
-    if (ctx->captured && ctx->capture_id == capture_id) FVK_CUDA(cudaStreamWaitEvent(s, ctx->capture_done, 0));
-    FVK_CUDA(cudaStreamWaitEvent(s, ctx->done, cudaEventWaitExternal));
-  } else if (ctx->captured || (ctx->last_stream != nullptr && ctx->last_stream != s)) {
-    FVK_CUDA(cudaStreamWaitEvent(s, ctx->done, 0));
-  }
+  FVK_TRY(order_call(ctx, s, capture, capture_id));
   DebugArgs dbg{};
   const bool check = flags & FVK_DEBUG_EPOCH_CHECK;
   if (check) {
@@ -615,16 +637,7 @@ int launch_local(fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const void* x,
   else
     launch_kernel<false>(vec, ctas, s, p, ctx, dbg);
   FVK_CUDA(cudaGetLastError());
-  if (capture) {
-    FVK_CUDA(cudaEventRecord(ctx->capture_done, s));                            // a node of this capture
-    FVK_CUDA(cudaEventRecordWithFlags(ctx->done, s, cudaEventRecordExternal));  // recorded by every replay
-    ctx->captured = true;
-    ctx->capture_id = capture_id;
-    return FVK_OK;
-  }
-  FVK_CUDA(cudaEventRecord(ctx->done, s));
-  ctx->last_stream = s;
-  return FVK_OK;
+  return finish_call(ctx, s, capture, capture_id);
 }
 
 // Checks and enqueues one fused call: the tuned and original entry points (flags 0, no report) and
@@ -689,14 +702,19 @@ cudaError_t ce_push(const fvk_ctx* ctx, const Problem& p, int64_t ci, cudaStream
 
 // The part of a copy-engine call that can fail on one rank alone: its operands, then the schedule of
 // ce_plan.h, op by op.
-int ce_local(fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const void* x, void* out, int ctas, cudaStream_t s) {
+// Captured (fvk_a2a_ce_captured): the same ops into the graph `s` is capturing. The fork pulls the copy
+// stream into the capture and the join returns it, so the graph holds both streams' ops with the
+// schedule's edges; the per-chunk events become edges of the graph (a record inside a capture is no
+// event-record node), and the call is ordered against eager calls and other replays by order_call and
+// finish_call's external event nodes, as the fused kernel's captured launch is.
+int ce_local(fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const void* x, void* out, int ctas, cudaStream_t s,
+             bool capture) {
   int vec = 0;
   FVK_TRY(bind_operands(ctx, p, operand_bytes, x, out, vec));
   DeviceGuard guard;
   FVK_TRY(guard.set(ctx->device));
-  // After a capture, replays record `done` on any stream: always wait (as launch_local does).
-  if (ctx->captured || (ctx->last_stream != nullptr && ctx->last_stream != s))
-    FVK_CUDA(cudaStreamWaitEvent(s, ctx->done, 0));
+  unsigned long long capture_id = 0;
+  FVK_TRY(order_call(ctx, s, capture, capture_id));
   cudaError_t e = cudaSuccess;
   const char* what = "";
   ce_schedule(num_chunks(p), kCeDropNone, [&](const CeOp& op) {
@@ -727,32 +745,31 @@ int ce_local(fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const void* x, voi
         break;
     }
   });
-  if (e == cudaSuccess) e = cudaEventRecord(ctx->done, s);
   if (e != cudaSuccess) {
     // Best effort: the copy-outs already queued on the copy stream write `out`; join them into the
-    // caller's stream so the allocator does not hand `out` to another tensor while they run.
+    // caller's stream so the allocator does not hand `out` to another tensor while they run (and, under
+    // capture, so the copy stream does not stay unjoined in the caller's capture).
     if (cudaEventRecord(ctx->ce_events[kEvJoin], ctx->copy_stream) == cudaSuccess)
       cudaStreamWaitEvent(s, ctx->ce_events[kEvJoin], 0);
     return set_error(FVK_ERR_CUDA, "copy-engine call: %s failed: CUDA error %d %s: %s", what, static_cast<int>(e),
                      cudaGetErrorName(e), cudaGetErrorString(e));
   }
-  ctx->last_stream = s;
-  return FVK_OK;
+  return finish_call(ctx, s, capture, capture_id);
 }
 
 // Checks and enqueues one call of the copy-engine plan kind. Checks of agreed values (geometry, plan,
 // window) fail identically on every rank and leave the context usable; a failure after them poisons it,
 // as for the fused kernel.
 int launch_ce(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H, int64_t D,
-              int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, void* stream) {
+              int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, void* stream, bool capture) {
   FVK_TRY(check_context(ctx, true));
-  FVK_TRY(refuse_capture(stream, "fvk_a2a_ce"));
+  if (!capture) FVK_TRY(refuse_capture(stream, "fvk_a2a_ce (capture it with fvk_a2a_ce_captured)"));
   Problem p;
   int64_t operand_bytes = 0;
   // Two buffers: each chunk must fit half the window.
   FVK_TRY(make_problem(ctx->nranks, mode, dtype, B, S, H, D, ctas, kMaxCtas, planes_per_chunk, rows_per_chunk,
                        ctx->bytes / 2, p, operand_bytes, kStatic));
-  const int rc = ce_local(ctx, p, operand_bytes, x, out, ctas, static_cast<cudaStream_t>(stream));
+  const int rc = ce_local(ctx, p, operand_bytes, x, out, ctas, static_cast<cudaStream_t>(stream), capture);
   if (rc != FVK_OK) ctx->poisoned = "a copy-engine call that failed on this rank after every rank agreed to run it";
   return rc;
 }
@@ -763,9 +780,8 @@ int launch_ce(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64
 int fabric_local(fvk_ctx* ctx, int64_t bytes, int engine, int ctas, cudaStream_t s) {
   DeviceGuard guard;
   FVK_TRY(guard.set(ctx->device));
-  // After a capture, replays record `done` on any stream: always wait (as launch_local does).
-  if (ctx->captured || (ctx->last_stream != nullptr && ctx->last_stream != s))
-    FVK_CUDA(cudaStreamWaitEvent(s, ctx->done, 0));
+  unsigned long long capture_id = 0;
+  FVK_TRY(order_call(ctx, s, false, capture_id));
   cudaError_t e = cudaSuccess;
   ce_barrier_kernel<<<1, 32, 0, s>>>(ctx->dev_comm);
   e = cudaGetLastError();
@@ -786,12 +802,10 @@ int fabric_local(fvk_ctx* ctx, int64_t bytes, int engine, int ctas, cudaStream_t
     ce_barrier_kernel<<<1, 32, 0, s>>>(ctx->dev_comm);
     e = cudaGetLastError();
   }
-  if (e == cudaSuccess) e = cudaEventRecord(ctx->done, s);
   if (e != cudaSuccess)
     return set_error(FVK_ERR_CUDA, "fabric copy failed: CUDA error %d %s: %s", static_cast<int>(e), cudaGetErrorName(e),
                      cudaGetErrorString(e));
-  ctx->last_stream = s;
-  return FVK_OK;
+  return finish_call(ctx, s, false, capture_id);
 }
 
 int fabric_copy(fvk_ctx* ctx, int64_t bytes, int engine, int ctas, cudaStream_t s) {
@@ -1017,7 +1031,12 @@ int fvk_a2a_original(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype
 
 int fvk_a2a_ce(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H, int64_t D,
                int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, void* stream) {
-  return launch_ce(ctx, x, out, mode, dtype, B, S, H, D, ctas, planes_per_chunk, rows_per_chunk, stream);
+  return launch_ce(ctx, x, out, mode, dtype, B, S, H, D, ctas, planes_per_chunk, rows_per_chunk, stream, false);
+}
+
+int fvk_a2a_ce_captured(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H,
+                        int64_t D, int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, void* stream) {
+  return launch_ce(ctx, x, out, mode, dtype, B, S, H, D, ctas, planes_per_chunk, rows_per_chunk, stream, true);
 }
 
 int fvk_fabric_copy(fvk_ctx* ctx, int64_t bytes, int engine, int ctas, void* stream) {

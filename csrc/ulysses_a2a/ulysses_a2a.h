@@ -108,6 +108,14 @@ FVK_API int fvk_a2a_captured(fvk_ctx* ctx, const void* x, void* out, int mode, i
                              int64_t H, int64_t D, int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk,
                              void* stream);
 
+/* The copy-engine kind for CUDA-graph capture (ABI 3, absent from older builds): `stream` must be capturing.
+   The call's ops (fork onto the context's copy stream, entry barrier, per chunk the pushes, barrier, own
+   block and copy-out, join) go into the graph with the schedule's ordering as graph edges, and the call is
+   ordered against eager calls and other replays as fvk_a2a_captured's launch is. The same replay rules. */
+FVK_API int fvk_a2a_ce_captured(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S,
+                                int64_t H, int64_t D, int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk,
+                                void* stream);
+
 /* ---- debug: the fused kernel with the epoch checker (collective, like an execute) ---- */
 #define FVK_DEBUG_EPOCH_CHECK 1u   /* stamp window granules; report any access another CTA index could race */
 #define FVK_DEBUG_LEGACY_LAYOUT 2u /* negative control: the pre-fix window layout (wrong with uneven chunks) */

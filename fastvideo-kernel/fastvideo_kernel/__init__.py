@@ -40,6 +40,7 @@ ENTRY_SYMBOLS = {
     "ce": "fvk_a2a_ce",
     "fabric": "fvk_fabric_copy",
     "capture": "fvk_a2a_captured",  # the tuned entry point for CUDA-graph capture
+    "ce_capture": "fvk_a2a_ce_captured",  # the copy-engine kind for CUDA-graph capture
     "debug": "fvk_a2a_debug",
     "sim": "fvk_sim_a2a",
     "sync_check": "fvk_check_window_sync",
@@ -97,6 +98,8 @@ _SIGNATURES: dict[str, tuple[type, list]] = {
                                          ctypes.POINTER(_I64), ctypes.c_char_p, ctypes.c_int]),
     "fvk_a2a_captured": (ctypes.c_int, [_VOIDP, _VOIDP, _VOIDP, ctypes.c_int, ctypes.c_int, _I64, _I64, _I64, _I64,
                                         ctypes.c_int, _I64, _I64, _VOIDP]),
+    "fvk_a2a_ce_captured": (ctypes.c_int, [_VOIDP, _VOIDP, _VOIDP, ctypes.c_int, ctypes.c_int, _I64, _I64, _I64,
+                                           _I64, ctypes.c_int, _I64, _I64, _VOIDP]),
     "fvk_check_ce_addressing": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.c_int, _I64, _I64, _I64, _I64, _I64,
                                                _I64, ctypes.c_uint, ctypes.POINTER(_I64), ctypes.c_char_p,
                                                ctypes.c_int]),
@@ -168,10 +171,9 @@ def load() -> ctypes.CDLL:
 
 
 def entry_points(lib: ctypes.CDLL) -> frozenset[str]:
-    """The entry points this build exports (``original``, ``tuned``, ``ce``, ``fabric``, ``debug``, ``sim``,
-    ``sync_check``, ``ce_sync_check``, ``ce_addressing_check``)."""
-    """The entry points this build exports (``original``, ``tuned``, ``capture``, ``debug``, ``sim``,
-    ``sync_check``)."""
+    """The entry points this build exports (the keys of ``ENTRY_SYMBOLS`` whose symbol it has: ``original``,
+    ``tuned``, ``ce``, ``fabric``, ``capture``, ``ce_capture``, ``debug``, ``sim``, ``sync_check``,
+    ``ce_sync_check``, ``ce_addressing_check``)."""
     abi = lib.fvk_abi_version()
     return frozenset(name for name, symbol in ENTRY_SYMBOLS.items()
                      if hasattr(lib, symbol) and not (symbol in _CHANGED_IN_ABI2 and abi < 2))

@@ -31,6 +31,10 @@ The SDPA backend is pinned to the math kernel (deterministic forward and backwar
 backward may accumulate with atomics) and ``CUBLAS_WORKSPACE_CONFIG`` is set, so that exactness is judged
 on deterministic kernels; the oracle control checks it.
 
+``--capture-engines`` (default: the policy's ``CAPTURE_ENGINES``, the SM rows) sets every rank's
+``UlyssesHelper.capture_engines`` before its first capture: ``--capture-engines ce,sm`` captures the H200 keys'
+copy-engine rows (``fvk_a2a_ce_captured``), and (a)'s plan assertion then expects those plans.
+
 ``--cpu-dry-run`` runs the script's own logic over 2+ gloo ranks with the CPU transport at small sizes:
 (a) eager only (no CUDA graphs on CPU: the capture, replays and interleaving are skipped, saying so), (b)
 with ``backend="aot_eager"`` (reduce-overhead needs CUDA), (c) eager and compiled rows only. Never a result.
@@ -64,7 +68,7 @@ from fastvideo import envs  # noqa: E402
 from fastvideo.distributed import parallel_state  # noqa: E402
 from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a  # noqa: E402
 from fastvideo.distributed.ulysses import helper as helper_mod  # noqa: E402
-from fastvideo.distributed.ulysses.policy import Geometry, Plan  # noqa: E402
+from fastvideo.distributed.ulysses.policy import CAPTURE_ENGINES, ENGINES, Geometry, Plan  # noqa: E402
 from tests.distributed.check_launch import init_check_group  # noqa: E402
 
 GEOMETRIES = {"wan720p": (1, 75600, 40, 128), "h3-32k": (3, 32768, 56, 128)}  # global [B, S, H, D]
@@ -114,7 +118,8 @@ class Block(nn.Module):
 
 
 class Check:
-    def __init__(self, quick: bool, dry_run: bool) -> None:
+    def __init__(self, quick: bool, dry_run: bool, capture_engines: tuple[str, ...] = CAPTURE_ENGINES) -> None:
+        self.capture_engines = capture_engines  # the plan kinds a capture may freeze (every rank the same)
         self.sp = parallel_state.get_sp_group()
         self.p, self.rank, self.device = self.sp.world_size, self.sp.rank_in_group, self.sp.device
         self.cuda = self.device.type == "cuda"
@@ -171,6 +176,8 @@ class Check:
         if not h.fused_available:
             raise RuntimeError(f"the fused route declined at construction: {h.construction_reason} "
                                f"({h.construction_detail})")
+        if h.capture_engines != self.capture_engines:
+            h.capture_engines = self.capture_engines
         return h
 
     def inputs(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -281,6 +288,8 @@ class Check:
             for _ in range(3):
                 self.step(static_x, static_g)
         torch.cuda.current_stream().wait_stream(side)
+        if name == AUTO:
+            self.helper()  # built by the warm-up: takes --capture-engines before the capture plans
         graph = torch.cuda.CUDAGraph()
         with route(name), torch.cuda.graph(graph):
             static_out = self.step(static_x, static_g)
@@ -450,6 +459,8 @@ class Check:
                 for _ in range(3):
                     a2a(x, 2, 1)
             torch.cuda.current_stream().wait_stream(side)
+            if name == AUTO:
+                self.helper()  # takes --capture-engines before the capture plans
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 a2a(x, 2, 1)
@@ -490,7 +501,15 @@ def main() -> int:
     parser.add_argument("--json", type=pathlib.Path, help="write the results here (rank 0)")
     parser.add_argument("--quick", action="store_true", help="50 latency iterations (100 without)")
     parser.add_argument("--cpu-dry-run", action="store_true", help="the script's logic over gloo at small sizes")
+    parser.add_argument("--capture-engines", default=",".join(CAPTURE_ENGINES),
+                        help="comma list of the plan kinds a capture may freeze (UlyssesHelper.capture_engines): "
+                             f"default the policy's ({','.join(CAPTURE_ENGINES)}); 'ce,sm' captures the copy-engine "
+                             "rows where the build has fvk_a2a_ce_captured")
     args = parser.parse_args()
+    capture_engines = tuple(e.strip() for e in args.capture_engines.split(",") if e.strip())
+    unknown = [e for e in capture_engines if e not in ENGINES]
+    if unknown:
+        parser.error(f"--capture-engines: {unknown} not among {ENGINES}")
     start = time.perf_counter()
     if not init_check_group("check_ulysses_graphs", args.cpu_dry_run):
         return 2
@@ -501,9 +520,10 @@ def main() -> int:
         torch.backends.cuda.enable_cudnn_sdp(False)
         torch.backends.cuda.enable_math_sdp(True)
     parallel_state.initialize_sequence_parallel(dist.get_world_size())
-    check = Check(args.quick, args.cpu_dry_run)
+    check = Check(args.quick, args.cpu_dry_run, capture_engines)
     header = bench.env_header(check.device, check.p, extra={
         "script": "tests/distributed/check_ulysses_graphs.py", "quick": args.quick, "sdpa": "math",
+        "capture_engines": list(capture_engines),
         "block": {"hidden": check.hidden, "heads": check.heads, "seq_global": check.seq, "dtype": str(check.dtype)}})
     if args.cpu_dry_run:
         header["note"] = ("DRY RUN: gloo + CPU transport, small sizes; CUDA graphs skipped; tests the script's "

@@ -28,7 +28,7 @@ import torch
 from fastvideo.distributed.ulysses import contract
 from fastvideo.distributed.ulysses.contract import DeclineReason, Field, Phase, Verdict
 from fastvideo.distributed.ulysses.policy import Geometry, Plan
-from fastvideo.distributed.ulysses.transport import ENTRY_CAPTURE, GlooPlanTransport, output_shape
+from fastvideo.distributed.ulysses.transport import ENTRY_CAPTURE, ENTRY_CE_CAPTURE, GlooPlanTransport, output_shape
 from tests.distributed.conftest import READS_LONG_TRAINING, bit_equal, build_helper, oracle, rank_input
 
 SHAPE = (3, 16, 12, 8)  # [B, S_local, H, D] at SP2: the fixture row freezes 144 CTAs, one plane per chunk
@@ -57,9 +57,9 @@ class RecordingTransport(GlooPlanTransport):
 
     name = "recording"
 
-    def __init__(self, refuse: str | None = None, move: bool = True) -> None:
+    def __init__(self, refuse: str | None = None, move: bool = True, entries: frozenset[str] = frozenset()) -> None:
         super().__init__()
-        self.refuse, self.move = refuse, move
+        self.refuse, self.move, self.extra_entries = refuse, move, entries
         self.host_calls = 0
         self.captured: list[Launch] = []
         self.eager: list[Plan] = []
@@ -67,7 +67,8 @@ class RecordingTransport(GlooPlanTransport):
     def capability(self):
         cap = super().capability()
         return type(cap)(self.name, True, abi_version=cap.abi_version,
-                         entry_points=cap.entry_points | {ENTRY_CAPTURE}, dtypes=cap.dtypes, supports_unaligned=True)
+                         entry_points=cap.entry_points | {ENTRY_CAPTURE} | self.extra_entries, dtypes=cap.dtypes,
+                         supports_unaligned=True)
 
     def eligibility(self, x):
         self.host_calls += 1
@@ -382,3 +383,54 @@ def test_capture_plans_from_the_sm_rows(ranks):
     copy-engine kind cannot be captured), an eager call runs the copy-engine plan; both exact."""
     for records, exact in ranks(2, _capture_plans_from_sm_rows, timeout_s=60):
         assert records == [("sm", 144, True), ("ce", 132, False)] and exact
+
+
+def _capture_engines(rank, world_size, engines_by_rank, ce_capture):
+    from tests.distributed.conftest import fixture_rows
+
+    table = fixture_rows(engine="ce", ctas=132) + fixture_rows(engine="sm")
+    entries = frozenset({ENTRY_CE_CAPTURE}) if ce_capture else frozenset()
+    t = RecordingTransport(entries=entries)
+    h = build_helper(transport=t, table=table)
+    if engines_by_rank[rank] is not None:
+        h.capture_engines = engines_by_rank[rank]
+    x = rank_input(rank, SHAPE, seed=0)
+    h._capturing = lambda x: True
+    try:
+        with torch.no_grad():
+            y_captured = h.all_to_all(x, 0)
+    finally:
+        h._capturing = lambda x: False
+    exact = None
+    if t.captured:
+        t.replay()  # the device side of a replay: the frozen plan, collective on every rank
+        exact = bit_equal(t.captured[0].out, oracle(x, 0))
+    else:
+        exact = bit_equal(y_captured, oracle(x, 0))  # declined: the NCCL route ran at capture
+    record = h.history[-1]
+    result = ((record.route, record.plan.engine if record.plan else None, record.captured,
+               record.reason.label if record.reason else None), exact)
+    h.destroy()
+    return result
+
+
+@READS_LONG_TRAINING
+@pytest.mark.parametrize(("engines", "ce_capture", "expected"), [
+    pytest.param((None, None), True, ("fused", "sm", True, None), id="default-sm-rows"),
+    pytest.param((("ce", "sm"), ("ce", "sm")), True, ("fused", "ce", True, None), id="opted-in-ce"),
+    pytest.param((("ce", "sm"), ("ce", "sm")), False, ("fused", "sm", True, None), id="no-ce-capture-build"),
+    pytest.param((("ce", "sm"), None), True, ("nccl", None, False, "peer_disagreement"), id="ranks-differ"),
+])
+def test_capture_engines_choose_the_captured_plan_kind(ranks, engines, ce_capture, expected):
+    """``capture_engines`` decides which rows a capture plans from: the SM rows by default; the copy-engine
+    row when every rank opted in and the build captures that kind; ranks that differ decline together."""
+    for record, exact in ranks(2, _capture_engines, engines, ce_capture, timeout_s=60):
+        assert record == expected and exact
+
+
+def test_capture_engines_rejects_unknown_engines():
+    from fastvideo.distributed.ulysses.helper import UlyssesHelper
+
+    h = UlyssesHelper.__new__(UlyssesHelper)  # the setter's check needs no construction
+    with pytest.raises(ValueError, match="not among"):
+        UlyssesHelper.capture_engines.fset(h, ("tma",))

@@ -40,7 +40,8 @@ EXPECTED_SYMBOLS = {
     "fvk_coresident_ctas", "fvk_relax_capture_mode", "fvk_pci_bus_id", "fvk_nvlink_p2p", "fvk_unique_id_bytes",
     "fvk_get_unique_id",
     "fvk_create", "fvk_comm_init", "fvk_window_alloc", "fvk_window_register", "fvk_devcomm_create", "fvk_lsa_info",
-    "fvk_a2a_original", "fvk_a2a_tuned", "fvk_a2a_ce", "fvk_fabric_copy", "fvk_a2a_captured", "fvk_a2a_debug",
+    "fvk_a2a_original", "fvk_a2a_tuned", "fvk_a2a_ce", "fvk_fabric_copy", "fvk_a2a_captured", "fvk_a2a_ce_captured",
+    "fvk_a2a_debug",
     "fvk_sim_a2a", "fvk_check_window_sync", "fvk_check_ce_sync", "fvk_check_ce_addressing", "fvk_destroy",
     "fvk_abort",
 }
@@ -139,8 +140,8 @@ def test_built_library_abi_query(built):
     except fastvideo_kernel.KernelUnavailable as exc:
         pytest.skip(f"the built library cannot be loaded on this machine (e.g. its libnccl.so.2 is absent): {exc}")
     assert lib.fvk_abi_version() == 3
-    assert fastvideo_kernel.entry_points(lib) == {"original", "tuned", "ce", "fabric", "capture", "debug", "sim",
-                                                  "sync_check", "ce_sync_check", "ce_addressing_check"}
+    assert fastvideo_kernel.entry_points(lib) == {"original", "tuned", "ce", "fabric", "capture", "ce_capture", "debug",
+                                                  "sim", "sync_check", "ce_sync_check", "ce_addressing_check"}
     assert fastvideo_kernel.nccl_version_tuple(lib.fvk_nccl_build_version())[:2] >= (2, 28)
     assert lib.fvk_max_ctas() == 144
     assert lib.fvk_unique_id_bytes() == 128
@@ -197,9 +198,18 @@ def test_native_capture_decline_names_the_fix_and_refuses_unknown_plan_kinds():
     new = NativeTransport()
     new._entries = frozenset({"original", "tuned", "capture"})
     assert new.capture_decline(geom, tuned) is None and new.capture_decline(geom, original) is None
-    other_kind = types.SimpleNamespace(ctas=144, planes_per_chunk=1, rows_per_chunk=16, tuned=True,
+    other_kind = types.SimpleNamespace(ctas=144, planes_per_chunk=1, rows_per_chunk=16, tuned=True, engine="sm",
                                        word=tuned.word | 1 << 63)
-    assert "not a single fused-kernel launch" in new.capture_decline(geom, other_kind)
+    assert "not one this transport can freeze" in new.capture_decline(geom, other_kind)
+    # The copy-engine kind: refused, naming the rebuild, by a build without fvk_a2a_ce_captured; frozen with it.
+    ce = Plan(66, 1, 16, True, engine="ce")
+    assert "fvk_a2a_ce_captured" in new.capture_decline(geom, ce) and "rebuild" in new.capture_decline(geom, ce)
+    both = NativeTransport()
+    both._entries = frozenset({"original", "tuned", "ce", "capture", "ce_capture"})
+    assert both.capture_decline(geom, ce) is None and both.capture_decline(geom, tuned) is None
+    ce_other = types.SimpleNamespace(ctas=66, planes_per_chunk=1, rows_per_chunk=16, tuned=True, engine="ce",
+                                     word=ce.word | 1 << 63)
+    assert "not one this transport can freeze" in both.capture_decline(geom, ce_other)
 
 
 def test_loader_reports_the_capture_entry_only_when_exported():

@@ -58,7 +58,9 @@ from fastvideo.distributed.ulysses.contract import (
 from fastvideo.distributed.ulysses.layout import validate_input
 from fastvideo.distributed.ulysses.nccl import nccl_route
 from fastvideo.distributed.ulysses.policy import (
+    CAPTURE_ENGINES,
     ENGINE_CE,
+    ENGINES,
     MAX_CTAS,
     MAX_WORLD_SIZE,
     MIN_WORLD_SIZE,
@@ -71,6 +73,7 @@ from fastvideo.distributed.ulysses.policy import (
 )
 from fastvideo.distributed.ulysses.transport import (
     ENTRY_CE,
+    ENTRY_CE_CAPTURE,
     ENTRY_TUNED,
     Capability,
     ConstructionContext,
@@ -205,6 +208,7 @@ class UlyssesHelper:
         self._geometries: dict[tuple, Geometry] = {}
         self._proposals: dict[tuple, list[int]] = {}
         self.tuned_table = tuple(tuned_table)
+        self.capture_engines = CAPTURE_ENGINES
         if gpu_name is None:
             gpu_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         self.gpu_name = gpu_name
@@ -416,6 +420,22 @@ class UlyssesHelper:
             )
 
     @property
+    def capture_engines(self) -> tuple[str, ...]:
+        """The plan kinds a CUDA-graph capture may freeze (``policy.CAPTURE_ENGINES`` by default). Set it
+        identically on every rank (a rank that differs proposes another plan: every rank then declines
+        ``peer_disagreement`` together); assigning it drops the plan cache."""
+        return self._capture_engines
+
+    @capture_engines.setter
+    def capture_engines(self, engines: Sequence[str]) -> None:
+        unknown = [e for e in engines if e not in ENGINES]
+        if unknown:
+            raise ValueError(f"capture_engines: {unknown} not among {ENGINES}")
+        self._capture_engines = tuple(engines)
+        self._plan_cache.clear()
+        self._proposals.clear()
+
+    @property
     def tuned_table(self) -> tuple[TunedRow, ...]:
         """The measured rows this helper's policy uses; assigning a new table drops the plan cache."""
         return self._tuned_table
@@ -443,10 +463,11 @@ class UlyssesHelper:
                 entries = self.capability.entry_points
                 if ENTRY_TUNED not in entries:
                     table = ()  # an older build with only the original entry point runs the original plan
-                elif ENTRY_CE not in entries or capturing:
-                    # A build without the copy-engine kind, or a CUDA-graph capture (a copy-engine call
-                    # forks onto the context's copy stream: not frozen into graphs yet): the table's SM
-                    # rows apply (it lists a key's copy-engine row first, then its SM row).
+                elif ENTRY_CE not in entries or (capturing and not (
+                        ENGINE_CE in self.capture_engines and ENTRY_CE_CAPTURE in entries)):
+                    # A build without the copy-engine kind, or a CUDA-graph capture that may not freeze it
+                    # (``capture_engines``, or a build without fvk_a2a_ce_captured): the table's SM rows
+                    # apply (it lists a key's copy-engine row first, then its SM row).
                     table = tuple(row for row in table if row.engine != ENGINE_CE)
             choice = choose_plan(geom, gpu=self.gpu_name, window_bytes=self.window_bytes, grad=grad,
                                  long_training=long_training, table=table)

@@ -34,6 +34,7 @@ from fastvideo.distributed.ulysses.policy import ENGINE_CE, KERNEL_DTYPES, MAX_C
 from fastvideo.distributed.ulysses.transport import (
     ENTRY_CAPTURE,
     ENTRY_CE,
+    ENTRY_CE_CAPTURE,
     ENTRY_ORIGINAL,
     ENTRY_TUNED,
     Capability,
@@ -312,20 +313,24 @@ class NativeTransport(Transport):
         return out
 
     def capture_decline(self, geom: Geometry, plan: Plan) -> str | None:
-        """None when ``plan`` can be frozen into the graph being captured: this build has ``fvk_a2a_captured``
-        and the plan is one launch of the fused kernel (a plan word this code knows: CTAs, planes and rows
-        per chunk, tuned; any other plan kind is refused until it is shown to need no host work per call)."""
-        if ENTRY_CAPTURE not in self._entries:
-            return ("this kernel build has no fvk_a2a_captured (older than the capturable route): rebuild "
-                    "fastvideo-kernel to capture the fused route")
-        if Plan(plan.ctas, plan.planes_per_chunk, plan.rows_per_chunk, plan.tuned).word != plan.word:
-            return f"plan word {plan.word:#x} is not a single fused-kernel launch"
+        """None when ``plan`` can be frozen into the graph being captured: a plan word this code knows (CTAs,
+        planes and rows per chunk, tuned, engine: any other plan kind is refused until it is shown to need
+        no host work per call), and this build's capturable entry point for its engine (``fvk_a2a_captured``
+        for the fused kernel, ``fvk_a2a_ce_captured`` for the copy-engine kind)."""
+        entry, symbol = ((ENTRY_CE_CAPTURE, "fvk_a2a_ce_captured") if plan.engine == ENGINE_CE
+                         else (ENTRY_CAPTURE, "fvk_a2a_captured"))
+        if entry not in self._entries:
+            return (f"this kernel build has no {symbol} (older than the capturable {plan.engine} kind): rebuild "
+                    "fastvideo-kernel to capture it")
+        if Plan(plan.ctas, plan.planes_per_chunk, plan.rows_per_chunk, plan.tuned, plan.engine).word != plan.word:
+            return f"plan word {plan.word:#x} is not one this transport can freeze"
         if plan.ctas > MAX_CTAS:
             return f"plan asks for {plan.ctas} CTAs, at most {MAX_CTAS}"
         return None
 
     def execute_captured(self, x: torch.Tensor, geom: Geometry, plan: Plan) -> torch.Tensor:
-        """Capture the agreed plan (``fvk_a2a_captured``) into the graph the current stream is capturing.
+        """Capture the agreed plan (``fvk_a2a_captured``, or ``fvk_a2a_ce_captured`` for the copy-engine kind)
+        into the graph the current stream is capturing.
 
         The launch arguments (pointers, geometry, plan) are frozen into the graph; the output is allocated
         from the graph's memory pool, as every captured op's. No Python stream bookkeeping and no completion
@@ -339,12 +344,13 @@ class NativeTransport(Transport):
         stream = torch.cuda.current_stream(x.device)
         whole = plan.planes_per_chunk >= geom.B and plan.rows_per_chunk >= geom.S
         # The same launch arguments as ``execute`` (the original plan runs as 36 CTAs over (B, S)).
-        ctas, planes, rows = (ORIGINAL_CTAS, geom.B, geom.S) if plan.ctas == ORIGINAL_CTAS and whole else (
+        ctas, planes, rows = (ORIGINAL_CTAS, geom.B, geom.S) if (
+            plan.engine != ENGINE_CE and plan.ctas == ORIGINAL_CTAS and whole) else (
             plan.ctas, plan.planes_per_chunk, plan.rows_per_chunk)
-        status = self._lib.fvk_a2a_captured(self._handle, x.data_ptr(), out.data_ptr(), geom.mode,
-                                            dtype_code(x.dtype), geom.B, geom.S, geom.H, geom.D, ctas, planes, rows,
-                                            stream.cuda_stream)
-        self._check(status, "fvk_a2a_captured")
+        name = "fvk_a2a_ce_captured" if plan.engine == ENGINE_CE else "fvk_a2a_captured"
+        status = getattr(self._lib, name)(self._handle, x.data_ptr(), out.data_ptr(), geom.mode, dtype_code(x.dtype),
+                                          geom.B, geom.S, geom.H, geom.D, ctas, planes, rows, stream.cuda_stream)
+        self._check(status, name)
         return out
 
     def debug_execute(self, x: torch.Tensor, geom: Geometry, plan: Plan, *, legacy: bool = False

@@ -44,6 +44,13 @@ _CTA_BITS, _PLANE_BITS, _ROW_BITS = 10, 16, 35
 _TUNED_BIT = _CTA_BITS + _PLANE_BITS + _ROW_BITS
 _CE_BIT = _TUNED_BIT + 1  # bit 62: the word stays a positive int64
 
+# The plan kinds a CUDA-graph capture may freeze, by engine (``UlyssesHelper.capture_engines``). The
+# copy-engine kind has a capturable entry point (fvk_a2a_ce_captured), but its captured form has run only
+# on one GPU (P = 1: no peers, so no push): until a 2-GPU run of
+# ``tests/distributed/check_ulysses_graphs.py --capture-engines ce,sm`` shows it exact, a capture plans
+# from the table's SM rows, as before.
+CAPTURE_ENGINES: tuple[str, ...] = (ENGINE_SM,)
+
 
 @dataclass(frozen=True)
 class Geometry:

@@ -28,6 +28,7 @@ ENTRY_ORIGINAL = "original"  # the 36-CTA whole-operand entry point
 ENTRY_TUNED = "tuned"  # CTA count and chunking as arguments
 ENTRY_CE = "ce"  # the copy-engine plan kind (same arguments as tuned)
 ENTRY_CAPTURE = "capture"  # the tuned entry point for CUDA-graph capture (fvk_a2a_captured)
+ENTRY_CE_CAPTURE = "ce_capture"  # the copy-engine kind for CUDA-graph capture (fvk_a2a_ce_captured)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,119 @@
+"""GPU test: the native transport's captured launches (``execute_captured``) on one GPU, both plan kinds.
+
+A one-rank communicator (P = 1: the all-to-all is the identity, so every output must equal its input)
+runs the real library: the fused kernel's ``fvk_a2a_captured`` and the copy-engine kind's
+``fvk_a2a_ce_captured`` (its fork onto the context's copy stream, entry barrier, per chunk the barrier,
+own-block and copy-out kernels, join) are captured with ``torch.cuda.graph`` and replayed with fresh
+inputs, alone, two calls in one graph, and interleaved with eager calls on another stream without host
+synchronisation (the ordering through the library's completion event). At P = 1 a copy-engine call pushes
+nothing (no peers), so the captured copy-engine pushes are not exercised here: that needs 2 GPUs
+(``tests/distributed/check_ulysses_graphs.py --capture-engines ce,sm``). Negative controls: the eager
+copy-engine entry point refuses a capturing stream, and the output check flags a perturbed replay output.
+Skips without CUDA or without a library that has both capturable entry points.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastvideo.distributed.ulysses.native import NativeKernelError, NativeTransport
+from fastvideo.distributed.ulysses.policy import ENGINE_CE, Geometry, Plan
+from fastvideo.distributed.ulysses.transport import ENTRY_CAPTURE, ENTRY_CE_CAPTURE, ConstructionContext
+
+pytestmark = pytest.mark.gpu
+
+SHAPE = (2, 512, 8, 128)
+PLANS = {
+    "sm": Plan(144, 1, 200, tuned=True),  # 6 chunks: uneven row ranges
+    "ce": Plan(66, 1, 200, tuned=True, engine=ENGINE_CE),
+}
+
+
+@pytest.fixture(scope="module")
+def transport(gpu_lib):
+    t = NativeTransport()
+    cap = t.capability()
+    if not cap.present:
+        pytest.skip(f"kernel library unusable here: {cap.detail}")
+    if not {ENTRY_CAPTURE, ENTRY_CE_CAPTURE} <= cap.entry_points:
+        pytest.skip("kernel library without fvk_a2a_captured and fvk_a2a_ce_captured")
+    device = torch.device("cuda", 0)
+    ctx = ConstructionContext(rank=0, world_size=1, device=device, window_bytes=64 << 20, max_ctas=144,
+                              device_group=None, all_gather_object=lambda obj: [obj])
+    for step in t.construction_steps(ctx):
+        step.run()
+    yield t
+    torch.cuda.synchronize()
+    t.destroy()
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def capture(transport, x_static: torch.Tensor, plans: list[tuple[int, Plan]]):
+    """A graph of consecutive captured calls (mode, plan), each on the previous call's output."""
+    graph = torch.cuda.CUDAGraph()
+    outs = []
+    with torch.cuda.graph(graph):
+        y = x_static
+        for mode, plan in plans:
+            y = transport.execute_captured(y, Geometry.from_input(y.shape, mode, 1, y.dtype), plan)
+            outs.append(y)
+    return graph, outs
+
+
+@pytest.mark.parametrize("kind", sorted(PLANS))
+def test_replays_of_a_captured_call_are_exact(transport, kind):
+    plan = PLANS[kind]
+    x_static = torch.randn(SHAPE, device="cuda").to(torch.bfloat16)
+    transport.execute(x_static, Geometry.from_input(SHAPE, 0, 1, x_static.dtype), plan)  # eager warm-up
+    torch.cuda.synchronize()
+    graph, (out,) = capture(transport, x_static, [(0, plan)])
+    for i in range(20):
+        x_static.copy_(torch.randn(SHAPE, device="cuda").to(torch.bfloat16))
+        out.fill_(float("nan"))  # poison: every element must be written by the replay
+        graph.replay()
+        torch.cuda.synchronize()
+        assert same(out, x_static), f"replay {i}"
+    # Negative control: the check sees a single flipped element.
+    out.view(torch.int16).view(-1)[123] ^= 1
+    assert not same(out, x_static)
+
+
+@pytest.mark.parametrize("kind", sorted(PLANS))
+def test_two_calls_in_one_graph_and_replays_interleaved_with_eager_calls(transport, kind):
+    plan = PLANS[kind]
+    x_static = torch.randn(SHAPE, device="cuda").to(torch.bfloat16)
+    graph, (y, z) = capture(transport, x_static, [(0, plan), (1, plan)])
+    side = torch.cuda.Stream()
+    eager_in = [torch.randn(SHAPE, device="cuda").to(torch.bfloat16) for _ in range(8)]
+    eager_out = []
+    inputs = []
+    for i in range(8):
+        x_i = torch.randn(SHAPE, device="cuda").to(torch.bfloat16)
+        x_static.copy_(x_i)
+        graph.replay()
+        results = (y.clone(), z.clone())
+        inputs.append((x_i, results))
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # no host sync: the library orders it after the replay, and back
+            eager_out.append(transport.execute(eager_in[i], Geometry.from_input(SHAPE, 0, 1, torch.bfloat16), plan))
+        torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    for i, (x_i, (y_i, z_i)) in enumerate(inputs):
+        assert same(y_i, x_i) and same(z_i, x_i), f"replay {i}"
+        assert same(eager_out[i], eager_in[i]), f"eager call {i}"
+
+
+def test_the_eager_copy_engine_entry_refuses_a_capturing_stream(transport):
+    x_static = torch.randn(SHAPE, device="cuda").to(torch.bfloat16)
+    geom = Geometry.from_input(SHAPE, 0, 1, x_static.dtype)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(NativeKernelError, match="cannot be captured"):
+        with torch.cuda.graph(graph):
+            transport.execute(x_static, geom, PLANS["ce"])
+    torch.cuda.synchronize()
+    # The refusal happens before any enqueue: the context stays usable (an agreed check, no poisoning).
+    assert same(transport.execute(x_static, geom, PLANS["ce"]), x_static)
