@@ -72,6 +72,12 @@ enum CeDrop : unsigned {
   kCeDropLandedBarrier = 4u,  // the per-chunk barrier (landing of c, entry of c + 1)
   kCeDropFork = 8u,           // own-block kernel before the caller's stream reached the call
   kCeDropJoin = 16u,          // the call "ends" before its copy-outs
+  // Options of the host check's model, not of the schedule (ce_schedule ignores them):
+  // each call's ops on streams of their own (a CUDA-graph replay's branches, or a call on another stream
+  // than the previous one), ordered after the previous call only through the context's completion event,
+  // recorded after the join and waited for before the fork (order_call / finish_call in ulysses_a2a.cu);
+  kCeModelStreamPerCall = 32u,
+  kCeDropDoneWait = 64u,  // and its negative control: that wait dropped
 };
 
 // Byte offset of buffer `b` (0 or 1), source `src`'s block, in every rank's window.

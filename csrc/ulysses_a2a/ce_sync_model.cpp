@@ -15,6 +15,10 @@
 //     in sequence order (write before its copy-out, copy-out before the next write into the block);
 //   * containment: copy-stream work of a call happens after the caller's stream reached the call
 //     (its input and output are ready) and before the call ends on the caller's stream.
+// With kCeModelStreamPerCall, no stream carries on from call to call: each call's ops run on streams of
+// their own (a CUDA-graph replay's branches, a call on another stream), ordered after the previous call
+// only through the completion event the launchers record after the join and wait for before the fork
+// (kCeDropDoneWait drops that wait: the negative control).
 // No GPU: runs in CI, with negative controls that drop one ordering each (ce_plan.h's CeDrop).
 #include <cstdio>
 #include <string>
@@ -95,7 +99,10 @@ extern "C" int fvk_check_ce_sync(int world, int ncalls, const int64_t* chunks, u
   for (int n = 0; n < ncalls; ++n)
     if (chunks[n] < 1 || chunks[n] > 256)
       return set_error(FVK_ERR_INVALID, "call %d: chunks=%lld outside 1..256", n, (long long)chunks[n]);
-  if (drop > 31) return set_error(FVK_ERR_INVALID, "drop 0x%x has unknown bits", drop);
+  if (drop > 127) return set_error(FVK_ERR_INVALID, "drop 0x%x has unknown bits", drop);
+  const bool per_call = drop & kCeModelStreamPerCall;
+  const bool done_wait = per_call && !(drop & kCeDropDoneWait);
+  const unsigned schedule_drop = drop & 31u;
 
   Graph g;
   std::vector<Access> acc;
@@ -112,10 +119,16 @@ extern "C" int fvk_check_ce_sync(int world, int ncalls, const int64_t* chunks, u
       last[stream] = node;
     };
     for (int n = 0; n < ncalls; ++n) {
+      if (per_call) {
+        // Streams of the call's own: nothing carries on from the previous call but the completion event
+        // (its `done`, recorded by the previous call's end, waited for before this call's fork).
+        last[kMainStream] = last[kCopyStream] = -1;
+      }
       const int start = g.add();  // the caller's stream reaches the call (input written, output allocated)
       on(kMainStream, start);
+      if (done_wait && n > 0) g.edge(ends[r][n - 1], start);
       starts[r].push_back(start);
-      ce_schedule(chunks[n], drop, [&](const CeOp& op) {
+      ce_schedule(chunks[n], schedule_drop, [&](const CeOp& op) {
         if (op.kind == kCeBarrier) {
           const int arrive = g.add(), depart = g.add();
           on(op.stream, arrive);

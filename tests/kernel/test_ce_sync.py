@@ -62,13 +62,33 @@ def test_every_ordering_is_needed(lib, drop, needs):  # noqa: F811
         assert (2, (1,)) in flagged or (2, (1, 1)) in flagged
 
 
+@pytest.mark.parametrize("world", range(2, 9))
+def test_calls_ordered_only_through_the_completion_event_are_race_free(lib, world):  # noqa: F811
+    """Each call on streams of its own (CUDA-graph replays, calls on changing streams): the completion event,
+    recorded after the join and waited for before the fork, is the only cross-call ordering, and suffices."""
+    for chunks in SEQUENCES:
+        violations, first = check(lib, world, chunks, fastvideo_kernel.CE_MODEL_STREAM_PER_CALL)
+        assert violations == 0, f"P={world} chunks={chunks}: {first}"
+
+
+def test_without_the_completion_event_wait_calls_race(lib):  # noqa: F811
+    """Negative control of that model: without the wait, a call's pushes race with the previous call's
+    copy-outs (or its copy-stream work escapes the call) wherever there are two calls."""
+    model = fastvideo_kernel.CE_MODEL_STREAM_PER_CALL | fastvideo_kernel.CE_DROP_DONE_WAIT
+    for world, chunks in itertools.product((2, 3, 8), SEQUENCES):
+        violations, first = check(lib, world, chunks, model)
+        assert (violations > 0) == (len(chunks) > 1), f"P={world} chunks={chunks}: {violations} {first}"
+    # The same drop without the per-call model changes nothing: there the streams carry the order on.
+    assert check(lib, 2, [2, 3], fastvideo_kernel.CE_DROP_DONE_WAIT)[0] == 0
+
+
 def test_bad_arguments_are_errors(lib):  # noqa: F811
     arr = (ctypes.c_int64 * 1)(0)
     v = ctypes.c_int64()
     assert lib.fvk_check_ce_sync(2, 1, arr, 0, ctypes.byref(v), None, 0) == 1
     assert "chunks=0" in fastvideo_kernel.last_error(lib)
     arr[0] = 1
-    assert lib.fvk_check_ce_sync(2, 1, arr, 64, ctypes.byref(v), None, 0) == 1
+    assert lib.fvk_check_ce_sync(2, 1, arr, 128, ctypes.byref(v), None, 0) == 1
     assert lib.fvk_check_ce_sync(9, 1, arr, 0, ctypes.byref(v), None, 0) == 1
 
 
