@@ -8,7 +8,8 @@
 # kernel pytest), then a development build in build/kernel for the scripts below, the helper's host path on
 # this host's CPUs (benchmarks/measure_host_path.py, shared-memory and gloo votes), the benchmarks' line-up
 # exit skew (benchmarks/measure_lineup_skew.py) and the fused launch's host cost per plan kind and chunk count
-# at P = 1 (benchmarks/measure_launch_host.py). The device returns at most 8 files: everything is packed into
+# at P = 1 (benchmarks/measure_launch_host.py); with BASE=DIR, the last two A/B against an exported older tree.
+# The device returns at most 8 files: everything is packed into
 # $OUT/all.tar.gz, and the summary and the JSONs are copied beside it.
 set -uo pipefail
 FINAL_OUT="${OUT:-/tmp/fastvideo-host-path}"
@@ -27,6 +28,19 @@ step "host path (gloo vote)" 200 perf.log python3 benchmarks/measure_host_path.p
   --json "$OUT/host_path_gloo.json"
 step "line-up skew" 120 perf.log python3 benchmarks/measure_lineup_skew.py --json "$OUT/lineup_skew.json"
 step "launch host cost (P=1)" 240 perf.log python3 benchmarks/measure_launch_host.py --json "$OUT/launch_host.json"
+# BASE=DIR (an exported older tree, carried): the same host-path scripts run from both trees, A/B/A/B, with
+# the one library built above, so the difference is the Python host path alone.
+if [[ -n "${BASE:-}" ]]; then
+  for round in 1 2; do
+    for tree in "$BASE" "$ROOT"; do
+      tag=$([[ $tree == "$ROOT" ]] && echo head || echo base)
+      step "host path $tag #$round" 120 ab.log python3 "$tree/benchmarks/measure_host_path.py" --iters 5000 \
+        --vote shm --json "$OUT/ab_host_path_${tag}_${round}.json"
+      step "launch host $tag #$round" 200 ab.log python3 "$tree/benchmarks/measure_launch_host.py" --no-parts \
+        --json "$OUT/ab_launch_${tag}_${round}.json"
+    done
+  done
+fi
 echo "=== summary"
 cat "$OUT/summary.txt"
 tar czf "$FINAL_OUT/all.tar.gz" -C "$OUT" .
