@@ -13,7 +13,7 @@ device_init /tmp/fastvideo-kernel-check
 python="${PYTHON:-python3}"
 export python
 summary="$OUT/summary.txt"
-: >"$summary"
+[[ -n "${KEEP_SUMMARY:-}" ]] || : >"$summary"  # a calling script that ran steps before keeps them
 
 versions() {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
