@@ -11,6 +11,9 @@
 #                                                   #   included), the tuner over both engines, then the
 #                                                   #   transport benchmark on the tuner's rows (--tuned-from)
 #   OUT=$OUT bash scripts/device_sp2.sh graphs      # issue 16: tests/distributed/check_ulysses_graphs.py
+#   OUT=$OUT bash scripts/device_sp2.sh graphs-ce   # the same with --capture-engines ce,sm: the captured
+#                                                   #   copy-engine kind across 2 GPUs (its pushes in a graph),
+#                                                   #   before policy.CAPTURE_ENGINES may include it
 #
 # Each stage installs the kernel wheel first (the machine starts bare) and keeps going after a failed
 # step; the exit status is non-zero if any step failed.
@@ -47,6 +50,10 @@ case "$stage" in
     step "graphs (issue 16)" 280 "$stage.log" "${TORCHRUN[@]}" tests/distributed/check_ulysses_graphs.py \
       --json "$OUT/graphs.json"
     ;;
+  graphs-ce)
+    step "graphs, copy-engine captures" 280 "$stage.log" "${TORCHRUN[@]}" tests/distributed/check_ulysses_graphs.py \
+      --capture-engines ce,sm --json "$OUT/graphs_ce.json"
+    ;;
   dit)
     if [[ -f scripts/device_issue14.sh ]]; then
       step "DiT step" 560 "$stage.log" env BUDGET_S=530 bash scripts/device_issue14.sh
@@ -54,7 +61,7 @@ case "$stage" in
       echo "scripts/device_issue14.sh not found"; failed=1
     fi
     ;;
-  *) echo "unknown stage $stage (gate|speed|dit|ce|graphs)" >&2; exit 2 ;;
+  *) echo "unknown stage $stage (gate|speed|dit|ce|graphs|graphs-ce)" >&2; exit 2 ;;
 esac
 echo "=== summary"; cat "$OUT/summary.txt"
 exit "$failed"
