@@ -78,7 +78,13 @@ enum CeDrop : unsigned {
   // recorded after the join and waited for before the fork (order_call / finish_call in ulysses_a2a.cu);
   kCeModelStreamPerCall = 32u,
   kCeDropDoneWait = 64u,  // and its negative control: that wait dropped
+  // Negative control of the SM-kind calls the check interleaves (chunks = kCeSmCall): the SM kernel's CTAs
+  // store into peers' windows without first meeting them at a barrier.
+  kCeDropSmEntryBarrier = 128u,
 };
+
+// In fvk_check_ce_sync's call list: an SM-kind call (the fused kernel) between copy-engine calls.
+constexpr int64_t kCeSmCall = -1;
 
 // Byte offset of buffer `b` (0 or 1), source `src`'s block, in every rank's window.
 FVK_HD inline int64_t ce_block_offset(const Problem& p, int buffer, int src) {

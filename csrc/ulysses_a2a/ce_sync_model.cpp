@@ -15,6 +15,13 @@
 //     in sequence order (write before its copy-out, copy-out before the next write into the block);
 //   * containment: copy-stream work of a call happens after the caller's stream reached the call
 //     (its input and output are ready) and before the call ends on the caller's stream.
+// SM-kind calls (chunks = kCeSmCall) between copy-engine calls: the fused kernel on the caller's stream,
+// modelled at the granularity that matters across kinds. Its CTAs meet the peers' CTAs at LSA barriers
+// before storing into the peers' windows and again before copying out, so the model has one barrier hub
+// before the stores (every rank's arrival after its stream reached the call) and one after them; the
+// stores may touch any byte of every peer's window, the copy-out any byte of the rank's own. Races among
+// one SM call's own CTAs are sync_model.cpp's (per-CTA barriers): pairs of accesses of the same SM call
+// are not checked here.
 // With kCeModelStreamPerCall, no stream carries on from call to call: each call's ops run on streams of
 // their own (a CUDA-graph replay's branches, a call on another stream), ordered after the previous call
 // only through the completion event the launchers record after the join and wait for before the fork
@@ -41,6 +48,7 @@ struct Access {
   int node, rank, window, buffer, src, call;
   int64_t chunk;
   bool write;
+  bool sm = false;  // an SM-kind call's access (any block of the window)
 };
 
 class Graph {
@@ -97,9 +105,10 @@ extern "C" int fvk_check_ce_sync(int world, int ncalls, const int64_t* chunks, u
     return set_error(FVK_ERR_INVALID, "world size %d outside 1..%d", world, kMaxWorld);
   if (ncalls < 1 || ncalls > 16) return set_error(FVK_ERR_INVALID, "ncalls=%d outside 1..16", ncalls);
   for (int n = 0; n < ncalls; ++n)
-    if (chunks[n] < 1 || chunks[n] > 256)
-      return set_error(FVK_ERR_INVALID, "call %d: chunks=%lld outside 1..256", n, (long long)chunks[n]);
-  if (drop > 127) return set_error(FVK_ERR_INVALID, "drop 0x%x has unknown bits", drop);
+    if ((chunks[n] < 1 || chunks[n] > 256) && chunks[n] != kCeSmCall)
+      return set_error(FVK_ERR_INVALID, "call %d: chunks=%lld outside 1..256 (or %lld: an SM-kind call)", n,
+                       (long long)chunks[n], (long long)kCeSmCall);
+  if (drop > 255) return set_error(FVK_ERR_INVALID, "drop 0x%x has unknown bits", drop);
   const bool per_call = drop & kCeModelStreamPerCall;
   const bool done_wait = per_call && !(drop & kCeDropDoneWait);
   const unsigned schedule_drop = drop & 31u;
@@ -107,16 +116,27 @@ extern "C" int fvk_check_ce_sync(int world, int ncalls, const int64_t* chunks, u
   Graph g;
   std::vector<Access> acc;
   std::vector<int> barrier_hub;  // one node per barrier index, shared by all ranks
+  std::vector<int> sm_hub;       // the same for the SM-kind calls' two barrier meetings
   std::vector<std::vector<int>> starts(world), ends(world);
   std::vector<std::vector<std::pair<int, int>>> copy_ops(world);  // (call, node) of copy-stream work
   for (int r = 0; r < world; ++r) {
     int last[2] = {-1, -1};  // last node per stream
     int recorded[kCeEvents];
     for (int& e : recorded) e = -1;
-    int barriers = 0;
+    int barriers = 0, sm_barriers = 0;
     auto on = [&](int stream, int node) {
       g.edge(last[stream], node);
       last[stream] = node;
+    };
+    // A barrier meeting on `stream`: this rank's arrival, the hub every rank's k-th meeting shares, departure.
+    auto meet = [&](int stream, std::vector<int>& hubs, int& k) {
+      const int arrive = g.add(), depart = g.add();
+      on(stream, arrive);
+      if (static_cast<int>(hubs.size()) <= k) hubs.push_back(g.add());
+      const int hub = hubs[k++];
+      g.edge(arrive, hub);
+      g.edge(hub, depart);
+      last[stream] = depart;  // no direct arrive -> depart edge: the hub carries it
     };
     for (int n = 0; n < ncalls; ++n) {
       if (per_call) {
@@ -128,15 +148,27 @@ extern "C" int fvk_check_ce_sync(int world, int ncalls, const int64_t* chunks, u
       on(kMainStream, start);
       if (done_wait && n > 0) g.edge(ends[r][n - 1], start);
       starts[r].push_back(start);
+      if (chunks[n] == kCeSmCall) {
+        if (!(drop & kCeDropSmEntryBarrier)) meet(kMainStream, sm_hub, sm_barriers);
+        const int stores = g.add();
+        on(kMainStream, stores);
+        meet(kMainStream, sm_hub, sm_barriers);
+        const int copy_out = g.add();
+        on(kMainStream, copy_out);
+        for (int q = 0; q < world; ++q)
+          for (int b = 0; b < 2; ++b)
+            for (int src = 0; src < world; ++src) {
+              if (q != r) acc.push_back(Access{stores, r, q, b, src, n, -1, true, true});
+              if (q == r) acc.push_back(Access{copy_out, r, r, b, src, n, -1, false, true});
+            }
+        const int end = g.add();
+        on(kMainStream, end);
+        ends[r].push_back(end);
+        continue;
+      }
       ce_schedule(chunks[n], schedule_drop, [&](const CeOp& op) {
         if (op.kind == kCeBarrier) {
-          const int arrive = g.add(), depart = g.add();
-          on(op.stream, arrive);
-          if (static_cast<int>(barrier_hub.size()) <= barriers) barrier_hub.push_back(g.add());
-          const int hub = barrier_hub[barriers++];
-          g.edge(arrive, hub);
-          g.edge(hub, depart);
-          last[op.stream] = depart;  // no direct arrive -> depart edge: the hub carries it
+          meet(op.stream, barrier_hub, barriers);
           return;
         }
         const int v = g.add();
@@ -169,14 +201,20 @@ extern "C" int fvk_check_ce_sync(int world, int ncalls, const int64_t* chunks, u
   }
   auto describe = [](const Access& a) {
     char buf[128];
-    snprintf(buf, sizeof(buf), "call %d chunk %lld %s of block %d, buffer %d of rank %d's window (by rank %d)", a.call,
-             static_cast<long long>(a.chunk), a.write ? "push" : "copy-out", a.src, a.buffer, a.window, a.rank);
+    if (a.sm)
+      snprintf(buf, sizeof(buf), "call %d (SM kind) %s rank %d's window (by rank %d)", a.call,
+               a.write ? "store into" : "copy-out of", a.window, a.rank);
+    else
+      snprintf(buf, sizeof(buf), "call %d chunk %lld %s of block %d, buffer %d of rank %d's window (by rank %d)",
+               a.call, static_cast<long long>(a.chunk), a.write ? "push" : "copy-out", a.src, a.buffer, a.window,
+               a.rank);
     return std::string(buf);
   };
   for (size_t i = 0; i < acc.size(); ++i) {
     for (size_t j = i + 1; j < acc.size(); ++j) {
       const Access &a = acc[i], &b = acc[j];
       if (a.window != b.window || a.buffer != b.buffer || a.src != b.src || (!a.write && !b.write)) continue;
+      if (a.sm && b.sm && a.call == b.call) continue;  // within one SM call: sync_model.cpp's per-CTA check
       // Sequence order: (call, chunk), and within one chunk the push before its copy-out.
       const bool a_first = a.call != b.call ? a.call < b.call : a.chunk != b.chunk ? a.chunk < b.chunk : a.write;
       const Access& x = a_first ? a : b;

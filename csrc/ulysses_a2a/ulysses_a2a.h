@@ -165,8 +165,9 @@ FVK_API int fvk_check_window_sync(int world, int ncalls, const int64_t* calls, s
    it): `ncalls` consecutive calls of chunks[n] chunks on `world` ranks, two streams per rank, event
    records/waits with reuse as issued, barriers pairing by order. Counts conflicting window accesses
    (push into a buffer block vs its copy-out) without happens-before, and copy-stream work outside its
-   call (before the caller's stream reached it, or after the call's end). drop: 0 as built, or
-   ce_plan.h's kCeDrop* bits (negative controls). */
+   call (before the caller's stream reached it, or after the call's end). chunks[n] = kCeSmCall (-1):
+   an SM-kind call there instead. drop: 0 as built, or ce_plan.h's kCeDrop* bits (negative controls)
+   and kCeModelStreamPerCall (every call on streams of its own, ordered through the completion event). */
 FVK_API int fvk_check_ce_sync(int world, int ncalls, const int64_t* chunks, unsigned drop, int64_t* violations,
                               char* msg, int len);
 

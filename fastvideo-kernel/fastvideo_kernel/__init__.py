@@ -53,6 +53,8 @@ CE_DROP_WAIT_COPIED, CE_DROP_ENTRY_BARRIER, CE_DROP_LANDED_BARRIER, CE_DROP_FORK
 # fvk_check_ce_sync model options: every call on streams of its own, ordered only through the completion event
 # (a replay, a stream change); and that model's negative control, the wait on the previous call's event dropped.
 CE_MODEL_STREAM_PER_CALL, CE_DROP_DONE_WAIT = 32, 64
+# An SM-kind call in fvk_check_ce_sync's call list, and the negative control of its entry barrier.
+CE_SM_CALL, CE_DROP_SM_ENTRY_BARRIER = -1, 128
 FABRIC_COPY_ENGINE, FABRIC_SM = 0, 1  # fvk_fabric_copy engines
 CE_CHECK_SWAP_BUFFERS = 1  # fvk_check_ce_addressing negative control: copy-outs read the other buffer
 DEBUG_EPOCH_CHECK, DEBUG_LEGACY_LAYOUT = 1, 2  # fvk_a2a_debug flags

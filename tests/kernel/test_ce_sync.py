@@ -82,13 +82,43 @@ def test_without_the_completion_event_wait_calls_race(lib):  # noqa: F811
     assert check(lib, 2, [2, 3], fastvideo_kernel.CE_DROP_DONE_WAIT)[0] == 0
 
 
+SM = fastvideo_kernel.CE_SM_CALL
+MIXED = [[SM, 1], [1, SM], [2, SM, 3], [SM, SM, 2], [3, SM, SM, 1], [SM, 4, SM], [1, SM, 1, SM, 2]]
+
+
+@pytest.mark.parametrize("model", [0, fastvideo_kernel.CE_MODEL_STREAM_PER_CALL], ids=["one-stream", "stream-per-call"])
+@pytest.mark.parametrize("world", range(2, 9))
+def test_copy_engine_calls_interleaved_with_sm_calls_are_race_free(lib, world, model):  # noqa: F811
+    """SM-kind calls (the fused kernel, its stores and copy-out over the whole window) between copy-engine
+    calls: every copy-engine access is ordered with every SM access of another call, on one stream or on
+    streams of their own ordered through the completion event."""
+    for chunks in MIXED:
+        violations, first = check(lib, world, chunks, model)
+        assert violations == 0, f"P={world} chunks={chunks}: {first}"
+
+
+def test_sm_calls_without_their_entry_barrier_race_with_copy_engine_calls(lib):  # noqa: F811
+    """Negative control: an SM call whose CTAs store into peers' windows before meeting them races with the
+    copy-outs of the copy-engine call before it; with no copy-engine call before it, nothing is flagged
+    (SM-SM races are the per-CTA check's, tests/kernel/test_window_sync.py)."""
+    drop = fastvideo_kernel.CE_DROP_SM_ENTRY_BARRIER
+    for world in (2, 3, 8):
+        violations, first = check(lib, world, [2, SM], drop)
+        assert violations and "SM kind" in first and "copy-out" in first, first
+        assert check(lib, world, [SM, 2], drop)[0] == 0
+        assert check(lib, world, [2, SM], 0)[0] == 0
+
+
 def test_bad_arguments_are_errors(lib):  # noqa: F811
     arr = (ctypes.c_int64 * 1)(0)
     v = ctypes.c_int64()
     assert lib.fvk_check_ce_sync(2, 1, arr, 0, ctypes.byref(v), None, 0) == 1
     assert "chunks=0" in fastvideo_kernel.last_error(lib)
     arr[0] = 1
-    assert lib.fvk_check_ce_sync(2, 1, arr, 128, ctypes.byref(v), None, 0) == 1
+    assert lib.fvk_check_ce_sync(2, 1, arr, 256, ctypes.byref(v), None, 0) == 1
+    arr[0] = -2
+    assert lib.fvk_check_ce_sync(2, 1, arr, 0, ctypes.byref(v), None, 0) == 1
+    assert "SM-kind call" in fastvideo_kernel.last_error(lib)
     assert lib.fvk_check_ce_sync(9, 1, arr, 0, ctypes.byref(v), None, 0) == 1
 
 
