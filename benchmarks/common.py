@@ -308,10 +308,13 @@ def _open_lineup() -> None:
         if not _same_host():
             why = "ranks on more than one host"
         else:
-            from fastvideo.distributed.ulysses.vote import GlooVote, ShmVote, load_vote_library
-
-            ranks = list(range(dist.get_world_size()))
-            vote, why = ShmVote.create(GlooVote(ranks, 600.0), dist.get_rank(), load_vote_library())
+            try:  # a tree under test (--compare-revs) older than the shared-memory vote has none
+                from fastvideo.distributed.ulysses.vote import GlooVote, ShmVote, load_vote_library
+            except ImportError as exc:
+                vote, why = None, f"the tree under test has no shared-memory vote ({exc})"
+            else:
+                ranks = list(range(dist.get_world_size()))
+                vote, why = ShmVote.create(GlooVote(ranks, 600.0), dist.get_rank(), load_vote_library())
             if vote is not None:
                 _lineup.update(kind="shm", vote=vote, fields=[0] * 12)
                 return
