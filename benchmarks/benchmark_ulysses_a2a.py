@@ -497,6 +497,13 @@ def compare_revs(args, argv: list[str]) -> int:
 
     med_a, med_b = medians("A"), medians("B")
     print(f"# A commit {runs['A'][0]['header']['commit']}   B commit {runs['B'][0]['header']['commit']}")
+    # Both revisions must be timed from the same line-up (a tree without the shared-memory vote lines up over
+    # gloo, whose exit skew lands in every timed call): say so loudly where they differ.
+    lineups = {label: sorted({(run["header"].get("lineup") or {}).get("kind", "unknown") for run in runs[label]})
+               for label in runs}
+    if lineups["A"] != lineups["B"]:
+        print(f"# WARNING: the revisions lined up differently (A {lineups['A']}, B {lineups['B']}): the ratios "
+              "carry the line-ups' skew difference; rerun with --lineup gloo for a like-for-like comparison")
     print(f"{'geometry':>12} {'mode':>4} {'route':>5} {'A ms':>9} {'B ms':>9} {'B/A':>7}")
     ratios = []
     for key in sorted(set(med_a) & set(med_b), key=str):
@@ -512,7 +519,7 @@ def compare_revs(args, argv: list[str]) -> int:
     if args.json:
         common.write_json(args.json, {"compare_revs": [str(tree_a), str(tree_b)], "argv": sys.argv,
                                       "bench_argv": bench_args, "commit_a": runs["A"][0]["header"]["commit"],
-                                      "commit_b": runs["B"][0]["header"]["commit"]},
+                                      "commit_b": runs["B"][0]["header"]["commit"], "lineups": lineups},
                           ratios, outputs=outputs, runs=runs)
     return 0 if not different and outputs else 1
 
