@@ -622,7 +622,7 @@ class UlyssesHelper:
                 self._watch(InFlight(seq, self.generation, lambda: f"{phase.name.lower()}, {geom}",
                                      lambda: plan.describe(geom), marker, time.monotonic()))
         self._fused += 1
-        self._plans[(plan.word, geom)] += 1
+        self._plans[(decision.plan_word, geom)] += 1  # the agreed word: Plan.word would rebuild it
         self.history.append(CallRecord(seq, phase, mode, "fused", plan, None, plan.num_chunks(geom), capturing))
         return out, plan, None
 

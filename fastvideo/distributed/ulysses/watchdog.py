@@ -28,8 +28,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 logger = logging.getLogger(__name__)
 
@@ -41,10 +40,10 @@ class Marker(Protocol):
         """True once the device work it marks has completed."""
 
 
-@dataclass(frozen=True)
-class InFlight:
+class InFlight(NamedTuple):
     """One launched fused call. ``what`` and ``plan`` may be callables returning the text: formatting is
-    deferred to the (rare) timeout, keeping ``track`` off the per-call cost."""
+    deferred to the (rare) timeout, keeping ``track`` off the per-call cost (a named tuple for the same
+    reason: one is built per fused call)."""
 
     seq: int
     generation: int
