@@ -8,7 +8,8 @@
 # kernel pytest), then a development build in build/kernel for the scripts below, the helper's host path on
 # this host's CPUs (benchmarks/measure_host_path.py, shared-memory and gloo votes), the benchmarks' line-up
 # exit skew (benchmarks/measure_lineup_skew.py) and the fused launch's host cost per plan kind and chunk count
-# at P = 1 (benchmarks/measure_launch_host.py); with BASE=DIR, the last two A/B against an exported older tree.
+# at P = 1 (benchmarks/measure_launch_host.py), the whole fused call's host overhead at P = 1
+# (benchmarks/measure_fused_host_overhead.py); with BASE=DIR, the last two A/B against an exported older tree.
 # The device returns at most 8 files: everything is packed into
 # $OUT/all.tar.gz, and the summary and the JSONs are copied beside it.
 set -uo pipefail
@@ -29,6 +30,8 @@ step "host path (gloo vote)" 200 perf.log python3 benchmarks/measure_host_path.p
   --json "$OUT/host_path_gloo.json"
 step "line-up skew" 120 perf.log python3 benchmarks/measure_lineup_skew.py --json "$OUT/lineup_skew.json"
 step "launch host cost (P=1)" 240 perf.log python3 benchmarks/measure_launch_host.py --json "$OUT/launch_host.json"
+step "fused call host overhead (P=1)" 240 perf.log python3 benchmarks/measure_fused_host_overhead.py \
+  --json "$OUT/fused_host_overhead.json"
 # BASE=DIR (an exported older tree, carried): the same host-path scripts run from both trees, A/B/A/B, with
 # the one library built above, so the difference is the Python host path alone.
 if [[ -n "${BASE:-}" ]]; then
@@ -46,7 +49,7 @@ echo "=== summary"
 cat "$OUT/summary.txt"
 tar czf "$FINAL_OUT/all.tar.gz" -C "$OUT" .
 cp "$OUT/summary.txt" "$FINAL_OUT/"
-for f in host_path_shm.json lineup_skew.json launch_host.json; do
+for f in host_path_shm.json lineup_skew.json launch_host.json fused_host_overhead.json; do
   [[ -f "$OUT/$f" ]] && cp "$OUT/$f" "$FINAL_OUT/"
 done
 exit "$failed"
