@@ -40,8 +40,9 @@ def median_us(seconds: list[float]) -> float:
     return statistics.median(seconds) * 1e6
 
 
-def measure(helper, x: torch.Tensor, mode: int, engine: str, args) -> dict:
-    """One row: the helper's call and the launch alone, for ``x`` in ``mode``; the plan that ran asserted."""
+def measure(helper, x: torch.Tensor, mode: int, engine: str, ctas: int, args) -> dict:
+    """One row: the helper's call and the launch alone, for ``x`` in ``mode``; the plan that ran asserted (the
+    row's engine and CTAs, tuned)."""
     from fastvideo import envs
     from fastvideo.distributed.ulysses.policy import Geometry
 
@@ -54,9 +55,9 @@ def measure(helper, x: torch.Tensor, mode: int, engine: str, args) -> dict:
         torch.cuda.synchronize()
         wrong = int((out.view(torch.int16) != x.view(torch.int16)).sum())
         record = helper.history[-1]
-        if record.route != "fused" or record.plan is None or record.plan.engine != engine:
-            raise SystemExit(f"mode {mode}: expected a fused {engine} plan, ran {record}")
         plan = record.plan
+        if record.route != "fused" or plan is None or (plan.engine, plan.ctas, plan.tuned) != (engine, ctas, True):
+            raise SystemExit(f"mode {mode}: expected the fused tuned {engine} plan of {ctas} CTAs, ran {record}")
         dev = common.device_times(lambda: helper.transport.execute(x, geom, plan), device, args.iters, args.warmup)
     row = {"mode": mode, "engine": engine, "plan": plan.describe(geom), "chunks": plan.num_chunks(geom),
            "calls": helper.stats()["calls"] - mark, "host_ms": statistics.median(lat) * 1e3,
@@ -98,13 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     for name, shape in GEOMETRIES.items():
         x = torch.randn(shape, device=device).to(torch.bfloat16)
         for engine, ctas, splits in ((ENGINE_SM, 144, 1), (ENGINE_CE, 66, 1), (ENGINE_CE, 66, 2)):
-            table = (TunedRow(gpu, 1, torch.bfloat16, shape[2], shape[3], ctas=ctas, planes_per_chunk=1,
+            table = (TunedRow(policy.normalize_gpu_name(gpu), 1, torch.bfloat16, shape[2], shape[3], ctas=ctas,
+                              planes_per_chunk=1,
                               row_chunks=splits, engine=engine, source="measure_fused_host_overhead (P = 1)"),)
             helper = helper_mod.UlyssesHelper(tuned_table=table, vote="shm")
             if not helper.fused_available:
                 raise SystemExit(f"the one-rank helper declined: {helper.stats()['construction_detail']}")
             for mode in (0, 1):
-                row = {"geometry": name, **measure(helper, x, mode, engine, args), "sync_us": median_us(sync_s)}
+                row = {"geometry": name, **measure(helper, x, mode, engine, ctas, args),
+                       "sync_us": median_us(sync_s)}
                 rows.append(row)
                 wrong_total += row["wrong"]
                 label = f"{engine} {ctas} CTAs x{splits}"
