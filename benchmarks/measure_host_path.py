@@ -9,6 +9,9 @@ the host path alone. ``--vote shm`` (default when the built kernel library is fo
 ``FASTVIDEO_KERNEL_LIBRARY`` or ``build/kernel/libfastvideo_ulysses_a2a.so``) uses the same-host
 shared-memory vote a single-host GPU job uses; ``gloo`` the fallback.
 
+``--gap-us N --gap-kind sleep|spin`` idles N us before each call, as a GPU call's wait does between two
+calls: the host path then runs from colder caches (and, with two ranks, the vote absorbs the ranks' jitter).
+
 Printed per rank: median and p90 microseconds per call, the vote's share (``helper.vote_seconds``) and
 the rest (host path without the vote). The GPU host adds its own kernel-launch and output-allocation
 cost on top (``benchmarks/benchmark_ulysses_a2a.py`` reports host-to-completion minus device time there).
@@ -25,8 +28,23 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def measure(rank: int, world_size: int, iters: int, warmup: int, vote: str) -> dict:
-    """Rank function: per-call host-path times of a fused route that moves nothing."""
+def idle(gap_s: float, kind: str) -> None:
+    """What a GPU call's wait looks like to the CPU between two calls: a sleep, or a spin (as a synchronize
+    that polls)."""
+    import time
+
+    if kind == "spin":
+        end = time.perf_counter() + gap_s
+        while time.perf_counter() < end:
+            pass
+    else:
+        time.sleep(gap_s)
+
+
+def measure(rank: int, world_size: int, iters: int, warmup: int, vote: str, gap_us: float = 0.0,
+            gap_kind: str = "sleep") -> dict:
+    """Rank function: per-call host-path times of a fused route that moves nothing, with ``gap_us`` of idle
+    time (``gap_kind``) before each call."""
     import time
 
     if os.path.join(ROOT, "fastvideo-kernel") not in sys.path:  # the loader, from the source tree
@@ -56,6 +74,8 @@ def measure(rank: int, world_size: int, iters: int, warmup: int, vote: str) -> d
     times = []
     with envs.override(FASTVIDEO_ULYSSES_A2A="auto"), torch.no_grad():
         for i in range(warmup + iters):
+            if gap_us:
+                idle(gap_us * 1e-6, gap_kind)
             start = time.perf_counter_ns()
             helper.all_to_all(x, 0)
             if i >= warmup:
@@ -77,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=5000)
     parser.add_argument("--warmup", type=int, default=500)
     parser.add_argument("--vote", choices=("shm", "gloo", "auto"), default="auto")
+    parser.add_argument("--gap-us", type=float, default=0.0,
+                        help="idle time before each call (what a GPU call's wait leaves between two calls)")
+    parser.add_argument("--gap-kind", choices=("sleep", "spin"), default="sleep")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     sys.path.insert(0, ROOT)
@@ -84,14 +107,15 @@ def main(argv: list[str] | None = None) -> int:
                                                                    "libfastvideo_ulysses_a2a.so"))
     from tests.distributed import mp
 
-    results = mp.run_ranks(2, measure, args.iters, args.warmup, args.vote, timeout_s=600)
+    results = mp.run_ranks(2, measure, args.iters, args.warmup, args.vote, args.gap_us, args.gap_kind, timeout_s=600)
     print(f"{'rank':>4} {'vote':>5} {'call us':>8} {'p90 us':>8} {'vote us':>8} {'rest us':>8}")
     for r in results:
         print(f"{r['rank']:>4} {r['vote']:>5} {r['call_us_median']:8.1f} {r['call_us_p90']:8.1f} "
               f"{r['vote_us_median']:8.1f} {r['rest_us_median']:8.1f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"iters": args.iters, "results": results}, f, indent=1)
+            json.dump({"iters": args.iters, "gap_us": args.gap_us, "gap_kind": args.gap_kind, "results": results}, f,
+                  indent=1)
     return 0
 
 
