@@ -566,6 +566,39 @@ int refuse_capture(void* stream, const char* what) {
   return FVK_OK;
 }
 
+// The captured entry points need a capturing stream: checked before anything is enqueued, so that a
+// misuse (agreed on every rank: the vote carries the capture bit) leaves the context usable.
+int require_capture(void* stream, const char* what) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  FVK_CUDA(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status));
+  if (status != cudaStreamCaptureStatusActive)
+    return set_error(FVK_ERR_STATE, "%s needs a stream that is capturing a CUDA graph (status %d)", what,
+                     static_cast<int>(status));
+  return FVK_OK;
+}
+
+// The context's copy stream joins a capture at a copy-engine call's fork and stays in it until that
+// capture ends. A call made while it is still inside an open capture (an eager call from another
+// thread, or a call captured into another graph) would add its copy-stream ops to that capture: refuse
+// it before anything is enqueued. (One call at a time per helper is the rule; this keeps a break of it
+// from corrupting a graph.)
+int check_copy_stream(const fvk_ctx* ctx, cudaStream_t s, bool capture) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  FVK_CUDA(cudaStreamGetCaptureInfo(ctx->copy_stream, &status, &id));
+  if (status == cudaStreamCaptureStatusNone) return FVK_OK;
+  if (capture && status == cudaStreamCaptureStatusActive) {
+    cudaStreamCaptureStatus mine = cudaStreamCaptureStatusNone;
+    unsigned long long mine_id = 0;
+    FVK_CUDA(cudaStreamGetCaptureInfo(s, &mine, &mine_id));
+    if (mine == cudaStreamCaptureStatusActive && mine_id == id) return FVK_OK;  // this same capture
+  }
+  return set_error(FVK_ERR_STATE,
+                   "the context's copy stream is still inside an open CUDA-graph capture (id %llu, status %d): end "
+                   "that capture before another copy-engine call",
+                   id, static_cast<int>(status));
+}
+
 // Orders a call after the previous fused work on this context (the cross-call half of every barrier
 // argument needs each rank's calls in order: they share one window and one set of barrier slots).
 // Eager: a call on another stream than the previous one waits for it; once a launch was captured, every
@@ -650,6 +683,7 @@ int launch_fused(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, in
   FVK_TRY(check_context(ctx, false));
   if (flags & ~(FVK_DEBUG_EPOCH_CHECK | FVK_DEBUG_LEGACY_LAYOUT | kCaptureLaunch))
     return set_error(FVK_ERR_INVALID, "unknown debug flags 0x%x", flags);
+  if (flags & kCaptureLaunch) FVK_TRY(require_capture(stream, "fvk_a2a_captured"));
   Problem p;
   int64_t operand_bytes = 0;
   FVK_TRY(make_problem(ctx->nranks, mode, dtype, B, S, H, D, ctas, kMaxCtas, planes_per_chunk, rows_per_chunk,
@@ -717,6 +751,7 @@ int ce_local(fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const void* x, voi
   FVK_TRY(order_call(ctx, s, capture, capture_id));
   cudaError_t e = cudaSuccess;
   const char* what = "";
+  bool forked = false;  // the copy stream waits for this call: from here on a failure must join it back
   ce_schedule(num_chunks(p), kCeDropNone, [&](const CeOp& op) {
     if (e != cudaSuccess) return;
     const cudaStream_t on = op.stream == kMainStream ? s : ctx->copy_stream;
@@ -728,6 +763,7 @@ int ce_local(fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const void* x, voi
       case kCeWait:
         what = "cudaStreamWaitEvent";
         e = cudaStreamWaitEvent(on, ctx->ce_events[op.event], 0);
+        if (e == cudaSuccess && op.stream == kCopyStream && op.event == kEvFork) forked = true;
         break;
       case kCeBarrier:
         what = "barrier launch";
@@ -749,7 +785,9 @@ int ce_local(fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const void* x, voi
     // Best effort: the copy-outs already queued on the copy stream write `out`; join them into the
     // caller's stream so the allocator does not hand `out` to another tensor while they run (and, under
     // capture, so the copy stream does not stay unjoined in the caller's capture).
-    if (cudaEventRecord(ctx->ce_events[kEvJoin], ctx->copy_stream) == cudaSuccess)
+    // Only once the fork is queued: before it this call put nothing on the copy stream (and, under capture,
+    // the copy stream is not in the capture: waiting on an eager record there would break it).
+    if (forked && cudaEventRecord(ctx->ce_events[kEvJoin], ctx->copy_stream) == cudaSuccess)
       cudaStreamWaitEvent(s, ctx->ce_events[kEvJoin], 0);
     return set_error(FVK_ERR_CUDA, "copy-engine call: %s failed: CUDA error %d %s: %s", what, static_cast<int>(e),
                      cudaGetErrorName(e), cudaGetErrorString(e));
@@ -763,7 +801,11 @@ int ce_local(fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const void* x, voi
 int launch_ce(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H, int64_t D,
               int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, void* stream, bool capture) {
   FVK_TRY(check_context(ctx, true));
-  if (!capture) FVK_TRY(refuse_capture(stream, "fvk_a2a_ce (capture it with fvk_a2a_ce_captured)"));
+  if (capture)
+    FVK_TRY(require_capture(stream, "fvk_a2a_ce_captured"));
+  else
+    FVK_TRY(refuse_capture(stream, "fvk_a2a_ce (capture it with fvk_a2a_ce_captured)"));
+  FVK_TRY(check_copy_stream(ctx, static_cast<cudaStream_t>(stream), capture));
   Problem p;
   int64_t operand_bytes = 0;
   // Two buffers: each chunk must fit half the window.

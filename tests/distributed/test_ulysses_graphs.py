@@ -434,3 +434,45 @@ def test_capture_engines_rejects_unknown_engines():
     h = UlyssesHelper.__new__(UlyssesHelper)  # the setter's check needs no construction
     with pytest.raises(ValueError, match="not among"):
         UlyssesHelper.capture_engines.fset(h, ("tma",))
+
+
+def _captured_backward_of_an_eager_copy_engine_forward(rank, world_size, opt_in):
+    from tests.distributed.conftest import fixture_rows
+
+    table = fixture_rows(engine="ce", ctas=132) + fixture_rows(engine="sm")
+    t = RecordingTransport(entries=frozenset({ENTRY_CE_CAPTURE}))
+    h = build_helper(transport=t, table=table)
+    if opt_in:
+        h.capture_engines = ("ce", "sm")
+    x = rank_input(rank, SHAPE, seed=0).requires_grad_()
+    y = h.all_to_all(x, 0)  # eager: the copy-engine row's plan
+    g = rank_input(rank, tuple(y.shape), seed=1)
+    h._capturing = lambda x: True  # the backward is captured (a graph of the backward pass only)
+    try:
+        (gx,) = torch.autograd.grad(y, x, g)
+    finally:
+        h._capturing = lambda x: False
+    forward, backward = h.history[-2], h.history[-1]
+    exact = bit_equal(gx, oracle(g, 1)) if not t.captured else None
+    if t.captured:
+        t.replay()
+        exact = bit_equal(t.captured[-1].out, oracle(g, 1))
+    result = ((forward.route, forward.plan.engine), (backward.route, backward.captured,
+              backward.plan.engine if backward.plan else None, backward.reason.label if backward.reason else None),
+              exact)
+    h.destroy()
+    return result
+
+
+@READS_LONG_TRAINING
+@pytest.mark.parametrize(("opt_in", "expected_backward"), [
+    pytest.param(False, ("nccl", False, None, "cuda_graph_capture"), id="default-declines"),
+    pytest.param(True, ("fused", True, "ce", None), id="opted-in-captures"),
+])
+def test_a_captured_backward_keeps_to_capture_engines(ranks, opt_in, expected_backward):
+    """A backward runs its forward's plan: an eager copy-engine forward whose backward is captured must not
+    freeze the copy-engine kind unless ``capture_engines`` allows it; by default every rank declines
+    ``cuda_graph_capture`` (the NCCL route is captured)."""
+    for forward, backward, exact in ranks(2, _captured_backward_of_an_eager_copy_engine_forward, opt_in,
+                                          timeout_s=60):
+        assert forward == ("fused", "ce") and backward == expected_backward and exact

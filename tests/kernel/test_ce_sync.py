@@ -98,15 +98,20 @@ def test_copy_engine_calls_interleaved_with_sm_calls_are_race_free(lib, world, m
 
 
 def test_sm_calls_without_their_entry_barrier_race_with_copy_engine_calls(lib):  # noqa: F811
-    """Negative control: an SM call whose CTAs store into peers' windows before meeting them races with the
-    copy-outs of the copy-engine call before it; with no copy-engine call before it, nothing is flagged
-    (SM-SM races are the per-CTA check's, tests/kernel/test_window_sync.py)."""
+    """Negative controls, both directions. An SM call whose CTAs store into peers' windows before meeting them
+    races with the copy-outs of the copy-engine call before it (with none before it, nothing is flagged: SM
+    pairs within one call are the per-CTA check's, tests/kernel/test_window_sync.py, while SM pairs across
+    calls are checked here too). A copy-engine call without its entry barrier races with the SM call before
+    it."""
     drop = fastvideo_kernel.CE_DROP_SM_ENTRY_BARRIER
     for world in (2, 3, 8):
         violations, first = check(lib, world, [2, SM], drop)
         assert violations and "SM kind" in first and "copy-out" in first, first
         assert check(lib, world, [SM, 2], drop)[0] == 0
         assert check(lib, world, [2, SM], 0)[0] == 0
+        violations, first = check(lib, world, [SM, 1], fastvideo_kernel.CE_DROP_ENTRY_BARRIER)
+        assert violations and "SM kind" in first, first
+        assert check(lib, world, [SM, SM], drop)[0] > 0  # across two SM calls, too
 
 
 def test_bad_arguments_are_errors(lib):  # noqa: F811

@@ -5,10 +5,14 @@ runs the real library: the fused kernel's ``fvk_a2a_captured`` and the copy-engi
 ``fvk_a2a_ce_captured`` (its fork onto the context's copy stream, entry barrier, per chunk the barrier,
 own-block and copy-out kernels, join) are captured with ``torch.cuda.graph`` and replayed with fresh
 inputs, alone, two calls in one graph, and interleaved with eager calls on another stream without host
-synchronisation (the ordering through the library's completion event). At P = 1 a copy-engine call pushes
-nothing (no peers), so the captured copy-engine pushes are not exercised here: that needs 2 GPUs
-(``tests/distributed/check_ulysses_graphs.py --capture-engines ce,sm``). Negative controls: the eager
-copy-engine entry point refuses a capturing stream, and the output check flags a perturbed replay output.
+synchronisation. At P = 1 a call pushes nothing and replays and eager calls share no window bytes, so the
+interleaving shows that they run without error and exact, not that they are ordered: the ordering through
+the library's completion event is the host property check's (``CE_MODEL_STREAM_PER_CALL`` in
+``tests/kernel/test_ce_sync.py``) and the 2-GPU check's (``tests/distributed/check_ulysses_graphs.py
+--capture-engines ce,sm``), as are the captured copy-engine pushes. Refusals, each before anything is
+enqueued (the context stays usable): the eager copy-engine entry on a capturing stream, a captured entry on a
+stream that is not capturing, and a copy-engine call while the context's copy stream is still inside an open
+capture. The output check flags a perturbed replay output (its negative control).
 Skips without CUDA or without a library that has both capturable entry points.
 """
 
@@ -88,20 +92,21 @@ def test_two_calls_in_one_graph_and_replays_interleaved_with_eager_calls(transpo
     x_static = torch.randn(SHAPE, device="cuda").to(torch.bfloat16)
     graph, (y, z) = capture(transport, x_static, [(0, plan), (1, plan)])
     side = torch.cuda.Stream()
+    geom = Geometry.from_input(SHAPE, 0, 1, torch.bfloat16)
+    xs = [torch.randn(SHAPE, device="cuda").to(torch.bfloat16) for _ in range(8)]
     eager_in = [torch.randn(SHAPE, device="cuda").to(torch.bfloat16) for _ in range(8)]
-    eager_out = []
-    inputs = []
+    with torch.cuda.stream(side):
+        eager_out = [torch.empty_like(t) for t in eager_in]  # allocated on the side stream, up front
+    torch.cuda.synchronize()  # inputs ready: below, only the library orders the two streams' fused work
+    results = []
     for i in range(8):
-        x_i = torch.randn(SHAPE, device="cuda").to(torch.bfloat16)
-        x_static.copy_(x_i)
+        x_static.copy_(xs[i])
         graph.replay()
-        results = (y.clone(), z.clone())
-        inputs.append((x_i, results))
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # no host sync: the library orders it after the replay, and back
-            eager_out.append(transport.execute(eager_in[i], Geometry.from_input(SHAPE, 0, 1, torch.bfloat16), plan))
-        torch.cuda.current_stream().wait_stream(side)
+        results.append((y.clone(), z.clone()))
+        with torch.cuda.stream(side):  # no wait_stream, no host sync
+            eager_out[i].copy_(transport.execute(eager_in[i], geom, plan))
     torch.cuda.synchronize()
+    inputs = list(zip(xs, results, strict=True))
     for i, (x_i, (y_i, z_i)) in enumerate(inputs):
         assert same(y_i, x_i) and same(z_i, x_i), f"replay {i}"
         assert same(eager_out[i], eager_in[i]), f"eager call {i}"
@@ -117,3 +122,33 @@ def test_the_eager_copy_engine_entry_refuses_a_capturing_stream(transport):
     torch.cuda.synchronize()
     # The refusal happens before any enqueue: the context stays usable (an agreed check, no poisoning).
     assert same(transport.execute(x_static, geom, PLANS["ce"]), x_static)
+
+
+def test_a_captured_entry_on_a_stream_that_is_not_capturing_is_refused(transport):
+    x = torch.randn(SHAPE, device="cuda").to(torch.bfloat16)
+    geom = Geometry.from_input(SHAPE, 0, 1, x.dtype)
+    for kind in sorted(PLANS):
+        with pytest.raises(NativeKernelError, match="needs a stream that is capturing"):
+            transport.execute_captured(x, geom, PLANS[kind])
+        assert same(transport.execute(x, geom, PLANS[kind]), x)  # not poisoned
+
+
+def test_a_copy_engine_call_while_the_copy_stream_is_in_an_open_capture_is_refused(transport):
+    x = torch.randn(SHAPE, device="cuda").to(torch.bfloat16)
+    other = torch.randn(SHAPE, device="cuda").to(torch.bfloat16)
+    geom = Geometry.from_input(SHAPE, 0, 1, x.dtype)
+    side = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    refused = ""
+    with torch.cuda.graph(graph, capture_error_mode="relaxed"):
+        out = transport.execute_captured(x, geom, PLANS["ce"])  # the copy stream is now in this capture
+        with torch.cuda.stream(side):  # an eager call while that capture is still open
+            try:
+                transport.execute(other, geom, PLANS["ce"])
+            except NativeKernelError as exc:
+                refused = str(exc)
+    assert "open CUDA-graph capture" in refused, refused or "the eager call was not refused"
+    graph.replay()  # the capture was not disturbed
+    torch.cuda.synchronize()
+    assert same(out, x)
+    assert same(transport.execute(other, geom, PLANS["ce"]), other)  # after the capture: accepted

@@ -124,3 +124,33 @@ def test_execute_before_construction_raises() -> None:
     with pytest.raises(NativeKernelError, match="before construction"):
         NativeTransport().execute(torch.randn(1, 8, 4, 16), Geometry.from_input((1, 8, 4, 16), 0, 2, torch.float32),
                                   Plan(144, 1, 8, tuned=True))
+
+
+def test_current_stream_is_looked_up_once_per_device_and_handle(monkeypatch):
+    """``_current_stream``: one ``torch.cuda.current_stream`` per (device, raw handle), then the kept Stream;
+    the default streams of two devices (both raw handle 0) stay apart; a new handle is looked up."""
+    from fastvideo.distributed.ulysses import native
+
+    current = {0: 0, 1: 0}  # device index -> raw handle of its current stream
+    lookups = []
+
+    class FakeStream:
+        def __init__(self, index: int, raw: int) -> None:
+            self.index, self.cuda_stream = index, raw
+
+    def current_stream(device):
+        lookups.append(device.index)
+        return FakeStream(device.index, current[device.index])
+
+    monkeypatch.setattr(native, "_raw_stream", lambda index: current[index])
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
+    t = NativeTransport()
+    dev0, dev1 = torch.device("cuda", 0), torch.device("cuda", 1)
+    raw, s0 = t._current_stream(dev0)
+    assert (raw, s0.index) == (0, 0) and t._current_stream(dev0)[1] is s0 and lookups == [0]
+    raw, s1 = t._current_stream(dev1)  # the same raw handle 0 on another device: its own Stream
+    assert (raw, s1.index) == (0, 1) and s1 is not s0 and lookups == [0, 1]
+    current[0] = 0xABC  # device 0 switched streams
+    raw, s2 = t._current_stream(dev0)
+    assert raw == 0xABC and s2.cuda_stream == 0xABC and lookups == [0, 1, 0]
+    assert t._current_stream(dev0)[1] is s2 and t._current_stream(dev1)[1] is s1 and lookups == [0, 1, 0]

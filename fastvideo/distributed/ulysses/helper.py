@@ -421,9 +421,11 @@ class UlyssesHelper:
 
     @property
     def capture_engines(self) -> tuple[str, ...]:
-        """The plan kinds a CUDA-graph capture may freeze (``policy.CAPTURE_ENGINES`` by default). Set it
-        identically on every rank (a rank that differs proposes another plan: every rank then declines
-        ``peer_disagreement`` together); assigning it drops the plan cache."""
+        """The plan kinds a CUDA-graph capture may freeze (``policy.CAPTURE_ENGINES`` by default): a capture
+        plans from those rows, and a captured call whose plan is of another kind (a backward's, which is its
+        forward's) declines ``cuda_graph_capture``. Set it identically on every rank (a rank that differs
+        proposes another plan: every rank then declines ``peer_disagreement`` together); assigning it drops
+        the plan cache."""
         return self._capture_engines
 
     @capture_engines.setter
@@ -563,10 +565,14 @@ class UlyssesHelper:
                     if plan is None:
                         bits |= (DeclineReason.WINDOW if choice.reason is None else choice.reason).bit
                 if capturing and plan is not None and not bits:
-                    # Capture: the plan is frozen into the graph when this rank's transport can capture it
-                    # (one device launch, no host work per call); else decline, named, on every rank.
+                    # Capture: the plan is frozen into the graph when its kind may be captured
+                    # (``capture_engines``: also for a backward, whose plan is its forward's, chosen eagerly)
+                    # and this rank's transport can capture it (no host work per call); else decline, named,
+                    # on every rank.
                     assert self.transport is not None
-                    why = self.transport.capture_decline(geom, plan)
+                    why = (None if plan.engine in self.capture_engines else
+                           f"the {plan.engine} plan kind is not among capture_engines {self.capture_engines}")
+                    why = why or self.transport.capture_decline(geom, plan)
                     if why is not None:
                         bits |= DeclineReason.CUDA_GRAPH_CAPTURE.bit
                         self._capture_detail = why

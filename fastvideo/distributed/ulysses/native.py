@@ -171,6 +171,8 @@ class NativeTransport(Transport):
                 raise NativeKernelError(f"kernel unavailable: {cap.detail}")
         lib = self._lib
         self._ctx = ctx
+        self._launches.clear()  # built for another communicator's world size
+        self._streams.clear()
         device = ctx.device.index if ctx.device.index is not None else torch.cuda.current_device()
 
         def create() -> None:
