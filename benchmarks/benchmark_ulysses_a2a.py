@@ -87,7 +87,7 @@ PRESETS: dict[str, tuple[int, int, int, int]] = {
 DEFAULT_GEOMETRIES = ("wan720p", "h3-32k", "h3-128k", "h3-250k")
 MODE_DIMS = {0: (2, 1), 1: (1, 2)}
 COMPARE_ONLY = {"--compare-revs": 2, "--rounds": 1, "--nproc": 1, "--json": 1, "--save-outputs": 1,
-                "--compare-out": 1}
+                "--compare-out": 1, "--tree-libraries": 0}
 
 
 def parse_geometry(text: str) -> tuple[str, tuple[int, int, int, int]]:
@@ -141,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the benchmark against two exported trees, A/B/A/B, and compare "
                         "(launch with plain python, not torchrun)")
     p.add_argument("--rounds", type=int, default=2, help="--compare-revs: A/B rounds")
+    p.add_argument("--tree-libraries", action="store_true",
+                   help="--compare-revs: each tree runs its own kernel loader (TREE/fastvideo-kernel first on "
+                        "PYTHONPATH) and its own build (TREE/build/kernel/libfastvideo_ulysses_a2a.so, which must "
+                        "exist): for revisions whose Python cannot drive the other's library ABI")
     p.add_argument("--nproc", type=int, default=2, help="--compare-revs: processes per run")
     p.add_argument("--compare-out", help="--compare-revs: where runs keep their JSON and outputs (default: a temp dir)")
     return p
@@ -466,11 +470,23 @@ def compare_revs(args, argv: list[str]) -> int:
     for tree in (tree_a, tree_b):
         if not (tree / "fastvideo").is_dir():
             raise SystemExit(f"--compare-revs: {tree} has no fastvideo/ package (export a tree with git archive)")
+    tree_env: dict[Path, dict[str, str]] = {tree_a: {}, tree_b: {}}
+    if args.tree_libraries:
+        for tree in (tree_a, tree_b):
+            lib = tree / "build" / "kernel" / "libfastvideo_ulysses_a2a.so"
+            if not lib.is_file():
+                raise SystemExit(f"--tree-libraries: {lib} is missing; build it with "
+                                 f"`cd {tree} && python3 fastvideo-kernel/build_lib.py --out build/kernel`")
+            path = os.pathsep.join(p for p in (str(tree / "fastvideo-kernel"), os.environ.get("PYTHONPATH")) if p)
+            tree_env[tree] = {"FASTVIDEO_KERNEL_LIBRARY": str(lib), "PYTHONPATH": path}
     work = Path(args.compare_out or tempfile.mkdtemp(prefix="a2a_revs_"))
     work.mkdir(parents=True, exist_ok=True)
     bench_args = child_argv(argv)
     print(f"# compare-revs: A={tree_a} B={tree_b} rounds={args.rounds} nproc={args.nproc} out={work}")
     print(f"# identical benchmark argv: {' '.join(bench_args)}")
+    for label, tree in (("A", tree_a), ("B", tree_b)):
+        if tree_env[tree]:
+            print(f"# {label} runs its own loader and library: {tree_env[tree]['FASTVIDEO_KERNEL_LIBRARY']}")
     runs: dict[str, list[dict]] = {"A": [], "B": []}
     for rnd in range(args.rounds):
         for label, tree in (("A", tree_a), ("B", tree_b)):
@@ -479,7 +495,7 @@ def compare_revs(args, argv: list[str]) -> int:
                    str(Path(__file__).resolve()), *bench_args, "--json", str(out_json)]
             if rnd == 0:
                 cmd += ["--save-outputs", str(work / f"{label}_outputs")]
-            env = dict(os.environ, **{common.TREE_ENV: str(tree)})
+            env = dict(os.environ, **{common.TREE_ENV: str(tree)}, **tree_env[tree])
             print(f"# round {rnd} {label}: {' '.join(cmd)}", flush=True)
             proc = subprocess.run(cmd, env=env, cwd=str(tree), capture_output=True, text=True)
             if proc.returncode not in (0, 1):  # 1 = ran, but some row had wrong > 0 (reported below)

@@ -11,6 +11,10 @@
 #                                                   #   included), the tuner over both engines, then the
 #                                                   #   transport benchmark on the tuner's rows (--tuned-from)
 #   OUT=$OUT bash scripts/device_sp2.sh graphs      # issue 16: tests/distributed/check_ulysses_graphs.py
+#   OUT=$OUT bash scripts/device_sp2.sh compare     # issue 12: --compare-revs of an exported older tree (carry
+#                                                   #   .revs/base, e.g. `git archive 8912e8a | tar -x -C
+#                                                   #   .revs/base`) against this one, each tree on its own
+#                                                   #   loader and library build (--tree-libraries)
 #   OUT=$OUT bash scripts/device_sp2.sh graphs-ce   # the same with --capture-engines ce,sm: the captured
 #                                                   #   copy-engine kind across 2 GPUs (its pushes in a graph),
 #                                                   #   before policy.CAPTURE_ENGINES may include it
@@ -50,6 +54,16 @@ case "$stage" in
     step "graphs (issue 16)" 280 "$stage.log" "${TORCHRUN[@]}" tests/distributed/check_ulysses_graphs.py \
       --json "$OUT/graphs.json"
     ;;
+  compare)
+    if [[ ! -d .revs/base/fastvideo ]]; then
+      echo "compare: no exported tree at .revs/base (carry it)"; failed=1
+    else
+      step "build base library" 200 "$stage.log" bash -c 'cd .revs/base && python3 fastvideo-kernel/build_lib.py --out build/kernel'
+      step "build head library" 200 "$stage.log" python3 fastvideo-kernel/build_lib.py --out build/kernel
+      step "compare-revs" 420 "$stage.log" python3 benchmarks/benchmark_ulysses_a2a.py --compare-revs .revs/base . \
+        --tree-libraries --rounds 2 --nproc 2 --json "$OUT/compare.json" -- --geometry wan720p --geometry h3-32k
+    fi
+    ;;
   graphs-ce)
     step "graphs, copy-engine captures" 280 "$stage.log" "${TORCHRUN[@]}" tests/distributed/check_ulysses_graphs.py \
       --capture-engines ce,sm --json "$OUT/graphs_ce.json"
@@ -61,7 +75,7 @@ case "$stage" in
       echo "scripts/device_issue14.sh not found"; failed=1
     fi
     ;;
-  *) echo "unknown stage $stage (gate|speed|dit|ce|graphs|graphs-ce)" >&2; exit 2 ;;
+  *) echo "unknown stage $stage (gate|speed|dit|ce|graphs|graphs-ce|compare)" >&2; exit 2 ;;
 esac
 echo "=== summary"; cat "$OUT/summary.txt"
 exit "$failed"

@@ -106,6 +106,23 @@ def test_a2a_compare_revs(tmp_path: Path) -> None:
     assert Path(run_a["header"]["fastvideo_tree"]) == tree_a.resolve()
 
 
+@pytest.mark.timeout(60)
+def test_a2a_compare_revs_tree_libraries_need_each_trees_build(tmp_path: Path) -> None:
+    """--tree-libraries runs each tree on its own loader and build, and refuses, naming the build command, a
+    tree without one (before any run)."""
+    tree_a = tmp_path / "rev_a"
+    shutil.copytree(ROOT / "fastvideo", tree_a / "fastvideo", ignore=shutil.ignore_patterns("__pycache__"))
+    cmd = [sys.executable, str(BENCH / "benchmark_ulysses_a2a.py"), "--compare-revs", str(tree_a), str(ROOT),
+           "--tree-libraries", "--rounds", "1", "--", "--device", "cpu", "--geometry", "toy", "--quick"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=50)
+    assert proc.returncode != 0 and "--tree-libraries" in proc.stderr and "build_lib.py --out build/kernel" in \
+        proc.stderr, proc.stdout[-2000:] + proc.stderr[-2000:]
+    _bench_module()  # benchmarks/ on sys.path
+    import benchmark_ulysses_a2a
+
+    assert "--tree-libraries" not in benchmark_ulysses_a2a.child_argv(cmd[2:])
+
+
 @pytest.mark.timeout(150)
 def test_dit_step_benchmark_cpu(tmp_path: Path) -> None:
     out, plot = tmp_path / "dit.json", tmp_path / "dit.png"
