@@ -46,7 +46,8 @@ expected=(fvk_abi_version fvk_nccl_build_version fvk_nccl_runtime_version fvk_la
   fvk_coresident_ctas fvk_relax_capture_mode fvk_pci_bus_id fvk_nvlink_p2p fvk_unique_id_bytes fvk_get_unique_id fvk_create
   fvk_comm_init fvk_window_alloc fvk_window_register fvk_devcomm_create fvk_lsa_info fvk_a2a_original
   fvk_a2a_tuned fvk_a2a_ce fvk_fabric_copy fvk_a2a_captured fvk_a2a_ce_captured fvk_a2a_debug fvk_sim_a2a fvk_check_window_sync
-  fvk_check_ce_sync fvk_check_ce_addressing fvk_destroy fvk_abort fvk_vote_open fvk_vote_exchange fvk_vote_unlink fvk_vote_close)
+  fvk_check_ce_sync fvk_check_ce_addressing fvk_destroy fvk_abort fvk_vote_open fvk_vote_exchange fvk_vote_unlink fvk_vote_close
+  fvk_vote_would_run fvk_voted_launch)
 exported="$(nm -D --defined-only "$lib" | awk '$2 == "T" {print $3}')"
 missing=0
 for sym in "${expected[@]}"; do

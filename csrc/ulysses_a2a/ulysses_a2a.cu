@@ -39,6 +39,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <cuda/atomic>
 #include <new>
 #include <string>
@@ -1079,6 +1080,41 @@ int fvk_a2a_ce(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int6
 int fvk_a2a_ce_captured(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H,
                         int64_t D, int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, void* stream) {
   return launch_ce(ctx, x, out, mode, dtype, B, S, H, D, ctas, planes_per_chunk, rows_per_chunk, stream, true);
+}
+
+int fvk_vote_would_run(const int64_t* votes, int world, const int64_t* mine) {
+  if (!votes || !mine || world < 1) return 0;
+  if (mine[FVK_FIELD_ELIGIBILITY] != 0 || mine[FVK_FIELD_PLAN] == 0) return 0;
+  for (int r = 0; r < world; ++r)
+    for (int f = 0; f < FVK_VOTE_FIELDS; ++f)
+      if (votes[static_cast<int64_t>(r) * FVK_VOTE_FIELDS + f] != mine[f]) return 0;
+  return 1;
+}
+
+int fvk_voted_launch(void* vote, const int64_t* fields, int64_t* votes, int64_t timeout_ns, int* stage,
+                     int64_t* vote_ns, fvk_ctx* ctx, int entry, const void* x, void* out, int mode, int dtype,
+                     int64_t B, int64_t S, int64_t H, int64_t D, int ctas, int64_t planes_per_chunk,
+                     int64_t rows_per_chunk, void* stream) {
+  if (!stage || !vote_ns) return set_error(FVK_ERR_INVALID, "null stage or vote_ns");
+  *stage = 0;
+  *vote_ns = 0;
+  if (!ctx) return set_error(FVK_ERR_INVALID, "null context");
+  if (entry < 0 || entry > 2)
+    return set_error(FVK_ERR_INVALID, "entry %d is not 0 (original), 1 (tuned) or 2 (ce)", entry);
+  timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  const int rc = fvk_vote_exchange(vote, fields, votes, timeout_ns);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  *vote_ns = (t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec);
+  if (rc != FVK_OK) return rc;
+  *stage = 1;
+  if (!fvk_vote_would_run(votes, ctx->nranks, fields)) return FVK_OK;
+  *stage = 2;
+  switch (entry) {
+    case 0: return fvk_a2a_original(ctx, x, out, mode, dtype, B, S, H, D, stream);
+    case 1: return fvk_a2a_tuned(ctx, x, out, mode, dtype, B, S, H, D, ctas, planes_per_chunk, rows_per_chunk, stream);
+    default: return fvk_a2a_ce(ctx, x, out, mode, dtype, B, S, H, D, ctas, planes_per_chunk, rows_per_chunk, stream);
+  }
 }
 
 int fvk_fabric_copy(fvk_ctx* ctx, int64_t bytes, int engine, int ctas, void* stream) {

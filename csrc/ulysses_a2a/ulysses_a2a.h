@@ -199,6 +199,26 @@ FVK_API int fvk_vote_unlink(void* handle);
 /* Unmap and free the handle (unlink = 1 also unlinks the name); a closed handle is an error, not a crash. */
 FVK_API int fvk_vote_close(void* handle, int unlink);
 
+/* ---- the vote and the launch in one call (the fused route's hot path; ABI 3, absent from older builds) ---- */
+/* The vote's wire format (docs/ulysses_contract.md): fields per rank, and the two this call reads. */
+#define FVK_VOTE_FIELDS 12
+#define FVK_FIELD_ELIGIBILITY 2
+#define FVK_FIELD_PLAN 11
+/* 1 when the gathered votes[world * 12] say "run this rank's proposal": every rank's 12 fields equal
+   `mine`, with no eligibility bit and a plan. That is the only case in which the contract's verdict runs
+   a plan (contract.decide; every other table declines or raises on every rank), so a launch decided here
+   is the launch the Python verdict would order. Host only. */
+FVK_API int fvk_vote_would_run(const int64_t* votes, int world, const int64_t* mine);
+/* fvk_vote_exchange, then, where fvk_vote_would_run, the launch of `entry` (0 fvk_a2a_original, 1
+   fvk_a2a_tuned, 2 fvk_a2a_ce; the original ignores ctas, planes and rows) with the plan the fields carry.
+   *stage: 0 the exchange failed (the return code is the vote's), 1 exchanged and not launched (the
+   caller decides from `votes`: a decline or an error, on every rank alike), 2 launched (the return code is
+   the launch's). *vote_ns: the exchange's duration. Collective, host-blocking for the vote; eager only. */
+FVK_API int fvk_voted_launch(void* vote, const int64_t* fields, int64_t* votes, int64_t timeout_ns, int* stage,
+                             int64_t* vote_ns, fvk_ctx* ctx, int entry, const void* x, void* out, int mode, int dtype,
+                             int64_t B, int64_t S, int64_t H, int64_t D, int ctas, int64_t planes_per_chunk,
+                             int64_t rows_per_chunk, void* stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -124,6 +124,11 @@ _SIGNATURES: dict[str, tuple[type, list]] = {
     "fvk_vote_exchange": (ctypes.c_int, [_VOIDP, _VOIDP, _VOIDP, _I64]),
     "fvk_vote_unlink": (ctypes.c_int, [_VOIDP]),
     "fvk_vote_close": (ctypes.c_int, [_VOIDP, ctypes.c_int]),
+    # The vote and the launch in one call (ulysses_a2a.cu); absent from older builds.
+    "fvk_vote_would_run": (ctypes.c_int, [ctypes.POINTER(_I64), ctypes.c_int, ctypes.POINTER(_I64)]),
+    "fvk_voted_launch": (ctypes.c_int, [_VOIDP, _VOIDP, _VOIDP, _I64, ctypes.POINTER(ctypes.c_int),
+                                        ctypes.POINTER(_I64), _VOIDP, ctypes.c_int, _VOIDP, _VOIDP, ctypes.c_int,
+                                        ctypes.c_int, _I64, _I64, _I64, _I64, ctypes.c_int, _I64, _I64, _VOIDP]),
 }
 
 # ABI 1 exported fvk_sim_a2a with another signature (launch-separated phases): never drive it.

@@ -97,33 +97,110 @@ def test_every_rank_sees_every_peers_exact_fields_every_round(ranks, world_size)
 # ------------------------------------------------------------------------------------- through the helper
 
 
-def _helper_fused(rank, world_size, vote):
-    h = build_helper(vote=vote)
+def voted_transport():
+    """The CPU plan transport with the voted launch the native transport has (``fvk_voted_launch``): the
+    exchange over the vote's native arguments and the library's own verdict (``fvk_vote_would_run``), then
+    the CPU plan's data movement where it says run. Counts voted calls and launches, so a test can assert
+    which path ran. Its own ``voted_launch`` needs the shared-memory vote, as the native one does."""
+    import time
+
+    from fastvideo.distributed.ulysses.transport import GlooPlanTransport
+
+    class VotedGlooTransport(GlooPlanTransport):
+        name = "gloo-voted"
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.voted = self.launched = 0
+
+        def voted_launch(self, vote) -> bool:
+            return hasattr(vote, "native_args")
+
+        def execute_voted(self, x, geom, plan, vote, fields):
+            self.voted += 1
+            lib = vote._lib
+            handle, send, recv, timeout = vote.native_args(fields)
+            start = time.perf_counter()
+            status = lib.fvk_vote_exchange(handle, send, recv, timeout)
+            seconds = time.perf_counter() - start
+            if status != 0:
+                return None, 0, status, seconds
+            rows = vote.rows
+            votes = ctypes.cast(rows.data_ptr(), ctypes.POINTER(ctypes.c_int64))
+            if not lib.fvk_vote_would_run(votes, rows.shape[0], (ctypes.c_int64 * 12)(*fields)):
+                return None, 1, 0, seconds
+            self.launched += 1
+            return GlooPlanTransport.execute(self, x, geom, plan), 2, 0, seconds
+
+    return VotedGlooTransport()
+
+
+TRANSPORTS = ["plain", "voted"]
+
+
+def _transport(kind: str):
+    return voted_transport() if kind == "voted" else None
+
+
+def _helper_fused(rank, world_size, vote, kind="plain"):
+    t = _transport(kind)
+    h = build_helper(vote=vote, transport=t)
     results = []
     for seed in range(5):
         x = rank_input(rank, SHAPE, seed=seed)
         results.append((bit_equal(h.all_to_all(x, 0), oracle(x, 0)), last(h)[0]))
     stats = h.stats()
     h.destroy()
-    return results, stats["vote"], stats["fused"]
+    return results, stats["vote"], stats["fused"], (t.voted, t.launched) if t is not None else None
 
 
+@pytest.mark.parametrize("kind", TRANSPORTS)
 @pytest.mark.parametrize("vote", ["shm", "auto"])
 @READS_LONG_TRAINING
-def test_helper_runs_fused_calls_bit_exact_over_the_shm_vote(ranks, vote):
-    for results, channel, fused in ranks(2, _helper_fused, vote, env=ENV, timeout_s=60):
+def test_helper_runs_fused_calls_bit_exact_over_the_shm_vote(ranks, vote, kind):
+    """Both paths, the helper's verdict and the voted launch, run the same fused calls exactly; the voted
+    transport shows its path ran (5 voted calls, 5 launches)."""
+    for results, channel, fused, voted in ranks(2, _helper_fused, vote, kind, env=ENV, timeout_s=60):
         assert results == [(True, "fused")] * 5
         assert (channel, fused) == ("shm", 5)
+        assert voted == ((5, 5) if kind == "voted" else None)
+
+
+@READS_LONG_TRAINING
+def test_the_voted_launch_is_not_taken_over_the_gloo_vote(ranks):
+    for results, channel, _, voted in ranks(2, _helper_fused, "gloo", "voted", env=ENV, timeout_s=60):
+        assert results == [(True, "fused")] * 5 and channel == "gloo" and voted == (0, 0)
+
+
+def _decline_through_the_voted_launch(rank, world_size):
+    t = voted_transport()
+    h = build_helper(vote="shm", transport=t)
+    x = rank_input(rank, SHAPE, seed=3)
+    if rank == 0:  # this rank alone cannot take the fused route: non-contiguous input
+        x = x.transpose(1, 2).contiguous().transpose(1, 2)
+    y = h.all_to_all(x, 0)
+    result = (bit_equal(y, oracle(x.contiguous(), 0)), last(h)[0], last(h)[2], t.voted, t.launched)
+    h.destroy()
+    return result
+
+
+@READS_LONG_TRAINING
+def test_a_rank_that_declines_makes_every_rank_decline_through_the_voted_launch(ranks):
+    """Rank 0 proposes no plan (an eligibility bit), rank 1 proposes one through the voted launch: the library
+    launches nowhere (rank 1's fields differ from rank 0's) and both ranks decline together in the verdict."""
+    results = ranks(2, _decline_through_the_voted_launch, env=ENV, timeout_s=60)
+    assert [r[:3] for r in results] == [(True, "nccl", "peer_disagreement")] * 2, results
+    assert [r[3:] for r in results] == [(0, 0), (1, 0)]  # rank 1 voted through the library, launched nothing
 
 
 @READS_LONG_TRAINING
 def test_helper_vote_gloo_is_respected(ranks):
-    for results, channel, _ in ranks(2, _helper_fused, "gloo", env=ENV, timeout_s=60):
+    for results, channel, _, _ in ranks(2, _helper_fused, "gloo", env=ENV, timeout_s=60):
         assert results == [(True, "fused")] * 5 and channel == "gloo"
 
 
-def _mismatch(rank, world_size):
-    h = build_helper(vote="shm")
+def _mismatch(rank, world_size, kind="plain"):
+    h = build_helper(vote="shm", transport=_transport(kind))
     shape = (3, 8, 12, 8) if rank == world_size - 1 else SHAPE
     got = catch(h.all_to_all, rank_input(rank, shape), 0)
     x = rank_input(rank, SHAPE, seed=1)
@@ -133,21 +210,22 @@ def _mismatch(rank, world_size):
     return got, after, vote
 
 
+@pytest.mark.parametrize("kind", TRANSPORTS)
 @READS_LONG_TRAINING
-def test_contract_mismatch_raises_on_every_rank_through_the_shm_vote(ranks):
-    results = ranks(3, _mismatch, env=ENV, timeout_s=60)
+def test_contract_mismatch_raises_on_every_rank_through_the_shm_vote(ranks, kind):
+    results = ranks(3, _mismatch, kind, env=ENV, timeout_s=60)
     for (kind, message, field), after, vote in results:
         assert (kind, field, vote) == ("ContractMismatchError", "S_LOCAL", "shm") and "field S_LOCAL" in message
         assert after == (True, "fused")
     assert len({r[0][1] for r in results}) == 1
 
 
-def _timeout(rank, world_size):
+def _timeout(rank, world_size, kind="plain"):
     import time
 
     import torch.distributed as dist
 
-    h = build_helper(vote="shm", vote_timeout_s=2.0)
+    h = build_helper(vote="shm", vote_timeout_s=2.0, transport=_transport(kind))
     result = None
     if rank == 0:  # rank 1 never calls
         start = time.monotonic()
@@ -160,8 +238,10 @@ def _timeout(rank, world_size):
     return result
 
 
-def test_shm_vote_timeout_raises_and_disposes_the_helper(ranks):
-    kind, message, waited, later, disposed, available, vote = ranks(2, _timeout, env=ENV, timeout_s=60)[0]
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_shm_vote_timeout_raises_and_disposes_the_helper(ranks, transport):
+    kind, message, waited, later, disposed, available, vote = ranks(2, _timeout, transport, env=ENV,
+                                                                    timeout_s=60)[0]
     assert kind == "VoteTimeoutError" and "(shared memory) did not complete within 2 s" in message, message
     assert "waited" in message and "for rank 1 at call 1" in message
     assert 1.9 < waited < 4.0

@@ -43,7 +43,7 @@ EXPECTED_SYMBOLS = {
     "fvk_a2a_original", "fvk_a2a_tuned", "fvk_a2a_ce", "fvk_fabric_copy", "fvk_a2a_captured", "fvk_a2a_ce_captured",
     "fvk_a2a_debug",
     "fvk_sim_a2a", "fvk_check_window_sync", "fvk_check_ce_sync", "fvk_check_ce_addressing", "fvk_destroy",
-    "fvk_abort",
+    "fvk_abort", "fvk_vote_would_run", "fvk_voted_launch",
 }
 
 

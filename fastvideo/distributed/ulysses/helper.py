@@ -245,6 +245,7 @@ class UlyssesHelper:
         # group (no process group per helper: rebuilding helpers leaks nothing).
         self._vote = GlooVote(self.sp.ranks, timeout, group=self.sp.vote_group)
         self._call_vote: GlooVote | ShmVote = self._vote
+        self._voted: bool | None = None  # see _voted_launch
         self._vote_request = vote
         try:
             self._construct(identity)
@@ -478,6 +479,13 @@ class UlyssesHelper:
             self._plan_cache[key] = choice
         return choice
 
+    def _voted_launch(self) -> bool:
+        """Whether the transport takes the vote and the launch in one call over this helper's vote channel
+        (decided once: both are fixed at construction)."""
+        if self._voted is None:
+            self._voted = self.transport is not None and self.transport.voted_launch(self._call_vote)
+        return self._voted
+
     def _fields(self, geom: Geometry, phase: Phase, seq: int, bits: int, plan: Plan | None, capturing: bool
                 ) -> list[int]:
         """This rank's 12 vote fields (``contract.py``); ``plan`` only when this rank proposes to run it."""
@@ -592,33 +600,58 @@ class UlyssesHelper:
             fields[Field.SEQ] = seq
         else:
             fields = self._fields(geom, phase, seq, bits, None, capturing)
-        start = time.perf_counter()
-        try:
-            votes = self._call_vote.exchange(fields)
-        except VoteTimeoutError as exc:
-            self._dispose(str(exc))
-            raise
-        decision = contract.decide(votes)
-        self._vote_s.append(time.perf_counter() - start)
-        if decision.verdict is Verdict.RAISE:
-            self._raised += 1
-            assert decision.error is not None
-            raise decision.error from local_error
-        if decision.verdict is Verdict.DECLINE:
-            assert decision.reason is not None
-            return self._decline(x, geom, seq, phase, decision.reason)
-        plan = _plan_from_word(decision.plan_word)
-        assert self.transport is not None
-        try:
-            # Every rank captures (the capture bit is in the agreed WINDOW_BYTES), or none does.
-            out = self.transport.execute_captured(x, geom, plan) if capturing else self.transport.execute(x, geom, plan)
-        except Exception as exc:
-            # Every rank agreed to run this call, so its peers have launched (or will launch) it and may
-            # wait at its barriers; a later launch here could pair with their stuck call. This helper
-            # takes no further call (the peers' watchdogs end the processes that are stuck).
-            self._dispose(f"the fused launch of call {seq} failed on this rank after the vote: "
-                          f"{type(exc).__name__}: {exc}")
-            raise
+        out: torch.Tensor | None = None
+        if plan is not None and not bits and not capturing and self._voted_launch():
+            # The hot path: one library call exchanges the fields and, where every rank proposed this same
+            # call, launches it (the one verdict that runs a plan: a launch decided there is the launch the
+            # verdict below would order). Otherwise the gathered rows go to the verdict as always.
+            assert self.transport is not None
+            try:
+                out, stage, status, seconds = self.transport.execute_voted(x, geom, plan, self._call_vote, fields)
+            except Exception as exc:
+                self._dispose(f"the fused launch of call {seq} failed on this rank after the vote: "
+                              f"{type(exc).__name__}: {exc}")
+                raise
+            self._vote_s.append(seconds)
+            if stage == 0:
+                error = self._call_vote.failure(status)
+                self._dispose(str(error))
+                raise error
+            votes = self._call_vote.rows
+        else:
+            start = time.perf_counter()
+            try:
+                votes = self._call_vote.exchange(fields)
+            except VoteTimeoutError as exc:
+                self._dispose(str(exc))
+                raise
+            self._vote_s.append(time.perf_counter() - start)
+        if out is None:
+            decision = contract.decide(votes)
+            if decision.verdict is Verdict.RAISE:
+                self._raised += 1
+                assert decision.error is not None
+                raise decision.error from local_error
+            if decision.verdict is Verdict.DECLINE:
+                assert decision.reason is not None
+                return self._decline(x, geom, seq, phase, decision.reason)
+            word = decision.plan_word
+            plan = _plan_from_word(word)
+            assert self.transport is not None
+            try:
+                # Every rank captures (the capture bit is in the agreed WINDOW_BYTES), or none does.
+                out = (self.transport.execute_captured(x, geom, plan) if capturing
+                       else self.transport.execute(x, geom, plan))
+            except Exception as exc:
+                # Every rank agreed to run this call, so its peers have launched (or will launch) it and may
+                # wait at its barriers; a later launch here could pair with their stuck call. This helper
+                # takes no further call (the peers' watchdogs end the processes that are stuck).
+                self._dispose(f"the fused launch of call {seq} failed on this rank after the vote: "
+                              f"{type(exc).__name__}: {exc}")
+                raise
+        else:
+            word = fields[Field.PLAN]  # every rank proposed it: the agreed plan
+        assert plan is not None
         if capturing:
             # Nothing ran: the graph's replays run it, unseen by the watchdog and by this helper.
             self._captured += 1
@@ -628,7 +661,7 @@ class UlyssesHelper:
                 self._watch(InFlight(seq, self.generation, lambda: f"{phase.name.lower()}, {geom}",
                                      lambda: plan.describe(geom), marker, time.monotonic()))
         self._fused += 1
-        self._plans[(decision.plan_word, geom)] += 1  # the agreed word: Plan.word would rebuild it
+        self._plans[(word, geom)] += 1  # the agreed word: Plan.word would rebuild it
         self.history.append(CallRecord(seq, phase, mode, "fused", plan, None, plan.num_chunks(geom), capturing))
         return out, plan, None
 

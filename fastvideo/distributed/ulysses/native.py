@@ -60,12 +60,15 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 class _Launch(NamedTuple):
-    """One signature's launch: the entry point's name and function, its fixed arguments, the output shape."""
+    """One signature's launch: the entry point's name and function, its fixed arguments, the output shape,
+    and the same for ``fvk_voted_launch`` (its entry number, then every argument of the tuned form)."""
 
     name: str
     fn: Any
     args: tuple[int, ...]
     out_shape: tuple[int, ...]
+    entry: int  # fvk_voted_launch: 0 original, 1 tuned, 2 copy engine
+    voted_args: tuple[int, ...]
 
 
 class NativeKernelError(RuntimeError):
@@ -110,6 +113,8 @@ class NativeTransport(Transport):
         self._events: list[torch.cuda.Event] = []
         self._calls = 0
         self._launches: dict[tuple, _Launch] = {}  # per (geometry, plan, dtype): see _launch_for
+        self._stage, self._vote_ns = ctypes.c_int(0), ctypes.c_int64(0)  # fvk_voted_launch's outputs
+        self._stage_ref, self._vote_ns_ref = ctypes.byref(self._stage), ctypes.byref(self._vote_ns)
         self._streams: dict[tuple[int, int], torch.cuda.Stream] = {}  # (device, raw handle) -> Stream
 
     # ------------------------------------------------------------------ probing (local)
@@ -268,16 +273,18 @@ class NativeTransport(Transport):
         whole = plan.planes_per_chunk >= geom.B and plan.rows_per_chunk >= geom.S
         fixed = (geom.mode, dtype_code(dtype), geom.B, geom.S, geom.H, geom.D)
         chunking = (plan.ctas, plan.planes_per_chunk, plan.rows_per_chunk)
+        shape = output_shape(geom)
         if plan.engine == ENGINE_CE:
             if ENTRY_CE not in self._entries:
                 raise NativeKernelError(f"plan {plan} needs the copy-engine entry point, which this kernel build lacks")
-            launch = _Launch("fvk_a2a_ce", self._lib.fvk_a2a_ce, fixed + chunking, output_shape(geom))
+            launch = _Launch("fvk_a2a_ce", self._lib.fvk_a2a_ce, fixed + chunking, shape, 2, fixed + chunking)
         elif plan.ctas == ORIGINAL_CTAS and whole and ENTRY_ORIGINAL in self._entries:
-            launch = _Launch("fvk_a2a_original", self._lib.fvk_a2a_original, fixed, output_shape(geom))
+            launch = _Launch("fvk_a2a_original", self._lib.fvk_a2a_original, fixed, shape, 0,
+                             (*fixed, ORIGINAL_CTAS, geom.B, geom.S))
         elif ENTRY_TUNED in self._entries:
             if plan.ctas > MAX_CTAS:
                 raise NativeKernelError(f"plan asks for {plan.ctas} CTAs, at most {MAX_CTAS}")
-            launch = _Launch("fvk_a2a_tuned", self._lib.fvk_a2a_tuned, fixed + chunking, output_shape(geom))
+            launch = _Launch("fvk_a2a_tuned", self._lib.fvk_a2a_tuned, fixed + chunking, shape, 1, fixed + chunking)
         else:
             raise NativeKernelError(f"plan {plan} needs the tuned entry point, which this kernel build lacks")
         if len(self._launches) >= 1024:  # bounded: a pathological job re-builds
@@ -313,6 +320,32 @@ class NativeTransport(Transport):
         self._check(launch.fn(self._handle, x.data_ptr(), out.data_ptr(), *launch.args, raw), launch.name)
         self._record_completion(stream)
         return out
+
+    def voted_launch(self, vote) -> bool:
+        """The library runs the exchange and the launch in one call (``fvk_voted_launch``) where the per-call
+        vote is the same-host shared-memory one (an object with ``native_args``) and this build has it."""
+        return self._lib is not None and hasattr(self._lib, "fvk_voted_launch") and hasattr(vote, "native_args")
+
+    def execute_voted(self, x: torch.Tensor, geom: Geometry, plan: Plan, vote, fields: list[int]
+                      ) -> tuple[torch.Tensor | None, int, int, float]:
+        """``Transport.execute_voted`` through ``fvk_voted_launch``: one library call exchanges the fields and,
+        where every rank's fields equal these (``fvk_vote_would_run``: the one verdict that runs a plan),
+        launches the plan. A launch that fails after the exchange raises ``NativeKernelError``."""
+        if self._handle is None or self._event is None or self._ctx is None:
+            raise NativeKernelError("execute_voted before construction (or after destroy)")
+        launch = self._launch_for(geom, plan, x.dtype)
+        out = torch.empty(launch.out_shape, dtype=x.dtype, device=x.device)
+        raw, stream = self._current_stream(x.device)
+        handle, send, recv, timeout = vote.native_args(fields)
+        status = self._lib.fvk_voted_launch(handle, send, recv, timeout, self._stage_ref, self._vote_ns_ref,
+                                            self._handle, launch.entry, x.data_ptr(), out.data_ptr(),
+                                            *launch.voted_args, raw)
+        stage, seconds = self._stage.value, self._vote_ns.value * 1e-9
+        if stage < 2:
+            return None, stage, status, seconds
+        self._check(status, f"fvk_voted_launch ({launch.name})")
+        self._record_completion(stream)
+        return out, stage, status, seconds
 
     def capture_decline(self, geom: Geometry, plan: Plan) -> str | None:
         """None when ``plan`` can be frozen into the graph being captured: a plan word this code knows (CTAs,

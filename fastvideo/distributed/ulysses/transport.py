@@ -126,6 +126,20 @@ class Transport(abc.ABC):
         ``capture_decline`` returned None on every rank): no host state changes, nothing to watch."""
         raise NotImplementedError(f"{self.name}: no capturable route")
 
+    def voted_launch(self, vote) -> bool:
+        """Whether ``execute_voted`` can take this call's exchange over ``vote`` (the helper's per-call vote
+        channel) and the launch in one step. By default not: the helper votes, decides, then executes."""
+        return False
+
+    def execute_voted(self, x: torch.Tensor, geom: Geometry, plan: Plan, vote, fields: list[int]
+                      ) -> tuple[torch.Tensor | None, int, int, float]:
+        """Exchange ``fields`` over ``vote`` and, where every rank proposed this same call (the one verdict
+        that runs a plan), launch ``plan`` at once. Returns (output or None, stage, vote status, vote seconds):
+        stage 0, the exchange failed with that status; 1, exchanged and not launched (the helper decides from
+        ``vote``'s gathered rows: a decline or an error, alike on every rank); 2, launched. A launch that fails
+        raises. Collective; host-blocking for the vote; only where ``voted_launch(vote)``."""
+        raise NotImplementedError(f"{self.name}: no voted launch")
+
     def completion_marker(self):
         """A handle whose ``query()`` says whether the last ``execute``'s device work has completed (the
         native transport: a CUDA event), or None when ``execute`` returns with its work done (the CPU

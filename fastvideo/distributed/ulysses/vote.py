@@ -179,14 +179,32 @@ class ShmVote:
         self._send_np[:] = fields
         status = self._exchange(*self._args) if self._handle is not None else -1
         if status != 0:
-            detail = _last_error(self._lib) if self._handle is not None else "the vote was destroyed"
-            what = f"did not complete within {self.timeout_s:g} s" if status == _FVK_ERR_TIMEOUT else "failed"
-            raise VoteTimeoutError(
-                f"Ulysses vote over SP ranks {self.ranks} (shared memory) {what} ({detail}). A peer is dead, stuck, "
-                "or is not calling the helper (e.g. FASTVIDEO_ULYSSES_A2A differs between ranks: set it identically "
-                "everywhere)."
-            )
+            raise self.failure(status)
         return self._recv_rows
+
+    def native_args(self, fields: list[int]) -> tuple:
+        """For a library call that runs the exchange itself (``fvk_voted_launch``): ``fields`` written into the
+        send buffer, and (handle, send buffer, receive buffer, timeout in ns) as the library takes them. The
+        gathered rows are then in ``rows``."""
+        if self._handle is None:
+            raise self.failure(-1)
+        self._send_np[:] = fields
+        return self._args
+
+    @property
+    def rows(self) -> torch.Tensor:
+        """The reused ``[P, 12]`` receive buffer: the last exchange's votes."""
+        return self._recv_rows
+
+    def failure(self, status: int) -> VoteTimeoutError:
+        """The error for a failed exchange (library status ``status``; -1: the vote was destroyed)."""
+        detail = _last_error(self._lib) if self._handle is not None and status != -1 else "the vote was destroyed"
+        what = f"did not complete within {self.timeout_s:g} s" if status == _FVK_ERR_TIMEOUT else "failed"
+        return VoteTimeoutError(
+            f"Ulysses vote over SP ranks {self.ranks} (shared memory) {what} ({detail}). A peer is dead, stuck, "
+            "or is not calling the helper (e.g. FASTVIDEO_ULYSSES_A2A differs between ranks: set it identically "
+            "everywhere)."
+        )
 
     def destroy(self) -> None:
         """Unmap the segment (local; the name was unlinked at construction). A second call is a no-op."""
