@@ -145,6 +145,18 @@ _register(
 )
 _register(
     EnvVar(
+        "FASTVIDEO_ULYSSES_A2A_VOTED_LAUNCH",
+        "choice",
+        "1",
+        "`1`: a fused call over the same-host shared-memory vote exchanges its fields and launches in one kernel-"
+        "library call where every rank proposed the same call (the verdict's one RUN case); `0`: the vote, the "
+        "Python verdict, then the launch. Rank-local (both are the same exchange and verdict), read when the helper "
+        "is built.",
+        choices=("0", "1"),
+    )
+)
+_register(
+    EnvVar(
         "FASTVIDEO_KERNEL_LIBRARY",
         "str",
         "",

@@ -172,6 +172,21 @@ def test_the_voted_launch_is_not_taken_over_the_gloo_vote(ranks):
         assert results == [(True, "fused")] * 5 and channel == "gloo" and voted == (0, 0)
 
 
+@pytest.mark.parametrize(("switch", "expected"), [
+    pytest.param({0: "0", 1: "0"}, [(0, 0), (0, 0)], id="off-everywhere"),
+    pytest.param({0: "0", 1: "1"}, [(0, 0), (5, 5)], id="off-on-one-rank"),
+])
+@READS_LONG_TRAINING
+def test_the_voted_launch_switch_is_rank_local(ranks, switch, expected):
+    """FASTVIDEO_ULYSSES_A2A_VOTED_LAUNCH=0 takes the plain path; ranks may differ, because both paths are the
+    same exchange and verdict: every call still runs fused and exact on every rank."""
+    rank_env = {r: {"FASTVIDEO_ULYSSES_A2A_VOTED_LAUNCH": v} for r, v in switch.items()}
+    results = ranks(2, _helper_fused, "shm", "voted", env=ENV, rank_env=rank_env, timeout_s=60)
+    for results_, channel, fused, _ in results:
+        assert results_ == [(True, "fused")] * 5 and (channel, fused) == ("shm", 5)
+    assert [r[3] for r in results] == expected
+
+
 def _decline_through_the_voted_launch(rank, world_size):
     t = voted_transport()
     h = build_helper(vote="shm", transport=t)

@@ -245,7 +245,8 @@ class UlyssesHelper:
         # group (no process group per helper: rebuilding helpers leaks nothing).
         self._vote = GlooVote(self.sp.ranks, timeout, group=self.sp.vote_group)
         self._call_vote: GlooVote | ShmVote = self._vote
-        self._voted: bool | None = None  # see _voted_launch
+        # See _voted_launch. Rank-local: the voted launch and the plain path are the same exchange and verdict.
+        self._voted: bool | None = None if _env_or_default("FASTVIDEO_ULYSSES_A2A_VOTED_LAUNCH") == "1" else False
         self._vote_request = vote
         try:
             self._construct(identity)
