@@ -51,6 +51,8 @@
 
 namespace fvk {
 
+int vote_world(void* handle);  // shm_vote.cpp: an open vote handle's world size, or -1
+
 thread_local char g_error[1024];
 
 // Not in the anonymous namespace: shm_vote.cpp reports through it too (hidden, not exported).
@@ -1096,11 +1098,15 @@ int fvk_voted_launch(void* vote, const int64_t* fields, int64_t* votes, int64_t 
                      int64_t B, int64_t S, int64_t H, int64_t D, int ctas, int64_t planes_per_chunk,
                      int64_t rows_per_chunk, void* stream) {
   if (!stage || !vote_ns) return set_error(FVK_ERR_INVALID, "null stage or vote_ns");
-  *stage = 0;
+  *stage = -1;  // refused before the exchange: this rank has not voted
   *vote_ns = 0;
-  if (!ctx) return set_error(FVK_ERR_INVALID, "null context");
   if (entry < 0 || entry > 2)
     return set_error(FVK_ERR_INVALID, "entry %d is not 0 (original), 1 (tuned) or 2 (ce)", entry);
+  const int world = fvk::vote_world(vote);
+  if (world < 1) return set_error(FVK_ERR_STATE, "vote handle %p is not open", vote);
+  if (ctx && ctx->nranks != world)
+    return set_error(FVK_ERR_INVALID, "the vote has %d ranks, the communicator %d", world, ctx->nranks);
+  *stage = 0;
   timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   const int rc = fvk_vote_exchange(vote, fields, votes, timeout_ns);
@@ -1108,8 +1114,9 @@ int fvk_voted_launch(void* vote, const int64_t* fields, int64_t* votes, int64_t 
   *vote_ns = (t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec);
   if (rc != FVK_OK) return rc;
   *stage = 1;
-  if (!fvk_vote_would_run(votes, ctx->nranks, fields)) return FVK_OK;
+  if (!fvk_vote_would_run(votes, world, fields)) return FVK_OK;
   *stage = 2;
+  if (!ctx) return set_error(FVK_ERR_INVALID, "null context (the vote said run)");
   switch (entry) {
     case 0: return fvk_a2a_original(ctx, x, out, mode, dtype, B, S, H, D, stream);
     case 1: return fvk_a2a_tuned(ctx, x, out, mode, dtype, B, S, H, D, ctas, planes_per_chunk, rows_per_chunk, stream);

@@ -211,9 +211,11 @@ FVK_API int fvk_vote_close(void* handle, int unlink);
 FVK_API int fvk_vote_would_run(const int64_t* votes, int world, const int64_t* mine);
 /* fvk_vote_exchange, then, where fvk_vote_would_run, the launch of `entry` (0 fvk_a2a_original, 1
    fvk_a2a_tuned, 2 fvk_a2a_ce; the original ignores ctas, planes and rows) with the plan the fields carry.
-   *stage: 0 the exchange failed (the return code is the vote's), 1 exchanged and not launched (the
-   caller decides from `votes`: a decline or an error, on every rank alike), 2 launched (the return code is
-   the launch's). *vote_ns: the exchange's duration. Collective, host-blocking for the vote; eager only. */
+   *stage: -1 refused before the exchange (bad entry, a closed vote, a vote and a communicator of different
+   sizes: this rank has not voted), 0 the exchange failed (the return code is the vote's), 1 exchanged and
+   not launched (the caller decides from `votes`: a decline or an error, on every rank alike), 2 launched (the
+   return code is the launch's; a null `ctx` fails here, so the decision can be tested without a GPU).
+   *vote_ns: the exchange's duration. Collective, host-blocking for the vote; eager only. */
 FVK_API int fvk_voted_launch(void* vote, const int64_t* fields, int64_t* votes, int64_t timeout_ns, int* stage,
                              int64_t* vote_ns, fvk_ctx* ctx, int entry, const void* x, void* out, int mode, int dtype,
                              int64_t B, int64_t S, int64_t H, int64_t D, int ctas, int64_t planes_per_chunk,

@@ -104,7 +104,7 @@ def voted_transport():
     which path ran. Its own ``voted_launch`` needs the shared-memory vote, as the native one does."""
     import time
 
-    from fastvideo.distributed.ulysses.transport import GlooPlanTransport
+    from fastvideo.distributed.ulysses.transport import GlooPlanTransport, VoteNotStarted
 
     class VotedGlooTransport(GlooPlanTransport):
         name = "gloo-voted"
@@ -112,12 +112,15 @@ def voted_transport():
         def __init__(self) -> None:
             super().__init__()
             self.voted = self.launched = 0
+            self.fail_before = self.fail_after = False  # fault injection: before the exchange, after it
 
         def voted_launch(self, vote) -> bool:
             return hasattr(vote, "native_args")
 
         def execute_voted(self, x, geom, plan, vote, fields):
             self.voted += 1
+            if self.fail_before:
+                raise VoteNotStarted("before the vote: injected")
             lib = vote._lib
             handle, send, recv, timeout = vote.native_args(fields)
             start = time.perf_counter()
@@ -130,6 +133,8 @@ def voted_transport():
             if not lib.fvk_vote_would_run(votes, rows.shape[0], (ctypes.c_int64 * 12)(*fields)):
                 return None, 1, 0, seconds
             self.launched += 1
+            if self.fail_after:
+                raise RuntimeError("injected launch failure after the vote")
             return GlooPlanTransport.execute(self, x, geom, plan), 2, 0, seconds
 
     return VotedGlooTransport()
@@ -185,6 +190,96 @@ def test_the_voted_launch_switch_is_rank_local(ranks, switch, expected):
     for results_, channel, fused, _ in results:
         assert results_ == [(True, "fused")] * 5 and (channel, fused) == ("shm", 5)
     assert [r[3] for r in results] == expected
+
+
+def _voted_faults(rank, world_size, scenario):
+    import torch
+
+    t = voted_transport()
+    h = build_helper(vote="shm", transport=t)
+    x = rank_input(rank, SHAPE, seed=4)
+    if scenario == "capture":  # a capture never takes the voted launch (this transport cannot capture: decline)
+        h._capturing = lambda x: True
+        try:
+            with torch.no_grad():
+                y = h.all_to_all(x, 0)
+        finally:
+            h._capturing = lambda x: False
+        result = (bit_equal(y, oracle(x, 0)), last(h)[0], last(h)[2], t.voted)
+    else:
+        if rank == 0:
+            t.fail_before, t.fail_after = scenario == "before", scenario == "after"
+        cause = None
+        try:
+            h.all_to_all(x, 0)
+            got = ("ok", "")
+        except Exception as exc:  # noqa: BLE001 - the test asserts on what came back
+            got, cause = (type(exc).__name__, str(exc)), type(exc.__cause__).__name__ if exc.__cause__ else None
+        later = catch(h.all_to_all, x, 0) if scenario == "after" and rank == 0 else None
+        result = (got[0], got[1], h.stats()["disposed"], later[0] if later else None, cause)
+    if not h.stats()["disposed"]:
+        h.destroy()
+    return result
+
+
+@READS_LONG_TRAINING
+def test_a_capture_never_takes_the_voted_launch(ranks):
+    for exact, route, reason, voted in ranks(2, _voted_faults, "capture", env=ENV, timeout_s=60):
+        assert (exact, route, reason, voted) == (True, "nccl", "cuda_graph_capture", 0)
+
+
+def test_a_failure_before_the_voted_exchange_is_voted_so_every_rank_raises(ranks):
+    """Rank 0 fails before it exchanged (VoteNotStarted): it votes the failure on the plain path, so rank 1,
+    inside the voted exchange, raises PeerCallError at once instead of timing out; neither disposes."""
+    results = ranks(2, _voted_faults, "before", env=ENV, timeout_s=60)
+    assert [(r[0], r[2]) for r in results] == [("PeerCallError", False)] * 2, results
+    assert "rank 0" in results[1][1] or "[0]" in results[1][1], results[1][1]  # names the rank that failed
+    assert results[0][4] == "VoteNotStarted"  # the failing rank's error chains its own cause
+
+
+def test_a_launch_that_fails_after_the_voted_exchange_disposes_the_helper(ranks):
+    """Rank 0's launch fails after every rank agreed to run the call: it disposes and refuses later calls. (Its
+    peer, whose CPU-transport movement needs rank 0, fails in its own way; with the native transport it waits
+    at the barrier until the watchdog ends it.)"""
+    results = ranks(2, _voted_faults, "after", env=ENV, timeout_s=60)
+    kind, message, disposed, later, _ = results[0]
+    assert kind == "RuntimeError" and "injected" in message and disposed and later == "HelperDisposedError"
+
+
+def _library_voted_launch(rank, world_size, case):
+    """fvk_voted_launch itself on a real two-rank vote, without a GPU (a null context fails only at launch)."""
+    from fastvideo.distributed.parallel_state import get_sp_group
+    from fastvideo.distributed.ulysses.vote import GlooVote, ShmVote, load_vote_library
+
+    lib = load_vote_library()
+    vote, why = ShmVote.create(GlooVote(get_sp_group().ranks, timeout_s=30.0), rank, lib)
+    assert vote is not None, why
+    fields = _fields(0, 1)
+    fields[2] = 0  # eligible
+    if case == "decline" and rank == 1:
+        fields[6] += 1  # another S_LOCAL on one rank: no rank may launch
+    stage, ns = ctypes.c_int(9), ctypes.c_int64(-1)
+    handle, send, recv, timeout = vote.native_args(fields)
+    entry = 7 if case == "bad_entry" else 1
+    status = lib.fvk_voted_launch(handle, send, recv, timeout, ctypes.byref(stage), ctypes.byref(ns), None, entry,
+                                  None, None, 0, 3, 1, 8, 8, 8, 144, 1, 8, None)
+    error = fastvideo_kernel.last_error(lib) if status else ""
+    rows = vote.rows.tolist() if stage.value >= 1 else None
+    vote.destroy()
+    return status, stage.value, ns.value, error, rows, fields
+
+
+@pytest.mark.parametrize("case", ["run", "decline", "bad_entry"])
+def test_the_library_voted_launch_decides_on_a_real_exchange(ranks, case):
+    results = ranks(2, _library_voted_launch, case, env=ENV, timeout_s=60)
+    fields = [r[5] for r in results]
+    for status, stage, ns, error, rows, _ in results:
+        if case == "run":  # the vote says run: the launch is reached (and fails on the null context)
+            assert (stage, status) == (2, 1) and "null context" in error and ns > 0 and rows == fields
+        elif case == "decline":  # exchanged, no launch on any rank, the gathered rows returned
+            assert (stage, status, error) == (1, 0, "") and ns > 0 and rows == fields
+        else:  # refused before the exchange: no rank voted, none waits
+            assert (stage, ns) == (-1, 0) and status == 1 and "entry 7" in error and rows is None
 
 
 def _decline_through_the_voted_launch(rank, world_size):

@@ -154,3 +154,16 @@ def test_current_stream_is_looked_up_once_per_device_and_handle(monkeypatch):
     raw, s2 = t._current_stream(dev0)
     assert raw == 0xABC and s2.cuda_stream == 0xABC and lookups == [0, 1, 0]
     assert t._current_stream(dev0)[1] is s2 and t._current_stream(dev1)[1] is s1 and lookups == [0, 1, 0]
+
+
+def test_voted_launch_needs_the_shared_memory_vote_and_the_library_entry():
+    """The voted launch is offered only over the shared-memory vote (whose exchange the library runs) and by a
+    build with ``fvk_voted_launch``; over the gloo vote the helper votes and launches as before."""
+    from fastvideo.distributed.ulysses.vote import GlooVote, ShmVote
+
+    t, lib = transport()
+    shm, gloo = ShmVote.__new__(ShmVote), GlooVote.__new__(GlooVote)  # the type is what matters here
+    assert not t.voted_launch(shm)  # this build (the stand-in) has no fvk_voted_launch
+    lib.fvk_voted_launch = lambda *args: 0
+    assert t.voted_launch(shm) and not t.voted_launch(gloo)
+    assert not NativeTransport().voted_launch(shm)  # no library loaded

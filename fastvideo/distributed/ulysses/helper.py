@@ -78,6 +78,7 @@ from fastvideo.distributed.ulysses.transport import (
     Capability,
     ConstructionContext,
     Transport,
+    VoteNotStarted,
 )
 from fastvideo.distributed.ulysses.vote import GlooVote, ShmVote, VoteTimeoutError, load_vote_library
 from fastvideo.distributed.ulysses.watchdog import FusedCallWatchdog, InFlight, StoreProbe, end_process
@@ -602,6 +603,7 @@ class UlyssesHelper:
         else:
             fields = self._fields(geom, phase, seq, bits, None, capturing)
         out: torch.Tensor | None = None
+        votes = None
         if plan is not None and not bits and not capturing and self._voted_launch():
             # The hot path: one library call exchanges the fields and, where every rank proposed this same
             # call, launches it (the one verdict that runs a plan: a launch decided there is the launch the
@@ -609,17 +611,22 @@ class UlyssesHelper:
             assert self.transport is not None
             try:
                 out, stage, status, seconds = self.transport.execute_voted(x, geom, plan, self._call_vote, fields)
+            except VoteNotStarted as exc:
+                # Nothing exchanged yet: vote this rank's failure below, so that every rank raises together.
+                local_error, plan, bits = exc, None, DeclineReason.LOCAL_ERROR.bit
+                fields = self._fields(geom, phase, seq, bits, None, capturing)
             except Exception as exc:
                 self._dispose(f"the fused launch of call {seq} failed on this rank after the vote: "
                               f"{type(exc).__name__}: {exc}")
                 raise
-            self._vote_s.append(seconds)
-            if stage == 0:
-                error = self._call_vote.failure(status)
-                self._dispose(str(error))
-                raise error
-            votes = self._call_vote.rows
-        else:
+            else:
+                if stage == 0:
+                    error = self._call_vote.failure(status)
+                    self._dispose(str(error))
+                    raise error
+                self._vote_s.append(seconds)
+                votes = self._call_vote.rows
+        if votes is None:
             start = time.perf_counter()
             try:
                 votes = self._call_vote.exchange(fields)
@@ -753,6 +760,7 @@ class UlyssesHelper:
             "declines": {r.label: n for r, n in sorted(self._declines.items())},
             "plans": dict(Counter({Plan.from_word(w).describe(g): n for (w, g), n in self._plans.items()})),
             "vote": "shm" if isinstance(self._call_vote, ShmVote) else "gloo",
+            "voted_launch": self.fused_available and self._voted_launch(),  # the vote and the launch in one call
             "vote_us_median": statistics.median(votes) * 1e6 if votes else None,
             "vote_us_p90": votes[int(0.9 * (len(votes) - 1))] * 1e6 if votes else None,
             "in_flight": self._watchdog.in_flight() if self._watchdog is not None else 0,

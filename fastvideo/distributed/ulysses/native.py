@@ -42,6 +42,7 @@ from fastvideo.distributed.ulysses.transport import (
     Step,
     TopologyReport,
     Transport,
+    VoteNotStarted,
     output_shape,
 )
 
@@ -331,16 +332,23 @@ class NativeTransport(Transport):
         """``Transport.execute_voted`` through ``fvk_voted_launch``: one library call exchanges the fields and,
         where every rank's fields equal these (``fvk_vote_would_run``: the one verdict that runs a plan),
         launches the plan. A launch that fails after the exchange raises ``NativeKernelError``."""
-        if self._handle is None or self._event is None or self._ctx is None:
-            raise NativeKernelError("execute_voted before construction (or after destroy)")
-        launch = self._launch_for(geom, plan, x.dtype)
-        out = torch.empty(launch.out_shape, dtype=x.dtype, device=x.device)
-        raw, stream = self._current_stream(x.device)
-        handle, send, recv, timeout = vote.native_args(fields)
+        try:  # everything before the exchange: a failure here leaves this rank unvoted
+            if self._handle is None or self._event is None or self._ctx is None:
+                raise NativeKernelError("execute_voted before construction (or after destroy)")
+            launch = self._launch_for(geom, plan, x.dtype)
+            out = torch.empty(launch.out_shape, dtype=x.dtype, device=x.device)
+            raw, stream = self._current_stream(x.device)
+            handle, send, recv, timeout = vote.native_args(fields)
+        except Exception as exc:
+            raise VoteNotStarted(f"before the vote: {type(exc).__name__}: {exc}") from exc
         status = self._lib.fvk_voted_launch(handle, send, recv, timeout, self._stage_ref, self._vote_ns_ref,
                                             self._handle, launch.entry, x.data_ptr(), out.data_ptr(),
                                             *launch.voted_args, raw)
         stage, seconds = self._stage.value, self._vote_ns.value * 1e-9
+        if stage < 0:
+            import fastvideo_kernel
+
+            raise VoteNotStarted(f"fvk_voted_launch refused before the vote: {fastvideo_kernel.last_error(self._lib)}")
         if stage < 2:
             return None, stage, status, seconds
         self._check(status, f"fvk_voted_launch ({launch.name})")

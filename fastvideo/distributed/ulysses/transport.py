@@ -31,6 +31,11 @@ ENTRY_CAPTURE = "capture"  # the tuned entry point for CUDA-graph capture (fvk_a
 ENTRY_CE_CAPTURE = "ce_capture"  # the copy-engine kind for CUDA-graph capture (fvk_a2a_ce_captured)
 
 
+class VoteNotStarted(RuntimeError):
+    """``Transport.execute_voted`` failed before the exchange: this rank has not voted (its peers wait in
+    the vote). The helper then votes this failure on the plain path, so that every rank raises together."""
+
+
 @dataclass(frozen=True)
 class Capability:
     """What this rank's transport can do, probed locally without any collective."""
@@ -136,8 +141,9 @@ class Transport(abc.ABC):
         """Exchange ``fields`` over ``vote`` and, where every rank proposed this same call (the one verdict
         that runs a plan), launch ``plan`` at once. Returns (output or None, stage, vote status, vote seconds):
         stage 0, the exchange failed with that status; 1, exchanged and not launched (the helper decides from
-        ``vote``'s gathered rows: a decline or an error, alike on every rank); 2, launched. A launch that fails
-        raises. Collective; host-blocking for the vote; only where ``voted_launch(vote)``."""
+        ``vote``'s gathered rows: a decline or an error, alike on every rank); 2, launched. A failure before the
+        exchange raises ``VoteNotStarted``; a launch that fails after it raises anything else. Collective;
+        host-blocking for the vote; only where ``voted_launch(vote)``."""
         raise NotImplementedError(f"{self.name}: no voted launch")
 
     def completion_marker(self):
