@@ -52,6 +52,12 @@ def transport(gpu_lib):
     t.destroy()
 
 
+def rand() -> torch.Tensor:
+    """Random bf16 input, drawn on the CPU: torch's CUDA generator can be left in a capture state by another
+    test's deliberately broken capture (tests/kernel/test_capture_watchdog_gpu.py's negative control)."""
+    return torch.randn(SHAPE).to("cuda", torch.bfloat16)
+
+
 def same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(a.view(torch.int16), b.view(torch.int16))
 
@@ -71,12 +77,12 @@ def capture(transport, x_static: torch.Tensor, plans: list[tuple[int, Plan]]):
 @pytest.mark.parametrize("kind", sorted(PLANS))
 def test_replays_of_a_captured_call_are_exact(transport, kind):
     plan = PLANS[kind]
-    x_static = torch.randn(SHAPE, device="cuda").to(torch.bfloat16)
+    x_static = rand()
     transport.execute(x_static, Geometry.from_input(SHAPE, 0, 1, x_static.dtype), plan)  # eager warm-up
     torch.cuda.synchronize()
     graph, (out,) = capture(transport, x_static, [(0, plan)])
     for i in range(20):
-        x_static.copy_(torch.randn(SHAPE, device="cuda").to(torch.bfloat16))
+        x_static.copy_(rand())
         out.fill_(float("nan"))  # poison: every element must be written by the replay
         graph.replay()
         torch.cuda.synchronize()
@@ -89,12 +95,12 @@ def test_replays_of_a_captured_call_are_exact(transport, kind):
 @pytest.mark.parametrize("kind", sorted(PLANS))
 def test_two_calls_in_one_graph_and_replays_interleaved_with_eager_calls(transport, kind):
     plan = PLANS[kind]
-    x_static = torch.randn(SHAPE, device="cuda").to(torch.bfloat16)
+    x_static = rand()
     graph, (y, z) = capture(transport, x_static, [(0, plan), (1, plan)])
     side = torch.cuda.Stream()
     geom = Geometry.from_input(SHAPE, 0, 1, torch.bfloat16)
-    xs = [torch.randn(SHAPE, device="cuda").to(torch.bfloat16) for _ in range(8)]
-    eager_in = [torch.randn(SHAPE, device="cuda").to(torch.bfloat16) for _ in range(8)]
+    xs = [rand() for _ in range(8)]
+    eager_in = [rand() for _ in range(8)]
     with torch.cuda.stream(side):
         eager_out = [torch.empty_like(t) for t in eager_in]  # allocated on the side stream, up front
     torch.cuda.synchronize()  # inputs ready: below, only the library orders the two streams' fused work
@@ -113,7 +119,7 @@ def test_two_calls_in_one_graph_and_replays_interleaved_with_eager_calls(transpo
 
 
 def test_the_eager_copy_engine_entry_refuses_a_capturing_stream(transport):
-    x_static = torch.randn(SHAPE, device="cuda").to(torch.bfloat16)
+    x_static = rand()
     geom = Geometry.from_input(SHAPE, 0, 1, x_static.dtype)
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(NativeKernelError, match="cannot be captured"):
@@ -125,7 +131,7 @@ def test_the_eager_copy_engine_entry_refuses_a_capturing_stream(transport):
 
 
 def test_a_captured_entry_on_a_stream_that_is_not_capturing_is_refused(transport):
-    x = torch.randn(SHAPE, device="cuda").to(torch.bfloat16)
+    x = rand()
     geom = Geometry.from_input(SHAPE, 0, 1, x.dtype)
     for kind in sorted(PLANS):
         with pytest.raises(NativeKernelError, match="needs a stream that is capturing"):
@@ -134,8 +140,8 @@ def test_a_captured_entry_on_a_stream_that_is_not_capturing_is_refused(transport
 
 
 def test_a_copy_engine_call_while_the_copy_stream_is_in_an_open_capture_is_refused(transport):
-    x = torch.randn(SHAPE, device="cuda").to(torch.bfloat16)
-    other = torch.randn(SHAPE, device="cuda").to(torch.bfloat16)
+    x = rand()
+    other = rand()
     geom = Geometry.from_input(SHAPE, 0, 1, x.dtype)
     side = torch.cuda.Stream()
     graph = torch.cuda.CUDAGraph()

@@ -93,6 +93,9 @@ def test_voted_launch_refuses_bad_arguments_before_any_exchange(lib):  # noqa: F
     args = (0, 1, 1, 8, 8, 8, 144, 1, 8, None)  # mode, dtype, B, S, H, D, ctas, planes, rows, stream
     status = lib.fvk_voted_launch(None, fields, votes, 10**9, ctypes.byref(stage), ctypes.byref(ns), None, 1, None,
                                   None, *args)
-    assert status == 1 and "null context" in fastvideo_kernel.last_error(lib) and stage.value == 0
+    assert status == 5 and "is not open" in fastvideo_kernel.last_error(lib) and stage.value == -1
+    status = lib.fvk_voted_launch(None, fields, votes, 10**9, ctypes.byref(stage), ctypes.byref(ns), None, 3, None,
+                                  None, *args)
+    assert status == 1 and "entry 3" in fastvideo_kernel.last_error(lib) and stage.value == -1
     status = lib.fvk_voted_launch(None, fields, votes, 10**9, None, ctypes.byref(ns), None, 1, None, None, *args)
     assert status == 1 and "null stage" in fastvideo_kernel.last_error(lib)
