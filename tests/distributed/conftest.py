@@ -12,6 +12,8 @@ environment the forkserver started with), so what the test sees is what the code
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from tests.distributed import mp
@@ -140,6 +142,17 @@ def last(helper):
     reason = rec.reason.label if rec.reason is not None else None  # DISABLED is 0: test for None
     return (rec.route, rec.plan.word if rec.plan else 0, reason, rec.chunks,
             rec.phase.name)
+
+
+@contextlib.contextmanager
+def forced_capture(h):
+    """CUDA-graph capture forced on for ``h``'s calls inside the block (CPU has no graphs: the helper asks
+    ``h._capturing(x)``, for CUDA tensors whether the current stream is capturing), off again after it."""
+    h._capturing = lambda x: True
+    try:
+        yield h
+    finally:
+        h._capturing = lambda x: False
 
 
 def catch(fn, *args, **kw):

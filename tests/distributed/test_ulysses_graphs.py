@@ -29,7 +29,7 @@ from fastvideo.distributed.ulysses import contract
 from fastvideo.distributed.ulysses.contract import DeclineReason, Field, Phase, Verdict
 from fastvideo.distributed.ulysses.policy import Geometry, Plan
 from fastvideo.distributed.ulysses.transport import ENTRY_CAPTURE, ENTRY_CE_CAPTURE, GlooPlanTransport, output_shape
-from tests.distributed.conftest import READS_LONG_TRAINING, bit_equal, build_helper, oracle, rank_input
+from tests.distributed.conftest import READS_LONG_TRAINING, bit_equal, build_helper, forced_capture, oracle, rank_input
 
 SHAPE = (3, 16, 12, 8)  # [B, S_local, H, D] at SP2: the fixture row freezes 144 CTAs, one plane per chunk
 TUNED = Plan(144, 1, 16, True)
@@ -122,14 +122,11 @@ def host_work(before: tuple, after: tuple) -> str:
 
 def _capture_block(h, x_static: torch.Tensor, g_static: torch.Tensor):
     """Capture (forced) a forward and backward of two calls: mode 0, then mode 1 back, and the gradient."""
-    h._capturing = lambda x: True
-    try:
+    with forced_capture(h):
         xg = x_static.requires_grad_()
         y = h.all_to_all(xg, 0)
         z = h.all_to_all(y, 1)
         (gx,) = torch.autograd.grad(z, xg, g_static)
-    finally:
-        h._capturing = lambda x: False
     return z, gx
 
 
@@ -364,12 +361,8 @@ def _capture_plans_from_sm_rows(rank, world_size):
     table = fixture_rows(engine="ce", ctas=132) + fixture_rows(engine="sm")  # a key's ce row first, as in the table
     h = build_helper(transport=RecordingTransport(), table=table)
     x = rank_input(rank, SHAPE, seed=0)
-    h._capturing = lambda x: True
-    try:
-        with torch.no_grad():
-            h.all_to_all(x, 0)
-    finally:
-        h._capturing = lambda x: False
+    with forced_capture(h), torch.no_grad():
+        h.all_to_all(x, 0)
     with torch.no_grad():
         y = h.all_to_all(x, 0)
     result = ([(r.plan.engine, r.plan.ctas, r.captured) for r in h.history], bit_equal(y, oracle(x, 0)))
@@ -395,12 +388,8 @@ def _capture_engines(rank, world_size, engines_by_rank, ce_capture):
     if engines_by_rank[rank] is not None:
         h.capture_engines = engines_by_rank[rank]
     x = rank_input(rank, SHAPE, seed=0)
-    h._capturing = lambda x: True
-    try:
-        with torch.no_grad():
-            y_captured = h.all_to_all(x, 0)
-    finally:
-        h._capturing = lambda x: False
+    with forced_capture(h), torch.no_grad():
+        y_captured = h.all_to_all(x, 0)
     exact = None
     if t.captured:
         t.replay()  # the device side of a replay: the frozen plan, collective on every rank
@@ -447,11 +436,8 @@ def _captured_backward_of_an_eager_copy_engine_forward(rank, world_size, opt_in)
     x = rank_input(rank, SHAPE, seed=0).requires_grad_()
     y = h.all_to_all(x, 0)  # eager: the copy-engine row's plan
     g = rank_input(rank, tuple(y.shape), seed=1)
-    h._capturing = lambda x: True  # the backward is captured (a graph of the backward pass only)
-    try:
+    with forced_capture(h):  # the backward is captured (a graph of the backward pass only)
         (gx,) = torch.autograd.grad(y, x, g)
-    finally:
-        h._capturing = lambda x: False
     forward, backward = h.history[-2], h.history[-1]
     exact = bit_equal(gx, oracle(g, 1)) if not t.captured else None
     if t.captured:

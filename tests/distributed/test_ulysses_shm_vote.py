@@ -15,7 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed.conftest import READS_LONG_TRAINING, bit_equal, build_helper, catch, last, oracle, rank_input
+from tests.distributed.conftest import (
+    READS_LONG_TRAINING,
+    bit_equal,
+    build_helper,
+    catch,
+    forced_capture,
+    last,
+    oracle,
+    rank_input,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 try:
@@ -199,12 +208,8 @@ def _voted_faults(rank, world_size, scenario):
     h = build_helper(vote="shm", transport=t)
     x = rank_input(rank, SHAPE, seed=4)
     if scenario == "capture":  # a capture never takes the voted launch (this transport cannot capture: decline)
-        h._capturing = lambda x: True
-        try:
-            with torch.no_grad():
-                y = h.all_to_all(x, 0)
-        finally:
-            h._capturing = lambda x: False
+        with forced_capture(h), torch.no_grad():
+            y = h.all_to_all(x, 0)
         result = (bit_equal(y, oracle(x, 0)), last(h)[0], last(h)[2], t.voted)
     else:
         if rank == 0:
