@@ -396,15 +396,17 @@ def host_timings(fn: Callable[[], object], device: torch.device, iters: int, war
         synchronize(device)
         starts.append(start)
         ends.append(time.perf_counter())
-    rank_max_times = rank_max([e - s for s, e in zip(starts, ends, strict=True)])
     if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return {"rank_max": rank_max_times, "aligned": rank_max_times, "entry_skew": [0.0] * len(starts)}
-    if not _same_host():
-        return {"rank_max": rank_max_times, "aligned": [], "entry_skew": []}
+        own = [e - s for s, e in zip(starts, ends, strict=True)]
+        return {"rank_max": own, "aligned": own, "entry_skew": [0.0] * len(starts)}
+    # One gather serves all three: each rank's own durations need no common clock, the other two do.
     both = torch.tensor([starts, ends], dtype=torch.float64)
     gathered = [torch.empty_like(both) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, both, group=cpu_group())
     stacked = torch.stack(gathered)  # [rank, start|end, iteration]
+    rank_max_times = (stacked[:, 1] - stacked[:, 0]).max(dim=0).values.tolist()
+    if not _same_host():
+        return {"rank_max": rank_max_times, "aligned": [], "entry_skew": []}
     aligned, skew = aligned_times(stacked[:, 0], stacked[:, 1])
     return {"rank_max": rank_max_times, "aligned": aligned, "entry_skew": skew}
 
