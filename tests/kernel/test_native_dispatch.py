@@ -31,7 +31,7 @@ class FakeLib:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, tuple]] = []
-        for name in ("fvk_a2a_original", "fvk_a2a_tuned", "fvk_a2a_ce"):
+        for name in ("fvk_a2a_original", "fvk_a2a_tuned", "fvk_a2a_ce", "fvk_a2a_captured", "fvk_a2a_ce_captured"):
             setattr(self, name, self._entry(name))
 
     def _entry(self, name: str):
@@ -167,3 +167,26 @@ def test_voted_launch_needs_the_shared_memory_vote_and_the_library_entry():
     lib.fvk_voted_launch = lambda *args: 0
     assert t.voted_launch(shm) and not t.voted_launch(gloo)
     assert not NativeTransport().voted_launch(shm)  # no library loaded
+
+
+@pytest.mark.parametrize("mode", [0, 1])
+def test_execute_captured_takes_the_tuned_form_of_each_plan(monkeypatch, mode):
+    """The captured entries get what ``execute_captured`` built per call before it shared ``_launch_for``:
+    the tuned form, with the original plan as 36 CTAs over (B, S), the copy-engine kind its own entry."""
+    class Stream:
+        cuda_stream = RAW_STREAM
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    t, lib = transport(entries=(ENTRY_ORIGINAL, ENTRY_TUNED, ENTRY_CE, "capture", "ce_capture"))
+    x = torch.randn(3, 8, 4, 16) if mode == 0 else torch.randn(3, 16, 2, 16)
+    geom = Geometry.from_input(x.shape, mode, 2, x.dtype)
+    for plan in plans(geom):
+        out = t.execute_captured(x, geom, plan)
+        whole = plan.planes_per_chunk >= geom.B and plan.rows_per_chunk >= geom.S
+        ctas, planes, rows = (ORIGINAL_CTAS, geom.B, geom.S) if (
+            plan.engine != ENGINE_CE and plan.ctas == ORIGINAL_CTAS and whole) else (
+            plan.ctas, plan.planes_per_chunk, plan.rows_per_chunk)
+        name = "fvk_a2a_ce_captured" if plan.engine == ENGINE_CE else "fvk_a2a_captured"
+        assert lib.calls[-1] == (name, (HANDLE, x.data_ptr(), out.data_ptr(), geom.mode, dtype_code(x.dtype), geom.B,
+                                        geom.S, geom.H, geom.D, ctas, planes, rows, RAW_STREAM)), plan
+        assert tuple(out.shape) == output_shape(geom)

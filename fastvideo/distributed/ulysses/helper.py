@@ -616,8 +616,7 @@ class UlyssesHelper:
                 local_error, plan, bits = exc, None, DeclineReason.LOCAL_ERROR.bit
                 fields = self._fields(geom, phase, seq, bits, None, capturing)
             except Exception as exc:
-                self._dispose(f"the fused launch of call {seq} failed on this rank after the vote: "
-                              f"{type(exc).__name__}: {exc}")
+                self._launch_failed(seq, exc)
                 raise
             else:
                 if stage == 0:
@@ -651,11 +650,7 @@ class UlyssesHelper:
                 out = (self.transport.execute_captured(x, geom, plan) if capturing
                        else self.transport.execute(x, geom, plan))
             except Exception as exc:
-                # Every rank agreed to run this call, so its peers have launched (or will launch) it and may
-                # wait at its barriers; a later launch here could pair with their stuck call. This helper
-                # takes no further call (the peers' watchdogs end the processes that are stuck).
-                self._dispose(f"the fused launch of call {seq} failed on this rank after the vote: "
-                              f"{type(exc).__name__}: {exc}")
+                self._launch_failed(seq, exc)
                 raise
         else:
             word = fields[Field.PLAN]  # every rank proposed it: the agreed plan
@@ -672,6 +667,12 @@ class UlyssesHelper:
         self._plans[(word, geom)] += 1  # the agreed word: Plan.word would rebuild it
         self.history.append(CallRecord(seq, phase, mode, "fused", plan, None, plan.num_chunks(geom), capturing))
         return out, plan, None
+
+    def _launch_failed(self, seq: int, exc: Exception) -> None:
+        """A launch failed on this rank after every rank agreed to run call ``seq``: its peers have launched (or
+        will launch) it and may wait at its barriers, and a later launch here could pair with their stuck call.
+        This helper takes no further call (the peers' watchdogs end the processes that are stuck)."""
+        self._dispose(f"the fused launch of call {seq} failed on this rank after the vote: {type(exc).__name__}: {exc}")
 
     def vote_caller_error(self, mode: int, phase: Phase, error: BaseException) -> NoReturn:
         """Checked mode: this rank's call failed before any collective (invalid input, a meta tensor). Vote

@@ -62,14 +62,15 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 class _Launch(NamedTuple):
     """One signature's launch: the entry point's name and function, its fixed arguments, the output shape,
-    and the same for ``fvk_voted_launch`` (its entry number, then every argument of the tuned form)."""
+    its entry number for ``fvk_voted_launch``, and every argument of the tuned form (what ``fvk_voted_launch``
+    and the captured entry points take after the pointers)."""
 
     name: str
     fn: Any
     args: tuple[int, ...]
     out_shape: tuple[int, ...]
     entry: int  # fvk_voted_launch: 0 original, 1 tuned, 2 copy engine
-    voted_args: tuple[int, ...]
+    tuned_args: tuple[int, ...]
 
 
 class NativeKernelError(RuntimeError):
@@ -343,7 +344,7 @@ class NativeTransport(Transport):
             raise VoteNotStarted(f"before the vote: {type(exc).__name__}: {exc}") from exc
         status = self._lib.fvk_voted_launch(handle, send, recv, timeout, self._stage_ref, self._vote_ns_ref,
                                             self._handle, launch.entry, x.data_ptr(), out.data_ptr(),
-                                            *launch.voted_args, raw)
+                                            *launch.tuned_args, raw)
         stage, seconds = self._stage.value, self._vote_ns.value * 1e-9
         if stage < 0:
             import fastvideo_kernel
@@ -381,18 +382,14 @@ class NativeTransport(Transport):
         against eager calls and each other through its completion event (ulysses_a2a.h)."""
         if self._handle is None or self._ctx is None:
             raise NativeKernelError("execute_captured before construction (or after destroy)")
-        if geom.world_size != self._ctx.world_size:
-            raise NativeKernelError(f"geometry for SP size {geom.world_size}, communicator has {self._ctx.world_size}")
-        out = torch.empty(output_shape(geom), dtype=x.dtype, device=x.device)
+        # The same launch as ``execute`` in the tuned form both captured entries take (the original plan
+        # runs as 36 CTAs over (B, S)).
+        launch = self._launch_for(geom, plan, x.dtype)
+        out = torch.empty(launch.out_shape, dtype=x.dtype, device=x.device)
         stream = torch.cuda.current_stream(x.device)
-        whole = plan.planes_per_chunk >= geom.B and plan.rows_per_chunk >= geom.S
-        # The same launch arguments as ``execute`` (the original plan runs as 36 CTAs over (B, S)).
-        ctas, planes, rows = (ORIGINAL_CTAS, geom.B, geom.S) if (
-            plan.engine != ENGINE_CE and plan.ctas == ORIGINAL_CTAS and whole) else (
-            plan.ctas, plan.planes_per_chunk, plan.rows_per_chunk)
-        name = "fvk_a2a_ce_captured" if plan.engine == ENGINE_CE else "fvk_a2a_captured"
-        status = getattr(self._lib, name)(self._handle, x.data_ptr(), out.data_ptr(), geom.mode, dtype_code(x.dtype),
-                                          geom.B, geom.S, geom.H, geom.D, ctas, planes, rows, stream.cuda_stream)
+        name = "fvk_a2a_ce_captured" if launch.entry == 2 else "fvk_a2a_captured"
+        status = getattr(self._lib, name)(self._handle, x.data_ptr(), out.data_ptr(), *launch.tuned_args,
+                                          stream.cuda_stream)
         self._check(status, name)
         return out
 
