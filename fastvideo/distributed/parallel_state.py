@@ -10,7 +10,8 @@ over the world (``torch.distributed.new_group`` needs every rank).
 
 Settings: ``initialize_sequence_parallel`` validates every ``FASTVIDEO_*`` variable on every rank and
 agrees the ones that decide collectives across each SP group (``settings.py``); a mismatch raises
-the same error on every rank there. ``GroupCoordinator.agreed_settings()`` is what calls consult.
+the same error on every rank there. ``GroupCoordinator.settings`` holds them; nothing re-reads the
+environment per call (``agree_ulysses_settings()`` re-agrees after a change on every rank).
 
 This module knows nothing of the layers above it: whoever builds something on a group that must be
 torn down before the group (the Ulysses helper) registers a hook with ``add_teardown``.
@@ -61,23 +62,16 @@ class GroupCoordinator:
         """Run ``fn`` (collective) in ``destroy_sequence_parallel`` before the groups go; one hook per key."""
         self._teardown[key] = fn
 
-    def agreed_settings(self) -> AgreedSettings:
-        """The settings every rank of this group agreed on. Re-agrees (collective) when this rank's environment
-        changed since; see ``settings.py`` for what happens when only some ranks changed."""
-        agreed = self.settings
-        if agreed is not None and not agreed.changed():
-            return agreed
-        self.settings = _settings.agree(
-            self.cpu_group,
-            self.ranks,
-            self.rank_in_group,
-            where="re-agreed because the environment changed since the last agreement"
-            if agreed is not None
-            else "first use",
-            timeout_s=_settings.agreement_timeout_s(),
-            previous=agreed,
-        )
-        return self.settings
+    def resync_generation(self, generation: int) -> None:
+        """Move the generation counter to ``generation`` (after a construction found ranks out of step), so that
+        the next collective construction agrees."""
+        self._generation = max(self._generation, generation)
+
+    def run_teardown(self) -> None:
+        """Run the registered hooks, last registered first (collective where they are), and forget them."""
+        hooks, self._teardown = self._teardown, {}
+        for hook in reversed(list(hooks.values())):
+            hook()
 
 
 _SP: GroupCoordinator | None = None
@@ -149,12 +143,14 @@ def initialize_sequence_parallel(sp_size: int, *, timeout: datetime.timedelta | 
 
 
 def agree_ulysses_settings() -> AgreedSettings:
-    """Collective over the SP group: agree the current settings now (after changing them on every rank).
+    """Collective over the SP group, blocking: agree the current settings now, after changing them on every rank.
 
-    Calls re-agree on their own when the environment changed on every rank; this is the explicit form.
+    Settings are agreed once (at ``initialize_sequence_parallel`` and helper construction) and never re-read per
+    call: this is how a change of the environment takes effect. When the agreed values change, what was built on
+    them (the route, the Ulysses helpers) is torn down collectively and rebuilt at the next call.
     """
     sp = get_sp_group()
-    sp.settings = _settings.agree(
+    agreed = _settings.agree(
         sp.cpu_group,
         sp.ranks,
         sp.rank_in_group,
@@ -162,7 +158,11 @@ def agree_ulysses_settings() -> AgreedSettings:
         timeout_s=_settings.agreement_timeout_s(),
         previous=sp.settings,
     )
-    return sp.settings
+    changed = sp.settings is None or sp.settings.values != agreed.values
+    sp.settings = agreed
+    if changed:
+        sp.run_teardown()
+    return agreed
 
 
 def model_parallel_is_initialized() -> bool:
@@ -209,9 +209,7 @@ def destroy_sequence_parallel() -> None:
         for coordinator in (_SP, _DP):
             if coordinator is None:
                 continue
-            hooks, coordinator._teardown = coordinator._teardown, {}
-            for hook in reversed(list(hooks.values())):  # last registered, first torn down
-                hook()
+            coordinator.run_teardown()
     finally:  # a failing hook must not leave the groups behind
         for coordinator in (_DP, _SP):
             if coordinator is not None:

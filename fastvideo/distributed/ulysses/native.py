@@ -258,11 +258,6 @@ class NativeTransport(Transport):
 
     # ------------------------------------------------------------------ per call
 
-    def eligibility(self, x: torch.Tensor) -> int:
-        # The kernel moves any itemsize-aligned operand (16-byte vectors where alignment allows,
-        # narrower otherwise); only a pointer misaligned for its own dtype cannot be served.
-        return DeclineReason.ALIGNMENT.bit if x.data_ptr() % x.element_size() else 0
-
     def _launch_for(self, geom: Geometry, plan: Plan, dtype: torch.dtype) -> _Launch:
         """The entry point and the fixed arguments of ``plan`` on ``geom`` (everything but the pointers and
         the stream), built once per signature: a DiT's layers repeat a few signatures."""
@@ -311,50 +306,57 @@ class NativeTransport(Transport):
             self._streams[(index, raw)] = stream
         return raw, stream
 
-    def execute(self, x: torch.Tensor, geom: Geometry, plan: Plan) -> torch.Tensor:
-        if self._handle is None or self._event is None or self._ctx is None:
-            raise NativeKernelError("execute before construction (or after destroy)")
-        launch = self._launch_for(geom, plan, x.dtype)
-        out = torch.empty(launch.out_shape, dtype=x.dtype, device=x.device)
-        # Calls share one window and one set of barrier slots; the library orders a call after the previous
-        # one when the stream changes (its own completion event), so nothing is waited for here.
-        raw, stream = self._current_stream(x.device)
-        self._check(launch.fn(self._handle, x.data_ptr(), out.data_ptr(), *launch.args, raw), launch.name)
-        self._record_completion(stream)
-        return out
-
-    def voted_launch(self, vote) -> bool:
+    def fuses_vote(self, vote) -> bool:
         """The library runs the exchange and the launch in one call (``fvk_voted_launch``) where the per-call
         vote is the same-host shared-memory one (an object with ``native_args``) and this build has it."""
         return self._lib is not None and hasattr(self._lib, "fvk_voted_launch") and hasattr(vote, "native_args")
 
-    def execute_voted(self, x: torch.Tensor, geom: Geometry, plan: Plan, vote, fields: list[int]
-                      ) -> tuple[torch.Tensor | None, int, int, float]:
-        """``Transport.execute_voted`` through ``fvk_voted_launch``: one library call exchanges the fields and,
-        where every rank's fields equal these (``fvk_vote_would_run``: the one verdict that runs a plan),
-        launches the plan. A launch that fails after the exchange raises ``NativeKernelError``."""
-        try:  # everything before the exchange: a failure here leaves this rank unvoted
+    def execute(self, x: torch.Tensor, geom: Geometry, plan: Plan, *, capture: bool = False, vote=None,
+                fields: list[int] | None = None) -> torch.Tensor | None:
+        """``Transport.execute`` on the kernel library. Eager calls share one window and one set of barrier
+        slots; the library orders a call after the previous one when the stream changes (its own completion
+        event), so nothing is waited for here. A captured call freezes the launch arguments (pointers, geometry,
+        plan) into the graph and allocates the output from the graph's pool; the library orders replays against
+        eager calls and each other through its completion event (ulysses_a2a.h). With ``vote``, one library
+        call exchanges ``fields`` and launches where every rank's fields equal these (``fvk_vote_would_run``)."""
+        try:  # everything before the exchange: with a vote, a failure here leaves this rank unvoted
             if self._handle is None or self._event is None or self._ctx is None:
-                raise NativeKernelError("execute_voted before construction (or after destroy)")
+                raise NativeKernelError("execute before construction (or after destroy)")
             launch = self._launch_for(geom, plan, x.dtype)
             out = torch.empty(launch.out_shape, dtype=x.dtype, device=x.device)
+            if capture:
+                name = "fvk_a2a_ce_captured" if launch.entry == 2 else "fvk_a2a_captured"
+                stream = torch.cuda.current_stream(x.device)
+                self._check(getattr(self._lib, name)(self._handle, x.data_ptr(), out.data_ptr(), *launch.tuned_args,
+                                                     stream.cuda_stream), name)
+                return out  # nothing runs at capture: no completion to watch
             raw, stream = self._current_stream(x.device)
-            handle, send, recv, timeout = vote.native_args(fields)
+            if vote is not None:
+                handle, send, recv, timeout = vote.native_args(fields)
         except Exception as exc:
+            if vote is None:
+                raise
             raise VoteNotStarted(f"before the vote: {type(exc).__name__}: {exc}") from exc
-        status = self._lib.fvk_voted_launch(handle, send, recv, timeout, self._stage_ref, self._vote_ns_ref,
-                                            self._handle, launch.entry, x.data_ptr(), out.data_ptr(),
-                                            *launch.tuned_args, raw)
-        stage, seconds = self._stage.value, self._vote_ns.value * 1e-9
-        if stage < 0:
-            import fastvideo_kernel
+        if vote is None:
+            self._check(launch.fn(self._handle, x.data_ptr(), out.data_ptr(), *launch.args, raw), launch.name)
+        else:
+            status = self._lib.fvk_voted_launch(handle, send, recv, timeout, self._stage_ref, self._vote_ns_ref,
+                                                self._handle, launch.entry, x.data_ptr(), out.data_ptr(),
+                                                *launch.tuned_args, raw)
+            stage = self._stage.value
+            vote.last_s = self._vote_ns.value * 1e-9
+            if stage < 0:
+                import fastvideo_kernel
 
-            raise VoteNotStarted(f"fvk_voted_launch refused before the vote: {fastvideo_kernel.last_error(self._lib)}")
-        if stage < 2:
-            return None, stage, status, seconds
-        self._check(status, f"fvk_voted_launch ({launch.name})")
+                raise VoteNotStarted(f"fvk_voted_launch refused before the vote: "
+                                     f"{fastvideo_kernel.last_error(self._lib)}")
+            if stage == 0:
+                raise vote.failure(status)
+            if stage == 1:
+                return None  # exchanged, not launched: the helper decides from vote.rows
+            self._check(status, f"fvk_voted_launch ({launch.name})")
         self._record_completion(stream)
-        return out, stage, status, seconds
+        return out
 
     def capture_decline(self, geom: Geometry, plan: Plan) -> str | None:
         """None when ``plan`` can be frozen into the graph being captured: a plan word this code knows (CTAs,
@@ -371,27 +373,6 @@ class NativeTransport(Transport):
         if plan.ctas > MAX_CTAS:
             return f"plan asks for {plan.ctas} CTAs, at most {MAX_CTAS}"
         return None
-
-    def execute_captured(self, x: torch.Tensor, geom: Geometry, plan: Plan) -> torch.Tensor:
-        """Capture the agreed plan (``fvk_a2a_captured``, or ``fvk_a2a_ce_captured`` for the copy-engine kind)
-        into the graph the current stream is capturing.
-
-        The launch arguments (pointers, geometry, plan) are frozen into the graph; the output is allocated
-        from the graph's memory pool, as every captured op's. No Python stream bookkeeping and no completion
-        event: nothing runs at capture, and the watchdog cannot see replays. The library orders replays
-        against eager calls and each other through its completion event (ulysses_a2a.h)."""
-        if self._handle is None or self._ctx is None:
-            raise NativeKernelError("execute_captured before construction (or after destroy)")
-        # The same launch as ``execute`` in the tuned form both captured entries take (the original plan
-        # runs as 36 CTAs over (B, S)).
-        launch = self._launch_for(geom, plan, x.dtype)
-        out = torch.empty(launch.out_shape, dtype=x.dtype, device=x.device)
-        stream = torch.cuda.current_stream(x.device)
-        name = "fvk_a2a_ce_captured" if launch.entry == 2 else "fvk_a2a_captured"
-        status = getattr(self._lib, name)(self._handle, x.data_ptr(), out.data_ptr(), *launch.tuned_args,
-                                          stream.cuda_stream)
-        self._check(status, name)
-        return out
 
     def debug_execute(self, x: torch.Tensor, geom: Geometry, plan: Plan, *, legacy: bool = False
                       ) -> tuple[torch.Tensor, list[int]]:
