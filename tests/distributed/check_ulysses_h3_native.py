@@ -236,7 +236,8 @@ class Gate:
         torch.manual_seed(1000 + self.rank + s_global + b)
         x = torch.randn(shape, dtype=torch.bfloat16, device=self.device)
         choice, geom = self.expected(h, shape, grad, long_training, expect_table)
-        with envs.override(FASTVIDEO_ULYSSES_A2A="auto", FASTVIDEO_ULYSSES_A2A_LONG_TRAINING=long_training):
+        saved, h.long_training = h.long_training, long_training  # on every rank
+        try:
             if grad:
                 xg = x.clone().requires_grad_()
                 y = h.all_to_all(xg, 0)
@@ -245,6 +246,8 @@ class Gate:
             else:
                 with torch.no_grad():
                     y = h.all_to_all(x, 0)
+        finally:
+            h.long_training = saved
         self.sync()
         ref = nccl_route(x, 0, self.sp.device_group)
         wrong = _wrong(y, ref)
@@ -286,12 +289,14 @@ class Gate:
     def recovery(self, h) -> str:
         shape = (3, max(1, 2048 // self.scale), self.h3_heads, 128)
         x = torch.randn(shape, dtype=torch.bfloat16, device=self.device)
-        original = h.transport.eligibility
-        if self.rank == self.p - 1:  # one rank loses a capability for exactly one call
-            h.transport.eligibility = lambda t: DeclineReason.ALIGNMENT.bit
+        # One rank cannot take exactly one call: it passes the same values in a non-contiguous layout.
+        local = x
+        if self.rank == self.p - 1:
+            local = torch.empty_strided(x.shape, (1, x.shape[0], x.shape[0] * x.shape[1],
+                                                  x.shape[0] * x.shape[1] * x.shape[2]),
+                                        dtype=x.dtype, device=x.device).copy_(x)
         with envs.override(**AUTO), torch.no_grad():
-            y_declined = h.all_to_all(x, 0)
-            h.transport.eligibility = original
+            y_declined = h.all_to_all(local, 0)
             first = h.history[-1]
             y_recovered = h.all_to_all(x, 0)
             second = h.history[-1]

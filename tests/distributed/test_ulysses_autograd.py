@@ -12,6 +12,7 @@ from tests.distributed.conftest import (
     bit_equal,
     build_helper,
     fixture_rows,
+    local_config,
     oracle,
     rank_input,
 )
@@ -24,14 +25,10 @@ def input_shape(mode, world_size, b=B, s=S, h=H, d=D):
 
 
 def nccl_forward_backward(x, w, mode):
-    """Output and input gradient through the differentiable NCCL route (the public op's `off` path)."""
-    from fastvideo.distributed.communication_op import _NcclAllToAll
-    from fastvideo.distributed.parallel_state import get_sp_group
+    """Output and input gradient of ``(a2a(x) * w).sum()`` from the plain NCCL route (the oracle)."""
+    from tests.distributed.conftest import nccl_reference
 
-    leaf = x.detach().clone().requires_grad_(True)
-    y = _NcclAllToAll.apply(leaf, mode, get_sp_group().device_group)
-    (y * w).sum().backward()
-    return y.detach(), leaf.grad
+    return nccl_reference(x, w, mode)
 
 
 def single_device_reference(rank, world_size, mode, dtype, x_seed, w_seed):
@@ -134,14 +131,14 @@ def _backward_keeps_forward_plan(rank, world_size, forward_lt, backward_lt, wind
     # Shrink the 512 MiB long-training threshold (a policy module constant) so a test-sized grad-tracked
     # plane counts as "long training"; the real threshold is covered by the pure policy tests.
     policy.LONG_TRAINING_PLANE_BYTES = 64
-    h = build_helper(window_bytes=window)
-    x = rank_input(rank, (B, S, H, D), seed=5, requires_grad=True)
     with envs.override(FASTVIDEO_ULYSSES_A2A_LONG_TRAINING=forward_lt):
-        y = h.all_to_all(x, 0)
+        h = build_helper(window_bytes=window)  # agrees forward_lt at construction
+    x = rank_input(rank, (B, S, H, D), seed=5, requires_grad=True)
+    y = h.all_to_all(x, 0)
     w = rank_input(rank, y.shape, seed=6)
-    with envs.override(FASTVIDEO_ULYSSES_A2A_LONG_TRAINING=backward_lt):
-        if drop_table:
-            h.tuned_table = ()  # the policy changes under the backward's feet in a second way too
+    # The policy changes under the backward's feet, on every rank: another long-training value, and for the
+    # tuned case no tuned rows either.
+    with local_config(h, long_training=backward_lt, table=() if drop_table else h._config.table):
         geom = Geometry.from_input(x.shape, 0, world_size, x.dtype)
         now = h.plan_for(geom, grad=True)  # what the policy would choose at backward time
         (y * w).sum().backward()
@@ -169,15 +166,12 @@ def test_backward_keeps_the_forwards_decline_after_the_policy_changed(ranks):
 
 
 def _backward_disagreement(rank, world_size):
-    from fastvideo.distributed.ulysses.contract import DeclineReason
-
     h = build_helper()
     x = rank_input(rank, (B, S, H, D), seed=7, requires_grad=True)
     y = h.all_to_all(x, 0)
     w = rank_input(rank, y.shape, seed=8)
-    if rank == 1:
-        h.transport.eligibility = lambda t: DeclineReason.ALIGNMENT.bit
-    (y * w).sum().backward()
+    with local_config(h, dtypes=() if rank == 1 else h._config.dtypes):  # rank 1's transport moves nothing now
+        (y * w).sum().backward()
     _, g_nccl = nccl_forward_backward(x, w, 0)
     result = (bit_equal(x.grad, g_nccl), records(h, 2))
     h.destroy()

@@ -205,7 +205,7 @@ class UlyssesHelper:
         self._call_vote = built.call_vote
         agreed = self.sp.settings
         self.checked = bool(agreed is not None and agreed[_settings.CHECKED])
-        self.long_training = agreed["FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"] if agreed is not None else "auto"
+        self._long_training = agreed["FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"] if agreed is not None else "auto"
         # A helper that declined at construction votes only in checked mode (that vote is the check).
         self._votes = self._built or self.checked
         if self.construction_reason is not None:
@@ -220,7 +220,7 @@ class UlyssesHelper:
         cap = self.capability
         eager, capture = planner.tables(self._tuned_table, cap.entry_points if cap.present else None,
                                         self._capture_engines)
-        return PlanConfig(self.world_size, self.generation, self.gpu_name, self.window_bytes, self.long_training,
+        return PlanConfig(self.world_size, self.generation, self.gpu_name, self.window_bytes, self._long_training,
                           eager, capture, self._capture_engines, cap.dtypes, self.device, self.construction_reason,
                           self.transport.capture_decline if self.transport is not None else None)
 
@@ -427,6 +427,20 @@ class UlyssesHelper:
     @tuned_table.setter
     def tuned_table(self, table: Sequence[TunedRow]) -> None:
         self._tuned_table = tuple(table)
+        self._replan()
+
+    @property
+    def long_training(self) -> str:
+        """The long-training policy this helper plans with: the agreed ``FASTVIDEO_ULYSSES_A2A_LONG_TRAINING`` by
+        default. Assigning ``auto`` or ``chunked`` replans; set it identically on every rank (a rank that differs
+        proposes another plan, and every rank then declines ``peer_disagreement`` together)."""
+        return self._long_training
+
+    @long_training.setter
+    def long_training(self, value: str) -> None:
+        if value not in ("auto", "chunked"):
+            raise ValueError(f"long_training={value!r}: choose 'auto' or 'chunked'.")
+        self._long_training = value
         self._replan()
 
     def _replan(self) -> None:
