@@ -775,8 +775,8 @@ class Variant:
     def apply(self) -> None:
         """Select the route, LONG_TRAINING and the op. Every rank does the same at the same point, so the
         op's settings re-agreement (a changed agreed variable) is collective as it must be."""
-        common.set_route("off" if self.route == "local" else self.route)
         os.environ[LONG_VAR] = self.long_training
+        common.set_route("off" if self.route == "local" else self.route)  # agrees both
         A2A["fn"] = local_a2a if self.route == "local" else sequence_model_parallel_all_to_all_4D
 
 
@@ -1174,7 +1174,7 @@ def main(argv: list[str] | None = None) -> int:
                 helper = common.install_cpu_transport_helper()
                 notes.append("CPU: GlooPlanTransport injected for the auto route (timings mean nothing)")
             else:
-                from fastvideo.distributed.ulysses.helper import get_default_helper
+                from fastvideo.distributed.ulysses.registry import get_default_helper
 
                 helper = get_default_helper()
             if args.engine != "table":

@@ -69,10 +69,14 @@ import torch
 import torch.distributed as dist
 
 from fastvideo.distributed.communication_op import (
-    _send_layout,
     nccl_route,
     sequence_model_parallel_all_to_all_4D,
 )
+
+try:  # the layouts' home in this tree; an older tree under --compare-revs re-exported them here
+    from fastvideo.distributed.ulysses.layout import send_layout as _send_layout
+except ImportError:
+    from fastvideo.distributed.communication_op import _send_layout
 from fastvideo.distributed.parallel_state import get_sp_group
 from fastvideo.distributed.ulysses.policy import Geometry
 
@@ -620,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
                 helper = common.install_cpu_transport_helper()
                 helper_note = "CPU: GlooPlanTransport injected (timings mean nothing)"
             else:
-                from fastvideo.distributed.ulysses.helper import get_default_helper
+                from fastvideo.distributed.ulysses.registry import get_default_helper
 
                 helper = get_default_helper()
         except Exception as exc:  # noqa: BLE001 - reported; the op under auto would raise the same way

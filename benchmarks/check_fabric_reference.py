@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
         print("check_fabric_reference: needs CUDA", file=sys.stderr)
         return 2
     rank, world, device = common.init_distributed("cuda")
-    from fastvideo.distributed.ulysses.helper import get_default_helper
+    from fastvideo.distributed.ulysses.registry import get_default_helper
 
     helper = get_default_helper()
     status = 0

@@ -105,7 +105,8 @@ def install_cpu_transport_helper():
     Without it, ``auto`` on CPU declines at construction (TRANSPORT_MISSING) and every call takes the
     NCCL route; with it the whole fused pipeline (vote, plans, chunks, window) runs over gloo.
     """
-    from fastvideo.distributed.ulysses.helper import UlyssesHelper, install_default_helper
+    from fastvideo.distributed.ulysses.helper import UlyssesHelper
+    from fastvideo.distributed.ulysses.registry import install_default_helper
     from fastvideo.distributed.ulysses.transport import GlooPlanTransport
 
     helper = UlyssesHelper(transport=GlooPlanTransport())
@@ -114,8 +115,15 @@ def install_cpu_transport_helper():
 
 
 def set_route(route: str) -> None:
-    """Select the op's route for the following calls (``off`` = NCCL baseline, ``auto`` = fused where agreed)."""
+    """Select the op's route for the following calls (``off`` = NCCL baseline, ``auto`` = fused where agreed).
+    Collective: the SP group agrees it (a tree that agrees settings once needs the explicit agreement; an older
+    tree under --compare-revs re-read the environment per call)."""
     os.environ["FASTVIDEO_ULYSSES_A2A"] = route
+    from fastvideo.distributed import parallel_state
+
+    agree = getattr(parallel_state, "agree_ulysses_settings", None)
+    if agree is not None and parallel_state.model_parallel_is_initialized():
+        agree()
 
 
 # ---------------------------------------------------------------------------------------------- environment header

@@ -78,12 +78,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from fastvideo.distributed.ulysses import helper as helper_mod
     from fastvideo.distributed.ulysses import policy
+
+    try:  # where the helper's construction checks the SP size in this tree (older trees: the helper module)
+        from fastvideo.distributed.ulysses import construction as size_check
+    except ImportError:
+        size_check = helper_mod
     from fastvideo.distributed.ulysses.policy import ENGINE_CE, ENGINE_SM, TunedRow
 
     _, world, device = common.init_distributed("cuda")
     if world != 1:
         raise SystemExit("measure_fused_host_overhead: run it as one process (P = 1)")
-    policy.MIN_WORLD_SIZE = helper_mod.MIN_WORLD_SIZE = 1  # this process only: the measurement's P = 1
+    policy.MIN_WORLD_SIZE = size_check.MIN_WORLD_SIZE = 1  # this process only: the measurement's P = 1
     gpu = torch.cuda.get_device_name(device)
     header = common.env_header(device, 1, extra={"benchmark": "fused_host_overhead", "iters": args.iters})
     common.print_header(header)

@@ -19,13 +19,15 @@ torn down before the group (the Ulysses helper) registers a hook with ``add_tear
 
 from __future__ import annotations
 
+import contextlib
 import datetime
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
+from fastvideo import envs
 from fastvideo.distributed import settings as _settings
 from fastvideo.distributed.settings import AgreedSettings
 
@@ -47,6 +49,7 @@ class GroupCoordinator:
     vote_failure: str | None = None  # set when an exchange on the vote group failed: the group is dead
     _generation: int = 0
     _teardown: dict[str, Callable[[], None]] = field(default_factory=dict)
+    _on_settings: dict[str, Callable[[AgreedSettings, AgreedSettings], None]] = field(default_factory=dict)
 
     @property
     def world_size(self) -> int:
@@ -66,6 +69,11 @@ class GroupCoordinator:
         """Move the generation counter to ``generation`` (after a construction found ranks out of step), so that
         the next collective construction agrees."""
         self._generation = max(self._generation, generation)
+
+    def on_settings_change(self, key: str, fn: Callable[[AgreedSettings, AgreedSettings], None]) -> None:
+        """Call ``fn(previous, agreed)`` (collective where it is) when a re-agreement changes the agreed values;
+        one hook per key."""
+        self._on_settings[key] = fn
 
     def run_teardown(self) -> None:
         """Run the registered hooks, last registered first (collective where they are), and forget them."""
@@ -147,7 +155,8 @@ def agree_ulysses_settings() -> AgreedSettings:
 
     Settings are agreed once (at ``initialize_sequence_parallel`` and helper construction) and never re-read per
     call: this is how a change of the environment takes effect. When the agreed values change, what was built on
-    them (the route, the Ulysses helpers) is torn down collectively and rebuilt at the next call.
+    them follows (``GroupCoordinator.on_settings_change``): the route is resolved again at the next call, and a
+    helper built on a value that changed is destroyed (collectively) and rebuilt.
     """
     sp = get_sp_group()
     agreed = _settings.agree(
@@ -158,11 +167,24 @@ def agree_ulysses_settings() -> AgreedSettings:
         timeout_s=_settings.agreement_timeout_s(),
         previous=sp.settings,
     )
-    changed = sp.settings is None or sp.settings.values != agreed.values
-    sp.settings = agreed
-    if changed:
-        sp.run_teardown()
+    previous, sp.settings = sp.settings, agreed
+    if previous is not None and previous.values != agreed.values:
+        for hook in list(sp._on_settings.values()):
+            hook(previous, agreed)
     return agreed
+
+
+@contextlib.contextmanager
+def override_ulysses_settings(**values: str | None) -> Iterator[AgreedSettings]:
+    """Collective over the SP group, blocking, not capture-safe: set FastVideo settings on this rank
+    (``envs.override``) and agree them, for the block; restore and re-agree at its end. Every rank must enter
+    it with the same values at the same point (a rank that differs raises ``SettingsMismatchError`` on every
+    rank). What the settings decide follows them: the route, and a helper built on settings that changed."""
+    try:
+        with envs.override(**values):
+            yield agree_ulysses_settings()
+    finally:
+        agree_ulysses_settings()
 
 
 def model_parallel_is_initialized() -> bool:

@@ -25,7 +25,6 @@ import time
 import torch
 import torch.distributed as dist
 
-from fastvideo import envs
 from fastvideo.distributed import parallel_state
 from fastvideo.layers.attention import SPSelfAttention, attention_backend
 
@@ -77,7 +76,7 @@ def run_route(route: str, args, device: torch.device, dtype: torch.dtype) -> dic
         return y
 
     times_ms: list[float] = []
-    with envs.override(FASTVIDEO_ULYSSES_A2A=route):
+    with parallel_state.override_ulysses_settings(FASTVIDEO_ULYSSES_A2A=route):
         for _ in range(args.warmup):
             step()
         first_seq = 0

@@ -76,6 +76,7 @@ from fastvideo.distributed.ulysses.policy import (  # noqa: E402
     normalize_gpu_name,
 )
 from tests.distributed.check_launch import init_check_group  # noqa: E402
+from tests.distributed.conftest import a2a  # noqa: E402
 
 H3 = {"32k": 32768, "128k": 131072, "250k": 250000}
 WAN720P = 75600
@@ -240,12 +241,12 @@ class Gate:
         try:
             if grad:
                 xg = x.clone().requires_grad_()
-                y = h.all_to_all(xg, 0)
+                y = a2a(h, xg, 0)
                 upstream = torch.randn_like(y)
                 (gx,) = torch.autograd.grad(y, xg, upstream)
             else:
                 with torch.no_grad():
-                    y = h.all_to_all(x, 0)
+                    y = a2a(h, x, 0)
         finally:
             h.long_training = saved
         self.sync()
@@ -269,10 +270,10 @@ class Gate:
         shape = (3, max(1, 4096 // self.scale), self.h3_heads, 128)
         x1 = torch.randn(shape, dtype=torch.bfloat16, device=self.device)
         with envs.override(**AUTO), torch.no_grad():
-            y1 = h.all_to_all(x1, 0)
+            y1 = a2a(h, x1, 0)
             keep = y1.clone()
             for _ in range(3):
-                h.all_to_all(torch.randn_like(x1), 0)
+                a2a(h, torch.randn_like(x1), 0)
         self.sync()
         if h.history[-1].route != "fused":
             raise AssertionError("ownership check did not run the fused route")
@@ -296,9 +297,9 @@ class Gate:
                                                   x.shape[0] * x.shape[1] * x.shape[2]),
                                         dtype=x.dtype, device=x.device).copy_(x)
         with envs.override(**AUTO), torch.no_grad():
-            y_declined = h.all_to_all(local, 0)
+            y_declined = a2a(h, local, 0)
             first = h.history[-1]
-            y_recovered = h.all_to_all(x, 0)
+            y_recovered = a2a(h, x, 0)
             second = h.history[-1]
         ref = nccl_route(x, 0, self.sp.device_group)
         if first.route != "nccl" or first.reason != DeclineReason.PEER_DISAGREEMENT:
@@ -342,12 +343,12 @@ class Gate:
                 with envs.override(**AUTO):
                     if grad:
                         xg = x.clone().requires_grad_()
-                        y = h.all_to_all(xg, mode)
+                        y = a2a(h, xg, mode)
                         up = torch.randn_like(y)
                         (gx,) = torch.autograd.grad(y, xg, up)
                     else:
                         with torch.no_grad():
-                            y = h.all_to_all(x, mode)
+                            y = a2a(h, x, mode)
                 geom = Geometry.from_input(shape, mode, self.p, dtype)
                 want = choose_plan(geom, gpu=h.gpu_name, window_bytes=w, grad=grad, long_training="auto",
                                    table=h.tuned_table).plan
@@ -430,7 +431,7 @@ class Gate:
                     gen = torch.Generator(device=self.device).manual_seed(77 + self.rank + mode)
                     x = torch.randn(shape, generator=gen, device=self.device, dtype=torch.bfloat16)
                     with envs.override(**AUTO), torch.no_grad():
-                        y = helper.all_to_all(x, mode)
+                        y = a2a(helper, x, mode)
                     wrong = _wrong(y, nccl_route(x, mode, self.sp.device_group))
                     error = ""
                     try:

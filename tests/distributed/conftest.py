@@ -109,6 +109,15 @@ def construction_fault(rank: int, scenario: str, faulty_rank: int = 1):
     return transport, kw
 
 
+def a2a(helper, x, mode: int):
+    """The differentiable all-to-all through ``helper`` (the one op with that helper; validated first)."""
+    from fastvideo.distributed.ulysses import ops
+    from fastvideo.distributed.ulysses.layout import validate_input
+
+    validate_input(x, mode, helper.world_size)
+    return ops.all_to_all(x, mode, helper=helper)
+
+
 def rank_input(rank: int, shape, dtype=None, seed: int = 0, requires_grad: bool = False):
     """Deterministic, rank-distinct input (any rank can rebuild any other rank's input)."""
     import torch

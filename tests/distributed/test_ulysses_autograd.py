@@ -9,6 +9,7 @@ import torch
 from fastvideo.distributed.ulysses.policy import ORIGINAL_CTAS, Geometry, Plan, choose_plan, even_rows
 from tests.distributed.conftest import (
     GPU_NAME,
+    a2a,
     bit_equal,
     build_helper,
     fixture_rows,
@@ -54,7 +55,7 @@ def records(h, n):
 def _grad_parity(rank, world_size, mode, dtype):
     h = build_helper(window_bytes=4096)  # fp32: at most 10 rows fit; 16 rows become two even chunks of 8
     x = rank_input(rank, input_shape(mode, world_size), dtype, seed=3, requires_grad=True)
-    y = h.all_to_all(x, mode)
+    y = a2a(h, x, mode)
     w = rank_input(rank, y.shape, dtype, seed=4)
     (y * w).sum().backward()
     y_nccl, g_nccl = nccl_forward_backward(x, w, mode)
@@ -88,7 +89,7 @@ def _ce_parity(rank, world_size, mode, entries):
                                                                   entry_points=frozenset(entries)))
     h = build_helper(window_bytes=4096, transport=transport, table=fixture_rows(engine="ce"))
     x = rank_input(rank, input_shape(mode, world_size), torch.float32, seed=3, requires_grad=True)
-    y = h.all_to_all(x, mode)
+    y = a2a(h, x, mode)
     w = rank_input(rank, y.shape, torch.float32, seed=4)
     (y * w).sum().backward()
     y_nccl, g_nccl = nccl_forward_backward(x, w, mode)
@@ -134,7 +135,7 @@ def _backward_keeps_forward_plan(rank, world_size, forward_lt, backward_lt, wind
     with envs.override(FASTVIDEO_ULYSSES_A2A_LONG_TRAINING=forward_lt):
         h = build_helper(window_bytes=window)  # agrees forward_lt at construction
     x = rank_input(rank, (B, S, H, D), seed=5, requires_grad=True)
-    y = h.all_to_all(x, 0)
+    y = a2a(h, x, 0)
     w = rank_input(rank, y.shape, seed=6)
     # The policy changes under the backward's feet, on every rank: another long-training value, and for the
     # tuned case no tuned rows either.
@@ -168,7 +169,7 @@ def test_backward_keeps_the_forwards_decline_after_the_policy_changed(ranks):
 def _backward_disagreement(rank, world_size):
     h = build_helper()
     x = rank_input(rank, (B, S, H, D), seed=7, requires_grad=True)
-    y = h.all_to_all(x, 0)
+    y = a2a(h, x, 0)
     w = rank_input(rank, y.shape, seed=8)
     with local_config(h, dtypes=() if rank == 1 else h._config.dtypes):  # rank 1's transport moves nothing now
         (y * w).sum().backward()
@@ -191,7 +192,7 @@ def test_backward_still_votes_and_declines_together(ranks):
 def _non_contiguous_grad(rank, world_size):
     h = build_helper()
     x = rank_input(rank, (B, S, H, D), seed=9, requires_grad=True)
-    y = h.all_to_all(x, 0)
+    y = a2a(h, x, 0)
     y.sum().backward()  # the incoming gradient is an expanded (stride-0, non-contiguous) tensor of ones
     result = (bit_equal(x.grad, torch.ones_like(x)), records(h, 2))
     h.destroy()
@@ -231,7 +232,7 @@ def _stress(rank, world_size, rounds):
         geom = Geometry.from_input(x.shape, mode, p, dtype)
         expected = choose_plan(geom, gpu=GPU_NAME, window_bytes=window, grad=grad, long_training="auto",
                                table=table)
-        y = helper.all_to_all(x, mode)
+        y = a2a(helper, x, mode)
         if grad:
             w = rank_input(rank, y.shape, dtype, seed=500 + i)
             (y * w).sum().backward()

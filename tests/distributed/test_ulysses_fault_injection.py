@@ -14,6 +14,7 @@ from fastvideo.distributed.ulysses.contract import DeclineReason
 from fastvideo.distributed.ulysses.policy import Plan
 from tests.distributed.conftest import (
     READS_LONG_TRAINING,
+    a2a,
     bit_equal,
     build_helper,
     catch,
@@ -32,7 +33,7 @@ FUSED = ("fused", Plan(144, 1, 16, True).word, None, 3, "FORWARD_NO_GRAD")
 def _call_and_check(h, rank, seed=0, shape=SHAPE, dtype=torch.float32):
     """One call; returns (bit-exact vs the NCCL route, the call's record)."""
     x = rank_input(rank, shape, dtype, seed=seed)
-    y = h.all_to_all(x, 0)
+    y = a2a(h, x, 0)
     return bit_equal(y, oracle(x, 0)), last(h)
 
 
@@ -51,7 +52,7 @@ def _geometry_mismatch(rank, world_size, what):
             shape = (4, 16, 12, 8)
         elif what == "MODE":
             mode, shape = 1, (3, 16 * world_size, 12 // world_size, 8)
-    got = catch(h.all_to_all, rank_input(rank, shape, dtype), mode)
+    got = catch(a2a, h, rank_input(rank, shape, dtype), mode)
     after = _call_and_check(h, rank, seed=1)  # the helper stays usable: no rank entered a collective
     h.destroy()
     return got, after
@@ -79,8 +80,8 @@ def _one_call_ahead(rank, world_size):
         # White-box: rank 0's helper has counted one call its peers never made (what a rank that
         # skipped a vote would look like). Identical DiT layers would otherwise pair the wrong calls.
         h._seq += 1
-    got = catch(h.all_to_all, rank_input(rank, SHAPE), 0)
-    again = catch(h.all_to_all, rank_input(rank, SHAPE), 0)  # still desynchronised: raises again, no hang
+    got = catch(a2a, h, rank_input(rank, SHAPE), 0)
+    again = catch(a2a, h, rank_input(rank, SHAPE), 0)  # still desynchronised: raises again, no hang
     h.destroy()
     return got, again
 
@@ -101,7 +102,7 @@ def _local_failure(rank, world_size):
     # A rank-local step of the call raises on rank 0 only: proposing its plan, with a long-training value
     # the policy refuses.
     with local_config(h, long_training="bogus" if rank == 0 else h._config.long_training):
-        got = catch(h.all_to_all, rank_input(rank, SHAPE), 0)
+        got = catch(a2a, h, rank_input(rank, SHAPE), 0)
     after = _call_and_check(h, rank, seed=1)  # nobody was left a call ahead
     h.destroy()
     return got, after
@@ -120,7 +121,7 @@ def test_local_failure_on_one_rank_raises_on_every_rank_and_keeps_ranks_in_step(
 def _grad_flag_mismatch(rank, world_size):
     h = build_helper()
     x = rank_input(rank, SHAPE, requires_grad=(rank == 0))
-    got = catch(h.all_to_all, x, 0)
+    got = catch(a2a, h, x, 0)
     h.destroy()
     return got
 
@@ -178,7 +179,7 @@ def test_construction_declines_collectively_and_calls_take_the_nccl_route(ranks,
 def _per_call_loss(rank, world_size, everywhere):
     h = build_helper()
     x = rank_input(rank, SHAPE, seed=0)
-    y = h.all_to_all(non_contiguous(x) if everywhere or rank == 1 else x, 0)  # a non-contiguous input there
+    y = a2a(h, non_contiguous(x) if everywhere or rank == 1 else x, 0)  # a non-contiguous input there
     first = (bit_equal(y, oracle(x, 0)), last(h))
     second = _call_and_check(h, rank, seed=1)
     declines = h.stats()["declines"]
@@ -240,8 +241,8 @@ def _vote_timeout(rank, world_size):
     h = build_helper(vote_timeout_s=3.0)
     result = None
     if rank == 0:  # rank 1 never calls the helper (a dead peer, or a peer with FASTVIDEO_ULYSSES_A2A=off)
-        first = catch(h.all_to_all, rank_input(rank, SHAPE), 0)
-        later = catch(h.all_to_all, rank_input(rank, SHAPE), 0)
+        first = catch(a2a, h, rank_input(rank, SHAPE), 0)
+        later = catch(a2a, h, rank_input(rank, SHAPE), 0)
         stats = h.stats()
         result = (first[0], first[1], later[0], later[1], stats["disposed"], h.fused_available)
     dist.barrier()  # rank 1 waits here (on the world group) until rank 0 has timed out
@@ -275,8 +276,8 @@ def _launch_fails_after_vote(rank, world_size):
             return torch.empty(output_shape(geom), dtype=x.dtype)
 
     h = build_helper(transport=FailsOnLastRank())
-    first = catch(h.all_to_all, rank_input(rank, SHAPE), 0)
-    later = catch(h.all_to_all, rank_input(rank, SHAPE), 0) if rank == world_size - 1 else None
+    first = catch(a2a, h, rank_input(rank, SHAPE), 0)
+    later = catch(a2a, h, rank_input(rank, SHAPE), 0) if rank == world_size - 1 else None
     stats = h.stats()
     dist.barrier()
     h.destroy()

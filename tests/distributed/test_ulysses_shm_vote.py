@@ -17,6 +17,7 @@ import pytest
 
 from tests.distributed.conftest import (
     READS_LONG_TRAINING,
+    a2a,
     bit_equal,
     build_helper,
     catch,
@@ -110,7 +111,7 @@ def voted_transport():
     """The CPU plan transport with the voted launch the native transport has (``fvk_voted_launch``): the
     exchange over the vote's native arguments and the library's own verdict (``fvk_vote_would_run``), then
     the CPU plan's data movement where it says run. Counts voted calls and launches, so a test can assert
-    which path ran. Its own ``voted_launch`` needs the shared-memory vote, as the native one does."""
+    which path ran. It fuses the vote only over the shared-memory vote, as the native one does."""
     import time
 
     from fastvideo.distributed.ulysses.transport import GlooPlanTransport, VoteNotStarted
@@ -123,10 +124,12 @@ def voted_transport():
             self.voted = self.launched = 0
             self.fail_before = self.fail_after = False  # fault injection: before the exchange, after it
 
-        def voted_launch(self, vote) -> bool:
+        def fuses_vote(self, vote) -> bool:
             return hasattr(vote, "native_args")
 
-        def execute_voted(self, x, geom, plan, vote, fields):
+        def execute(self, x, geom, plan, *, capture=False, vote=None, fields=None):
+            if vote is None:
+                return super().execute(x, geom, plan, capture=capture)
             self.voted += 1
             if self.fail_before:
                 raise VoteNotStarted("before the vote: injected")
@@ -134,17 +137,17 @@ def voted_transport():
             handle, send, recv, timeout = vote.native_args(fields)
             start = time.perf_counter()
             status = lib.fvk_vote_exchange(handle, send, recv, timeout)
-            seconds = time.perf_counter() - start
+            vote.last_s = time.perf_counter() - start
             if status != 0:
-                return None, 0, status, seconds
+                raise vote.failure(status)
             rows = vote.rows
             votes = ctypes.cast(rows.data_ptr(), ctypes.POINTER(ctypes.c_int64))
             if not lib.fvk_vote_would_run(votes, rows.shape[0], (ctypes.c_int64 * 12)(*fields)):
-                return None, 1, 0, seconds
+                return None
             self.launched += 1
             if self.fail_after:
                 raise RuntimeError("injected launch failure after the vote")
-            return GlooPlanTransport.execute(self, x, geom, plan), 2, 0, seconds
+            return GlooPlanTransport.execute(self, x, geom, plan)
 
     return VotedGlooTransport()
 
@@ -162,7 +165,7 @@ def _helper_fused(rank, world_size, vote, kind="plain"):
     results = []
     for seed in range(5):
         x = rank_input(rank, SHAPE, seed=seed)
-        results.append((bit_equal(h.all_to_all(x, 0), oracle(x, 0)), last(h)[0]))
+        results.append((bit_equal(a2a(h, x, 0), oracle(x, 0)), last(h)[0]))
     stats = h.stats()
     h.destroy()
     return results, stats["vote"], stats["fused"], (t.voted, t.launched) if t is not None else None
@@ -209,18 +212,18 @@ def _voted_faults(rank, world_size, scenario):
     x = rank_input(rank, SHAPE, seed=4)
     if scenario == "capture":  # a capture never takes the voted launch (this transport cannot capture: decline)
         with forced_capture(h), torch.no_grad():
-            y = h.all_to_all(x, 0)
+            y = a2a(h, x, 0)
         result = (bit_equal(y, oracle(x, 0)), last(h)[0], last(h)[2], t.voted)
     else:
         if rank == 0:
             t.fail_before, t.fail_after = scenario == "before", scenario == "after"
         cause = None
         try:
-            h.all_to_all(x, 0)
+            a2a(h, x, 0)
             got = ("ok", "")
         except Exception as exc:  # noqa: BLE001 - the test asserts on what came back
             got, cause = (type(exc).__name__, str(exc)), type(exc.__cause__).__name__ if exc.__cause__ else None
-        later = catch(h.all_to_all, x, 0) if scenario == "after" and rank == 0 else None
+        later = catch(a2a, h, x, 0) if scenario == "after" and rank == 0 else None
         result = (got[0], got[1], h.stats()["disposed"], later[0] if later else None, cause)
     if not h.stats()["disposed"]:
         h.destroy()
@@ -293,7 +296,7 @@ def _decline_through_the_voted_launch(rank, world_size):
     x = rank_input(rank, SHAPE, seed=3)
     if rank == 0:  # this rank alone cannot take the fused route: non-contiguous input
         x = x.transpose(1, 2).contiguous().transpose(1, 2)
-    y = h.all_to_all(x, 0)
+    y = a2a(h, x, 0)
     result = (bit_equal(y, oracle(x.contiguous(), 0)), last(h)[0], last(h)[2], t.voted, t.launched)
     h.destroy()
     return result
@@ -317,9 +320,9 @@ def test_helper_vote_gloo_is_respected(ranks):
 def _mismatch(rank, world_size, kind="plain"):
     h = build_helper(vote="shm", transport=_transport(kind))
     shape = (3, 8, 12, 8) if rank == world_size - 1 else SHAPE
-    got = catch(h.all_to_all, rank_input(rank, shape), 0)
+    got = catch(a2a, h, rank_input(rank, shape), 0)
     x = rank_input(rank, SHAPE, seed=1)
-    after = (bit_equal(h.all_to_all(x, 0), oracle(x, 0)), last(h)[0])
+    after = (bit_equal(a2a(h, x, 0), oracle(x, 0)), last(h)[0])
     vote = h.stats()["vote"]
     h.destroy()
     return got, after, vote
@@ -344,9 +347,9 @@ def _timeout(rank, world_size, kind="plain"):
     result = None
     if rank == 0:  # rank 1 never calls
         start = time.monotonic()
-        first = catch(h.all_to_all, rank_input(rank, SHAPE), 0)
+        first = catch(a2a, h, rank_input(rank, SHAPE), 0)
         waited = time.monotonic() - start
-        later = catch(h.all_to_all, rank_input(rank, SHAPE), 0)
+        later = catch(a2a, h, rank_input(rank, SHAPE), 0)
         result = (first[0], first[1], waited, later[0], h.stats()["disposed"], h.fused_available, h.stats()["vote"])
     dist.barrier()
     h.destroy()
@@ -379,7 +382,7 @@ def _one_rank_without_library(rank, world_size):
         os.environ["FASTVIDEO_KERNEL_LIBRARY"] = "/nonexistent/libfastvideo_ulysses_a2a.so"
     h = build_helper(vote="auto")
     x = rank_input(rank, SHAPE)
-    out = (h.stats()["vote"], bit_equal(h.all_to_all(x, 0), oracle(x, 0)), last(h)[0])
+    out = (h.stats()["vote"], bit_equal(a2a(h, x, 0), oracle(x, 0)), last(h)[0])
     h.destroy()
     return out
 
@@ -396,11 +399,11 @@ def _checked_over_shm(rank, world_size, route):
     import torch
 
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
-    from fastvideo.distributed.ulysses import helper as helper_mod
+    from fastvideo.distributed.ulysses import registry
 
     x = rank_input(rank, SHAPE)
     exact = bit_equal(a2a(x, 2, 1), oracle(x, 0))  # builds the route's helper: it declines at construction
-    helper = helper_mod._CHECKED_OFF if route == "off" else helper_mod.current_default_helper()
+    helper = registry.current_checked_off_helper() if route == "off" else registry.current_default_helper()
     # Rank 1 passes the same element count in another shape: every rank raises naming B.
     bad = rank_input(rank, SHAPE if rank == 0 else (SHAPE[1], SHAPE[0], *SHAPE[2:]), torch.float32)
     got = catch(a2a, bad, 2, 1)

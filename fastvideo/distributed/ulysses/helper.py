@@ -152,6 +152,7 @@ class UlyssesHelper:
         self.device = self.sp.device
         # Per SP group, so identical on every rank; in every vote's HEADER: a stale helper is a loud mismatch.
         self.generation = self.sp.next_generation()
+        self._window_from_settings = window_bytes is None
         self.window_bytes = int(window_bytes if window_bytes is not None
                                 else env_or_default("FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES"))
         if self.window_bytes < 1:
@@ -171,6 +172,7 @@ class UlyssesHelper:
         self._destroyed = False
         self._disposed_error: str | None = None
         self._logged: set[DeclineReason] = set()
+        self._capture_detail = ""  # why the last capture on this rank could not freeze its plan (for the log)
         self._proposals: dict[Signature, Proposal] = {}
         # Whether a call is being captured into a CUDA graph (tests force it on CPU); rank-local.
         self._capturing: Callable[[torch.Tensor], bool] = stream_capturing
@@ -215,6 +217,17 @@ class UlyssesHelper:
         self._fused_vote = (self._built and self.transport is not None
                             and env_or_default("FASTVIDEO_ULYSSES_A2A_VOTED_LAUNCH") == "1"
                             and self.transport.fuses_vote(self._call_vote))
+
+    def follow(self, agreed: _settings.AgreedSettings) -> bool:
+        """Local; called on every rank alike after a re-agreement changed the settings: take the new checked mode
+        and long-training policy (a replan). Returns False when this helper cannot follow (its window came from the
+        settings and changed: it must be rebuilt)."""
+        if self._window_from_settings and agreed["FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES"] != self.window_bytes:
+            return False
+        self.checked = bool(agreed[_settings.CHECKED])
+        self._votes = self._built or self.checked
+        self.long_training = agreed["FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"]
+        return True
 
     def _plan_config(self) -> PlanConfig:
         cap = self.capability
@@ -328,6 +341,8 @@ class UlyssesHelper:
     def _declined(self, x: torch.Tensor, mode: int, seq: int, phase: Phase, reason: DeclineReason, fallback: bool,
                   why: str = "") -> tuple[torch.Tensor | None, int]:
         self._stats.declined(seq, phase, mode, reason)
+        if why:
+            self._capture_detail = why
         if reason not in self._logged and reason is not DeclineReason.DISABLED:
             self._logged.add(reason)
             logger.warning(
@@ -386,12 +401,19 @@ class UlyssesHelper:
     # ------------------------------------------------------------------ public calls
 
     def all_to_all(self, x: torch.Tensor, mode: int) -> torch.Tensor:
-        """The Ulysses all-to-all through this helper: collective; blocks the host for the vote; capture-safe;
-        differentiable (the one op, ``torch.ops.fastvideo.ulysses_all_to_all_4d``, with this helper: the backward
-        runs the inverse with the plan its forward ran, and still votes)."""
-        from fastvideo.distributed.ulysses import ops  # the op layer sits above the helper
+        """The Ulysses all-to-all through this helper: collective; blocks the host for the vote; capture-safe.
 
-        return ops.all_to_all(x, mode, helper=self)
+        Not differentiable itself: autograd goes through the one op (the public function, or
+        ``ops.all_to_all(x, mode, helper=this)`` for this helper), whose backward runs the inverse with the plan
+        its forward ran and still votes. A call autograd would record raises instead of losing the gradient."""
+        validate_input(x, mode, self.world_size)
+        if torch.is_grad_enabled() and x.requires_grad:
+            raise RuntimeError(
+                "UlyssesHelper.all_to_all is not differentiable and x requires grad: call "
+                "fastvideo.distributed.ulysses.ops.all_to_all(x, mode, helper=helper) (or the public "
+                "sequence_model_parallel_all_to_all_4D), or run it under torch.no_grad()."
+            )
+        return self.call(x, mode)[0]
 
     def try_all_to_all_4D(self, x: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1) -> torch.Tensor | None:
         """The fused route or nothing: collective; blocks the host for the vote; capture-safe; not differentiable.

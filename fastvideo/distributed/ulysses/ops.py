@@ -33,7 +33,7 @@ from torch._subclasses.fake_tensor import is_fake
 from fastvideo.distributed.parallel_state import get_sp_group
 from fastvideo.distributed.ulysses import registry
 from fastvideo.distributed.ulysses.helper import UlyssesHelper, live_helper
-from fastvideo.distributed.ulysses.layout import output_shape, validate_input
+from fastvideo.distributed.ulysses.layout import is_plain, output_shape, validate_input
 from fastvideo.distributed.ulysses.nccl import nccl_route
 
 OP = "fastvideo::ulysses_all_to_all_4d"
@@ -58,17 +58,13 @@ def run(x: torch.Tensor, mode: int, grad: bool, outcome: tuple[int, int] | None,
     return out, (target.id, code)
 
 
-def is_plain(x: torch.Tensor) -> bool:
-    """A plain ``torch.Tensor`` (not a FakeTensor or other subclass) with no dispatch mode active (FakeTensorMode,
-    make_fx, functionalization): what the eager shortcut may take without the dispatcher."""
-    return type(x) is torch.Tensor and torch._C._len_torch_dispatch_stack() == 0
-
-
 def all_to_all(x: torch.Tensor, mode: int, helper: UlyssesHelper | None = None) -> torch.Tensor:
-    """The op on validated input (SP size > 1): collective, differentiable. ``helper`` None: the agreed route."""
+    """The op on validated input (SP size > 1): collective; blocks the host for the vote; capture-safe;
+    differentiable. ``helper`` None: the route the agreed settings select; else that helper (same on every
+    rank: one built collectively)."""
     grad = torch.is_grad_enabled() and x.requires_grad
     helper_id = 0 if helper is None else helper.id
-    if not grad and is_plain(x):
+    if not torch.compiler.is_compiling() and not grad and is_plain(x):
         return run(x, mode, False, None, helper_id)[0]
     return torch.ops.fastvideo.ulysses_all_to_all_4d(x, mode, grad, None, helper_id)[0]
 

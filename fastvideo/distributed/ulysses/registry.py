@@ -42,6 +42,7 @@ def _resolve() -> UlyssesHelper | None:
     global _route
     sp = get_sp_group()
     sp.add_teardown("ulysses.route", reset)
+    sp.on_settings_change("ulysses.route", _settings_changed)
     agreed = sp.settings
     if agreed is not None and agreed["FASTVIDEO_ULYSSES_A2A"] == "auto":
         helper: UlyssesHelper | None = get_default_helper()
@@ -51,6 +52,15 @@ def _resolve() -> UlyssesHelper | None:
         helper = None
     _route = helper
     return helper
+
+
+def _settings_changed(previous: _settings.AgreedSettings, agreed: _settings.AgreedSettings) -> None:
+    """A re-agreement changed the settings (on every rank alike): resolve the route again; the helpers follow the
+    new values, and one that cannot (its window changed) is destroyed collectively and rebuilt at its next use."""
+    for helper, destroy in ((_default, destroy_default_helper), (_checked_off, destroy_checked_off_helper)):
+        if helper is not None and not helper._destroyed and not helper.follow(agreed):
+            destroy()
+    reset()
 
 
 def reset() -> None:
@@ -81,6 +91,7 @@ def install_default_helper(helper: UlyssesHelper | None) -> None:
     reset()
     if helper is not None:
         helper.sp.add_teardown("ulysses.default_helper", destroy_default_helper)
+        helper.sp.on_settings_change("ulysses.route", _settings_changed)
 
 
 def destroy_default_helper() -> None:
@@ -100,6 +111,7 @@ def get_checked_off_helper() -> UlyssesHelper:
     if _checked_off is None or _checked_off._destroyed or _checked_off.sp is not sp:
         _checked_off = UlyssesHelper(sp, disabled=True)
         sp.add_teardown("ulysses.checked_off_helper", destroy_checked_off_helper)
+        sp.on_settings_change("ulysses.route", _settings_changed)
     return _checked_off
 
 
