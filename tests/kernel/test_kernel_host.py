@@ -92,10 +92,6 @@ def test_execute_before_construction_raises():
         NativeTransport().execute(x, Geometry.from_input(x.shape, 0, 2, x.dtype), Plan(36, 1, 2, tuned=False))
 
 
-def test_eligibility_accepts_dtype_aligned_operands():
-    assert NativeTransport().eligibility(torch.zeros(2, 3, 4, 3, dtype=torch.bfloat16)) == 0
-
-
 def test_nccl_libraries_mapped_counts_distinct_files():
     maps = "\n".join([
         "7f0000000000-7f0000001000 r-xp 00000000 08:01 1 /site/nvidia/nccl/lib/libnccl.so.2",

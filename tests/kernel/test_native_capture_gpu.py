@@ -1,4 +1,4 @@
-"""GPU test: the native transport's captured launches (``execute_captured``) on one GPU, both plan kinds.
+"""GPU test: the native transport's captured launches (``execute(..., capture=True)``) on one GPU, both plan kinds.
 
 A one-rank communicator (P = 1: the all-to-all is the identity, so every output must equal its input)
 runs the real library: the fused kernel's ``fvk_a2a_captured`` and the copy-engine kind's
@@ -69,7 +69,7 @@ def capture(transport, x_static: torch.Tensor, plans: list[tuple[int, Plan]]):
     with torch.cuda.graph(graph):
         y = x_static
         for mode, plan in plans:
-            y = transport.execute_captured(y, Geometry.from_input(y.shape, mode, 1, y.dtype), plan)
+            y = transport.execute(y, Geometry.from_input(y.shape, mode, 1, y.dtype), plan, capture=True)
             outs.append(y)
     return graph, outs
 
@@ -135,7 +135,7 @@ def test_a_captured_entry_on_a_stream_that_is_not_capturing_is_refused(transport
     geom = Geometry.from_input(SHAPE, 0, 1, x.dtype)
     for kind in sorted(PLANS):
         with pytest.raises(NativeKernelError, match="needs a stream that is capturing"):
-            transport.execute_captured(x, geom, PLANS[kind])
+            transport.execute(x, geom, PLANS[kind], capture=True)
         assert same(transport.execute(x, geom, PLANS[kind]), x)  # not poisoned
 
 
@@ -147,7 +147,7 @@ def test_a_copy_engine_call_while_the_copy_stream_is_in_an_open_capture_is_refus
     graph = torch.cuda.CUDAGraph()
     refused = ""
     with torch.cuda.graph(graph, capture_error_mode="relaxed"):
-        out = transport.execute_captured(x, geom, PLANS["ce"])  # the copy stream is now in this capture
+        out = transport.execute(x, geom, PLANS["ce"], capture=True)  # the copy stream is now in this capture
         with torch.cuda.stream(side):  # an eager call while that capture is still open
             try:
                 transport.execute(other, geom, PLANS["ce"])

@@ -163,15 +163,15 @@ def test_voted_launch_needs_the_shared_memory_vote_and_the_library_entry():
 
     t, lib = transport()
     shm, gloo = ShmVote.__new__(ShmVote), GlooVote.__new__(GlooVote)  # the type is what matters here
-    assert not t.voted_launch(shm)  # this build (the stand-in) has no fvk_voted_launch
+    assert not t.fuses_vote(shm)  # this build (the stand-in) has no fvk_voted_launch
     lib.fvk_voted_launch = lambda *args: 0
-    assert t.voted_launch(shm) and not t.voted_launch(gloo)
-    assert not NativeTransport().voted_launch(shm)  # no library loaded
+    assert t.fuses_vote(shm) and not t.fuses_vote(gloo)
+    assert not NativeTransport().fuses_vote(shm)  # no library loaded
 
 
 @pytest.mark.parametrize("mode", [0, 1])
-def test_execute_captured_takes_the_tuned_form_of_each_plan(monkeypatch, mode):
-    """The captured entries get what ``execute_captured`` built per call before it shared ``_launch_for``:
+def test_a_captured_execute_takes_the_tuned_form_of_each_plan(monkeypatch, mode):
+    """The captured entries get what the captured execute built per call before it shared ``_launch_for``:
     the tuned form, with the original plan as 36 CTAs over (B, S), the copy-engine kind its own entry."""
     class Stream:
         cuda_stream = RAW_STREAM
@@ -181,7 +181,7 @@ def test_execute_captured_takes_the_tuned_form_of_each_plan(monkeypatch, mode):
     x = torch.randn(3, 8, 4, 16) if mode == 0 else torch.randn(3, 16, 2, 16)
     geom = Geometry.from_input(x.shape, mode, 2, x.dtype)
     for plan in plans(geom):
-        out = t.execute_captured(x, geom, plan)
+        out = t.execute(x, geom, plan, capture=True)
         whole = plan.planes_per_chunk >= geom.B and plan.rows_per_chunk >= geom.S
         ctas, planes, rows = (ORIGINAL_CTAS, geom.B, geom.S) if (
             plan.engine != ENGINE_CE and plan.ctas == ORIGINAL_CTAS and whole) else (

@@ -68,12 +68,13 @@ _LIVE: weakref.WeakValueDictionary[int, UlyssesHelper] = weakref.WeakValueDictio
 def live_helper(helper_id: int) -> UlyssesHelper:
     """The helper with ``helper_id`` (``UlyssesHelper.id``); HelperDisposedError when it was destroyed."""
     helper = _LIVE.get(helper_id)
-    if helper is None or helper._destroyed:
-        raise HelperDisposedError(
-            f"Ulysses helper #{helper_id} was destroyed or replaced. A backward must run before the helper (or the "
-            "SP groups) it ran its forward on is rebuilt; a helper's calls must be made while it lives."
-        )
-    return helper
+    if helper is not None:
+        helper._check_alive()  # a destroyed or disposed helper raises (and counts it)
+        return helper
+    raise HelperDisposedError(
+        f"Ulysses helper #{helper_id} no longer exists. A backward must run before the helper (or the SP groups) "
+        "it ran its forward on is rebuilt; a helper's calls must be made while it lives."
+    )
 
 
 def stream_capturing(x: torch.Tensor) -> bool:
@@ -539,7 +540,6 @@ class UlyssesHelper:
         if self._destroyed:
             return
         self._destroyed = True
-        _LIVE.pop(self.id, None)
         if self._watchdog is not None:
             self._watchdog.stop()
         if self._built and self._disposed_error is None and self.transport is not None:
