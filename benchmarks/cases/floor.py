@@ -103,17 +103,16 @@ def peer_copy(nbytes: int, devices: list[torch.device], iters: int, warmup: int,
 
 def p2p_reference(nbytes_per_peer: int, device: torch.device, iters: int, warmup: int, *,
                   dry_run: bool = False) -> dict:
-    """The ``p2p`` reference for the run's ranks: rank 0 copies between every rank's GPU (``cuda:0..P-1``) while
-    the others wait. Collective over the SP group. Returns the reference, or ``{"skipped": why}``."""
+    """The ``p2p`` reference for the run's ranks: rank 0 copies between every rank's GPU (``cuda:0..P-1``; at SP1
+    between ``cuda:0`` and ``cuda:1``) while the others wait. Collective over the SP group. Returns the reference,
+    or ``{"skipped": why}`` (fewer than 2 GPUs visible; on CPU unless ``dry_run``)."""
     world = dist.get_world_size() if dist.is_initialized() else 1
     need = max(world, 2)
     why = None
-    if world < 2 and not dry_run:
-        why = "SP1: no peer"
-    elif device.type != "cuda" and not dry_run:
+    if device.type != "cuda" and not dry_run:
         why = "needs CUDA GPUs"
     elif device.type == "cuda" and torch.cuda.device_count() < need:
-        why = f"needs every rank's GPU visible in one process ({torch.cuda.device_count()} visible, {need} needed)"
+        why = f"needs {need} GPUs visible in one process ({torch.cuda.device_count()} visible)"
     why = next((w for w in timing.gather(why) if w), None)  # every rank takes the same branch
     if why is None and device.type == "cuda" and world > 1 and not lineup.same_host():
         why = "ranks on more than one host"
