@@ -46,16 +46,19 @@ def _sleep_hold(pairs: int) -> bool:
     return True
 
 
-def peer_copy(nbytes: int, devices: list[torch.device], iters: int, warmup: int, seed: int = 0) -> dict:
-    """Every ordered pair of ``devices`` copies ``nbytes`` at once, each on its own stream; per sample the time
-    from a start event (after the hold) to the last copy's end, on the first device. Local: this process drives
-    every device. On CPU (all devices ``cpu``) the same copies run one after the other (a dry run).
+def peer_copy(nbytes: int, devices: list[torch.device], iters: int, warmup: int, seed: int = 0,
+              pairs: list[tuple[int, int]] | None = None) -> dict:
+    """Every ordered pair of ``devices`` (or ``pairs``: (source, destination) indices) copies ``nbytes`` at once,
+    each on its own stream; per sample the time from a start event (after the hold) to the last copy's end, on the
+    first device. Local: this process drives every device. On CPU (all devices ``cpu``) the same copies run one
+    after the other (a dry run). Blocks the host.
 
     Returns ``{"seconds": [...], "wrong": n, "held": bool, "pairs": n}``."""
     n = len(devices)
     cuda = devices[0].type == "cuda"
     src = [oracle.make_input((nbytes,), torch.uint8, d, seed + i) for i, d in enumerate(devices)]
-    pairs = [(i, j) for i in range(n) for j in range(n) if i != j]
+    if pairs is None:
+        pairs = [(i, j) for i in range(n) for j in range(n) if i != j]
     dst = {(i, j): torch.empty(nbytes, dtype=torch.uint8, device=devices[j]) for i, j in pairs}
     held = False
     seconds = []
