@@ -165,17 +165,15 @@ def last(helper):
 
 @contextlib.contextmanager
 def local_config(h, **changes):
-    """``h``'s per-helper planning configuration (``planner.PlanConfig``) changed on this rank only inside the
-    block, its proposal cache dropped on entry and exit: how a test gives one rank a local reason to decline
+    """``h``'s planning configuration (``planner.PlanConfig``) changed on this rank only inside the block (the
+    proposal cache dropped on entry and exit): how a test gives one rank a local reason to decline
     (``dtypes=()``: its transport moves no dtype) or to fail while proposing (``long_training="bogus"``)."""
-    saved = h._config
-    h._config = saved._replace(**changes)
-    h._proposals.clear()
+    saved = {name: getattr(h.planner.config, name) for name in changes}
+    h.planner.replace(**changes)
     try:
         yield h
     finally:
-        h._config = saved
-        h._proposals.clear()
+        h.planner.replace(**saved)
 
 
 def non_contiguous(x):

@@ -139,7 +139,7 @@ def _backward_keeps_forward_plan(rank, world_size, forward_lt, backward_lt, wind
     w = rank_input(rank, y.shape, seed=6)
     # The policy changes under the backward's feet, on every rank: another long-training value, and for the
     # tuned case no tuned rows either.
-    with local_config(h, long_training=backward_lt, table=() if drop_table else h._config.table):
+    with local_config(h, long_training=backward_lt, table=() if drop_table else h.planner.config.table):
         geom = Geometry.from_input(x.shape, 0, world_size, x.dtype)
         now = h.plan_for(geom, grad=True)  # what the policy would choose at backward time
         (y * w).sum().backward()
@@ -171,7 +171,7 @@ def _backward_disagreement(rank, world_size):
     x = rank_input(rank, (B, S, H, D), seed=7, requires_grad=True)
     y = a2a(h, x, 0)
     w = rank_input(rank, y.shape, seed=8)
-    with local_config(h, dtypes=() if rank == 1 else h._config.dtypes):  # rank 1's transport moves nothing now
+    with local_config(h, dtypes=() if rank == 1 else h.planner.config.dtypes):  # rank 1's transport moves nothing now
         (y * w).sum().backward()
     _, g_nccl = nccl_forward_backward(x, w, 0)
     result = (bit_equal(x.grad, g_nccl), records(h, 2))

@@ -252,9 +252,10 @@ def _fake_and_meta(rank, world_size):
 
 def test_fake_tensor_gets_a_fake_output_and_meta_raises(ranks):
     """FakeTensorMode on rank 0 alone: a fake [B, S*P, H/P, D] output, contiguous, no collective and no vote
-    (checked mode on, 5 s vote timeout: a vote would have failed). A meta tensor outside tracing, through
-    the public function or the op itself: ValueError naming the meta tensor, on both ranks, no hang."""
-    env = {A2A: "auto", CHECKED: "1", "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S": "5"}
+    (checked mode on, 20 s vote timeout: a vote would have failed; 5 s flaked on a loaded 2-core machine). A
+    meta tensor outside tracing, through the public function or the op itself: ValueError naming the meta
+    tensor, on both ranks, no hang."""
+    env = {A2A: "auto", CHECKED: "1", "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S": "20"}
     results = ranks(2, _fake_and_meta, env=env, timeout_s=60)
     b, s, h, d = SHAPE
     assert results[0][0] == ("FakeTensor", (b, 2 * s, h // 2, d), (2 * s * h // 2 * d, h // 2 * d, d, 1),

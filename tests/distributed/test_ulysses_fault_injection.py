@@ -101,7 +101,7 @@ def _local_failure(rank, world_size):
     h = build_helper()
     # A rank-local step of the call raises on rank 0 only: proposing its plan, with a long-training value
     # the policy refuses.
-    with local_config(h, long_training="bogus" if rank == 0 else h._config.long_training):
+    with local_config(h, long_training="bogus" if rank == 0 else h.planner.config.long_training):
         got = catch(a2a, h, rank_input(rank, SHAPE), 0)
     after = _call_and_check(h, rank, seed=1)  # nobody was left a call ahead
     h.destroy()

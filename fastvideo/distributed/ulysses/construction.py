@@ -77,6 +77,22 @@ def env_or_default(name: str):
         return envs.registry()[name].default
 
 
+def limits(window_bytes: int | None, vote_timeout_s: float | None,
+           watchdog_timeout_s: float | None) -> tuple[int, float, float]:
+    """(window bytes, vote timeout, watchdog timeout) of a helper: the arguments, else the settings' values (the
+    watchdog's 0 means the vote timeout). Local; raises ValueError naming the argument for a bad one."""
+    window = int(window_bytes if window_bytes is not None else env_or_default("FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES"))
+    if window < 1:
+        raise ValueError(f"UlyssesHelper: window_bytes={window} must be positive.")
+    vote = float(vote_timeout_s if vote_timeout_s is not None
+                 else env_or_default("FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S"))
+    if watchdog_timeout_s is None:
+        watchdog_timeout_s = float(env_or_default("FASTVIDEO_ULYSSES_A2A_WATCHDOG_TIMEOUT_S")) or vote
+    if watchdog_timeout_s <= 0:
+        raise ValueError(f"UlyssesHelper: watchdog_timeout_s={watchdog_timeout_s!r} must be positive.")
+    return window, vote, watchdog_timeout_s
+
+
 @dataclass
 class Construction:
     """The agreed outcome of a helper's construction (identical on every rank but ``call_vote``'s object)."""

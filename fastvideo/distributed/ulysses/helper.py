@@ -1,24 +1,17 @@
 """The Ulysses helper: one object per SP group that owns the fused route's runtime and decides every call.
 
-Layers go one way: the public op (``communication_op``, ``ops``) calls the helper; the helper calls the
-routes below it (``nccl.py``, the transports in ``transport.py`` / ``native.py``), which import nothing
-above them. Nothing rank-local decides a collective: construction (``construction.py``) agrees collectively
-on capability, host identity and settings; every call then exchanges its 12-field contract
-(``contract.py``) and acts on the verdict every rank computes from the same votes: run the agreed plan,
-decline together to the NCCL route, or raise the same error on every rank.
+Layers go one way: the op (``ops.py``) calls the helper; the helper calls the routes below it (``nccl.py``, the
+transports), which import nothing above them. Construction (``construction.py``) agrees collectively on
+capability, host identity and settings; every call then exchanges its 12-field contract (``contract.py``) and
+acts on the verdict every rank computes from the same votes: run the agreed plan, decline together to the
+NCCL route, or raise the same error on every rank. A helper acts on the settings agreed at its construction
+(and re-agreements it follows), never on the environment read per call. A vote that fails (timeout, dead
+peer) disposes the helper: its vote group is unusable, and every later call raises.
 
     helper = UlyssesHelper(get_sp_group())           # collective
-    y = helper.all_to_all(x, mode=0)                  # collective, differentiable, host-blocking vote
+    y = helper.all_to_all(x, mode=0)                  # collective, host-blocking vote (the op is differentiable)
     helper.stats()                                    # counts, declines by reason, plans that ran
     helper.destroy()                                  # collective
-
-The settings a helper acts on (checked mode, the long-training policy, the window) are the ones agreed at
-its construction; it never reads the environment per call. A helper that declined at construction (no
-kernel, multi-host, not NVLink, ...) takes the NCCL route without a vote, except in checked mode
-(``FASTVIDEO_ULYSSES_A2A_CHECKED``), where every call still votes its fields, so that a caller bug (ranks
-passing different shapes, dtypes, modes, grad flags) raises on every rank. ``UlyssesHelper(disabled=True)``
-is such a helper for the ``off`` route. A vote that fails (timeout, dead peer) disposes the helper: its
-vote group is unusable, and every later call raises.
 """
 
 from __future__ import annotations
@@ -41,16 +34,17 @@ from fastvideo.distributed.ulysses.construction import (
     default_transport,
     env_or_default,
     host_identity,
+    limits,
 )
 from fastvideo.distributed.ulysses.contract import DeclineReason, Field, Phase, Verdict
 from fastvideo.distributed.ulysses.layout import mode_for_dims, validate_input
 from fastvideo.distributed.ulysses.nccl import nccl_route
-from fastvideo.distributed.ulysses.planner import PlanConfig, Proposal, Signature
-from fastvideo.distributed.ulysses.policy import CAPTURE_ENGINES, ENGINES, TUNED_TABLE, Choice, Geometry, TunedRow
-from fastvideo.distributed.ulysses.stats import CallRecord, CallStats
+from fastvideo.distributed.ulysses.planner import PlanConfig, Planner, Proposal, Signature
+from fastvideo.distributed.ulysses.policy import CAPTURE_ENGINES, TUNED_TABLE, Choice, Geometry, TunedRow
+from fastvideo.distributed.ulysses.stats import CallRecord, CallStats, report
 from fastvideo.distributed.ulysses.transport import Transport, VoteNotStarted
 from fastvideo.distributed.ulysses.vote import GlooVote, VoteTimeoutError
-from fastvideo.distributed.ulysses.watchdog import FusedCallWatchdog, InFlight, StoreProbe, end_process
+from fastvideo.distributed.ulysses.watchdog import FusedCallWatchdog, InFlight, end_process
 
 logger = logging.getLogger(__name__)
 
@@ -80,16 +74,6 @@ def live_helper(helper_id: int) -> UlyssesHelper:
 def stream_capturing(x: torch.Tensor) -> bool:
     """Whether this call is being captured into a CUDA graph (its device's current stream is capturing)."""
     return x.is_cuda and torch.cuda.is_current_stream_capturing()
-
-
-def _default_store():
-    """The default process group's key-value store (the watchdog's peer probe), or None."""
-    try:
-        import torch.distributed as dist
-
-        return dist.distributed_c10d._get_default_store()
-    except Exception:  # noqa: BLE001 - the probe is optional: without it the watchdog still ends the process
-        return None
 
 
 class UlyssesHelper:
@@ -154,17 +138,7 @@ class UlyssesHelper:
         # Per SP group, so identical on every rank; in every vote's HEADER: a stale helper is a loud mismatch.
         self.generation = self.sp.next_generation()
         self._window_from_settings = window_bytes is None
-        self.window_bytes = int(window_bytes if window_bytes is not None
-                                else env_or_default("FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES"))
-        if self.window_bytes < 1:
-            raise ValueError(f"UlyssesHelper: window_bytes={self.window_bytes} must be positive.")
-        timeout = float(vote_timeout_s if vote_timeout_s is not None
-                        else env_or_default("FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S"))
-        if watchdog_timeout_s is None:
-            watchdog_timeout_s = float(env_or_default("FASTVIDEO_ULYSSES_A2A_WATCHDOG_TIMEOUT_S")) or timeout
-        if watchdog_timeout_s <= 0:
-            raise ValueError(f"UlyssesHelper: watchdog_timeout_s={watchdog_timeout_s!r} must be positive.")
-        self.watchdog_timeout_s = watchdog_timeout_s
+        self.window_bytes, timeout, self.watchdog_timeout_s = limits(window_bytes, vote_timeout_s, watchdog_timeout_s)
         self.gpu_name = gpu_name if gpu_name is not None else (
             torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu")
         self.transport = None if disabled else (transport if transport is not None else default_transport(self.device))
@@ -174,7 +148,6 @@ class UlyssesHelper:
         self._disposed_error: str | None = None
         self._logged: set[DeclineReason] = set()
         self._capture_detail = ""  # why the last capture on this rank could not freeze its plan (for the log)
-        self._proposals: dict[Signature, Proposal] = {}
         # Whether a call is being captured into a CUDA graph (tests force it on CPU); rank-local.
         self._capturing: Callable[[torch.Tensor], bool] = stream_capturing
         self._on_watchdog_timeout = on_watchdog_timeout or end_process
@@ -193,9 +166,12 @@ class UlyssesHelper:
                 self._dispose(str(exc))
                 raise
         self._adopt(built)
-        self._tuned_table = tuple(tuned_table)
-        self._capture_engines = CAPTURE_ENGINES
-        self._config = self._plan_config()
+        cap = self.capability
+        self.planner = Planner(
+            PlanConfig(self.world_size, self.generation, self.gpu_name, self.window_bytes, self._long_training, (),
+                       (), CAPTURE_ENGINES, cap.dtypes, self.device, self.construction_reason,
+                       self.transport.capture_decline if self.transport is not None else None),
+            tuned_table, cap.entry_points if cap.present else None)
         _LIVE[self.id] = self
 
     def _adopt(self, built: Construction) -> None:
@@ -227,16 +203,8 @@ class UlyssesHelper:
             return False
         self.checked = bool(agreed[_settings.CHECKED])
         self._votes = self._built or self.checked
-        self.long_training = agreed["FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"]
+        self.planner.long_training = agreed["FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"]
         return True
-
-    def _plan_config(self) -> PlanConfig:
-        cap = self.capability
-        eager, capture = planner.tables(self._tuned_table, cap.entry_points if cap.present else None,
-                                        self._capture_engines)
-        return PlanConfig(self.world_size, self.generation, self.gpu_name, self.window_bytes, self._long_training,
-                          eager, capture, self._capture_engines, cap.dtypes, self.device, self.construction_reason,
-                          self.transport.capture_decline if self.transport is not None else None)
 
     # ------------------------------------------------------------------ the call
 
@@ -251,8 +219,6 @@ class UlyssesHelper:
         running the NCCL route."""
         self._check_alive()
         capturing = self._capturing(x)
-        if self._watchdog is not None and not capturing:  # an event query would invalidate a capture
-            self._watchdog.poll()
         phase = Phase.BACKWARD if outcome is not None else Phase.FORWARD_GRAD if grad else Phase.FORWARD_NO_GRAD
         seq = self._seq
         self._seq += 1
@@ -262,7 +228,7 @@ class UlyssesHelper:
         # 1. propose: pure, cached per signature
         sig = Signature(x.shape, x.dtype, x.device, mode, phase, outcome, capturing, x.is_contiguous(),
                         x.data_ptr() % x.element_size() == 0)
-        proposal = self._proposals.get(sig) or self._propose(sig)
+        proposal = self.planner.cache.get(sig) or self._propose(sig)
         fields = list(proposal.fields)
         fields[Field.SEQ] = seq
         # 2. vote (and, where the transport fuses them, launch in the same library call)
@@ -292,15 +258,11 @@ class UlyssesHelper:
 
     def _propose(self, sig: Signature) -> Proposal:
         try:
-            proposal = planner.propose(self._config, sig)
+            return self.planner.propose(sig)
         except Exception as exc:  # noqa: BLE001 - voted, raised on every rank after the vote, never alone
             row = contract.fields(self.generation, 0, DeclineReason.LOCAL_ERROR.bit, sig.mode, sig.dtype,
                                   tuple(sig.shape), sig.phase)
-            return Proposal(None, None, tuple(row), "", exc)  # not cached
-        if len(self._proposals) >= planner.CACHE_LIMIT:
-            self._proposals.clear()
-        self._proposals[sig] = proposal
-        return proposal
+            return Proposal(None, None, tuple(row), "", exc)
 
     def _exchange(self, fields: list[int]) -> torch.Tensor:
         """Gather every rank's fields (collective); a failed vote disposes the helper and raises."""
@@ -372,12 +334,10 @@ class UlyssesHelper:
         self._seq += 1
         self._stats.calls += 1
         self._stats.raised += 1
-        fields = [0] * contract.NUM_FIELDS
-        fields[Field.HEADER] = contract.header(self.generation)
-        fields[Field.SEQ] = seq
-        fields[Field.ELIGIBILITY] = DeclineReason.LOCAL_ERROR.bit
-        fields[Field.MODE] = mode
-        fields[Field.PHASE] = int(Phase.FORWARD_GRAD if grad else Phase.FORWARD_NO_GRAD)
+        phase = Phase.FORWARD_GRAD if grad else Phase.FORWARD_NO_GRAD
+        fields = contract.fields(self.generation, seq, DeclineReason.LOCAL_ERROR.bit, mode, torch.float32, (0, 0, 0, 0),
+                                 phase)
+        fields[Field.DTYPE] = 0  # nothing is known of the input but the mode and the grad flag
         try:
             self._exchange(fields)
         except VoteTimeoutError as exc:
@@ -389,15 +349,12 @@ class UlyssesHelper:
 
     def _watch(self, call: InFlight) -> None:
         if self._watchdog is None:
-            store = _default_store()
-            rank = self.sp.ranks[self.sp.rank_in_group]
-            probe = None if store is None else StoreProbe(
-                store, self.sp.ranks, rank, key="-".join(map(str, self.sp.ranks)),
-                wait_s=min(5.0, max(2.0, self.watchdog_timeout_s / 2)))
-            self._watchdog = FusedCallWatchdog(self.watchdog_timeout_s, rank=rank, ranks=self.sp.ranks,
-                                               on_timeout=self._on_watchdog_timeout, probe=probe,
-                                               thread_setup=self.transport.watchdog_thread_setup)
+            self._watchdog = FusedCallWatchdog.for_group(
+                self.watchdog_timeout_s, self.sp.ranks, self.sp.rank_in_group, self._on_watchdog_timeout,
+                self.transport.watchdog_thread_setup)
         self._watchdog.track(call)
+        self._watchdog.poll()  # the background thread polls too; this drops what completed and catches a stuck
+        # earlier call at the next one (never under capture: an event query would invalidate it)
 
     # ------------------------------------------------------------------ public calls
 
@@ -424,57 +381,22 @@ class UlyssesHelper:
         validate_input(x, mode, self.world_size)
         return self.call(x, mode, torch.is_grad_enabled() and x.requires_grad, fallback=False)[0]
 
-    # ------------------------------------------------------------------ configuration
+    # ------------------------------------------------------------------ configuration (set identically on every rank)
 
-    @property
-    def capture_engines(self) -> tuple[str, ...]:
-        """The plan kinds a CUDA-graph capture may freeze (``policy.CAPTURE_ENGINES`` by default): a capture plans
-        from those rows, and a captured call whose plan is of another kind (a backward's, which is its forward's)
-        declines ``cuda_graph_capture``. Set it identically on every rank (a rank that differs proposes another
-        plan: every rank then declines ``peer_disagreement`` together)."""
-        return self._capture_engines
-
-    @capture_engines.setter
-    def capture_engines(self, engines: Sequence[str]) -> None:
-        unknown = [e for e in engines if e not in ENGINES]
-        if unknown:
-            raise ValueError(f"capture_engines: {unknown} not among {ENGINES}")
-        self._capture_engines = tuple(engines)
-        self._replan()
-
-    @property
-    def tuned_table(self) -> tuple[TunedRow, ...]:
-        """The measured rows this helper's policy uses (set identically on every rank)."""
-        return self._tuned_table
-
-    @tuned_table.setter
-    def tuned_table(self, table: Sequence[TunedRow]) -> None:
-        self._tuned_table = tuple(table)
-        self._replan()
-
-    @property
-    def long_training(self) -> str:
-        """The long-training policy this helper plans with: the agreed ``FASTVIDEO_ULYSSES_A2A_LONG_TRAINING`` by
-        default. Assigning ``auto`` or ``chunked`` replans; set it identically on every rank (a rank that differs
-        proposes another plan, and every rank then declines ``peer_disagreement`` together)."""
-        return self._long_training
-
-    @long_training.setter
-    def long_training(self, value: str) -> None:
-        if value not in ("auto", "chunked"):
-            raise ValueError(f"long_training={value!r}: choose 'auto' or 'chunked'.")
-        self._long_training = value
-        self._replan()
-
-    def _replan(self) -> None:
-        self._config = self._plan_config()
-        self._proposals.clear()
+    tuned_table = planner.delegate("table", "The measured rows this helper's policy plans from.")
+    capture_engines = planner.delegate(
+        "capture_engines", "The plan kinds a CUDA-graph capture may freeze (``policy.CAPTURE_ENGINES`` by default): a "
+        "capture plans from those rows, and a captured call whose plan is of another kind (a backward's, which is "
+        "its forward's) declines ``cuda_graph_capture``.")
+    long_training = planner.delegate(
+        "long_training", "The long-training policy this helper plans with (``auto`` or ``chunked``): the agreed "
+        "``FASTVIDEO_ULYSSES_A2A_LONG_TRAINING`` by default, and again after each re-agreement.")
 
     def plan_for(self, geom: Geometry, *, grad: bool, long_training: str | None = None,
                  capturing: bool = False) -> Choice:
         """The policy's choice for ``geom`` on this helper: local, pure, no vote (``long_training``: default the
-        agreed value)."""
-        return planner.choose(self._config, geom, grad=grad, capturing=capturing, long_training=long_training)
+        helper's)."""
+        return self.planner.choose(geom, grad=grad, capturing=capturing, long_training=long_training)
 
     # ------------------------------------------------------------------ reporting and lifecycle
 
@@ -490,24 +412,7 @@ class UlyssesHelper:
 
     def stats(self) -> dict:
         """Local: counts since construction (calls, fused runs, declines by reason, plans that ran, vote cost)."""
-        return {
-            "id": self.id,
-            "generation": self.generation,
-            "world_size": self.world_size,
-            "transport": self.capability.name,
-            "construction": self.construction_reason.label if self.construction_reason is not None
-            else ("ok" if self._built else "n/a"),
-            "construction_detail": self.construction_detail,
-            "construction_per_rank": dict(self.construction_per_rank),
-            **self._stats.report(),
-            "vote": type(self._call_vote).__name__.removesuffix("Vote").lower(),
-            "voted_launch": self.fused_available and self._fused_vote,  # the vote and the launch in one call
-            "checked": self.checked,
-            "long_training": self.long_training,
-            "in_flight": self._watchdog.in_flight() if self._watchdog is not None else 0,
-            "disposed": self._disposed_error is not None,
-            "destroyed": self._destroyed,
-        }
+        return report(self)
 
     def vote_seconds(self, last: int | None = None) -> list[float]:
         """Local: host seconds of the most recent ``last`` votes (all kept, up to 4096), for benchmarks."""

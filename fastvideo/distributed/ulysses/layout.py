@@ -62,12 +62,6 @@ def validate_input(x: torch.Tensor, mode: int, world_size: int, *, allow_meta: b
         )
 
 
-def is_plain(x: torch.Tensor) -> bool:
-    """A plain ``torch.Tensor`` (not a FakeTensor or other subclass) with no dispatch mode active (FakeTensorMode,
-    make_fx, functionalization): what an eager shortcut may take without the dispatcher."""
-    return type(x) is torch.Tensor and torch._C._len_torch_dispatch_stack() == 0
-
-
 def send_layout(x: torch.Tensor, mode: int, world_size: int) -> torch.Tensor:
     """[P, B, S_local, H/P, D]: block p is what this rank sends to rank p."""
     b, s, h, d = x.shape

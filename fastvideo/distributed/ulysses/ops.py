@@ -33,7 +33,7 @@ from torch._subclasses.fake_tensor import is_fake
 from fastvideo.distributed.parallel_state import get_sp_group
 from fastvideo.distributed.ulysses import registry
 from fastvideo.distributed.ulysses.helper import UlyssesHelper, live_helper
-from fastvideo.distributed.ulysses.layout import is_plain, output_shape, validate_input
+from fastvideo.distributed.ulysses.layout import output_shape, validate_input
 from fastvideo.distributed.ulysses.nccl import nccl_route
 
 OP = "fastvideo::ulysses_all_to_all_4d"
@@ -47,7 +47,12 @@ def run(x: torch.Tensor, mode: int, grad: bool, outcome: tuple[int, int] | None,
         helper: int) -> tuple[torch.Tensor, tuple[int, int]]:
     """The op's body on validated input: ``(output, (helper id, outcome code))``. Collective."""
     if outcome is None:
-        target = registry.route() if helper == 0 else live_helper(helper)
+        if helper:
+            target = live_helper(helper)
+        else:  # the agreed route: one global read, resolved (collectively) only on first use
+            target = registry.ROUTE
+            if target is registry.UNRESOLVED or (target is not None and target._destroyed):
+                target = registry.resolve()
         code = None
     else:
         helper, code = outcome
@@ -56,6 +61,12 @@ def run(x: torch.Tensor, mode: int, grad: bool, outcome: tuple[int, int] | None,
         return nccl_route(x, mode, get_sp_group().device_group), (0, 0)
     out, code = target.call(x, mode, grad, code)
     return out, (target.id, code)
+
+
+def is_plain(x: torch.Tensor) -> bool:
+    """A plain ``torch.Tensor`` (not a FakeTensor or other subclass) with no dispatch mode active (FakeTensorMode,
+    make_fx, functionalization): what the eager shortcut may take without the dispatcher."""
+    return type(x) is torch.Tensor and torch._C._len_torch_dispatch_stack() == 0
 
 
 def all_to_all(x: torch.Tensor, mode: int, helper: UlyssesHelper | None = None) -> torch.Tensor:

@@ -19,7 +19,7 @@ import torch
 
 from fastvideo.distributed.ulysses import contract
 from fastvideo.distributed.ulysses.contract import DeclineReason, Phase
-from fastvideo.distributed.ulysses.policy import ENGINE_CE, Choice, Geometry, Plan, TunedRow, choose_plan
+from fastvideo.distributed.ulysses.policy import ENGINE_CE, ENGINES, Choice, Geometry, Plan, TunedRow, choose_plan
 from fastvideo.distributed.ulysses.transport import ENTRY_CE, ENTRY_CE_CAPTURE, ENTRY_TUNED
 
 CACHE_LIMIT = 4096  # signatures per helper: a job has few; a pathological one re-plans
@@ -135,3 +135,75 @@ def propose(cfg: PlanConfig, sig: Signature) -> Proposal:
                           plan.window_bytes(geom) if plan is not None else 0, plan.word if plan is not None else 0,
                           sig.capturing)
     return Proposal(geom, plan, tuple(row), why)
+
+
+class Planner:
+    """One helper's planning state on this rank: its ``PlanConfig`` and the proposals cached per signature.
+    Local. The three knobs (``table``, ``capture_engines``, ``long_training``) must be set identically on every
+    rank: a rank that differs proposes another plan, and every rank then declines ``peer_disagreement``
+    together. Setting one replans (the cache is dropped)."""
+
+    def __init__(self, config: PlanConfig, table: Sequence[TunedRow], entries: frozenset[str] | None) -> None:
+        self._table, self._entries = tuple(table), entries
+        self.config = config
+        self.cache: dict[Signature, Proposal] = {}  # the hot path reads it directly: one dict lookup per call
+        self._replan()
+
+    def propose(self, sig: Signature) -> Proposal:
+        """``propose`` for this helper, cached per signature (raises only on a bug; nothing is cached then)."""
+        proposal = self.cache.get(sig)
+        if proposal is None:
+            proposal = propose(self.config, sig)
+            if len(self.cache) >= CACHE_LIMIT:
+                self.cache.clear()
+            self.cache[sig] = proposal
+        return proposal
+
+    def choose(self, geom: Geometry, *, grad: bool, capturing: bool = False,
+               long_training: str | None = None) -> Choice:
+        return choose(self.config, geom, grad=grad, capturing=capturing, long_training=long_training)
+
+    def replace(self, **changes) -> None:
+        """Change configuration fields (``PlanConfig._replace``) and replan."""
+        self.config = self.config._replace(**changes)
+        self.cache.clear()
+
+    def _replan(self) -> None:
+        eager, capture = tables(self._table, self._entries, self.config.capture_engines)
+        self.replace(table=eager, capture_table=capture)
+
+    @property
+    def table(self) -> tuple[TunedRow, ...]:
+        return self._table
+
+    @table.setter
+    def table(self, rows: Sequence[TunedRow]) -> None:
+        self._table = tuple(rows)
+        self._replan()
+
+    @property
+    def capture_engines(self) -> tuple[str, ...]:
+        return self.config.capture_engines
+
+    @capture_engines.setter
+    def capture_engines(self, engines: Sequence[str]) -> None:
+        unknown = [e for e in engines if e not in ENGINES]
+        if unknown:
+            raise ValueError(f"capture_engines: {unknown} not among {ENGINES}")
+        self.config = self.config._replace(capture_engines=tuple(engines))
+        self._replan()
+
+    @property
+    def long_training(self) -> str:
+        return self.config.long_training
+
+    @long_training.setter
+    def long_training(self, value: str) -> None:
+        if value not in ("auto", "chunked"):
+            raise ValueError(f"long_training={value!r}: choose 'auto' or 'chunked'.")
+        self.replace(long_training=value)
+
+
+def delegate(name: str, doc: str) -> property:
+    """A helper property that reads and sets ``Planner.<name>``."""
+    return property(lambda self: getattr(self.planner, name), lambda self, v: setattr(self.planner, name, v), doc=doc)

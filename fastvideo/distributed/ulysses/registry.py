@@ -23,23 +23,26 @@ from fastvideo.distributed import settings as _settings
 from fastvideo.distributed.parallel_state import get_sp_group
 from fastvideo.distributed.ulysses.helper import UlyssesHelper
 
-_UNRESOLVED = object()
-_route: object = _UNRESOLVED  # None (the NCCL route) or the helper the op calls
+UNRESOLVED = object()
+# None (the NCCL route), or the helper the op calls. The op's hot path reads it directly (one global read);
+# ``resolve()`` fills it in.
+ROUTE: object = UNRESOLVED
 _default: UlyssesHelper | None = None
 _checked_off: UlyssesHelper | None = None
 
 
 def route() -> UlyssesHelper | None:
     """The helper the public op calls on the current SP group, or None for the NCCL route. Collective the first
-    time (it may build a helper), then a lookup."""
-    helper = _route
-    if helper is _UNRESOLVED or (helper is not None and helper._destroyed):  # type: ignore[union-attr]
-        helper = _resolve()
+    time (it may build a helper) and after the route's helper was destroyed; then a lookup."""
+    helper = ROUTE
+    if helper is UNRESOLVED or (helper is not None and helper._destroyed):  # type: ignore[union-attr]
+        helper = resolve()
     return helper  # type: ignore[return-value]
 
 
-def _resolve() -> UlyssesHelper | None:
-    global _route
+def resolve() -> UlyssesHelper | None:
+    """Resolve the route from the agreed settings (``route()``'s slow path). Collective: may build a helper."""
+    global ROUTE
     sp = get_sp_group()
     sp.add_teardown("ulysses.route", reset)
     sp.on_settings_change("ulysses.route", _settings_changed)
@@ -50,7 +53,7 @@ def _resolve() -> UlyssesHelper | None:
         helper = get_checked_off_helper()
     else:
         helper = None
-    _route = helper
+    ROUTE = helper
     return helper
 
 
@@ -65,8 +68,8 @@ def _settings_changed(previous: _settings.AgreedSettings, agreed: _settings.Agre
 
 def reset() -> None:
     """Forget the resolved route (local): the next call resolves it from the agreed settings."""
-    global _route
-    _route = _UNRESOLVED
+    global ROUTE
+    ROUTE = UNRESOLVED
 
 
 def get_default_helper() -> UlyssesHelper:

@@ -62,3 +62,26 @@ class CallStats:
             "vote_us_median": statistics.median(votes) * 1e6 if votes else None,
             "vote_us_p90": votes[int(0.9 * (len(votes) - 1))] * 1e6 if votes else None,
         }
+
+
+def report(helper) -> dict:
+    """``UlyssesHelper.stats()``: what the helper is (construction, vote channel, settings) and its call counts."""
+    reason = helper.construction_reason
+    watchdog = helper._watchdog
+    return {
+        "id": helper.id,
+        "generation": helper.generation,
+        "world_size": helper.world_size,
+        "transport": helper.capability.name,
+        "construction": reason.label if reason is not None else ("ok" if helper._built else "n/a"),
+        "construction_detail": helper.construction_detail,
+        "construction_per_rank": dict(helper.construction_per_rank),
+        **helper._stats.report(),
+        "vote": type(helper._call_vote).__name__.removesuffix("Vote").lower(),
+        "voted_launch": helper.fused_available and helper._fused_vote,  # the vote and the launch in one call
+        "checked": helper.checked,
+        "long_training": helper.long_training,
+        "in_flight": watchdog.in_flight() if watchdog is not None else 0,
+        "disposed": helper._disposed_error is not None,
+        "destroyed": helper._destroyed,
+    }
