@@ -148,7 +148,7 @@ def stub_public_op_route() -> Iterator[None]:
 
     try:
         from fastvideo.distributed.ulysses import ops as target
-        name, stub = "nccl_route", lambda t, mode, group: t
+        name, stub = "nccl_route", lambda t, mode, group, **_: t  # ``**_``: the route's keyword-only splits
         getattr(target, name)
     except (ImportError, AttributeError):
         target, name, stub = op._NcclAllToAll, "apply", staticmethod(lambda t, mode, group: t)
@@ -166,7 +166,7 @@ def stub_checked_route() -> Iterator[None]:
     from fastvideo.distributed.ulysses import helper as helper_mod
 
     real = helper_mod.nccl_route
-    helper_mod.nccl_route = lambda t, mode, group: t
+    helper_mod.nccl_route = lambda t, mode, group, **_: t
     try:
         yield
     finally:

@@ -2,8 +2,9 @@
 
 ``sequence_model_parallel_all_to_all_4D`` is what models call. Mode 0 (``scatter_dim=2, gather_dim=1``)
 trades the sequence shard for a head shard, ``[B, S/P, H, D] -> [B, S, H/P, D]``; mode 1
-(``scatter_dim=1, gather_dim=2``) is its inverse. It validates its input, then calls the one
-``torch.library`` op (``ulysses/ops.py``), whose registered autograd formula is the only backward.
+(``scatter_dim=1, gather_dim=2``) is its inverse; ``seq_splits`` / ``head_splits`` give every rank's share
+where P does not divide them (no padding). It validates its input, then calls the one ``torch.library`` op
+(``ulysses/ops.py``), whose registered autograd formula is the only backward.
 
 Routes, as the SP group agreed them (``ulysses/registry.py``): ``FASTVIDEO_ULYSSES_A2A=off`` (default)
 always takes the NCCL route (permute + ``all_to_all_single`` + permute over the SP device group; over gloo
@@ -18,13 +19,17 @@ Like any torch collective, every SP rank must call the op with matching tensors 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from fastvideo.distributed.parallel_state import get_sp_group
 from fastvideo.distributed.ulysses import ops as _ops
 from fastvideo.distributed.ulysses.layout import (
+    EVEN,
     MODE_HEAD_GATHER,
     MODE_SEQ_GATHER,
+    Splits,
     mode_for_dims,
     output_shape,
     reference_all_to_all,
@@ -33,8 +38,10 @@ from fastvideo.distributed.ulysses.layout import (
 from fastvideo.distributed.ulysses.nccl import nccl_route
 
 __all__ = [
+    "EVEN",
     "MODE_HEAD_GATHER",
     "MODE_SEQ_GATHER",
+    "Splits",
     "mode_for_dims",
     "nccl_route",
     "output_shape",
@@ -44,28 +51,37 @@ __all__ = [
 ]
 
 
-def sequence_model_parallel_all_to_all_4D(input_: torch.Tensor, scatter_dim: int = 2,
-                                          gather_dim: int = 1) -> torch.Tensor:
+def sequence_model_parallel_all_to_all_4D(input_: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1, *,
+                                          seq_splits: Sequence[int] | None = None,
+                                          head_splits: Sequence[int] | None = None) -> torch.Tensor:
     """Ulysses all-to-all over the SP group: collective; blocks the host only for a vote (``auto``, checked mode);
     capture-safe; differentiable (twice too).
 
-    ``(2, 1)``: ``[B, S/P, H, D] -> [B, S, H/P, D]``; ``(1, 2)``: the inverse. SP size 1 returns ``input_``
-    itself. Every SP rank must call it with matching tensors, in the same order (checked on every call in
-    checked mode, ``FASTVIDEO_ULYSSES_A2A_CHECKED``). Raises ValueError for input no route can serve (not 4-D,
-    another dim pair, heads or sequence not divisible by the SP size, a meta tensor outside tracing) before any
-    collective; in checked mode after one vote, so that every rank raises. A FakeTensor (``torch.compile``,
-    FakeTensorMode) gets a fake output and no collective; ``torch.compile(fullgraph=True)`` traces one opaque
-    op, which votes each time the graph runs. Under CUDA-graph capture every rank votes once and the agreed
-    plan is frozen into the graph (or the NCCL route is captured); replay graphs in the same order on every
-    rank.
+    ``(2, 1)``: ``[B, S/P, H, D] -> [B, S, H/P, D]``; ``(1, 2)``: the inverse. Shares that P does not divide:
+    ``seq_splits`` and ``head_splits``, every rank's sequence rows and heads (``P`` non-negative ints each, the
+    same on every rank; None: even). Rank ``r`` then passes ``[B, seq_splits[r], sum(head_splits), D]`` to
+    ``(2, 1)`` and gets ``[B, sum(seq_splits), head_splits[r], D]``; ``(1, 2)`` is the inverse, and the backward
+    runs it with the same tables. A share of 0 is an idle rank (zero-size tensors in and out). SP size 1
+    returns ``input_`` itself.
+
+    Every SP rank must call it with matching tensors and tables, in the same order (checked on every call in
+    checked mode, ``FASTVIDEO_ULYSSES_A2A_CHECKED``, and wherever the fused route votes: tables that differ
+    raise ``ContractMismatchError`` on every rank). Raises ValueError for input no route can serve (not 4-D,
+    another dim pair, a bad table or one that does not match ``input_``, heads or sequence not divisible by the
+    SP size without a table, a meta tensor outside tracing) before any collective; in checked mode after one
+    vote, so that every rank raises. A FakeTensor (``torch.compile``, FakeTensorMode) gets a fake output and no
+    collective; ``torch.compile(fullgraph=True)`` traces one opaque op, which votes each time the graph runs.
+    Under CUDA-graph capture every rank votes once and the agreed plan (with the tables) is frozen into the
+    graph (or the NCCL route is captured); replay graphs in the same order on every rank.
     """
     sp = get_sp_group()
     mode = -1  # in the vote of an invalid dim pair
     try:
         mode = mode_for_dims(scatter_dim, gather_dim)
-        validate_input(input_, mode, sp.world_size)
+        splits = validate_input(input_, mode, sp.world_size, rank=sp.rank_in_group, seq_splits=seq_splits,
+                                head_splits=head_splits)
     except (TypeError, ValueError, RuntimeError) as exc:
         _ops.fail(input_, mode, exc)  # checked mode: votes first, so every rank raises
     if sp.world_size == 1:
         return input_
-    return _ops.all_to_all(input_, mode)
+    return _ops.all_to_all(input_, mode, seq_splits=splits.seq, head_splits=splits.heads)

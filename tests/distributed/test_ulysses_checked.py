@@ -27,7 +27,7 @@ SHAPE = (2, 4, 4, 8)  # [B, S_local, H, D]
 # mistake -> (what rank 1 passes differently, the field every rank's ContractMismatchError names)
 MISTAKES = {
     "dtype": "DTYPE",  # fp32 on rank 0, fp16 on rank 1
-    "S": "S_LOCAL",
+    "S": "S",
     "B": "B",
     "B<->S": "B",  # same element count, another shape
     "H<->D": "H",

@@ -44,7 +44,7 @@ def _geometry_mismatch(rank, world_size, what):
     h = build_helper()
     shape, dtype, mode = SHAPE, torch.float32, 0
     if rank == world_size - 1:  # the last rank passes something different
-        if what == "S_LOCAL":
+        if what == "S":
             shape = (3, 8, 12, 8)
         elif what == "DTYPE":
             dtype = torch.bfloat16
@@ -58,7 +58,7 @@ def _geometry_mismatch(rank, world_size, what):
     return got, after
 
 
-@pytest.mark.parametrize("world_size, what", [(2, "S_LOCAL"), (2, "DTYPE"), (3, "B"), (4, "MODE")])
+@pytest.mark.parametrize("world_size, what", [(2, "S"), (2, "DTYPE"), (3, "B"), (4, "MODE")])
 @READS_LONG_TRAINING
 def test_geometry_mismatch_raises_on_every_rank_naming_the_field(ranks, world_size, what):
     """One rank passes a different S, dtype, B or mode: every rank raises ContractMismatchError naming the

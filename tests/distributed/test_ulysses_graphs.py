@@ -278,8 +278,9 @@ def test_capture_bit_in_the_vote():
     """The verdict on the capture bit (pure): identical capturing votes RUN, one rank without it DECLINEs."""
     geom = Geometry.from_input(SHAPE, 0, 2, torch.float32)
     row = [0] * contract.NUM_FIELDS
-    row[Field.HEADER], row[Field.B], row[Field.S_LOCAL], row[Field.H], row[Field.D] = contract.header(1), *SHAPE
-    row[Field.DTYPE], row[Field.PHASE], row[Field.PLAN] = 1, int(Phase.FORWARD_NO_GRAD), TUNED.word
+    row[Field.HEADER], row[Field.B], row[Field.S], row[Field.H], row[Field.D] = contract.header(1), *SHAPE
+    row[Field.DTYPE], row[Field.PLAN] = 1, TUNED.word
+    row[Field.MODE_PHASE] = contract.mode_phase(0, Phase.FORWARD_NO_GRAD)
     row[Field.WINDOW_BYTES] = TUNED.window_bytes(geom) | contract.WINDOW_CAPTURED
     eager = list(row)
     eager[Field.WINDOW_BYTES] = TUNED.window_bytes(geom)

@@ -18,13 +18,16 @@ from fastvideo.distributed.ulysses.contract import (
     DTYPE_CODES,
     MUST_MATCH,
     NUM_FIELDS,
+    WIRE_FIELDS,
     ContractMismatchError,
     DeclineReason,
     Field,
     Phase,
     Verdict,
     decide,
+    fields,
     header,
+    mode_phase,
     reasons_from_bits,
 )
 from fastvideo.distributed.ulysses.policy import (
@@ -337,9 +340,10 @@ def votes(rows: int = 2, **fields: list[int] | int) -> torch.Tensor:
     """[rows, 12] votes that agree on everything and run a plan, with per-field overrides (list = per rank)."""
     plan = Plan(144, 1, 16, True)
     base = [0] * NUM_FIELDS
-    base[Field.HEADER], base[Field.MODE], base[Field.DTYPE] = header(1), 0, DTYPE_CODES[torch.float32]
-    base[Field.B], base[Field.S_LOCAL], base[Field.H], base[Field.D] = 3, 16, 4, 8
-    base[Field.PHASE], base[Field.WINDOW_BYTES], base[Field.PLAN] = int(Phase.FORWARD_NO_GRAD), 1536, plan.word
+    base[Field.HEADER], base[Field.DTYPE] = header(1), DTYPE_CODES[torch.float32]
+    base[Field.MODE_PHASE] = mode_phase(0, Phase.FORWARD_NO_GRAD)
+    base[Field.B], base[Field.S], base[Field.H], base[Field.D] = 3, 32, 4, 8
+    base[Field.WINDOW_BYTES], base[Field.PLAN] = 1536, plan.word
     out = torch.tensor([base] * rows, dtype=torch.int64)
     for name, value in fields.items():
         out[:, Field[name]] = torch.tensor(value if isinstance(value, list) else [value] * rows)
@@ -347,12 +351,18 @@ def votes(rows: int = 2, **fields: list[int] | int) -> torch.Tensor:
 
 
 def test_contract_wire_format_is_frozen():
-    """Exactly 12 int64 fields in this order; the header packs CONTRACT_VERSION and the generation."""
-    assert NUM_FIELDS == 12 and [f.value for f in Field] == list(range(12))
-    assert [f.name for f in Field] == ["HEADER", "SEQ", "ELIGIBILITY", "MODE", "DTYPE", "B", "S_LOCAL", "H", "D",
-                                       "PHASE", "WINDOW_BYTES", "PLAN"]
-    assert CONTRACT_VERSION == 1
+    """Exactly 12 int64 fields in this order (v2); the header packs CONTRACT_VERSION and the generation, MODE_PHASE
+    the mode and the phase; ELIGIBILITY and PLAN stay at 2 and 11 (where the library's fvk_vote_would_run reads
+    them); MODE and PHASE are names for MODE_PHASE's parts, never wire slots."""
+    assert NUM_FIELDS == 12 and [f.value for f in WIRE_FIELDS] == list(range(12))
+    assert [f.name for f in WIRE_FIELDS] == ["HEADER", "SEQ", "ELIGIBILITY", "MODE_PHASE", "DTYPE", "B", "S", "H",
+                                             "D", "SPLITS", "WINDOW_BYTES", "PLAN"]
+    assert (Field.ELIGIBILITY, Field.PLAN) == (2, 11) and Field.MODE >= NUM_FIELDS and Field.PHASE >= NUM_FIELDS
+    assert CONTRACT_VERSION == 2
     assert header(7) >> 32 == CONTRACT_VERSION and header(7) & 0xFFFFFFFF == 7
+    assert mode_phase(1, Phase.BACKWARD) == 1 | 2 << 4 and mode_phase(0, Phase.FORWARD_GRAD) == 16
+    row = fields(5, 9, 0, 1, torch.bfloat16, (2, 37, 12, 64), Phase.BACKWARD, 4096, 77, splits=123)
+    assert row == [header(5), 9, 0, 1 | 2 << 4, DTYPE_CODES[torch.bfloat16], 2, 37, 12, 64, 123, 4096, 77]
     assert {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}.items() <= DTYPE_CODES.items()
     assert len(set(DTYPE_CODES.values())) == len(DTYPE_CODES)
 
@@ -364,21 +374,36 @@ def test_decide_all_agree_runs_the_plan():
 
 @pytest.mark.parametrize("field", MUST_MATCH, ids=lambda f: f.name)
 def test_decide_raises_naming_the_field_and_per_rank_values(field):
-    """A MUST_MATCH field that differs is a caller bug: RAISE, naming the field and every rank's value."""
+    """A MUST_MATCH field that differs is a caller bug: RAISE, naming the field and every rank's value (MODE_PHASE
+    names its mode part, which differs here)."""
     v = votes(3)
     v[2, field] += 1
     d = decide(v)
     assert d.verdict is Verdict.RAISE and isinstance(d.error, ContractMismatchError)
-    assert d.error.field is field and d.error.values == v[:, field].tolist()
+    named = Field.MODE if field is Field.MODE_PHASE else field
+    expected = [value & 15 for value in v[:, field].tolist()] if named is Field.MODE else v[:, field].tolist()
+    assert d.error.field is named and d.error.values == expected
     message = str(d.error)
-    assert f"field {field.name}" in message and "rank 0:" in message and "rank 2:" in message
+    assert f"field {named.name} " in message and "rank 0:" in message and "rank 2:" in message
+
+
+def test_decide_names_phase_when_only_the_phase_differs_and_mode_first():
+    """MODE_PHASE is decoded: the phase alone differing names PHASE with phase names; mode and phase both
+    differing names MODE (checked first)."""
+    grad, no_grad = mode_phase(0, Phase.FORWARD_GRAD), mode_phase(0, Phase.FORWARD_NO_GRAD)
+    err = decide(votes(MODE_PHASE=[grad, no_grad])).error
+    assert err.field is Field.PHASE and err.values == [1, 0]
+    assert "field PHASE" in str(err) and "forward_grad" in str(err) and "forward_no_grad" in str(err)
+    err = decide(votes(MODE_PHASE=[grad, mode_phase(1, Phase.BACKWARD)])).error
+    assert err.field is Field.MODE and err.values == [0, 1]
 
 
 def test_decide_dtype_and_phase_errors_are_readable():
     """DTYPE values print as torch dtypes, PHASE values as phase names."""
     dtype_err = decide(votes(DTYPE=[DTYPE_CODES[torch.float32], DTYPE_CODES[torch.bfloat16]])).error
     assert "torch.float32" in str(dtype_err) and "torch.bfloat16" in str(dtype_err)
-    phase_err = decide(votes(PHASE=[int(Phase.FORWARD_GRAD), int(Phase.FORWARD_NO_GRAD)])).error
+    phases = [mode_phase(0, Phase.FORWARD_GRAD), mode_phase(0, Phase.FORWARD_NO_GRAD)]
+    phase_err = decide(votes(MODE_PHASE=phases)).error
     assert "forward_grad" in str(phase_err) and "forward_no_grad" in str(phase_err)
 
 

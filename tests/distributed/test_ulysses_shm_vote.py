@@ -265,7 +265,7 @@ def _library_voted_launch(rank, world_size, case):
     fields = _fields(0, 1)
     fields[2] = 0  # eligible
     if case == "decline" and rank == 1:
-        fields[6] += 1  # another S_LOCAL on one rank: no rank may launch
+        fields[6] += 1  # another S on one rank: no rank may launch
     stage, ns = ctypes.c_int(9), ctypes.c_int64(-1)
     handle, send, recv, timeout = vote.native_args(fields)
     entry = 7 if case == "bad_entry" else 1
@@ -333,7 +333,7 @@ def _mismatch(rank, world_size, kind="plain"):
 def test_contract_mismatch_raises_on_every_rank_through_the_shm_vote(ranks, kind):
     results = ranks(3, _mismatch, kind, env=ENV, timeout_s=60)
     for (kind, message, field), after, vote in results:
-        assert (kind, field, vote) == ("ContractMismatchError", "S_LOCAL", "shm") and "field S_LOCAL" in message
+        assert (kind, field, vote) == ("ContractMismatchError", "S", "shm") and "field S " in message
         assert after == (True, "fused")
     assert len({r[0][1] for r in results}) == 1
 

@@ -34,11 +34,11 @@ def base_row(rng: random.Random) -> list[int]:
     row = [0] * NUM_FIELDS
     row[Field.HEADER] = contract.header(rng.randrange(1, 5))
     row[Field.SEQ] = rng.randrange(0, 1000)
-    row[Field.MODE] = rng.randrange(2)
+    row[Field.MODE_PHASE] = contract.mode_phase(rng.randrange(2), rng.randrange(3))
     row[Field.DTYPE] = rng.choice((1, 2, 3))
-    row[Field.B], row[Field.S_LOCAL], row[Field.H], row[Field.D] = (rng.randrange(1, 5), rng.randrange(1, 9999),
-                                                                    8 * rng.randrange(1, 8), 128)
-    row[Field.PHASE] = rng.randrange(3)
+    row[Field.B], row[Field.S], row[Field.H], row[Field.D] = (rng.randrange(1, 5), rng.randrange(1, 9999),
+                                                              8 * rng.randrange(1, 8), 128)
+    row[Field.SPLITS] = rng.choice((0, contract.splits_digest((3, 5), (4, 4))))
     row[Field.WINDOW_BYTES] = rng.randrange(1, 1 << 30)
     row[Field.PLAN] = rng.randrange(1, 1 << 40)
     return row

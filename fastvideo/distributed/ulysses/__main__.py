@@ -1,11 +1,13 @@
 """Ask the Ulysses helper why, without running anything.
 
     python -m fastvideo.distributed.ulysses explain --world-size 4 --shape 3,62500,56,128 \\
-        --dtype bfloat16 --gpu GB200 [--mode 0] [--grad] [--long-training chunked] [--window-bytes N]
+        --dtype bfloat16 --gpu GB200 [--mode 0] [--grad] [--long-training chunked] [--window-bytes N] \\
+        [--seq-splits 62500,62500,62500,62499 --head-splits 14,14,14,14 --rank 0]
     python -m fastvideo.distributed.ulysses doctor
 
 ``explain`` applies the same pure policy the helper applies on every call and prints the plan
-(route, CTAs, chunking, window bytes) or the decline reason; no GPU or process group is needed.
+(route, CTAs, chunking, window bytes) or the decline reason; no GPU or process group is needed. With
+``--seq-splits`` / ``--head-splits`` (every rank's shares) ``--shape`` is rank ``--rank``'s input.
 Bad arguments are argparse errors (exit 2) that name the argument and the fix.
 ``doctor`` prints versions, the kernel library (every place it looked), GPUs and peer access, the
 host identity and the environment variables. It reports problems (an invalid ``FASTVIDEO_*`` value,
@@ -36,6 +38,7 @@ from fastvideo.distributed.ulysses.policy import (
     lookup,
     normalize_gpu_name,
 )
+from fastvideo.distributed.ulysses.transport import ENTRY_UNEVEN
 
 _DTYPES = {
     "bfloat16": torch.bfloat16,
@@ -91,6 +94,28 @@ def _window_bytes(text: str) -> int:
             f"{text!r}: expected an integer number of bytes >= {var.minimum:g} (the same rule as {_WINDOW_VAR}; "
             f"default {var.default})"
         ) from None
+
+
+def _splits(text: str) -> list[int]:
+    """``5,3,4``: one non-negative int per SP rank (``validate_input`` checks the count against the SP size)."""
+    try:
+        table = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected one non-negative integer per SP rank (5,3,4)") from None
+    negative = [f"[{r}]={v}" for r, v in enumerate(table) if v < 0]
+    if negative:
+        raise argparse.ArgumentTypeError(f"{text!r}: shares are non-negative (0: an idle rank); {', '.join(negative)}")
+    return table
+
+
+def _rank(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a rank, 0 <= rank < the SP size") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a rank is non-negative (0 <= rank < the SP size)")
+    return value
 
 
 def _dtype(text: str) -> str:
@@ -154,7 +179,8 @@ def explain(args: argparse.Namespace) -> int:
     mode, p = args.mode, args.world_size
     dtype = _DTYPES[args.dtype]
     try:
-        validate_input(torch.empty(args.shape, device="meta"), mode, p, allow_meta=True)
+        splits = validate_input(torch.empty(args.shape, device="meta"), mode, p, rank=args.rank,
+                                seq_splits=args.seq_splits, head_splits=args.head_splits, allow_meta=True)
     except ValueError as exc:
         print(f"error: {exc}")
         return 2
@@ -163,14 +189,20 @@ def explain(args: argparse.Namespace) -> int:
         # sequence_model_parallel_all_to_all_4D returns x itself at SP1: no route, no vote, no plan.
         print("route      identity (SP size 1: the op returns its input unchanged; no collective, no vote)")
         return 0
-    geom = Geometry.from_input(args.shape, mode, p, dtype)
+    geom = Geometry.from_input(args.shape, mode, p, dtype, seq_splits=splits.seq, head_splits=splits.heads)
     choice = choose_plan(
         geom, gpu=args.gpu, window_bytes=args.window_bytes, grad=args.grad, long_training=args.long_training
     )
+    share = "S_local" if geom.seq_splits is None else "largest S_local share"
     print(
-        f"geometry   SP {p}, B={geom.B} planes, S_local={geom.S}, H={geom.H}, D={geom.D}, plane {geom.plane_bytes} B, "
+        f"geometry   SP {p}, B={geom.B} planes, {share}={geom.S}, H={geom.H}, D={geom.D}, plane {geom.plane_bytes} B, "
         f"operand {geom.operand_bytes} B"
     )
+    if geom.uneven:
+        print(f"splits     seq {list(geom.seq_table)}, heads {list(geom.head_table)} (uneven: chunks and the window "
+              "are sized by the largest share)")
+    else:
+        print(f"splits     even ({geom.S} rows and {geom.H // p} heads per rank)")
     print(f"policy     gpu={args.gpu} grad={args.grad} long_training={args.long_training} window={args.window_bytes} B")
     print(f"tuned row  {tuned_row_note(args.gpu, geom)}")
     if choice.plan is None:
@@ -179,6 +211,10 @@ def explain(args: argparse.Namespace) -> int:
     else:
         print(f"route      fused ({choice.plan.describe(geom)})")
     print(f"why        {choice.why}")
+    if geom.uneven and choice.plan is not None:
+        # The policy's plan runs only on a transport that offers uneven plans (the planner requires it).
+        print(f"transport  uneven splits need a transport offering '{ENTRY_UNEVEN}': the native one does not yet (its "
+              "kernels move even shares), so there every rank declines uneven_splits and the NCCL route runs")
     return 0
 
 
@@ -370,9 +406,15 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument(
         "--window-bytes", type=_window_bytes, default=None, help=f"default: {_WINDOW_VAR} or {DEFAULT_WINDOW_BYTES}"
     )
+    ex.add_argument("--seq-splits", type=_splits, default=None, metavar="S0,S1,...",
+                    help="every rank's sequence rows (default: even)")
+    ex.add_argument("--head-splits", type=_splits, default=None, metavar="H0,H1,...",
+                    help="every rank's heads (default: even)")
+    ex.add_argument("--rank", type=_rank, default=0, help="the rank whose input --shape is (with splits; default 0)")
     sub.add_parser("doctor", help="versions, kernel library, GPUs, host, env; exits 1 if it found a problem")
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(_negative_values_as_values(argv, ("--shape", "--world-size", "--window-bytes")))
+    args = parser.parse_args(_negative_values_as_values(
+        argv, ("--shape", "--world-size", "--window-bytes", "--seq-splits", "--head-splits", "--rank")))
     if args.command == "explain":
         for attr, flag, var in (
             ("long_training", "--long-training", _LONG_VAR),

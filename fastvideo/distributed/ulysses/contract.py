@@ -8,23 +8,26 @@ Wire format (frozen; ``CONTRACT_VERSION`` changes when it does; ``docs/ulysses_c
  0    HEADER          ``CONTRACT_VERSION << 32 | helper generation``
  1    SEQ             call sequence number of this helper (0, 1, 2, ...)
  2    ELIGIBILITY     rank-local decline bits (``1 << DeclineReason``); 0 = eligible
- 3    MODE            0: scatter heads / gather sequence, 1: the inverse
+ 3    MODE_PHASE      ``mode | phase << 4``: mode 0 scatters heads / gathers sequence, 1 the inverse;
+                      phase 0 no-grad forward, 1 grad-tracked forward, 2 backward
  4    DTYPE           ``DTYPE_CODES`` of the operand
  5    B               planes (batch dim)
- 6    S_LOCAL         per-rank sequence
+ 6    S               global sequence length (the sum of the sequence shares; S_local x P when even)
  7    H               global head count
  8    D               head dim
- 9    PHASE           0: no-grad forward, 1: grad-tracked forward, 2: backward
+ 9    SPLITS          0 for even split tables, else ``splits_digest`` of (seq_splits, head_splits)
  10   WINDOW_BYTES    window bytes the plan needs (0: no fused plan), | ``WINDOW_CAPTURED`` under capture
  11   PLAN            packed plan word (``Plan.word``; 0: no fused plan)
 ====  ==============  =================================================================
 
-Verdict (``decide``), computed identically on every rank from the gathered ``[P, 12]`` votes:
+ELIGIBILITY stays field 2 and PLAN field 11 in every version: the kernel library's ``fvk_vote_would_run`` reads
+them. Verdict (``decide``), computed identically on every rank from the gathered ``[P, 12]`` votes:
 
 * A rank set the LOCAL_ERROR bit (a rank-local step of the call raised there): ``RAISE`` on every
   rank (``PeerCallError``), so no rank is left a call ahead of its peers.
-* HEADER, SEQ, MODE, DTYPE, B, S_LOCAL, H, D or PHASE differ: a caller bug (the NCCL route would
-  hang too). ``RAISE`` naming the field and the per-rank values; no rank enters a collective.
+* HEADER, SEQ, MODE_PHASE, DTYPE, B, S, H, D or SPLITS differ: a caller bug (the NCCL route would
+  hang or move wrong data too). ``RAISE`` naming the field (MODE or PHASE for MODE_PHASE) and the per-rank
+  values; no rank enters a collective.
 * ELIGIBILITY, WINDOW_BYTES or PLAN differ, or any rank has a decline bit: ``DECLINE`` together.
 * Otherwise ``RUN`` the agreed plan.
 """
@@ -33,35 +36,49 @@ from __future__ import annotations
 
 import enum
 import functools
+import hashlib
+import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-CONTRACT_VERSION = 1
+CONTRACT_VERSION = 2
 NUM_FIELDS = 12
 # Set in WINDOW_BYTES by a rank whose call is being captured into a CUDA graph with the plan frozen: a rank
 # capturing while a peer runs eagerly differs there, so every rank declines together (PEER_DISAGREEMENT).
-# Window bytes never reach it; eager votes are unchanged (no version bump).
+# Window bytes never reach it; eager votes are unchanged.
 WINDOW_CAPTURED = 1 << 62
+PHASE_SHIFT = 4  # MODE_PHASE = mode | phase << PHASE_SHIFT
+_MODE_MASK = (1 << PHASE_SHIFT) - 1
+_DIGEST_MASK = (1 << 63) - 1
 
 
 class Field(enum.IntEnum):
+    """A contract field. HEADER..PLAN are the 12 wire slots (the value is the index); MODE and PHASE are the two
+    values packed into MODE_PHASE, never indices (``row[Field.MODE]`` is an IndexError): what
+    ``ContractMismatchError.field`` names when MODE_PHASE differs."""
+
     HEADER = 0
     SEQ = 1
     ELIGIBILITY = 2
-    MODE = 3
+    MODE_PHASE = 3
     DTYPE = 4
     B = 5
-    S_LOCAL = 6
+    S = 6
     H = 7
     D = 8
-    PHASE = 9
+    SPLITS = 9
     WINDOW_BYTES = 10
     PLAN = 11
+    MODE = 12
+    PHASE = 13
 
 
-# Fields every rank must agree on, or the caller has a bug that would hang any route.
-MUST_MATCH = (Field.HEADER, Field.SEQ, Field.MODE, Field.DTYPE, Field.B, Field.S_LOCAL, Field.H, Field.D, Field.PHASE)
+WIRE_FIELDS = tuple(f for f in Field if f < NUM_FIELDS)
+# Fields every rank must agree on, or the caller has a bug that would hang (or corrupt) any route.
+MUST_MATCH = (Field.HEADER, Field.SEQ, Field.MODE_PHASE, Field.DTYPE, Field.B, Field.S, Field.H, Field.D,
+              Field.SPLITS)
 
 
 class Phase(enum.IntEnum):
@@ -92,6 +109,7 @@ class DeclineReason(enum.IntEnum):
     DEVICE = 16  # operand not on the helper's device
     CONSTRUCTION_FAILED = 17  # a collective construction step failed on some rank
     LOCAL_ERROR = 18  # not a decline: a rank-local step of the call raised; every rank raises
+    UNEVEN_SPLITS = 19  # uneven seq_splits/head_splits, which this transport's kernels do not move
 
     @property
     def bit(self) -> int:
@@ -129,19 +147,37 @@ def header(generation: int) -> int:
     return (CONTRACT_VERSION << 32) | (generation & 0xFFFFFFFF)
 
 
+def mode_phase(mode: int, phase: int) -> int:
+    """The MODE_PHASE field: ``mode | phase << 4`` (an invalid mode, -1 in a caller-error vote, packs as 15)."""
+    return (mode & _MODE_MASK) | int(phase) << PHASE_SHIFT
+
+
+def splits_digest(seq: Sequence[int], heads: Sequence[int]) -> int:
+    """The SPLITS field for every rank's sequence and head shares: 0 when both tables are even (every share
+    equal), else 63 bits of BLAKE2b over both tables (never 0). Computed once per call signature, never per call.
+    Why two different tables never meet the same digest in practice: ``docs/ulysses_contract.md``."""
+    if all(v == seq[0] for v in seq) and all(v == heads[0] for v in heads):
+        return 0
+    data = struct.pack(f"<2q{len(seq)}q{len(heads)}q", len(seq), len(heads), *seq, *heads)
+    digest = int.from_bytes(hashlib.blake2b(data, digest_size=8, person=b"fv-ulysses-split").digest(), "little")
+    return (digest & _DIGEST_MASK) or 1
+
+
 def fields(generation: int, seq: int, bits: int, mode: int, dtype: torch.dtype, shape: tuple[int, int, int, int],
-           phase: Phase, window_bytes: int = 0, plan_word: int = 0, capturing: bool = False) -> list[int]:
-    """One rank's 12 vote fields. ``shape`` is ``(B, S_local, H, D)`` (global heads); ``window_bytes`` and
-    ``plan_word`` only when this rank proposes to run that plan (both 0 otherwise). A rank capturing while a
-    peer runs eagerly differs in WINDOW_BYTES: every rank then declines together."""
+           phase: Phase, window_bytes: int = 0, plan_word: int = 0, capturing: bool = False,
+           splits: int = 0) -> list[int]:
+    """One rank's 12 vote fields. ``shape`` is ``(B, S, H, D)``: the global sequence length and head count, the
+    same on every rank; ``splits`` the SPLITS digest (0: even). ``window_bytes`` and ``plan_word`` only when
+    this rank proposes to run that plan (both 0 otherwise). A rank capturing while a peer runs eagerly differs
+    in WINDOW_BYTES: every rank then declines together."""
     row = [0] * NUM_FIELDS
     row[Field.HEADER] = header(generation)
     row[Field.SEQ] = seq
     row[Field.ELIGIBILITY] = bits
-    row[Field.MODE] = mode
+    row[Field.MODE_PHASE] = mode_phase(mode, phase)
     row[Field.DTYPE] = dtype_code(dtype)
-    row[Field.B], row[Field.S_LOCAL], row[Field.H], row[Field.D] = shape
-    row[Field.PHASE] = int(phase)
+    row[Field.B], row[Field.S], row[Field.H], row[Field.D] = shape
+    row[Field.SPLITS] = splits
     if plan_word:
         row[Field.WINDOW_BYTES] = window_bytes | (WINDOW_CAPTURED if capturing else 0)
         row[Field.PLAN] = plan_word
@@ -161,18 +197,32 @@ def outcome_reason(code: int) -> DeclineReason:
     return DeclineReason(-1 - code)
 
 
-class ContractMismatchError(RuntimeError):
-    """Ranks called the all-to-all with different contracts (a caller bug). Raised on every rank."""
+_HINTS = {
+    Field.SEQ: "a rank skipped or repeated a call (every SP rank must issue the same sequence of calls)",
+    Field.MODE: "ranks passed different (scatter_dim, gather_dim)",
+    Field.PHASE: "ranks disagree on requires_grad/backward, which would also hang the NCCL route",
+    Field.HEADER: "ranks run different contract versions or helper generations (rebuild collectively)",
+    Field.S: "ranks passed different sequence lengths (S: the sum of seq_splits, S_local x P when even)",
+    Field.SPLITS: "ranks passed different seq_splits/head_splits (each rank sees every rank's tables as a 63-bit "
+                  "digest only; 'even': None or equal shares): pass the same tables on every rank",
+}
 
-    def __init__(self, field: Field, values: list[int]):
+
+class ContractMismatchError(RuntimeError):
+    """Ranks called the all-to-all with different contracts (a caller bug). Raised on every rank.
+
+    ``field``: the differing field (MODE or PHASE where MODE_PHASE differs); ``values``: each rank's value of it.
+    ``per_rank``: each rank's value as text, where more is known than the field holds (a SPLITS mismatch's
+    tables, once the helper has exchanged them)."""
+
+    def __init__(self, field: Field, values: list[int], per_rank: list[str] | None = None):
         self.field, self.values = field, values
-        per_rank = ", ".join(f"rank {r}: {_describe(field, v)}" for r, v in enumerate(values))
-        hint = {
-            Field.SEQ: "a rank skipped or repeated a call (every SP rank must issue the same sequence of calls)",
-            Field.PHASE: "ranks disagree on requires_grad/backward, which would also hang the NCCL route",
-            Field.HEADER: "ranks run different contract versions or helper generations (rebuild collectively)",
-        }.get(field, "every SP rank must pass the same shape, dtype and mode")
-        super().__init__(f"Ulysses all-to-all contract mismatch on field {field.name} ({per_rank}): {hint}.")
+        texts = per_rank if per_rank is not None else [_describe(field, v) for v in values]
+        listed = ", ".join(f"rank {r}: {t}" for r, t in enumerate(texts))
+        hint = _HINTS.get(field, "every SP rank must pass the same shape, dtype and mode")
+        if field is Field.SPLITS and per_rank is not None:
+            hint = "ranks passed different seq_splits/head_splits: pass the same tables on every rank"
+        super().__init__(f"Ulysses all-to-all contract mismatch on field {field.name} ({listed}): {hint}.")
 
 
 def _describe(field: Field, value: int) -> str:
@@ -182,7 +232,20 @@ def _describe(field: Field, value: int) -> str:
         return Phase(value).name.lower()
     if field == Field.HEADER:
         return f"v{value >> 32}/gen{value & 0xFFFFFFFF}"
+    if field == Field.SPLITS:
+        return "even" if value == 0 else f"digest {value:#018x}"
     return str(value)
+
+
+def mismatch(field: Field, column: list[int]) -> ContractMismatchError:
+    """The error for a MUST_MATCH ``field`` whose ``column`` (every rank's value) differs: MODE_PHASE names the
+    part that differs, MODE before PHASE."""
+    if field is Field.MODE_PHASE:
+        modes = [v & _MODE_MASK for v in column]
+        if any(m != modes[0] for m in modes):
+            return ContractMismatchError(Field.MODE, modes)
+        return ContractMismatchError(Field.PHASE, [v >> PHASE_SHIFT for v in column])
+    return ContractMismatchError(field, column)
 
 
 class PeerCallError(RuntimeError):
@@ -239,7 +302,7 @@ def decide(votes: torch.Tensor) -> Decision:
     for field in MUST_MATCH:
         column = [row[field] for row in rows]
         if any(v != column[0] for v in column):
-            return Decision(Verdict.RAISE, error=ContractMismatchError(field, column))
+            return Decision(Verdict.RAISE, error=mismatch(field, column))
     bits = [row[Field.ELIGIBILITY] for row in rows]
     if any(b != bits[0] for b in bits):
         return Decision(Verdict.DECLINE, reason=DeclineReason.PEER_DISAGREEMENT)

@@ -36,8 +36,8 @@ from fastvideo.distributed.ulysses.construction import (
     host_identity,
     limits,
 )
-from fastvideo.distributed.ulysses.contract import DeclineReason, Field, Phase, Verdict
-from fastvideo.distributed.ulysses.layout import mode_for_dims, validate_input
+from fastvideo.distributed.ulysses.contract import ContractMismatchError, DeclineReason, Field, Phase, Verdict
+from fastvideo.distributed.ulysses.layout import EVEN, Splits, mode_for_dims, validate_input
 from fastvideo.distributed.ulysses.nccl import nccl_route
 from fastvideo.distributed.ulysses.planner import PlanConfig, Planner, Proposal, Signature
 from fastvideo.distributed.ulysses.policy import CAPTURE_ENGINES, TUNED_TABLE, Choice, Geometry, TunedRow
@@ -209,12 +209,13 @@ class UlyssesHelper:
     # ------------------------------------------------------------------ the call
 
     def call(self, x: torch.Tensor, mode: int, grad: bool = False, outcome: int | None = None, *,
-             fallback: bool = True) -> tuple[torch.Tensor | None, int]:
+             fallback: bool = True, splits: Splits = EVEN) -> tuple[torch.Tensor | None, int]:
         """One call on validated input: propose, vote, decide, execute, record. Collective; blocks the host for the
         vote; capture-safe (one vote at capture, see the class). Not differentiable (the op is).
 
         ``grad``: the call is recorded by autograd (the vote's PHASE; the long-training policy). ``outcome``: for a
-        backward, its forward's ``contract.outcome_code`` (it runs that plan, never a re-decision). Returns
+        backward, its forward's ``contract.outcome_code`` (it runs that plan, never a re-decision). ``splits``: the
+        tables ``validate_input`` returned (part of the vote: ranks whose tables differ raise together). Returns
         ``(output, outcome code)``; with ``fallback=False`` a declined call returns ``(None, code)`` instead of
         running the NCCL route."""
         self._check_alive()
@@ -224,10 +225,10 @@ class UlyssesHelper:
         self._seq += 1
         self._stats.calls += 1
         if not self._votes:  # declined at construction (agreed), unchecked: no call needs a vote
-            return self._declined(x, mode, seq, phase, self.construction_reason, fallback)
+            return self._declined(x, mode, seq, phase, self.construction_reason, fallback, splits)
         # 1. propose: pure, cached per signature
         sig = Signature(x.shape, x.dtype, x.device, mode, phase, outcome, capturing, x.is_contiguous(),
-                        x.data_ptr() % x.element_size() == 0)
+                        x.data_ptr() % x.element_size() == 0, splits)
         proposal = self.planner.cache.get(sig) or self._propose(sig)
         fields = list(proposal.fields)
         fields[Field.SEQ] = seq
@@ -242,9 +243,11 @@ class UlyssesHelper:
             decision = contract.decide(rows)
             if decision.verdict is Verdict.RAISE:
                 self._stats.raised += 1
+                if isinstance(decision.error, ContractMismatchError) and decision.error.field is Field.SPLITS:
+                    raise self._splits_mismatch(decision.error, proposal) from error
                 raise decision.error from error
             if decision.verdict is Verdict.DECLINE:
-                return self._declined(x, mode, seq, phase, decision.reason, fallback, proposal.why)
+                return self._declined(x, mode, seq, phase, decision.reason, fallback, splits, proposal.why)
             # 4. execute: every rank runs (or captures) this plan: the capture bit is in the agreed fields
             out = self._execute(x, proposal, seq, capturing)
         # 5. record
@@ -263,6 +266,21 @@ class UlyssesHelper:
             row = contract.fields(self.generation, 0, DeclineReason.LOCAL_ERROR.bit, sig.mode, sig.dtype,
                                   tuple(sig.shape), sig.phase)
             return Proposal(None, None, tuple(row), "", exc)
+
+    def _splits_mismatch(self, error: ContractMismatchError, proposal: Proposal) -> ContractMismatchError:
+        """Every rank's split tables for a SPLITS mismatch (the vote carries digests only): one more exchange over
+        the construction vote group, which every rank enters (every rank reached this same verdict). Collective;
+        on a failed exchange the helper is disposed and the digests' error stands."""
+        geom = proposal.geom
+        mine = (geom.seq_table, geom.head_table) if geom is not None else None
+        try:
+            tables = self._vote.all_gather_object(mine)
+        except VoteTimeoutError as exc:
+            self._dispose(str(exc))
+            return error
+        per_rank = [f"seq_splits={list(t[0])}, head_splits={list(t[1])}" if t is not None else "unknown"
+                    for t in tables]
+        return ContractMismatchError(Field.SPLITS, error.values, per_rank)
 
     def _exchange(self, fields: list[int]) -> torch.Tensor:
         """Gather every rank's fields (collective); a failed vote disposes the helper and raises."""
@@ -302,7 +320,7 @@ class UlyssesHelper:
             raise
 
     def _declined(self, x: torch.Tensor, mode: int, seq: int, phase: Phase, reason: DeclineReason, fallback: bool,
-                  why: str = "") -> tuple[torch.Tensor | None, int]:
+                  splits: Splits, why: str = "") -> tuple[torch.Tensor | None, int]:
         self._stats.declined(seq, phase, mode, reason)
         if why:
             self._capture_detail = why
@@ -317,7 +335,7 @@ class UlyssesHelper:
         code = contract.outcome_code(0, reason)
         if not fallback:
             return None, code
-        return nccl_route(x, mode, self.sp.device_group), code
+        return nccl_route(x, mode, self.sp.device_group, splits=splits), code
 
     def _launch_failed(self, seq: int, exc: Exception) -> None:
         """A launch failed on this rank after every rank agreed to run call ``seq``: its peers have launched (or
@@ -358,28 +376,34 @@ class UlyssesHelper:
 
     # ------------------------------------------------------------------ public calls
 
-    def all_to_all(self, x: torch.Tensor, mode: int) -> torch.Tensor:
+    def all_to_all(self, x: torch.Tensor, mode: int, *, seq_splits: Sequence[int] | None = None,
+                   head_splits: Sequence[int] | None = None) -> torch.Tensor:
         """The Ulysses all-to-all through this helper: collective; blocks the host for the vote; capture-safe.
 
-        Not differentiable itself: autograd goes through the one op (the public function, or
+        ``seq_splits`` / ``head_splits``: every rank's shares, the same on every rank (None: even; see
+        ``layout``). Not differentiable itself: autograd goes through the one op (the public function, or
         ``ops.all_to_all(x, mode, helper=this)`` for this helper), whose backward runs the inverse with the plan
         its forward ran and still votes. A call autograd would record raises instead of losing the gradient."""
-        validate_input(x, mode, self.world_size)
+        splits = validate_input(x, mode, self.world_size, rank=self.sp.rank_in_group, seq_splits=seq_splits,
+                                head_splits=head_splits)
         if torch.is_grad_enabled() and x.requires_grad:
             raise RuntimeError(
                 "UlyssesHelper.all_to_all is not differentiable and x requires grad: call "
                 "fastvideo.distributed.ulysses.ops.all_to_all(x, mode, helper=helper) (or the public "
                 "sequence_model_parallel_all_to_all_4D), or run it under torch.no_grad()."
             )
-        return self.call(x, mode)[0]
+        return self.call(x, mode, splits=splits)[0]
 
-    def try_all_to_all_4D(self, x: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1) -> torch.Tensor | None:
+    def try_all_to_all_4D(self, x: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1, *,
+                          seq_splits: Sequence[int] | None = None,
+                          head_splits: Sequence[int] | None = None) -> torch.Tensor | None:
         """The fused route or nothing: collective; blocks the host for the vote; capture-safe; not differentiable.
         Returns the output, or None on every rank when every rank declined (the caller then runs the NCCL
-        route). Every rank must call it with matching tensors, in the same order."""
+        route). Every rank must call it with matching tensors and split tables, in the same order."""
         mode = mode_for_dims(scatter_dim, gather_dim)
-        validate_input(x, mode, self.world_size)
-        return self.call(x, mode, torch.is_grad_enabled() and x.requires_grad, fallback=False)[0]
+        splits = validate_input(x, mode, self.world_size, rank=self.sp.rank_in_group, seq_splits=seq_splits,
+                                head_splits=head_splits)
+        return self.call(x, mode, torch.is_grad_enabled() and x.requires_grad, fallback=False, splits=splits)[0]
 
     # ------------------------------------------------------------------ configuration (set identically on every rank)
 

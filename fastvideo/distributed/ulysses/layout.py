@@ -1,18 +1,43 @@
 """Input validation and the block layouts of the Ulysses all-to-all: pure tensor code, no collective.
 
-The one place that decides what input any route can serve (``validate_input``): the public op and
-the helper both call it before any vote or collective, and both routes (the NCCL route in
-``nccl.py``, the fused transports) rely on it. Mode 0 (``scatter_dim=2, gather_dim=1``) trades the
-sequence shard for a head shard, ``[B, S/P, H, D] -> [B, S, H/P, D]``; mode 1 is its inverse.
+The one place that decides what input any route can serve (``validate_input``): the public op, the op
+itself and the helper's public calls all call it before any vote or collective, and every route relies on
+it. Mode 0 (``scatter_dim=2, gather_dim=1``) trades the sequence shard for a head shard, mode 1 is its
+inverse. Each rank's share is a row of two split tables, the same on every rank:
+
+* ``seq_splits[r]``: the sequence rows rank ``r`` holds before mode 0 (after mode 1);
+* ``head_splits[r]``: the heads rank ``r`` holds after mode 0 (before mode 1).
+
+Mode 0 takes ``[B, seq_splits[r], H, D]`` with ``H = sum(head_splits)`` to ``[B, sum(seq_splits),
+head_splits[r], D]``. ``None`` is the even table (``S_local`` rows and ``H / P`` heads on every rank): the
+same layouts, with every block the same size. A share of 0 is an idle rank (zero-size tensors in and out).
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
 MODE_SEQ_GATHER = 0  # scatter heads (dim 2), gather sequence (dim 1)
 MODE_HEAD_GATHER = 1  # scatter sequence (dim 1), gather heads (dim 2)
 _MODES = {(2, 1): MODE_SEQ_GATHER, (1, 2): MODE_HEAD_GATHER}
+_OP = "sequence_model_parallel_all_to_all_4D"
+_DIM_NAMES = {1: "sequence", 2: "heads"}
+_COUNTED = {1: "sequence rows", 2: "heads"}
+
+
+class Splits(NamedTuple):
+    """Every rank's sequence and head shares (``validate_input``'s result). ``None``: the even table."""
+
+    seq: tuple[int, ...] | None = None
+    heads: tuple[int, ...] | None = None
+
+
+EVEN = Splits()
+Shape = tuple[int, int, int, int]
 
 
 def mode_for_dims(scatter_dim: int, gather_dim: int) -> int:
@@ -21,78 +46,185 @@ def mode_for_dims(scatter_dim: int, gather_dim: int) -> int:
         return _MODES[(scatter_dim, gather_dim)]
     except KeyError:
         raise ValueError(
-            f"sequence_model_parallel_all_to_all_4D: (scatter_dim, gather_dim)=({scatter_dim}, {gather_dim}) is not "
+            f"{_OP}: (scatter_dim, gather_dim)=({scatter_dim}, {gather_dim}) is not "
             "supported; use (2, 1) before attention ([B, S/P, H, D] -> [B, S, H/P, D]) or (1, 2) after it."
         ) from None
 
 
-def validate_input(x: torch.Tensor, mode: int, world_size: int, *, allow_meta: bool = False) -> None:
-    """Raise for input that no route can serve, a meta tensor included (checked before any collective; in
-    checked mode the public op then votes the error so that every rank raises). ``allow_meta``: check a
-    shape only (the CLI's ``explain`` validates a meta tensor of the shape it is given)."""
+def _table(name: str, value: Sequence[int] | None, world_size: int) -> tuple[int, ...] | None:
+    """``value`` as a tuple of ``world_size`` non-negative ints, or a ValueError naming ``name`` and the fix."""
+    if value is None:
+        return None
+    what = f"one non-negative int per SP rank ({world_size}), the same on every rank"
+    if isinstance(value, (str, bytes, torch.Tensor)) or not isinstance(value, Sequence):
+        raise ValueError(f"{_OP}: {name} must be a list or tuple of {what}; got {type(value).__name__} {value!r}.")
+    table = tuple(value)
+    if len(table) != world_size:
+        raise ValueError(f"{_OP}: {name} has {len(table)} entries for SP size {world_size}; pass {what}.")
+    for r, share in enumerate(table):
+        # SymInt: a share derived from a dynamic size under torch.compile (compared symbolically below).
+        if isinstance(share, bool) or not isinstance(share, (int, torch.SymInt)):
+            raise ValueError(f"{_OP}: {name}[{r}] = {share!r} is not an int; pass {what}.")
+        if share < 0:
+            raise ValueError(f"{_OP}: {name}[{r}] = {share} is negative; pass {what} (0: an idle rank).")
+    return table
+
+
+def validate_input(x: torch.Tensor, mode: int, world_size: int, *, rank: int = 0,
+                   seq_splits: Sequence[int] | None = None, head_splits: Sequence[int] | None = None,
+                   allow_meta: bool = False) -> Splits:
+    """Raise for input that no route can serve, before any collective; return the split tables.
+
+    ``rank``: this rank's place in the SP group (which row of the tables ``x`` must match). Checked: ``x`` is a
+    4-D tensor with real data (a meta tensor raises: ``allow_meta`` checks a shape only, for the CLI's
+    ``explain``), not under ``vmap``; each table has one non-negative int per rank; in mode 0 ``x`` is
+    ``[B, seq_splits[rank], sum(head_splits), D]``, in mode 1 ``[B, sum(seq_splits), head_splits[rank], D]``;
+    a ``None`` table needs the dim it splits divisible by the SP size. In checked mode the public op then votes
+    the error, so that every rank raises."""
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"sequence_model_parallel_all_to_all_4D: x must be a torch.Tensor, got {type(x).__name__}.")
+        raise TypeError(f"{_OP}: x must be a torch.Tensor, got {type(x).__name__}.")
     if mode not in (MODE_SEQ_GATHER, MODE_HEAD_GATHER):
-        raise ValueError(
-            f"sequence_model_parallel_all_to_all_4D: mode={mode!r} must be 0 (scatter heads, gather sequence) or 1 "
-            "(the inverse)."
-        )
+        raise ValueError(f"{_OP}: mode={mode!r} must be 0 (scatter heads, gather sequence) or 1 (the inverse).")
     if x.dim() != 4:
         raise ValueError(
-            f"sequence_model_parallel_all_to_all_4D: x must be 4-D [B, S, H, D], got shape {tuple(x.shape)}; "
-            "reshape packed heads to [B, S, H, D] first."
+            f"{_OP}: x must be 4-D [B, S, H, D], got shape {tuple(x.shape)}; reshape packed heads to [B, S, H, D] "
+            "first."
         )
     if x.is_meta and not allow_meta:
         raise ValueError(
-            "sequence_model_parallel_all_to_all_4D: x is a meta tensor (a shape without data). The all-to-all moves "
-            "data between ranks, and returning a meta output here would leave the peers waiting in the collective. "
-            "Pass real tensors; to trace shapes, use torch.compile or FakeTensorMode, where the op returns a fake "
-            "output without any collective."
+            f"{_OP}: x is a meta tensor (a shape without data). The all-to-all moves data between ranks, and "
+            "returning a meta output here would leave the peers waiting in the collective. Pass real tensors; to "
+            "trace shapes, use torch.compile or FakeTensorMode, where the op returns a fake output without any "
+            "collective."
         )
     if torch._C._functorch.is_batchedtensor(x):
         raise RuntimeError(
-            "sequence_model_parallel_all_to_all_4D does not support torch.func.vmap: it would run one collective "
-            "per batch element and ranks that disagree on the batch size hang. Fold the batch into dim 0 instead."
+            f"{_OP} does not support torch.func.vmap: it would run one collective per batch element and ranks that "
+            "disagree on the batch size hang. Fold the batch into dim 0 instead."
         )
-    dim, what = (2, "heads (dim 2)") if mode == MODE_SEQ_GATHER else (1, "sequence (dim 1)")
-    if x.shape[dim] % world_size:
+    seq = _table("seq_splits", seq_splits, world_size)
+    heads = _table("head_splits", head_splits, world_size)
+    if (seq is not None or heads is not None) and not 0 <= rank < world_size:
+        raise ValueError(f"{_OP}: rank={rank} is outside the SP group of size {world_size}.")
+    _, s, h, _ = x.shape
+    dims = "(2, 1)" if mode == MODE_SEQ_GATHER else "(1, 2)"
+    # Mode 0's x holds this rank's share of the sequence and every head; mode 1's every sequence row and its
+    # share of the heads.
+    own, whole = ((seq, "seq_splits", 1, s), (heads, "head_splits", 2, h)) if mode == MODE_SEQ_GATHER else (
+        (heads, "head_splits", 2, h), (seq, "seq_splits", 1, s))
+    table, name, dim, size = own
+    if table is not None and size != table[rank]:
         raise ValueError(
-            f"sequence_model_parallel_all_to_all_4D: {what} = {x.shape[dim]} is not divisible by the SP size "
-            f"{world_size}; pad it to a multiple of {world_size} or choose an SP size that divides it."
+            f"{_OP}: {name}[{rank}] = {table[rank]} but this rank's x has {size} {_COUNTED[dim]} (dim {dim}, shape "
+            f"{tuple(x.shape)}); with {dims} rank r passes its own share, {name}[r], in dim {dim}."
         )
+    table, name, dim, size = whole
+    if table is None and size % world_size:
+        raise ValueError(
+            f"{_OP}: {_DIM_NAMES[dim]} (dim {dim}) = {size} is not divisible by the SP size {world_size}; pass "
+            f"{name} (every rank's share, the same on every rank) or choose an SP size that divides it."
+        )
+    if table is not None and sum(table) != size:
+        raise ValueError(
+            f"{_OP}: {name} sums to {sum(table)} but x has {size} {_COUNTED[dim]} (dim {dim}, shape "
+            f"{tuple(x.shape)}); with {dims} dim {dim} holds every rank's share, so sum({name}) must equal it."
+        )
+    return EVEN if seq is None and heads is None else Splits(seq, heads)
 
 
-def send_layout(x: torch.Tensor, mode: int, world_size: int) -> torch.Tensor:
-    """[P, B, S_local, H/P, D]: block p is what this rank sends to rank p."""
-    b, s, h, d = x.shape
+def tables(shape: Sequence[int], mode: int, world_size: int,
+           splits: Splits = EVEN) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Every rank's (sequence rows, heads) for a call whose input on this rank has ``shape``: the given tables,
+    or the even ones (``S_local`` rows and ``H / P`` heads each) where a table is None."""
+    _, s, h, _ = shape
     p = world_size
+    seq = splits.seq if splits.seq is not None else (s if mode == MODE_SEQ_GATHER else s // p,) * p
+    heads = splits.heads if splits.heads is not None else (h // p if mode == MODE_SEQ_GATHER else h,) * p
+    return seq, heads
+
+
+def output_shape(shape: Sequence[int], mode: int, world_size: int, *, rank: int = 0,
+                 splits: Splits = EVEN) -> Shape:
+    """The op's output shape on ``rank`` for an input of ``shape`` there (``rank`` matters for uneven tables)."""
+    b, _, _, d = shape
+    seq, heads = tables(shape, mode, world_size, splits)
     if mode == MODE_SEQ_GATHER:
-        return x.reshape(b, s, p, h // p, d).permute(2, 0, 1, 3, 4).contiguous()
-    return x.reshape(b, p, s // p, h, d).permute(1, 0, 2, 3, 4).contiguous()
+        return (b, sum(seq), heads[rank], d)
+    return (b, seq[rank], sum(heads), d)
 
 
-def recv_layout(o: torch.Tensor, mode: int) -> torch.Tensor:
-    """Inverse of the exchange's receive side: block p came from rank p."""
-    p, b, s, h, d = o.shape
+def block_shapes(shape: Sequence[int], mode: int, world_size: int, rank: int,
+                 splits: Splits = EVEN) -> tuple[list[Shape], list[Shape]]:
+    """(sent, received): the shape of the block this rank sends to each rank p, and of the one it receives from
+    each rank p, for an input of ``shape`` here. Mode 0 sends rank p its head share of this rank's rows and
+    receives rank p's rows of its own head share; mode 1 is the inverse."""
+    b, _, _, d = shape
+    seq, heads = tables(shape, mode, world_size, splits)
+    p = range(world_size)
     if mode == MODE_SEQ_GATHER:
-        return o.permute(1, 0, 2, 3, 4).reshape(b, p * s, h, d)
-    return o.permute(1, 2, 0, 3, 4).reshape(b, s, p * h, d)
+        return [(b, seq[rank], heads[q], d) for q in p], [(b, seq[q], heads[rank], d) for q in p]
+    return [(b, seq[q], heads[rank], d) for q in p], [(b, seq[rank], heads[q], d) for q in p]
 
 
-def output_shape(shape: torch.Size | tuple[int, ...], mode: int, world_size: int) -> tuple[int, int, int, int]:
-    """The op's output shape for an input of ``shape``."""
-    b, s, h, d = shape
-    if mode == MODE_SEQ_GATHER:
-        return (b, s * world_size, h // world_size, d)
-    return (b, s // world_size, h * world_size, d)
+def scatter_dim(mode: int) -> int:
+    """The dim the input is cut along into blocks by destination (heads in mode 0, sequence in mode 1)."""
+    return 2 if mode == MODE_SEQ_GATHER else 1
 
 
-def reference_all_to_all(inputs: list[torch.Tensor], mode: int) -> list[torch.Tensor]:
+def pack(x: torch.Tensor, dim: int, sizes: Sequence[int]) -> torch.Tensor:
+    """``x`` cut along ``dim`` into blocks of ``sizes``, laid end to end in one flat tensor (block p, row-major, at
+    the sum of the earlier blocks' sizes): one copy at most. Where every dim before ``dim`` has size 1 the blocks
+    already lie end to end (a view of contiguous ``x``); equal blocks move in one strided copy; unequal ones
+    block by block into one buffer."""
+    if all(n == 1 for n in x.shape[:dim]):
+        return x.reshape(-1)
+    if all(n == sizes[0] for n in sizes):
+        return x.reshape(*x.shape[:dim], len(sizes), sizes[0], *x.shape[dim + 1:]).movedim(dim, 0).reshape(-1)
+    flat = x.new_empty(x.numel())
+    offset = 0
+    for block in x.split(list(sizes), dim):
+        flat[offset:offset + block.numel()].view(block.shape).copy_(block)
+        offset += block.numel()
+    return flat
+
+
+def unpack(flat: torch.Tensor, shapes: Sequence[Shape], dim: int) -> torch.Tensor:
+    """The inverse of ``pack``: blocks of ``shapes`` laid end to end in ``flat``, concatenated along ``dim`` (one
+    copy; none where every dim before ``dim`` has size 1: the blocks are then the output's own layout)."""
+    out = list(shapes[0])
+    out[dim] = sum(shape[dim] for shape in shapes)
+    if all(n == 1 for n in out[:dim]):
+        return flat.view(out)
+    blocks = flat.split([math.prod(shape) for shape in shapes])
+    return torch.cat([block.view(shape) for block, shape in zip(blocks, shapes, strict=True)], dim)
+
+
+def send_layout(x: torch.Tensor, mode: int, world_size: int, *, splits: Splits = EVEN) -> torch.Tensor:
+    """This rank's send buffer, flat: the block for rank p (``block_shapes``' p-th sent shape) after the blocks for
+    ranks 0..p-1. What the NCCL route's ``all_to_all_single`` moves."""
+    seq, heads = tables(x.shape, mode, world_size, splits)
+    return pack(x, scatter_dim(mode), heads if mode == MODE_SEQ_GATHER else seq)
+
+
+def recv_layout(flat: torch.Tensor, mode: int, received: Sequence[Shape]) -> torch.Tensor:
+    """This rank's output from its flat receive buffer: the block from rank p (``received[p]``) after those from
+    ranks 0..p-1, concatenated along the gathered dim."""
+    return unpack(flat, received, 3 - scatter_dim(mode))
+
+
+def reference_all_to_all(inputs: list[torch.Tensor], mode: int, *, splits: Splits = EVEN) -> list[torch.Tensor]:
     """Every rank's NCCL-route output computed locally from every rank's input (no collective).
 
-    The oracle for checks that simulate peers on one device: the exchange ``recv_r[p] = send_p[r]``
-    is exactly what ``all_to_all_single`` does between the two permutes.
+    The oracle for checks that simulate peers on one device: the exchange ``recv_r[p] = send_p[r]`` is exactly
+    what ``all_to_all_single`` does between ``send_layout`` and ``recv_layout``.
     """
     world_size = len(inputs)
-    sends = [send_layout(x, mode, world_size) for x in inputs]
-    return [recv_layout(torch.stack([sends[p][r] for p in range(world_size)]), mode) for r in range(world_size)]
+    blocks = []
+    for p, x in enumerate(inputs):
+        sent, _ = block_shapes(x.shape, mode, world_size, p, splits)
+        blocks.append(send_layout(x, mode, world_size, splits=splits).split([math.prod(s) for s in sent]))
+    outs = []
+    for r, x in enumerate(inputs):
+        _, received = block_shapes(x.shape, mode, world_size, r, splits)
+        outs.append(recv_layout(torch.cat([blocks[p][r] for p in range(world_size)]), mode, received))
+    return outs

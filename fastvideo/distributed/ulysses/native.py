@@ -37,6 +37,7 @@ from fastvideo.distributed.ulysses.transport import (
     ENTRY_CE_CAPTURE,
     ENTRY_ORIGINAL,
     ENTRY_TUNED,
+    ENTRY_UNEVEN,
     Capability,
     ConstructionContext,
     Step,
@@ -134,7 +135,9 @@ class NativeTransport(Transport):
         except fastvideo_kernel.KernelUnavailable as exc:
             return declined(DeclineReason.TRANSPORT_MISSING, str(exc))
         abi = lib.fvk_abi_version()
-        entries = fastvideo_kernel.entry_points(lib)
+        # Never offered uneven plans: the launches here pass no split tables (their kernels move even shares only),
+        # so calls with uneven splits decline uneven_splits on every rank, whatever a build exports.
+        entries = fastvideo_kernel.entry_points(lib) - {ENTRY_UNEVEN}
         known: dict[str, Any] = {"abi_version": abi, "entry_points": entries}
         if abi < MIN_ABI_VERSION or ENTRY_ORIGINAL not in entries:
             return declined(DeclineReason.TRANSPORT_TOO_OLD,

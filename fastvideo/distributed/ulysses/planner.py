@@ -3,10 +3,10 @@
 A proposal is what this rank puts to the vote for one call: its 12 fields (``contract.py``, sequence
 number left 0) and the plan it would run, or the decline bits that say why it would not. It depends only
 on the call's signature (shape, dtype, device, mode, phase, the forward's outcome for a backward, capture,
-contiguity, alignment) and on what is fixed per helper (``PlanConfig``: SP size, generation, GPU, window,
-tuned rows, the agreed long-training policy, what the transport can do). So every DiT layer after the
-first gets its proposal from one dict lookup, and two ranks with the same signature and configuration
-propose the same fields.
+contiguity, alignment, the split tables) and on what is fixed per helper (``PlanConfig``: SP size,
+generation, GPU, window, tuned rows, the agreed long-training policy, what the transport can do). So
+every DiT layer after the first gets its proposal from one dict lookup, and two ranks with the same
+signature and configuration propose the same fields.
 """
 
 from __future__ import annotations
@@ -19,15 +19,16 @@ import torch
 
 from fastvideo.distributed.ulysses import contract
 from fastvideo.distributed.ulysses.contract import DeclineReason, Phase
+from fastvideo.distributed.ulysses.layout import EVEN, Splits
 from fastvideo.distributed.ulysses.policy import ENGINE_CE, ENGINES, Choice, Geometry, Plan, TunedRow, choose_plan
-from fastvideo.distributed.ulysses.transport import ENTRY_CE, ENTRY_CE_CAPTURE, ENTRY_TUNED
+from fastvideo.distributed.ulysses.transport import ENTRY_CE, ENTRY_CE_CAPTURE, ENTRY_TUNED, ENTRY_UNEVEN
 
 CACHE_LIMIT = 4096  # signatures per helper: a job has few; a pathological one re-plans
 
 
 class Signature(NamedTuple):
     """What a proposal depends on, per call. ``outcome``: a backward's forward outcome
-    (``contract.outcome_code``), None for a forward."""
+    (``contract.outcome_code``), None for a forward; ``splits``: the tables ``validate_input`` returned."""
 
     shape: tuple[int, ...]
     dtype: torch.dtype
@@ -38,6 +39,7 @@ class Signature(NamedTuple):
     capturing: bool
     contiguous: bool
     aligned: bool
+    splits: Splits = EVEN
 
 
 class PlanConfig(NamedTuple):
@@ -55,6 +57,7 @@ class PlanConfig(NamedTuple):
     device: torch.device
     declined: DeclineReason | None  # a construction decline: every call declines it (checked mode still votes)
     capture_decline: Callable[[Geometry, Plan], str | None] | None  # the transport's, None: cannot capture
+    uneven: bool = False  # the transport runs plans for uneven split tables (it offers ENTRY_UNEVEN)
 
 
 class Proposal(NamedTuple):
@@ -99,7 +102,8 @@ def plan_from_word(word: int) -> Plan:
 def propose(cfg: PlanConfig, sig: Signature) -> Proposal:
     """This rank's proposal for a call of signature ``sig``. Pure; raises only on a bug (the helper then
     votes LOCAL_ERROR, so every rank raises together)."""
-    geom = Geometry.from_input(sig.shape, sig.mode, cfg.world_size, sig.dtype)
+    geom = Geometry.from_input(sig.shape, sig.mode, cfg.world_size, sig.dtype, seq_splits=sig.splits.seq,
+                               head_splits=sig.splits.heads)
     plan: Plan | None = None
     why = ""
     if cfg.declined is not None:
@@ -108,7 +112,8 @@ def propose(cfg: PlanConfig, sig: Signature) -> Proposal:
         bits = ((DeclineReason.DTYPE.bit if sig.dtype not in cfg.dtypes else 0)
                 | (DeclineReason.NON_CONTIGUOUS.bit if not sig.contiguous else 0)
                 | (DeclineReason.DEVICE.bit if sig.device != cfg.device else 0)
-                | (DeclineReason.ALIGNMENT.bit if not sig.aligned else 0))
+                | (DeclineReason.ALIGNMENT.bit if not sig.aligned else 0)
+                | (DeclineReason.UNEVEN_SPLITS.bit if geom.uneven and not cfg.uneven else 0))
         if not bits and sig.outcome is not None:  # a backward runs its forward's plan, never a re-decision
             if sig.outcome > 0:
                 plan = plan_from_word(sig.outcome)
@@ -131,9 +136,10 @@ def propose(cfg: PlanConfig, sig: Signature) -> Proposal:
                 bits |= DeclineReason.CUDA_GRAPH_CAPTURE.bit
     if bits:
         plan = None
-    row = contract.fields(cfg.generation, 0, bits, sig.mode, sig.dtype, (geom.B, geom.S, geom.H, geom.D), sig.phase,
-                          plan.window_bytes(geom) if plan is not None else 0, plan.word if plan is not None else 0,
-                          sig.capturing)
+    row = contract.fields(cfg.generation, 0, bits, sig.mode, sig.dtype, (geom.B, geom.S_global, geom.H, geom.D),
+                          sig.phase, plan.window_bytes(geom) if plan is not None else 0,
+                          plan.word if plan is not None else 0, sig.capturing,
+                          contract.splits_digest(geom.seq_table, geom.head_table))
     return Proposal(geom, plan, tuple(row), why)
 
 
@@ -170,7 +176,8 @@ class Planner:
 
     def _replan(self) -> None:
         eager, capture = tables(self._table, self._entries, self.config.capture_engines)
-        self.replace(table=eager, capture_table=capture)
+        uneven = self._entries is not None and ENTRY_UNEVEN in self._entries
+        self.replace(table=eager, capture_table=capture, uneven=uneven)
 
     @property
     def table(self) -> tuple[TunedRow, ...]:

@@ -7,7 +7,9 @@ count; a *chunk* is what one launch step moves: ``planes_per_chunk`` planes, or 
 
 Rules (``docs/ulysses_policy.md``):
 
-* Window: a chunk fits when its full per-rank output bytes fit the window (1 GiB by default).
+* Window: a chunk fits when its full per-rank output bytes fit the window (1 GiB by default). With uneven
+  split tables, chunks and windows are sized by the largest share (``Geometry``): a chunk takes the same
+  S_local row range from every peer, a peer with a shorter share contributes fewer or no rows.
 * Untuned (original) plan: ``ORIGINAL_CTAS`` CTAs, the whole operand in one chunk if it fits,
   else the NCCL route (``WINDOW``).
 * Tuned plans come only from ``TUNED_TABLE`` (measured rows, keyed by GPU model, SP size, dtype, H,
@@ -52,9 +54,21 @@ _CE_BIT = _TUNED_BIT + 1  # bit 62: the word stays a positive int64
 CAPTURE_ENGINES: tuple[str, ...] = (ENGINE_SM,)
 
 
+def _uneven(table: Sequence[int] | None) -> tuple[int, ...] | None:
+    """A split table as a tuple, or None where it is the even one (every share equal)."""
+    if table is None or all(v == table[0] for v in table):
+        return None
+    return tuple(int(v) for v in table)
+
+
 @dataclass(frozen=True)
 class Geometry:
-    """One call's operand, in mode-independent terms (S = S_local, H = global heads)."""
+    """One call's operand in mode-independent terms, identical on every rank (the policy plans from it alone).
+
+    ``S``: the rows of the largest per-rank sequence share (S_local when even); ``H``: global heads.
+    ``seq_splits`` / ``head_splits``: every rank's share where they differ (None: the even table, S rows and
+    H / P heads each). Windows and chunks are sized by the largest share: a chunk takes the same S_local row
+    range from every peer, and a peer with a shorter share contributes fewer (or no) rows to it."""
 
     mode: int
     dtype: torch.dtype
@@ -63,13 +77,44 @@ class Geometry:
     H: int
     D: int
     world_size: int
+    seq_splits: tuple[int, ...] | None = None
+    head_splits: tuple[int, ...] | None = None
 
     @classmethod
-    def from_input(cls, shape: Sequence[int], mode: int, world_size: int, dtype: torch.dtype) -> Geometry:
+    def from_input(cls, shape: Sequence[int], mode: int, world_size: int, dtype: torch.dtype, *,
+                   seq_splits: Sequence[int] | None = None, head_splits: Sequence[int] | None = None) -> Geometry:
+        """The geometry of a call whose (validated) input has ``shape`` on this rank. Tables whose shares are all
+        equal are the even table (None), so explicit even tables and None give one geometry."""
         b, s, h, d = (int(v) for v in shape)
-        if mode == 0:
-            return cls(mode, dtype, b, s, h, d, world_size)
-        return cls(mode, dtype, b, s // world_size, h * world_size, d, world_size)
+        seq, heads = _uneven(seq_splits), _uneven(head_splits)
+        if seq is not None:
+            s_max = max(seq)
+        else:
+            s_max = s if mode == 0 else s // world_size
+        if heads is not None:
+            h_global = sum(heads)
+        else:
+            h_global = h if mode == 0 else h * world_size
+        return cls(mode, dtype, b, s_max, h_global, d, world_size, seq, heads)
+
+    @property
+    def uneven(self) -> bool:
+        return self.seq_splits is not None or self.head_splits is not None
+
+    @property
+    def seq_table(self) -> tuple[int, ...]:
+        """Every rank's sequence share (rows before mode 0, after mode 1)."""
+        return self.seq_splits if self.seq_splits is not None else (self.S,) * self.world_size
+
+    @property
+    def head_table(self) -> tuple[int, ...]:
+        """Every rank's head share (after mode 0, before mode 1)."""
+        return self.head_splits if self.head_splits is not None else (self.H // self.world_size,) * self.world_size
+
+    @property
+    def S_global(self) -> int:
+        """The whole sequence: the sum of the shares (S x P when even)."""
+        return sum(self.seq_table)
 
     @property
     def itemsize(self) -> int:
@@ -77,8 +122,11 @@ class Geometry:
 
     @property
     def row_bytes(self) -> int:
-        """Bytes of one S_local row of one plane, all heads (the unit of sub-plane chunking)."""
-        return self.H * self.D * self.itemsize
+        """Bytes of one S_local row of one plane, every peer's head share (the unit of sub-plane chunking and of
+        window sizing): H x D x itemsize, sized by the largest head share where the shares differ (what any rank
+        receives for one row range, in either mode, is at most P rows of that share)."""
+        heads = self.H if self.head_splits is None else self.world_size * max(self.head_splits)
+        return heads * self.D * self.itemsize
 
     @property
     def plane_bytes(self) -> int:

@@ -6,7 +6,8 @@ executes agreed plans through it. ``native.NativeTransport`` is the real one (th
 kernel); ``GlooPlanTransport`` runs the same plans on CPU so the vote, plans, chunking, autograd,
 declines and recovery are all exercised in CI:
 
-* the same chunk order (``Plan.chunks``: planes, then S_local row ranges taken from every peer),
+* the same chunk order (``Plan.chunks``: planes, then S_local row ranges taken from every peer; with
+  uneven split tables a peer whose share is shorter contributes fewer or no rows to a chunk),
 * one bounded, reused receive window of the agreed capacity (a chunk that does not fit is a bug
   and raises),
 * outputs own their storage: every call returns a fresh tensor, never a view of the window.
@@ -15,6 +16,7 @@ declines and recovery are all exercised in CI:
 from __future__ import annotations
 
 import abc
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -29,6 +31,7 @@ ENTRY_TUNED = "tuned"  # CTA count and chunking as arguments
 ENTRY_CE = "ce"  # the copy-engine plan kind (same arguments as tuned)
 ENTRY_CAPTURE = "capture"  # the tuned entry point for CUDA-graph capture (fvk_a2a_captured)
 ENTRY_CE_CAPTURE = "ce_capture"  # the copy-engine kind for CUDA-graph capture (fvk_a2a_ce_captured)
+ENTRY_UNEVEN = "uneven"  # plans of calls with uneven seq_splits / head_splits (the planner requires it for them)
 
 
 class VoteNotStarted(RuntimeError):
@@ -159,29 +162,40 @@ class Transport(abc.ABC):
         """Release everything. Collective; called once by the helper."""
 
 
-def output_shape(geom: Geometry) -> tuple[int, int, int, int]:
-    p = geom.world_size
+def output_shape(geom: Geometry, rank: int = 0) -> tuple[int, int, int, int]:
+    """``rank``'s output shape for ``geom`` (the rank matters only for uneven split tables)."""
     if geom.mode == 0:
-        return (geom.B, geom.S * p, geom.H // p, geom.D)
-    return (geom.B, geom.S, geom.H, geom.D)
+        return (geom.B, geom.S_global, geom.head_table[rank], geom.D)
+    return (geom.B, geom.seq_table[rank], geom.H, geom.D)
 
 
-def chunk_views(
-    x: torch.Tensor, out: torch.Tensor, geom: Geometry, p0: int, p1: int, r0: int, r1: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(send, recv-destination) views of one chunk, both ``[P, planes, rows, H/P, D]``.
+def chunk_blocks(x: torch.Tensor, out: torch.Tensor, geom: Geometry, rank: int, p0: int, p1: int, r0: int,
+                 r1: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(sends, destinations) of one chunk on ``rank``, one view per peer, in rank order.
 
-    ``send[q]`` is this rank's share for rank ``q``; ``dest[q]`` is where rank ``q``'s share lands
-    in the output. Sub-plane chunks take rows ``[r0, r1)`` of every peer's S_local block.
+    A chunk is planes ``[p0, p1)`` and the row range ``[r0, r1)`` of every sequence share, clipped to the share
+    (a shorter share contributes fewer rows, or none). ``sends[q]`` is what this rank sends peer ``q``: in mode 0
+    its own rows in range, peer ``q``'s heads; in mode 1 peer ``q``'s rows in range, its own heads.
+    ``dests[q]`` is where what peer ``q`` sends lands in ``out``.
     """
-    p, hl = geom.world_size, geom.H // geom.world_size
-    if geom.mode == 0:
-        send = x.view(geom.B, geom.S, p, hl, geom.D)[p0:p1, r0:r1].permute(2, 0, 1, 3, 4)
-        dest = out.view(geom.B, p, geom.S, hl, geom.D)[p0:p1, :, r0:r1].permute(1, 0, 2, 3, 4)
-    else:
-        send = x.view(geom.B, p, geom.S, hl, geom.D)[p0:p1, :, r0:r1].permute(1, 0, 2, 3, 4)
-        dest = out.view(geom.B, geom.S, p, hl, geom.D)[p0:p1, r0:r1].permute(2, 0, 1, 3, 4)
-    return send, dest
+    seq, heads = geom.seq_table, geom.head_table
+    seq_at = [0, *itertools.accumulate(seq)]
+    head_at = [0, *itertools.accumulate(heads)]
+
+    def rows(q: int) -> slice:  # the chunk's rows of rank q's sequence share, as offsets within that share
+        return slice(min(r0, seq[q]), min(r1, seq[q]))
+
+    def seq_rows(q: int) -> slice:  # the same rows, within the whole sequence
+        return slice(seq_at[q] + rows(q).start, seq_at[q] + rows(q).stop)
+
+    peers = range(geom.world_size)
+    if geom.mode == 0:  # x [B, seq[rank], H, D] -> out [B, S_global, heads[rank], D]
+        sends = [x[p0:p1, rows(rank), head_at[q]:head_at[q + 1]] for q in peers]
+        dests = [out[p0:p1, seq_rows(q)] for q in peers]
+    else:  # x [B, S_global, heads[rank], D] -> out [B, seq[rank], H, D]
+        sends = [x[p0:p1, seq_rows(q)] for q in peers]
+        dests = [out[p0:p1, rows(rank), head_at[q]:head_at[q + 1]] for q in peers]
+    return sends, dests
 
 
 class GlooPlanTransport(Transport):
@@ -216,7 +230,7 @@ class GlooPlanTransport(Transport):
             self.name,
             True,
             abi_version=1,
-            entry_points=frozenset({ENTRY_ORIGINAL, ENTRY_TUNED, ENTRY_CE}),
+            entry_points=frozenset({ENTRY_ORIGINAL, ENTRY_TUNED, ENTRY_CE, ENTRY_UNEVEN}),
             dtypes=(torch.bfloat16, torch.float16, torch.float32),
             supports_unaligned=True,
         )
@@ -248,18 +262,24 @@ class GlooPlanTransport(Transport):
                 fields: list[int] | None = None) -> torch.Tensor:
         assert self._ctx is not None and self._window is not None, "execute before construction"
         assert not capture and vote is None, "the CPU transport neither captures nor fuses the vote"
-        out = torch.empty(output_shape(geom), dtype=x.dtype, device=x.device)
+        rank, group = self._ctx.rank, self._ctx.device_group
+        out = torch.empty(output_shape(geom, rank), dtype=x.dtype, device=x.device)
         need = plan.window_bytes(geom)
         if need > self._window.numel():
             raise RuntimeError(f"plan needs {need} window bytes, window has {self._window.numel()}: policy bug")
         n = 0
         for p0, p1, r0, r1 in plan.chunks(geom):
-            send, dest = chunk_views(x, out, geom, p0, p1, r0, r1)
-            nbytes = send.numel() * x.element_size()
+            sends, dests = chunk_blocks(x, out, geom, rank, p0, p1, r0, r1)
+            send_sizes, recv_sizes = [t.numel() for t in sends], [t.numel() for t in dests]
+            nbytes = sum(recv_sizes) * x.element_size()
+            if nbytes > need:
+                raise RuntimeError(f"chunk {n} receives {nbytes} bytes, the plan's window is {need}: policy bug")
             # The window receives the chunk (as the kernel's peers' stores would), then is copied out.
-            recv = self._window[:nbytes].view(x.dtype).view(send.shape)
-            dist.all_to_all_single(recv, send.contiguous(), group=self._ctx.device_group)
-            dest.copy_(recv)
+            recv = self._window[:nbytes].view(x.dtype)
+            send = torch.cat([t.reshape(-1) for t in sends])
+            dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=group)
+            for dest, block in zip(dests, recv.split(recv_sizes), strict=True):
+                dest.copy_(block.view(dest.shape))
             n += 1
         self.executed.append((plan, n))
         return out
