@@ -91,6 +91,47 @@ def test_explain_input_no_route_can_serve_exits_nonzero(capsys):
     assert rc == 2 and "not divisible" in out
 
 
+def test_explain_uneven_splits_sizes_by_the_largest_share_and_names_the_transport_gap(capsys):
+    """Rank 1's input with 40 heads at SP3 (Wan 14B) and a sequence P does not divide: the plan of the largest
+    share, the tables, and that the native transport declines uneven_splits until its kernels take tables."""
+    rc, out = explain(capsys, "--world-size", "3", "--shape", "1,10920,40,128", "--seq-splits", "10920,10920,10919",
+                      "--head-splits", "14,13,13", "--rank", "1", *PINNED)
+    assert rc == 0 and "largest S_local share=10920, H=40" in line(out, "geometry")
+    assert line(out, "splits") == ("splits     seq [10920, 10920, 10919], heads [14, 13, 13] (uneven: chunks and the "
+                                   "window are sized by the largest share)")
+    assert f"plane {10920 * 3 * 14 * 128 * 2} B" in line(out, "geometry")
+    assert line(out, "route").startswith("route      fused (original: 36 CTAs")
+    assert "declines uneven_splits" in line(out, "transport")
+
+
+def test_explain_even_tables_are_the_even_call(capsys):
+    """Explicit even tables explain exactly what no tables do (the control: no transport note)."""
+    _, plain = explain(capsys, "--world-size", "2", "--shape", "1,8,12,128", *PINNED)
+    _, tables = explain(capsys, "--world-size", "2", "--shape", "1,8,12,128", "--seq-splits", "8,8", "--head-splits",
+                        "6,6", *PINNED)
+    assert plain == tables and "transport" not in plain and "splits     even (8 rows and 6 heads per rank)" in plain
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (("--seq-splits", "8,x"), "argument --seq-splits: '8,x': expected one non-negative integer per SP rank"),
+    (("--head-splits", "-1,13"), "argument --head-splits: '-1,13': shares are non-negative (0: an idle rank)"),
+    (("--rank", "-1"), "argument --rank: '-1': a rank is non-negative"),
+])
+def test_explain_bad_tables_are_argparse_errors(capsys, argv, needle):
+    assert needle in explain_error(capsys, "--world-size", "2", "--shape", "1,8,12,128", *argv, *PINNED)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (("--seq-splits", "8,8,8"), "seq_splits has 3 entries for SP size 2"),
+    (("--seq-splits", "5,11"), "seq_splits[0] = 5 but this rank's x has 8 sequence rows"),
+    (("--head-splits", "5,5"), "head_splits sums to 10 but x has 12 heads"),
+    (("--seq-splits", "8,8", "--rank", "2"), "rank=2 is outside the SP group of size 2"),
+])
+def test_explain_tables_that_do_not_fit_the_shape_exit_2_with_validate_inputs_message(capsys, argv, needle):
+    rc, out = explain(capsys, "--world-size", "2", "--shape", "1,8,12,128", *argv, *PINNED)
+    assert rc == 2 and needle in out
+
+
 # ------------------------------------------------------------------------------------- explain: bad arguments
 
 

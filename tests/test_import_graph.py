@@ -161,6 +161,54 @@ def test_validation_lives_in_one_place():
     assert defining == [f"{U}.layout"]
 
 
+# Functions that take split tables without validating them: validate_input itself, and what runs after it (the op
+# on validated input, its converter, the geometry, the op's fake impl for a FakeTensor).
+_TABLES_UNVALIDATED = {f"{U}.layout.validate_input", f"{U}.ops._splits", f"{U}.ops.all_to_all",
+                       f"{U}.policy.Geometry.from_input", f"{U}.ops._op_fake"}
+
+
+def _functions(tree: ast.AST, prefix: str):
+    """(qualified name, node) of every function in ``tree``, methods as ``Class.method``."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.ClassDef):
+            yield from _functions(node, f"{prefix}.{node.name}")
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield f"{prefix}.{node.name}", node
+
+
+def split_table_findings(files: dict[str, Path]) -> list[str]:
+    """Where validation of the split tables is not in ``layout.validate_input``: a function outside layout that
+    raises about ``seq_splits``/``head_splits``, or one that takes ``seq_splits`` and neither validates it nor
+    is known to run after validation."""
+    found = []
+    for module, path in files.items():
+        tree = ast.parse(path.read_text())
+        if module != f"{U}.layout":
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Raise) and node.exc is not None and any(
+                        name in ast.unparse(node.exc) for name in ("seq_splits", "head_splits")):
+                    found.append(f"{module}:{node.lineno} raises about the split tables")
+        for name, fn in _functions(tree, module):
+            args = [a.arg for a in (*fn.args.args, *fn.args.kwonlyargs)]
+            calls = {c.func.id if isinstance(c.func, ast.Name) else getattr(c.func, "attr", "")
+                     for c in ast.walk(fn) if isinstance(c, ast.Call)}
+            if "seq_splits" in args and "validate_input" not in calls and name not in _TABLES_UNVALIDATED:
+                found.append(f"{name} takes seq_splits and does not call validate_input")
+    return found
+
+
+def test_split_tables_are_validated_in_one_place(tmp_path):
+    """Every entry point that takes ``seq_splits`` calls ``validate_input``, and nothing else raises about the
+    tables. Negative control: a module that checks a table itself is flagged."""
+    files = _files()
+    assert split_table_findings(files) == []
+    stray = tmp_path / "stray.py"
+    stray.write_text("def entry(x, *, seq_splits=None):\n    if seq_splits and min(seq_splits) < 0:\n"
+                     "        raise ValueError(f'bad seq_splits {seq_splits}')\n")
+    assert split_table_findings({"stray": stray}) == ["stray:3 raises about the split tables",
+                                                      "stray.entry takes seq_splits and does not call validate_input"]
+
+
 def _files() -> dict[str, Path]:
     return {module_name(p, ROOT): p for p in (ROOT / "fastvideo").rglob("*.py")}
 

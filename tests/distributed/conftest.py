@@ -109,13 +109,14 @@ def construction_fault(rank: int, scenario: str, faulty_rank: int = 1):
     return transport, kw
 
 
-def a2a(helper, x, mode: int):
+def a2a(helper, x, mode: int, *, seq_splits=None, head_splits=None):
     """The differentiable all-to-all through ``helper`` (the one op with that helper; validated first)."""
     from fastvideo.distributed.ulysses import ops
     from fastvideo.distributed.ulysses.layout import validate_input
 
-    validate_input(x, mode, helper.world_size)
-    return ops.all_to_all(x, mode, helper=helper)
+    splits = validate_input(x, mode, helper.world_size, rank=helper.sp.rank_in_group, seq_splits=seq_splits,
+                            head_splits=head_splits)
+    return ops.all_to_all(x, mode, helper=helper, seq_splits=splits.seq, head_splits=splits.heads)
 
 
 def rank_input(rank: int, shape, dtype=None, seed: int = 0, requires_grad: bool = False):
@@ -128,12 +129,13 @@ def rank_input(rank: int, shape, dtype=None, seed: int = 0, requires_grad: bool 
     return x.requires_grad_(requires_grad)
 
 
-def oracle(x, mode: int):
-    """The NCCL route over the SP device group (gloo on CPU): the correctness oracle."""
-    from fastvideo.distributed.communication_op import nccl_route
+def oracle(x, mode: int, splits=None):
+    """The NCCL route over the SP device group (gloo on CPU): the correctness oracle (``splits``: a
+    ``layout.Splits``, None for even)."""
+    from fastvideo.distributed.communication_op import EVEN, nccl_route
     from fastvideo.distributed.parallel_state import get_sp_group
 
-    return nccl_route(x.detach(), mode, get_sp_group().device_group)
+    return nccl_route(x.detach(), mode, get_sp_group().device_group, splits=splits or EVEN)
 
 
 def nccl_reference(x, w, mode: int):

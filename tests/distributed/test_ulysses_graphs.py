@@ -85,12 +85,12 @@ class RecordingTransport(GlooPlanTransport):
     def execute(self, x, geom, plan, *, capture=False, vote=None, fields=None):
         self.host_calls += 1
         if capture:
-            out = torch.full(output_shape(geom), float("nan"), dtype=x.dtype)  # nothing runs at capture
+            out = torch.full(output_shape(geom, self._ctx.rank), float("nan"), dtype=x.dtype)  # nothing runs yet
             self.captured.append(Launch(x, out, geom, plan))
             return out
         self.eager.append(plan)
         if not self.move:
-            return torch.empty(output_shape(geom), dtype=x.dtype)
+            return torch.empty(output_shape(geom, self._ctx.rank), dtype=x.dtype)
         return super().execute(x, geom, plan)
 
     def replay(self) -> None:

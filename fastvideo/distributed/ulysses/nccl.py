@@ -14,20 +14,23 @@ import torch.distributed as dist
 from fastvideo.distributed.ulysses.layout import EVEN, Splits, block_shapes, recv_layout, send_layout
 
 
-def _split_sizes(shapes: list[tuple[int, ...]]) -> tuple[int, list[int] | None]:
-    """(total elements, per-rank split sizes or None when they are equal: ``all_to_all_single``'s even split)."""
-    sizes = [math.prod(shape) for shape in shapes]
+def _split_sizes(shapes: list[tuple[int, ...]], itemsize: int) -> tuple[int, list[int] | None]:
+    """(total bytes, per-rank split sizes in bytes, or None when they are equal: ``all_to_all_single``'s even
+    split, which NCCL may serve with its own all-to-all)."""
+    sizes = [math.prod(shape) * itemsize for shape in shapes]
     return sum(sizes), (None if all(n == sizes[0] for n in sizes) else sizes)
 
 
 def nccl_route(x: torch.Tensor, mode: int, group: dist.ProcessGroup, *, splits: Splits = EVEN) -> torch.Tensor:
     """The NCCL route without autograd: collective over ``group``; blocks the host only as ``all_to_all_single``
-    does; capture-safe on NCCL. ``x`` and ``splits`` must be what ``validate_input`` accepted."""
+    does; capture-safe on NCCL. ``x`` and ``splits`` must be what ``validate_input`` accepted.
+
+    The exchange moves bytes, so every dtype goes (NCCL and gloo have no int16, and NCCL no complex types)."""
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     sent, received = block_shapes(x.shape, mode, world_size, rank, splits)
-    total, recv_sizes = _split_sizes(received)
-    _, send_sizes = _split_sizes(sent)
-    recv = x.new_empty(total)
-    dist.all_to_all_single(recv, send_layout(x, mode, world_size, splits=splits), recv_sizes, send_sizes,
-                           group=group)
-    return recv_layout(recv, mode, received)
+    total, recv_sizes = _split_sizes(received, x.element_size())
+    _, send_sizes = _split_sizes(sent, x.element_size())
+    recv = torch.empty(total, dtype=torch.uint8, device=x.device)
+    send = send_layout(x, mode, world_size, splits=splits).view(torch.uint8)
+    dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=group)
+    return recv_layout(recv.view(x.dtype), mode, received)
