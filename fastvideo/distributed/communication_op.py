@@ -78,10 +78,9 @@ def sequence_model_parallel_all_to_all_4D(input_: torch.Tensor, scatter_dim: int
     mode = -1  # in the vote of an invalid dim pair
     try:
         mode = mode_for_dims(scatter_dim, gather_dim)
-        splits = validate_input(input_, mode, sp.world_size, rank=sp.rank_in_group, seq_splits=seq_splits,
-                                head_splits=head_splits)
+        splits = validate_input(input_, mode, sp.world_size, sp.rank_in_group, seq_splits, head_splits)
     except (TypeError, ValueError, RuntimeError) as exc:
         _ops.fail(input_, mode, exc)  # checked mode: votes first, so every rank raises
     if sp.world_size == 1:
         return input_
-    return _ops.all_to_all(input_, mode, seq_splits=splits.seq, head_splits=splits.heads)
+    return _ops.call(input_, mode, 0, splits)
