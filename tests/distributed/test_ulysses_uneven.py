@@ -289,6 +289,60 @@ def test_backward_runs_the_inverse_with_the_same_tables_and_the_forwards_plan(ra
         assert now != tuned and not now.tuned and grad_ok
 
 
+def _attention_block(rank, world, route):
+    from fastvideo.distributed.communication_op import balanced_splits
+    from fastvideo.distributed.parallel_state import get_sp_group
+    from fastvideo.distributed.ulysses import registry
+    from fastvideo.layers.attention import SPSelfAttention
+
+    if route == "fused":
+        registry.install_default_helper(build_helper(table=()))
+    torch.manual_seed(0)
+    heads, seq_len = 4, 10  # neither divisible by 3: heads (2, 1, 1), tokens (4, 3, 3), nothing padded
+    # The CPU fused route moves float32 (float64 declines dtype there), the NCCL route anything.
+    dtype, rtol, atol = (torch.float32, 1e-5, 1e-6) if route == "fused" else (torch.float64, 1e-10, 1e-12)
+    block = SPSelfAttention(4 * heads, heads, dtype=dtype)
+    x = torch.randn(2, seq_len, 4 * heads, dtype=dtype)
+    seq = balanced_splits(seq_len, world)
+    x_local = x[:, _at(seq, rank)].clone().requires_grad_()
+    y = block(x_local, seq_splits=seq)
+    y.square().sum().backward()
+    grads = [p.grad.clone() for p in block.parameters()]
+    for g in grads:
+        torch.distributed.all_reduce(g, group=get_sp_group().device_group)
+    block.zero_grad()
+    x_ref = x.clone().requires_grad_()
+    y_ref = block.forward_reference(x_ref)
+    y_ref.square().sum().backward()
+    helper = registry.current_default_helper()
+    routes = sorted({r.route for r in helper.history}) if helper is not None else []
+    close = [torch.allclose(a, b, rtol=rtol, atol=atol) for a, b in
+             [(y, y_ref[:, _at(seq, rank)]), (x_local.grad, x_ref.grad[:, _at(seq, rank)]),
+              *zip(grads, [p.grad for p in block.parameters()])]]
+    return close, tuple(y.shape), routes
+
+
+@pytest.mark.parametrize("route", ["off", "fused"])
+def test_the_sp_attention_block_at_a_length_and_head_count_p_does_not_divide(ranks, route):
+    """SP3, 10 tokens and 4 heads: the block's output, input gradient and parameter gradients equal the
+    single-device reference's (float64 on the NCCL route, float32 on the CPU fused route, where every call ran
+    fused), with no padding: each rank's output has its own share's rows."""
+    results = ranks(3, _attention_block, route, env={A2A: "auto" if route == "fused" else "off"}, timeout_s=120)
+    for rank, (close, shape, routes) in enumerate(results):
+        assert all(close) and shape == (2, (4, 3, 3)[rank], 16)
+        assert routes == (["fused"] if route == "fused" else [])
+
+
+def test_balanced_splits():
+    from fastvideo.distributed.communication_op import balanced_splits
+
+    assert balanced_splits(10, 3) == (4, 3, 3) and balanced_splits(32760, 16)[-1] == 2047
+    assert balanced_splits(12, 8) == (2, 2, 2, 2, 1, 1, 1, 1) and balanced_splits(2, 3) == (1, 1, 0)
+    assert sum(balanced_splits(32760, 16)) == 32760 and balanced_splits(12, 4) == (3,) * 4
+    with pytest.raises(ValueError, match="world_size=0"):
+        balanced_splits(4, 0)
+
+
 # ------------------------------------------------------------------------------------- tables that differ
 
 

@@ -142,6 +142,15 @@ def _not_divisible(dim: int, size: int, world_size: int) -> ValueError:
     )
 
 
+def balanced_splits(total: int, world_size: int) -> tuple[int, ...]:
+    """``total`` cut into ``world_size`` shares as even as possible, the larger ones first: ``(4, 3, 3)`` for 10
+    over 3 (a table for ``seq_splits`` or ``head_splits`` where the SP size does not divide the dim)."""
+    if total < 0 or world_size < 1:
+        raise ValueError(f"balanced_splits: total={total} must be >= 0 and world_size={world_size} >= 1.")
+    base, extra = divmod(total, world_size)
+    return tuple(base + (r < extra) for r in range(world_size))
+
+
 def tables(shape: Sequence[int], mode: int, world_size: int,
            splits: Splits = EVEN) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Every rank's (sequence rows, heads) for a call whose input on this rank has ``shape``: the given tables,
