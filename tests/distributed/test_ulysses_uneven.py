@@ -421,6 +421,7 @@ BAD = [
     ("length", dict(seq_splits=[4]), "seq_splits has 1 entries for SP size 2; pass one non-negative int per SP rank"),
     ("negative", dict(seq_splits=[9, -1], head_splits=[2, 2]), "seq_splits[1] = -1 is negative"),
     ("not an int", dict(head_splits=[2.0, 2]), "head_splits[0] = 2.0 is not an int"),
+    ("a bool", dict(seq_splits=[4, True]), "seq_splits[1] = True is not an int"),
     ("a string", dict(head_splits="22"), "head_splits must be a list or tuple"),
     ("own share", dict(seq_splits=[3, 5]), "seq_splits[0] = 3 but this rank's x has 4 sequence rows (dim 1"),
     ("sum", dict(head_splits=[3, 3]), "head_splits sums to 6 but x has 4 heads (dim 2"),
@@ -433,6 +434,15 @@ def test_bad_tables_are_value_errors_naming_the_argument_and_the_fix(case, split
     with pytest.raises(ValueError) as info:
         validate_input(torch.zeros(1, 4, 4, 2), 0, 2, rank=0, **splits)
     assert needle in str(info.value) and str(info.value).startswith("sequence_model_parallel_all_to_all_4D: ")
+
+
+def test_tables_of_any_integer_type_become_int_tuples():
+    """A numpy integer (anything with ``__index__``) is a share; a bool is not (BAD above)."""
+    import numpy as np
+
+    splits = validate_input(torch.zeros(1, 5, 4, 2), 0, 2, rank=0, seq_splits=list(np.array([5, 3])),
+                            head_splits=[np.int64(1), 3])
+    assert splits == Splits((5, 3), (1, 3)) and all(type(v) is int for v in (*splits.seq, *splits.heads))
 
 
 def test_mode_one_checks_the_other_way_round():

@@ -16,6 +16,7 @@ same layouts, with every block the same size. A share of 0 is an idle rank (zero
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -58,16 +59,23 @@ def _table(name: str, value: Sequence[int] | None, world_size: int) -> tuple[int
     what = f"one non-negative int per SP rank ({world_size}), the same on every rank"
     if isinstance(value, (str, bytes, torch.Tensor)) or not isinstance(value, Sequence):
         raise ValueError(f"{_OP}: {name} must be a list or tuple of {what}; got {type(value).__name__} {value!r}.")
-    table = tuple(value)
-    if len(table) != world_size:
-        raise ValueError(f"{_OP}: {name} has {len(table)} entries for SP size {world_size}; pass {what}.")
-    for r, share in enumerate(table):
-        # SymInt: a share derived from a dynamic size under torch.compile (compared symbolically below).
+    if len(value) != world_size:
+        raise ValueError(f"{_OP}: {name} has {len(value)} entries for SP size {world_size}; pass {what}.")
+    table = []
+    for r, share in enumerate(value):
+        # An int, or a SymInt: a share derived from a dynamic size under torch.compile (kept symbolic, compared
+        # symbolically below); any other integer (a numpy one, say) becomes an int.
         if isinstance(share, bool) or not isinstance(share, (int, torch.SymInt)):
-            raise ValueError(f"{_OP}: {name}[{r}] = {share!r} is not an int; pass {what}.")
+            try:
+                if isinstance(share, bool):
+                    raise TypeError
+                share = operator.index(share)
+            except TypeError:
+                raise ValueError(f"{_OP}: {name}[{r}] = {share!r} is not an int; pass {what}.") from None
         if share < 0:
             raise ValueError(f"{_OP}: {name}[{r}] = {share} is negative; pass {what} (0: an idle rank).")
-    return table
+        table.append(share)
+    return tuple(table)
 
 
 def validate_input(x: torch.Tensor, mode: int, world_size: int, rank: int = 0,
