@@ -58,7 +58,7 @@ else
   fi
 fi
 FASTVIDEO_MISSING="$(_fv_missing "$PY")"
-echo "setup: using $PY (torch $("$PY" -c 'import torch; print(torch.__version__)'), $("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)') GPUs)"
+echo "setup: using $PY ($("$PY" -c 'import torch; print(f"torch {torch.__version__}, {torch.cuda.device_count() if torch.cuda.is_available() else 0} GPUs")'))"
 if [ -n "$FASTVIDEO_MISSING" ]; then
   echo "setup: NOTE: $PY lacks: $FASTVIDEO_MISSING (what needs them is skipped with a note; install them to run it)"
 fi
