@@ -90,3 +90,25 @@ def test_negative_control_the_comparison_fails_when_a_loss_differs(recipe, tmp_p
     resumed = _tampered(out / "auto_resumed" / "run.json", tmp_path / "resumed.json")
     proc = _compare(off, auto, "--resumed", str(resumed))
     assert proc.returncode == 1 and "DIFFER from the uninterrupted run" in proc.stdout
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_gpus() < 2, reason="needs 2+ CUDA GPUs")
+@pytest.mark.skipif(importlib.util.find_spec("fastvideo_kernel") is None,
+                    reason="the kernel wheel is not installed (pip install --no-build-isolation ./fastvideo-kernel)")
+def test_the_recipe_on_gpus_takes_the_fused_route_with_identical_losses(tmp_path):
+    """One rank per GPU over NCCL (bf16, the small config): auto's every all-to-all fused, losses identical."""
+    env = {**_env(tmp_path), "FASTVIDEO_RECIPE_DEVICE": "cuda", "NCCL_NVLS_ENABLE": "0"}
+    proc = subprocess.run(["bash", "scripts/run_demo.sh", "--steps", "6"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "OK: every route trained to the same losses" in proc.stdout
+    auto = json.loads((tmp_path / "auto" / "run.json").read_text())
+    assert auto["backend"] == "nccl" and auto["sp_size"] == _gpus()
+    assert all(s["calls"] > 0 and s["fused_calls"] == s["calls"] for s in auto["steps"]), auto["steps"]
