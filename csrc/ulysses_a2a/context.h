@@ -10,17 +10,9 @@
 #include <nccl_device.h>
 
 #include "ce_plan.h"
-#include "error.h"
+#include "cuda_check.h"
 #include "layout.h"
 #include "ulysses_a2a.h"
-
-#define FVK_CUDA(call)                                                                               \
-  do {                                                                                               \
-    cudaError_t e_ = (call);                                                                         \
-    if (e_ != cudaSuccess)                                                                           \
-      return set_error(FVK_ERR_CUDA, "%s failed: CUDA error %d %s: %s", #call, static_cast<int>(e_), \
-                       cudaGetErrorName(e_), cudaGetErrorString(e_));                                \
-  } while (0)
 
 #define FVK_NCCL(call)                                                                               \
   do {                                                                                               \
@@ -28,12 +20,6 @@
     if (r_ != ncclSuccess)                                                                           \
       return set_error(FVK_ERR_NCCL, "%s failed: NCCL error %d %s: %s", #call, static_cast<int>(r_), \
                        ncclGetErrorString(r_), ncclGetLastError(nullptr));                           \
-  } while (0)
-
-#define FVK_TRY(call)            \
-  do {                           \
-    int s_ = (call);             \
-    if (s_ != FVK_OK) return s_; \
   } while (0)
 
 struct fvk_ctx {
@@ -86,8 +72,6 @@ int vote_world(void* handle);  // shm_vote.cpp: an open vote handle's world size
 
 // ---- ulysses_a2a.cu: the launch path's pieces every launcher uses
 
-// The widest vector (<= the partition granule) every pointer this rank moves data through allows.
-int vector_bytes(const Problem& p, const void* const* extra, int n_extra);
 // CTAs of the fused kernel that can be resident at once on `device`, over every vector width.
 int coresident_ctas(int device, int& ctas);
 // The context checks every launch makes first: they fail alike on every rank and leave the context usable.

@@ -163,6 +163,9 @@ int itemsize_of(int dtype);
 int make_problem(int world, int mode, int dtype, int64_t B, int64_t S, int64_t H, int64_t D, int ctas, int max_ctas,
                  int64_t planes_per_chunk, int64_t rows_per_chunk, size_t window_bytes, Problem& p,
                  int64_t& operand_bytes, int layout = kStatic);
+// The widest vector (<= the partition granule) every pointer a rank moves data through allows: p.x, p.out
+// and `extra` (its windows).
+int vector_bytes(const Problem& p, const void* const* extra, int n_extra);
 
 // Region `cta` of source `src`'s block in the window: every byte CTA `cta` may touch there in a call
 // (the host model checks every kStatic slice lies inside it).

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "../ce_plan.h"
-#include "../error.h"
+#include "../cuda_check.h"
 #include "../movement.cuh"
 #include "epoch.cuh"
 #include "ulysses_a2a_testing.h"
@@ -22,9 +22,8 @@ extern "C" int fvk_check_ce_addressing(int world, int mode, int dtype, int64_t B
   if (flags & ~FVK_CE_CHECK_SWAP_BUFFERS) return set_error(FVK_ERR_INVALID, "unknown flags 0x%x", flags);
   Problem base;
   int64_t operand_bytes = 0;
-  const int status = make_problem(world, mode, dtype, B, S, H, D, 1, kMaxCtas, planes_per_chunk, rows_per_chunk,
-                                  SIZE_MAX / 4, base, operand_bytes, kStatic);
-  if (status != FVK_OK) return status;
+  FVK_TRY(make_problem(world, mode, dtype, B, S, H, D, 1, kMaxCtas, planes_per_chunk, rows_per_chunk, SIZE_MAX / 4,
+                       base, operand_bytes, kStatic));
   if (operand_bytes > (int64_t{256} << 20))
     return set_error(FVK_ERR_INVALID, "the host check takes operands up to 256 MiB (%lld bytes)",
                      (long long)operand_bytes);

@@ -4,7 +4,7 @@
 // launch-separated phases (which hid the race 2x H200 found at 8912e8a).
 #include <cuda/atomic>
 
-#include "../context.h"
+#include "../cuda_check.h"
 #include "../movement.cuh"
 #include "epoch.cuh"
 #include "ulysses_a2a_testing.h"
