@@ -1,8 +1,10 @@
 """The benchmark's fabric limit (``fabric_reference``) alone, at a few sizes: both engines' rates.
 
-    torchrun --standalone --nproc_per_node=2 benchmarks/check_fabric_reference.py [--mib 64,256]
+    FASTVIDEO_KERNEL_LIBRARY=DIR/libfastvideo_ulysses_a2a_testing.so \
+        torchrun --standalone --nproc_per_node=2 benchmarks/check_fabric_reference.py [--mib 64,256]
 
-Builds the default helper (the native transport: it needs one GPU per rank and the kernel wheel) and
+Builds the default helper (the native transport: it needs one GPU per rank and the kernel library; the
+fabric copy is the test library's, ``python fastvideo-kernel/build_lib.py --out DIR --testing``) and
 times ``fvk_fabric_copy``: every rank pushes the bytes into every peer's window at once, with the copy
 engines and with SM stores, barrier before and after. Prints one line per size with both rates.
 """
