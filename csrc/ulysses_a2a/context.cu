@@ -38,6 +38,28 @@ void release_streams(fvk_ctx* ctx) {
   if (ctx->copy_stream) cudaStreamDestroy(ctx->copy_stream);
 }
 
+// A failed release during teardown: the first failure is the one reported, and teardown goes on so that every
+// resource gets its release call.
+void keep_nccl(int& rc, ncclResult_t r, const char* what) {
+  if (r != ncclSuccess && rc == FVK_OK) rc = nccl_error(r, what);
+}
+
+// fvk_destroy and fvk_abort: on the context's device, `release(rc)` frees what the context holds, then its
+// streams and events, then the context itself; rc is the first failure.
+template <typename Release>
+int teardown(fvk_ctx* ctx, Release&& release) {
+  if (!ctx) return FVK_OK;
+  int rc = FVK_OK;
+  {
+    DeviceGuard guard;
+    rc = guard.set(ctx->device);
+    release(rc);
+    release_streams(ctx);  // on the context's device, after the device is idle
+  }
+  delete ctx;
+  return rc;
+}
+
 }  // namespace
 }  // namespace fvk
 
@@ -206,9 +228,7 @@ int fvk_devcomm_create(fvk_ctx* ctx) {
   void* host[kMaxWorld] = {};
   if (e == cudaSuccess) e = cudaMemcpy(host, resolved, sizeof(void*) * ctx->nranks, cudaMemcpyDeviceToHost);
   cudaFree(resolved);
-  if (e != cudaSuccess)
-    return set_error(FVK_ERR_CUDA, "resolving the peers' window pointers failed: CUDA error %d %s: %s",
-                     static_cast<int>(e), cudaGetErrorName(e), cudaGetErrorString(e));
+  if (e != cudaSuccess) return cuda_error(e, "resolving the peers' window pointers");
   for (int q = 0; q < ctx->nranks; ++q) ctx->peers[q] = static_cast<char*>(host[q]);
   if (!ctx->copy_stream) FVK_CUDA(cudaStreamCreateWithFlags(&ctx->copy_stream, cudaStreamNonBlocking));
   for (cudaEvent_t& ev : ctx->ce_events)
@@ -227,61 +247,26 @@ int fvk_lsa_info(fvk_ctx* ctx, int* nranks, int* rank, int* lsa_size, int* lsa_r
 }
 
 int fvk_destroy(fvk_ctx* ctx) {
-  if (!ctx) return FVK_OK;
-  int rc = FVK_OK;
-  {
-    DeviceGuard guard;
-    rc = guard.set(ctx->device);
+  return teardown(ctx, [ctx](int& rc) {
     // Kernels still in flight read the window and barriers: let them finish before teardown.
     if (rc == FVK_OK) {
       const cudaError_t e = cudaDeviceSynchronize();
-      if (e != cudaSuccess)
-        rc = set_error(FVK_ERR_CUDA, "cudaDeviceSynchronize before teardown failed: CUDA error %d %s: %s",
-                       static_cast<int>(e), cudaGetErrorName(e), cudaGetErrorString(e));
+      if (e != cudaSuccess) rc = cuda_error(e, "cudaDeviceSynchronize before teardown");
     }
-    // Keep going after a failure so that every resource gets its release call; report the first.
-    auto keep = [&rc](int status) {
-      if (rc == FVK_OK) rc = status;
-    };
-    auto nccl = [&keep](ncclResult_t r, const char* what) {
-      if (r != ncclSuccess)
-        keep(set_error(FVK_ERR_NCCL, "%s failed: NCCL error %d %s: %s", what, static_cast<int>(r),
-                       ncclGetErrorString(r), ncclGetLastError(nullptr)));
-    };
-    if (ctx->has_dev_comm) nccl(ncclDevCommDestroy(ctx->comm, &ctx->dev_comm), "ncclDevCommDestroy");
-    if (ctx->window) nccl(ncclCommWindowDeregister(ctx->comm, ctx->window), "ncclCommWindowDeregister");
-    if (ctx->buffer) nccl(ncclMemFree(ctx->buffer), "ncclMemFree");
-    if (ctx->comm) nccl(ncclCommDestroy(ctx->comm), "ncclCommDestroy");
-    release_streams(ctx);
-  }
-  delete ctx;
-  return rc;
+    if (ctx->has_dev_comm) keep_nccl(rc, ncclDevCommDestroy(ctx->comm, &ctx->dev_comm), "ncclDevCommDestroy");
+    if (ctx->window) keep_nccl(rc, ncclCommWindowDeregister(ctx->comm, ctx->window), "ncclCommWindowDeregister");
+    if (ctx->buffer) keep_nccl(rc, ncclMemFree(ctx->buffer), "ncclMemFree");
+    if (ctx->comm) keep_nccl(rc, ncclCommDestroy(ctx->comm), "ncclCommDestroy");
+  });
 }
 
 int fvk_abort(fvk_ctx* ctx) {
-  if (!ctx) return FVK_OK;
-  int rc = FVK_OK;
-  {
-    DeviceGuard guard;
-    rc = guard.set(ctx->device);
+  return teardown(ctx, [ctx](int& rc) {
     // ncclCommAbort is local (peers may be in any state after a failed step) and releases the
     // communicator's registrations and device communicator with it; the buffer is ours to free.
-    if (ctx->comm) {
-      ncclResult_t r = ncclCommAbort(ctx->comm);
-      if (r != ncclSuccess && rc == FVK_OK)
-        rc = set_error(FVK_ERR_NCCL, "ncclCommAbort failed: NCCL error %d %s", static_cast<int>(r),
-                       ncclGetErrorString(r));
-    }
-    if (ctx->buffer) {
-      ncclResult_t r = ncclMemFree(ctx->buffer);
-      if (r != ncclSuccess && rc == FVK_OK)
-        rc =
-            set_error(FVK_ERR_NCCL, "ncclMemFree failed: NCCL error %d %s", static_cast<int>(r), ncclGetErrorString(r));
-    }
-    release_streams(ctx);  // on the context's device, as fvk_destroy does
-  }
-  delete ctx;
-  return rc;
+    if (ctx->comm) keep_nccl(rc, ncclCommAbort(ctx->comm), "ncclCommAbort");
+    if (ctx->buffer) keep_nccl(rc, ncclMemFree(ctx->buffer), "ncclMemFree");
+  });
 }
 
 }  // extern "C"

@@ -1,8 +1,8 @@
-// The library's internal interface: the context, the CUDA/NCCL error macros and the launch path's building
-// blocks. Nothing here is exported (-fvisibility=hidden). One definition, used by the product sources
-// (context.cu: the context's lifecycle; ulysses_a2a.cu: the kernels and fvk_launch) and by the test
-// library's launchers (testing/: the epoch-checked SM launch through SmVariant, the fabric copy), so that a
-// test launch goes through the same checks, call ordering and poisoning as a product one.
+// The library's internal interface: the context and the launch path's building blocks. Nothing here is exported
+// (-fvisibility=hidden). One definition, used by the product sources (context.cu: the context's lifecycle;
+// ulysses_a2a.cu: the kernels and fvk_launch) and by the test library's launchers (testing/: the epoch-checked SM
+// launch through SmVariant, the fabric copy), so that a test launch goes through the same checks, call ordering and
+// poisoning as a product one.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,17 +10,9 @@
 #include <nccl_device.h>
 
 #include "ce_plan.h"
-#include "cuda_check.h"
 #include "layout.h"
+#include "status.h"
 #include "ulysses_a2a.h"
-
-#define FVK_NCCL(call)                                                                               \
-  do {                                                                                               \
-    ncclResult_t r_ = (call);                                                                        \
-    if (r_ != ncclSuccess)                                                                           \
-      return set_error(FVK_ERR_NCCL, "%s failed: NCCL error %d %s: %s", #call, static_cast<int>(r_), \
-                       ncclGetErrorString(r_), ncclGetLastError(nullptr));                           \
-  } while (0)
 
 struct fvk_ctx {
   int device = -1;

@@ -411,33 +411,33 @@ int ce_local(fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const void* x, voi
   unsigned long long capture_id = 0;
   FVK_TRY(order_call(ctx, s, capture, capture_id));
   cudaError_t e = cudaSuccess;
-  const char* what = "";
+  const char* what = "copy-engine call";
   bool forked = false;  // the copy stream waits for this call: from here on a failure must join it back
   ce_schedule(num_chunks(p), kCeDropNone, [&](const CeOp& op) {
     if (e != cudaSuccess) return;
     const cudaStream_t on = op.stream == kMainStream ? s : ctx->copy_stream;
     switch (op.kind) {
       case kCeRecord:
-        what = "cudaEventRecord";
+        what = "copy-engine call: cudaEventRecord";
         e = cudaEventRecord(ctx->ce_events[op.event], on);
         break;
       case kCeWait:
-        what = "cudaStreamWaitEvent";
+        what = "copy-engine call: cudaStreamWaitEvent";
         e = cudaStreamWaitEvent(on, ctx->ce_events[op.event], 0);
         if (e == cudaSuccess && op.stream == kCopyStream && op.event == kEvFork) forked = true;
         break;
       case kCeBarrier:
-        what = "barrier launch";
+        what = "copy-engine call: barrier launch";
         ce_barrier_kernel<<<1, 32, 0, on>>>(ctx->dev_comm);
         e = cudaGetLastError();
         break;
       case kCePush:
-        what = "cudaMemcpy2DAsync into a peer's window";
+        what = "copy-engine call: cudaMemcpy2DAsync into a peer's window";
         e = ce_push(ctx, p, op.chunk, on);
         break;
       case kCeLocal:
       case kCeCopyOut:
-        what = op.kind == kCeLocal ? "own-block launch" : "copy-out launch";
+        what = op.kind == kCeLocal ? "copy-engine call: own-block launch" : "copy-engine call: copy-out launch";
         e = launch_ce_kernel(vec, op.kind, ctas, on, p, op.chunk, static_cast<const char*>(ctx->buffer));
         break;
     }
@@ -450,8 +450,7 @@ int ce_local(fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const void* x, voi
     // the copy stream is not in the capture: waiting on an eager record there would break it).
     if (forked && cudaEventRecord(ctx->ce_events[kEvJoin], ctx->copy_stream) == cudaSuccess)
       cudaStreamWaitEvent(s, ctx->ce_events[kEvJoin], 0);
-    return set_error(FVK_ERR_CUDA, "copy-engine call: %s failed: CUDA error %d %s: %s", what, static_cast<int>(e),
-                     cudaGetErrorName(e), cudaGetErrorString(e));
+    return cuda_error(e, what);
   }
   return finish_call(ctx, s, capture, capture_id);
 }
@@ -565,18 +564,9 @@ int fvk_launch(fvk_ctx* ctx, const fvk_call* call, const void* x, void* out, voi
 
 int fvk_a2a_original(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H,
                      int64_t D, void* stream) {
-  fvk_call call{};
-  call.size = sizeof(call);
-  call.kind = FVK_KIND_SM;
-  call.mode = mode;
-  call.dtype = dtype;
-  call.ctas = kOriginalCtas;
-  call.B = B;
-  call.S = S;
-  call.H = H;
-  call.D = D;
-  call.planes_per_chunk = B;
-  call.rows_per_chunk = S;
+  // size, flags, kind, mode, dtype, ctas, B, S, H, D, planes and rows per chunk (the whole operand), no splits.
+  const fvk_call call{sizeof(fvk_call), 0,       FVK_KIND_SM, mode, dtype, kOriginalCtas, B, S, H, D, B, S,
+                      nullptr,          nullptr, nullptr};
   return launch(ctx, call, x, out, static_cast<cudaStream_t>(stream));
 }
 

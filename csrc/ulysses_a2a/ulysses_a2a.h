@@ -88,11 +88,11 @@ FVK_API int fvk_lsa_info(fvk_ctx* ctx, int* nranks, int* rank, int* lsa_size, in
 
 /* ---- execution: one entry, fvk_launch, and its call description ---- */
 
-/* fvk_call.kind: the plan kind. */
-#define FVK_KIND_SM 0 /* the fused kernel: `ctas` CTAs store every share straight into the peers' windows */
-#define FVK_KIND_CE                                                                          \
-  1 /* the copy-engine kind (ce_plan.h): the fabric crossed by the copy engines, `ctas` CTAs \
-       for the on-device copies; the window holds two chunk buffers (each chunk fits half) */
+/* fvk_call.kind, the plan kind. SM: the fused kernel, `ctas` CTAs store every share straight into the peers'
+   windows. CE: the copy-engine kind (ce_plan.h), the fabric crossed by the copy engines, `ctas` CTAs for the
+   on-device copies; the window holds two chunk buffers (each chunk fits half). */
+#define FVK_KIND_SM 0
+#define FVK_KIND_CE 1
 
 /* fvk_call.flags. */
 #define FVK_CALL_CAPTURE 1u /* into the CUDA graph `stream` is capturing (below) */

@@ -40,20 +40,13 @@ def unavailable(why: str) -> NoReturn:
 def _open(path: Path, loader: Callable[[], ctypes.CDLL]) -> ctypes.CDLL:
     if not path.is_file():
         unavailable(f"no built library at {path} ({BUILD_HINT})")
-    names = (fastvideo_kernel.ENV_LIBRARY, kernel_testing.ENV_TESTING_LIBRARY)
-    saved = {name: os.environ.get(name) for name in names}
-    os.environ[fastvideo_kernel.ENV_LIBRARY] = str(BUILT)
-    os.environ[kernel_testing.ENV_TESTING_LIBRARY] = str(BUILT_TESTING)
-    try:
-        return loader()
-    except fastvideo_kernel.KernelUnavailable as exc:
-        why = f"the built library cannot be loaded here (e.g. its libnccl.so.2 is absent): {exc}"
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    with pytest.MonkeyPatch.context() as env:  # the loader reads these; restored on return
+        env.setenv(fastvideo_kernel.ENV_LIBRARY, str(BUILT))
+        env.setenv(kernel_testing.ENV_TESTING_LIBRARY, str(BUILT_TESTING))
+        try:
+            return loader()
+        except fastvideo_kernel.KernelUnavailable as exc:
+            why = f"the built library cannot be loaded here (e.g. its libnccl.so.2 is absent): {exc}"
     unavailable(why)
 
 

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "../ce_plan.h"
-#include "../cuda_check.h"
 #include "../movement.cuh"
+#include "../status.h"
 #include "epoch.cuh"
 #include "ulysses_a2a_testing.h"
 

@@ -4,8 +4,8 @@
 // launch-separated phases (which hid the race 2x H200 found at 8912e8a).
 #include <cuda/atomic>
 
-#include "../cuda_check.h"
 #include "../movement.cuh"
+#include "../status.h"
 #include "epoch.cuh"
 #include "ulysses_a2a_testing.h"
 
@@ -215,9 +215,7 @@ extern "C" int fvk_sim_a2a(int world, int ncalls, const fvk_sim_call* calls, voi
   unsigned long long found[5] = {};
   if (e == cudaSuccess) e = cudaMemcpyAsync(found, sh.report, sizeof(found), cudaMemcpyDeviceToHost, s);
   if (e == cudaSuccess) e = cudaStreamSynchronize(s);
-  if (e != cudaSuccess)
-    rc = set_error(FVK_ERR_CUDA, "simulated launch failed: CUDA error %d %s: %s", static_cast<int>(e),
-                   cudaGetErrorName(e), cudaGetErrorString(e));
+  if (e != cudaSuccess) rc = cuda_error(e, "simulated launch");
   for (int i = 0; i < 5; ++i) report[i] = found[i];
   cudaFree(scratch);
   return rc;
