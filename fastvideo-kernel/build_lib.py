@@ -24,6 +24,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -107,6 +108,21 @@ def _compile_all(compiler: str, flags: list[str], src: Path, names: list[str], o
     return objects
 
 
+def _link(compiler: str, objects: dict[str, Path], out_dir: Path, lib: Path, testing: bool) -> list[Path]:
+    """Link the product library, and with ``testing`` the test library, from the compiled objects."""
+    link = [f"-L{lib}", "-l:libnccl.so.2", "-ldl", "-lrt",
+            # Installed wheel: fastvideo_kernel/lib -> site-packages/nvidia/nccl/lib. Build dir: absolute.
+            "-Xlinker", "-rpath,$ORIGIN/../../nvidia/nccl/lib", "-Xlinker", f"-rpath,{lib.resolve()}"]
+    targets = [(out_dir / LIBRARY_NAME, PRODUCT_SOURCES)]
+    if testing:
+        targets.append((out_dir / TESTING_LIBRARY_NAME, PRODUCT_SOURCES + TESTING_SOURCES))
+    for target, sources in targets:
+        cmd = [compiler, "-shared", *(str(objects[s]) for s in sources), "-o", str(target), *link]
+        print("fastvideo-kernel link:", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
+    return [target for target, _ in targets]
+
+
 def build(out_dir: Path, nccl: str | None = None, arch_list: str | None = None, *, testing: bool = False,
           jobs: int | None = None) -> list[Path]:
     """Compile the product library into ``out_dir`` (and, with ``testing``, the test library beside it); print a
@@ -119,23 +135,15 @@ def build(out_dir: Path, nccl: str | None = None, arch_list: str | None = None, 
              *(f"-gencode=arch=compute_{a},code=sm_{a}" for a in sm), f"-I{home / 'include'}"]
     start = time.monotonic()
     names = list(PRODUCT_SOURCES) + (list(TESTING_SOURCES) if testing else [])
-    objects = _compile_all(compiler, flags, src, names, out_dir / "obj", jobs)
-    link = [f"-L{lib}", "-l:libnccl.so.2", "-ldl", "-lrt",
-            # Installed wheel: fastvideo_kernel/lib -> site-packages/nvidia/nccl/lib. Build dir: absolute.
-            "-Xlinker", "-rpath,$ORIGIN/../../nvidia/nccl/lib", "-Xlinker", f"-rpath,{lib.resolve()}"]
-    targets = [(out_dir / LIBRARY_NAME, PRODUCT_SOURCES)]
-    if testing:
-        targets.append((out_dir / TESTING_LIBRARY_NAME, PRODUCT_SOURCES + TESTING_SOURCES))
-    for target, sources in targets:
-        cmd = [compiler, "-shared", *(str(objects[s]) for s in sources), "-o", str(target), *link]
-        print("fastvideo-kernel link:", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True)
+    with tempfile.TemporaryDirectory(prefix="fastvideo-kernel-obj-") as obj_dir:  # nothing but libraries in out_dir
+        objects = _compile_all(compiler, flags, src, names, Path(obj_dir), jobs)
+        targets = _link(compiler, objects, out_dir, lib, testing)
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
-    built = ", ".join(f"{t} ({t.stat().st_size} bytes)" for t, _ in targets)
+    built = ", ".join(f"{t} ({t.stat().st_size} bytes)" for t in targets)
     print(f"fastvideo-kernel build summary: {built} in {time.monotonic() - start:.1f} s ({jobs} jobs); "
           f"nvcc: {version[-1] if version else '?'}; NCCL headers {nccl_header_version(home)} from {home}; "
           f"archs {','.join('sm_' + a for a in sm)}", flush=True)
-    return [t for t, _ in targets]
+    return targets
 
 
 def main(argv: list[str] | None = None) -> int:
