@@ -123,8 +123,9 @@ class NativeTransport(Transport):
     # ------------------------------------------------------------------ probing (local)
 
     def capability(self) -> Capability:
-        """What this rank's kernel build offers: ``fastvideo_kernel.probe`` (its ABI's offerings), then the NCCL
-        runtime checks. Local, never raises (a missing or unusable build is a decline)."""
+        """Local (no collective), host-only, never raises: what this rank's kernel build offers. The loader's probe
+        (``fastvideo_kernel.probe``: the offerings of its ABI), then the NCCL runtime checks; a missing or
+        unusable build is a decline with its reason."""
         def declined(reason: DeclineReason, detail: str, **known: Any) -> Capability:
             return Capability(self.name, False, decline=reason, detail=detail, **known)
 
@@ -371,7 +372,8 @@ class NativeTransport(Transport):
                 raise vote.failure(status)
             if stage == self._fvk.STAGE_NOT_LAUNCHED:
                 return None  # exchanged, not launched: the helper decides from vote.rows
-        self._check(status, f"fvk_launch ({launch.entry} plan {plan})")
+        if status != 0:  # the message is built only on failure: the hot path formats nothing
+            self._check(status, f"fvk_launch ({launch.entry} plan {plan})")
         if not capture:  # nothing runs at capture: no completion to watch
             self._record_completion(stream)
         return out
