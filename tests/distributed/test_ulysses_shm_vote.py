@@ -1,6 +1,6 @@
 """The same-host shared-memory vote (``ShmVote``, ``csrc/ulysses_a2a/shm_vote.cpp``) on gloo ranks.
 
-Needs a built kernel library: ``build/kernel/libfastvideo_ulysses_a2a.so`` (``scripts/build_kernel.sh``;
+Needs a built kernel library: the product ``build/kernel/libfastvideo_ulysses_a2a.so`` (``scripts/build_kernel.sh``;
 ``FASTVIDEO_KERNEL_TEST_BUILD`` overrides), the same discovery as ``tests/kernel/test_kernel_host.py``.
 Skips, saying why, when it is absent, cannot be loaded here, or predates the vote. The ranks load it
 through ``FASTVIDEO_KERNEL_LIBRARY``, as the helper does in production.
@@ -108,7 +108,7 @@ def test_every_rank_sees_every_peers_exact_fields_every_round(ranks, world_size)
 
 
 def voted_transport():
-    """The CPU plan transport with the voted launch the native transport has (``fvk_voted_launch``): the
+    """The CPU plan transport with the voted launch the native transport has (the voted form of ``fvk_launch``): the
     exchange over the vote's native arguments and the library's own verdict (``fvk_vote_would_run``), then
     the CPU plan's data movement where it says run. Counts voted calls and launches, so a test can assert
     which path ran. It fuses the vote only over the shared-memory vote, as the native one does."""
@@ -255,7 +255,8 @@ def test_a_launch_that_fails_after_the_voted_exchange_disposes_the_helper(ranks)
 
 
 def _library_voted_launch(rank, world_size, case):
-    """fvk_voted_launch itself on a real two-rank vote, without a GPU (a null context fails only at launch)."""
+    """The voted form of fvk_launch itself on a real two-rank vote, without a GPU (a null context fails only at
+    launch)."""
     from fastvideo.distributed.parallel_state import get_sp_group
     from fastvideo.distributed.ulysses.vote import GlooVote, ShmVote, load_vote_library
 
@@ -266,18 +267,20 @@ def _library_voted_launch(rank, world_size, case):
     fields[2] = 0  # eligible
     if case == "decline" and rank == 1:
         fields[6] += 1  # another S_LOCAL on one rank: no rank may launch
-    stage, ns = ctypes.c_int(9), ctypes.c_int64(-1)
     handle, send, recv, timeout = vote.native_args(fields)
-    entry = 7 if case == "bad_entry" else 1
-    status = lib.fvk_voted_launch(handle, send, recv, timeout, ctypes.byref(stage), ctypes.byref(ns), None, entry,
-                                  None, None, 0, 3, 1, 8, 8, 8, 144, 1, 8, None)
+    k = fastvideo_kernel
+    voted = k.Vote(size=ctypes.sizeof(k.Vote), stage=9, handle=handle.value, fields=send.value, votes=recv.value,
+                   timeout_ns=timeout.value, vote_ns=-1)
+    call = k.Call(size=ctypes.sizeof(k.Call), kind=7 if case == "bad_kind" else k.KIND_SM, mode=0, dtype=3, ctas=144,
+                  B=1, S=8, H=8, D=8, planes_per_chunk=1, rows_per_chunk=8)
+    status = lib.fvk_launch(None, ctypes.byref(call), None, None, None, ctypes.byref(voted))
     error = fastvideo_kernel.last_error(lib) if status else ""
-    rows = vote.rows.tolist() if stage.value >= 1 else None
+    rows = vote.rows.tolist() if voted.stage >= k.STAGE_NOT_LAUNCHED else None
     vote.destroy()
-    return status, stage.value, ns.value, error, rows, fields
+    return status, voted.stage, voted.vote_ns, error, rows, fields
 
 
-@pytest.mark.parametrize("case", ["run", "decline", "bad_entry"])
+@pytest.mark.parametrize("case", ["run", "decline", "bad_kind"])
 def test_the_library_voted_launch_decides_on_a_real_exchange(ranks, case):
     results = ranks(2, _library_voted_launch, case, env=ENV, timeout_s=60)
     fields = [r[5] for r in results]
@@ -287,7 +290,7 @@ def test_the_library_voted_launch_decides_on_a_real_exchange(ranks, case):
         elif case == "decline":  # exchanged, no launch on any rank, the gathered rows returned
             assert (stage, status, error) == (1, 0, "") and ns > 0 and rows == fields
         else:  # refused before the exchange: no rank voted, none waits
-            assert (stage, ns) == (-1, 0) and status == 1 and "entry 7" in error and rows is None
+            assert (stage, ns) == (-1, 0) and status == 1 and "kind 7" in error and rows is None
 
 
 def _decline_through_the_voted_launch(rank, world_size):

@@ -22,12 +22,11 @@
 #include <string>
 #include <vector>
 
-#include "layout.h"
-#include "ulysses_a2a.h"
+#include "../error.h"
+#include "../layout.h"
+#include "ulysses_a2a_testing.h"
 
 namespace fvk {
-
-int set_error(int code, const char* fmt, ...);
 
 namespace {
 
