@@ -272,12 +272,12 @@ def test_doctor_without_the_loader_package_says_how_to_get_it(capsys, fake_kerne
 
 
 def test_doctor_a_check_that_raises_is_a_finding_and_the_rest_still_runs(capsys, fake_kernel, settings):
-    from fastvideo.distributed.ulysses import helper
+    from fastvideo.distributed.ulysses import construction
 
     def broken():
         raise OSError("no hostname")
 
-    settings.setattr(helper, "host_identity", broken)
+    settings.setattr(construction, "host_identity", broken)
     rc, out = doctor(capsys)
     assert rc == 1 and "host       PROBLEM: check raised OSError: no hostname" in out
     assert "kernel     looked for the library" in out and "gpus " in out

@@ -122,8 +122,9 @@ GRAPH = import_graph(ROOT, "fastvideo")
 U = "fastvideo.distributed.ulysses"
 # The routes and the pure pieces below the helper, and what they must never reach.
 BELOW_HELPER = [f"{U}.{m}" for m in ("layout", "nccl", "transport", "native", "vote", "contract", "policy",
-                                     "watchdog")]
-ABOVE = {f"{U}.helper", f"{U}.ops", "fastvideo.distributed.communication_op", "fastvideo.distributed.parallel_state",
+                                     "watchdog", "planner", "stats")]
+ABOVE = {f"{U}.helper", f"{U}.ops", f"{U}.registry", f"{U}.construction", "fastvideo.distributed.communication_op",
+         "fastvideo.distributed.parallel_state",
          "fastvideo.layers.attention", "fastvideo.entrypoints.sp_attention_demo", "fastvideo.attention.layer",
          "fastvideo.distributed.device_communicators.ulysses_a2a"}
 
@@ -134,7 +135,7 @@ def test_the_graph_sees_the_package():
     assert f"{U}.ops" in GRAPH["fastvideo.distributed.communication_op"]
     assert f"{U}.helper" in GRAPH[f"{U}.ops"]
     assert "fastvideo.distributed.parallel_state" in GRAPH["fastvideo.entrypoints.sp_attention_demo"]
-    assert f"{U}.native" in GRAPH[f"{U}.helper"]  # imported inside a function
+    assert f"{U}.native" in GRAPH[f"{U}.construction"]  # imported inside a function
 
 
 def test_no_import_cycle_among_fastvideo_modules():
@@ -150,7 +151,8 @@ def test_routes_import_nothing_above_them(module):
 def test_parallel_state_does_not_import_the_helper_and_the_helper_not_the_public_op():
     assert f"{U}.helper" not in closure(GRAPH, "fastvideo.distributed.parallel_state")
     # public op -> the torch.library op -> helper: nothing below reaches back up
-    assert {"fastvideo.distributed.communication_op", f"{U}.ops"} & closure(GRAPH, f"{U}.helper") == set()
+    assert {"fastvideo.distributed.communication_op", f"{U}.ops", f"{U}.registry"} & closure(GRAPH, f"{U}.helper") \
+        == set()
     assert "fastvideo.distributed.communication_op" not in closure(GRAPH, f"{U}.ops")
 
 
@@ -231,3 +233,35 @@ def test_checker_sees_function_local_and_relative_imports(tmp_path):
     assert find_cycles(graph) == [["pkg.a", "pkg.sub.b", "pkg.a"]]
     (pkg / "a.py").write_text("import os\n")
     assert find_cycles(import_graph(tmp_path, "pkg")) == []
+
+
+# ------------------------------------------------------------------------------------- one autograd formula
+
+
+def autograd_functions(source: str) -> list[str]:
+    """Classes in ``source`` that subclass ``torch.autograd.Function`` (however it is spelled: ``Function``,
+    ``autograd.Function``, ``torch.autograd.Function``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef):
+            for base in node.bases:
+                name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", "")
+                if name == "Function":
+                    found.append(node.name)
+    return found
+
+
+def test_the_op_has_one_autograd_formula():
+    """The registered autograd of ``fastvideo::ulysses_all_to_all_4d`` is the only backward formula: no
+    ``torch.autograd.Function`` anywhere in fastvideo/, and one ``register_autograd`` call."""
+    functions = {m: autograd_functions(p.read_text()) for m, p in _files().items()}
+    assert {m: f for m, f in functions.items() if f} == {}
+    registrations = [m for m, p in _files().items() if "register_autograd(" in p.read_text()]
+    assert registrations == [f"{U}.ops"]
+
+
+def test_the_formula_check_flags_a_second_function():
+    """Negative control: a module defining its own differentiable all-to-all is caught in every spelling."""
+    source = ("import torch\nfrom torch.autograd import Function\n"
+              "class A(torch.autograd.Function):\n    pass\nclass B(Function):\n    pass\n")
+    assert autograd_functions(source) == ["A", "B"]

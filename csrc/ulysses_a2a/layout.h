@@ -1,7 +1,7 @@
 // Where the Ulysses fused all-to-all puts every byte: chunks, CTA slices and window regions.
 //
 // Plain C++ usable on the host and the device (FVK_HD): the kernels (movement.cuh) and the host-side
-// property check of the synchronisation argument (sync_model.cpp) call exactly these functions, so
+// property check of the synchronisation argument (testing/sync_model.cpp) call exactly these functions, so
 // the check tests the layout the kernel runs, not a restatement of it. (The barrier schedule the
 // check assumes, two syncs per chunk, is restated there from run_call.)
 //
@@ -156,14 +156,16 @@ FVK_HD inline Problem plan_problem(int world, int mode, int itemsize, int64_t B,
   return p;
 }
 
-#if !defined(__CUDA_ARCH__)
-// Host (ulysses_a2a.cu): bytes per element of a dtype wire code (0 if unknown), and the checks every
-// entry point applies to a call's geometry and plan before filling `p` with plan_problem.
+// Host only (ulysses_a2a.cu): bytes per element of a dtype wire code (0 if unknown), and the checks every
+// launcher, the simulation and the host checks apply to a call's geometry and plan before filling `p` with
+// plan_problem.
 int itemsize_of(int dtype);
 int make_problem(int world, int mode, int dtype, int64_t B, int64_t S, int64_t H, int64_t D, int ctas, int max_ctas,
                  int64_t planes_per_chunk, int64_t rows_per_chunk, size_t window_bytes, Problem& p,
                  int64_t& operand_bytes, int layout = kStatic);
-#endif
+// The widest vector (<= the partition granule) every pointer a rank moves data through allows: p.x, p.out
+// and `extra` (its windows).
+int vector_bytes(const Problem& p, const void* const* extra, int n_extra);
 
 // Region `cta` of source `src`'s block in the window: every byte CTA `cta` may touch there in a call
 // (the host model checks every kStatic slice lies inside it).

@@ -47,11 +47,8 @@
 #include <new>
 #include <unordered_set>
 
+#include "error.h"
 #include "ulysses_a2a.h"
-
-namespace fvk {
-int set_error(int code, const char* fmt, ...);  // ulysses_a2a.cu: the library's thread-local error text
-}
 
 namespace {
 

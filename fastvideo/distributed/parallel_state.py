@@ -10,7 +10,8 @@ over the world (``torch.distributed.new_group`` needs every rank).
 
 Settings: ``initialize_sequence_parallel`` validates every ``FASTVIDEO_*`` variable on every rank and
 agrees the ones that decide collectives across each SP group (``settings.py``); a mismatch raises
-the same error on every rank there. ``GroupCoordinator.agreed_settings()`` is what calls consult.
+the same error on every rank there. ``GroupCoordinator.settings`` holds them; nothing re-reads the
+environment per call (``agree_ulysses_settings()`` re-agrees after a change on every rank).
 
 This module knows nothing of the layers above it: whoever builds something on a group that must be
 torn down before the group (the Ulysses helper) registers a hook with ``add_teardown``.
@@ -25,16 +26,18 @@ TP groups; ``cleanup_dist_env_and_memory()`` tears all of it down, helpers first
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gc
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from fastvideo import envs
 from fastvideo.distributed import settings as _settings
 from fastvideo.distributed.device_communicators.base_device_communicator import DeviceCommunicatorBase
 from fastvideo.distributed.settings import AgreedSettings
@@ -57,6 +60,7 @@ class GroupCoordinator:
     vote_failure: str | None = None  # set when an exchange on the vote group failed: the group is dead
     _generation: int = 0
     _teardown: dict[str, Callable[[], None]] = field(default_factory=dict)
+    _on_settings: dict[str, Callable[[AgreedSettings, AgreedSettings], None]] = field(default_factory=dict)
     # Upstream FastVideo's coordinator attributes (``device_communicator`` is built on first use).
     local_rank: int = 0
     unique_name: str = ""
@@ -136,23 +140,21 @@ class GroupCoordinator:
         """Run ``fn`` (collective) in ``destroy_sequence_parallel`` before the groups go; one hook per key."""
         self._teardown[key] = fn
 
-    def agreed_settings(self) -> AgreedSettings:
-        """The settings every rank of this group agreed on. Re-agrees (collective) when this rank's environment
-        changed since; see ``settings.py`` for what happens when only some ranks changed."""
-        agreed = self.settings
-        if agreed is not None and not agreed.changed():
-            return agreed
-        self.settings = _settings.agree(
-            self.cpu_group,
-            self.ranks,
-            self.rank_in_group,
-            where="re-agreed because the environment changed since the last agreement"
-            if agreed is not None
-            else "first use",
-            timeout_s=_settings.agreement_timeout_s(),
-            previous=agreed,
-        )
-        return self.settings
+    def resync_generation(self, generation: int) -> None:
+        """Move the generation counter to ``generation`` (after a construction found ranks out of step), so that
+        the next collective construction agrees."""
+        self._generation = max(self._generation, generation)
+
+    def on_settings_change(self, key: str, fn: Callable[[AgreedSettings, AgreedSettings], None]) -> None:
+        """Call ``fn(previous, agreed)`` (collective where it is) when a re-agreement changes the agreed values;
+        one hook per key."""
+        self._on_settings[key] = fn
+
+    def run_teardown(self) -> None:
+        """Run the registered hooks, last registered first (collective where they are), and forget them."""
+        hooks, self._teardown = self._teardown, {}
+        for hook in reversed(list(hooks.values())):
+            hook()
 
 
 _SP: GroupCoordinator | None = None
@@ -224,12 +226,15 @@ def initialize_sequence_parallel(sp_size: int, *, timeout: datetime.timedelta | 
 
 
 def agree_ulysses_settings() -> AgreedSettings:
-    """Collective over the SP group: agree the current settings now (after changing them on every rank).
+    """Collective over the SP group, blocking: agree the current settings now, after changing them on every rank.
 
-    Calls re-agree on their own when the environment changed on every rank; this is the explicit form.
+    Settings are agreed once (at ``initialize_sequence_parallel`` and helper construction) and never re-read per
+    call: this is how a change of the environment takes effect. When the agreed values change, what was built on
+    them follows (``GroupCoordinator.on_settings_change``): the route is resolved again at the next call, and a
+    helper built on a value that changed is destroyed (collectively) and rebuilt.
     """
     sp = get_sp_group()
-    sp.settings = _settings.agree(
+    agreed = _settings.agree(
         sp.cpu_group,
         sp.ranks,
         sp.rank_in_group,
@@ -237,7 +242,24 @@ def agree_ulysses_settings() -> AgreedSettings:
         timeout_s=_settings.agreement_timeout_s(),
         previous=sp.settings,
     )
-    return sp.settings
+    previous, sp.settings = sp.settings, agreed
+    if previous is not None and previous.values != agreed.values:
+        for hook in list(sp._on_settings.values()):
+            hook(previous, agreed)
+    return agreed
+
+
+@contextlib.contextmanager
+def override_ulysses_settings(**values: str | None) -> Iterator[AgreedSettings]:
+    """Collective over the SP group, blocking, not capture-safe: set FastVideo settings on this rank
+    (``envs.override``) and agree them, for the block; restore and re-agree at its end. Every rank must enter
+    it with the same values at the same point (a rank that differs raises ``SettingsMismatchError`` on every
+    rank). What the settings decide follows them: the route, and a helper built on settings that changed."""
+    try:
+        with envs.override(**values):
+            yield agree_ulysses_settings()
+    finally:
+        agree_ulysses_settings()
 
 
 def model_parallel_is_initialized() -> bool:
@@ -284,9 +306,7 @@ def destroy_sequence_parallel() -> None:
         for coordinator in (_SP, _DP):
             if coordinator is None:
                 continue
-            hooks, coordinator._teardown = coordinator._teardown, {}
-            for hook in reversed(list(hooks.values())):  # last registered, first torn down
-                hook()
+            coordinator.run_teardown()
     finally:  # a failing hook must not leave the groups behind
         for coordinator in (_DP, _SP):
             if coordinator is not None:

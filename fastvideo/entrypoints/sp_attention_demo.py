@@ -25,7 +25,6 @@ import time
 import torch
 import torch.distributed as dist
 
-from fastvideo import envs
 from fastvideo.distributed import parallel_state
 from fastvideo.layers.attention import SPSelfAttention, attention_backend
 
@@ -51,7 +50,7 @@ def _route_taken(route: str, first_seq: int, world_size: int) -> str:
         return "identity (SP1)"  # the op returns its input: no route, no helper
     if route == "off":
         return "nccl"
-    from fastvideo.distributed.ulysses.helper import get_default_helper
+    from fastvideo.distributed.ulysses.registry import get_default_helper
 
     records = [rec for rec in get_default_helper().history if rec.seq >= first_seq]
     routes = sorted({rec.route for rec in records})
@@ -77,12 +76,12 @@ def run_route(route: str, args, device: torch.device, dtype: torch.dtype) -> dic
         return y
 
     times_ms: list[float] = []
-    with envs.override(FASTVIDEO_ULYSSES_A2A=route):
+    with parallel_state.override_ulysses_settings(FASTVIDEO_ULYSSES_A2A=route):
         for _ in range(args.warmup):
             step()
         first_seq = 0
         if route == "auto" and p > 1:
-            from fastvideo.distributed.ulysses.helper import get_default_helper
+            from fastvideo.distributed.ulysses.registry import get_default_helper
 
             history = get_default_helper().history  # built by the warm-up (or by the first timed call)
             first_seq = history[-1].seq + 1 if history else 0

@@ -64,10 +64,10 @@ sys.path.insert(1, str(ROOT / "benchmarks"))
 
 import common as bench  # noqa: E402
 
-from fastvideo import envs  # noqa: E402
 from fastvideo.distributed import parallel_state  # noqa: E402
 from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a  # noqa: E402
 from fastvideo.distributed.ulysses import helper as helper_mod  # noqa: E402
+from fastvideo.distributed.ulysses import registry  # noqa: E402
 from fastvideo.distributed.ulysses.policy import CAPTURE_ENGINES, ENGINES, Geometry, Plan  # noqa: E402
 from tests.distributed.check_launch import init_check_group  # noqa: E402
 
@@ -94,7 +94,9 @@ def wrong(a: torch.Tensor, b: torch.Tensor) -> int:
 
 
 def route(name: str):
-    return envs.override(FASTVIDEO_ULYSSES_A2A=name, FASTVIDEO_ULYSSES_A2A_LONG_TRAINING="auto")
+    """Collective: the SP group agrees this route for the block (``override_ulysses_settings``)."""
+    return parallel_state.override_ulysses_settings(FASTVIDEO_ULYSSES_A2A=name,
+                                                    FASTVIDEO_ULYSSES_A2A_LONG_TRAINING="auto")
 
 
 class Block(nn.Module):
@@ -170,7 +172,7 @@ class Check:
         self.log(f"{'PASS' if ok else 'FAIL'} {name} ({row['s']:.1f} s) {detail or error}")
 
     def helper(self) -> helper_mod.UlyssesHelper:
-        h = helper_mod.current_default_helper()
+        h = registry.current_default_helper()
         if h is None:
             raise RuntimeError("no default helper: the auto route never ran")
         if not h.fused_available:
@@ -533,7 +535,7 @@ def main() -> int:
     try:
         rc = check.run()
         if check.rank == 0:
-            header["native_library"] = bench.native_library(helper_mod.current_default_helper())
+            header["native_library"] = bench.native_library(registry.current_default_helper())
     finally:
         parallel_state.destroy_sequence_parallel()
     elapsed = time.perf_counter() - start

@@ -18,9 +18,11 @@ Checks (each prints PASS/FAIL on rank 0; the summary line is ``N passed, N faile
   not just the plans the policy picks for this GPU: each bit-exact with its plan asserted;
 * stress: 100 rounds of random shapes, dtypes, modes and windows (down to 256 KiB), bit-exact, plan
   asserted;
-* epoch checker (``--epoch-check``, native only): uneven plans through ``fvk_a2a_debug``, which stamps
-  every window granule; 0 violations with the kernel's layout, and violations reported with the
-  pre-fix layout (the negative control on real hardware);
+* epoch checker (``--epoch-check``, native only, on the test library: run with
+  ``FASTVIDEO_KERNEL_LIBRARY=.../libfastvideo_ulysses_a2a_testing.so``): uneven plans through the test
+  library's epoch-checked launch (``tests/kernel/native_testing.debug_execute``), which stamps every window
+  granule; 0 violations with the kernel's layout, and violations reported with the pre-fix layout (the
+  negative control on real hardware);
 * negative control: with tuning disabled the plan assertions of a parity case must fail.
 
 Fail fast and together: every check's verdict, and every round of the sweep and the stress, is agreed
@@ -76,6 +78,7 @@ from fastvideo.distributed.ulysses.policy import (  # noqa: E402
     normalize_gpu_name,
 )
 from tests.distributed.check_launch import init_check_group  # noqa: E402
+from tests.distributed.conftest import a2a  # noqa: E402
 
 H3 = {"32k": 32768, "128k": 131072, "250k": 250000}
 WAN720P = 75600
@@ -236,15 +239,18 @@ class Gate:
         torch.manual_seed(1000 + self.rank + s_global + b)
         x = torch.randn(shape, dtype=torch.bfloat16, device=self.device)
         choice, geom = self.expected(h, shape, grad, long_training, expect_table)
-        with envs.override(FASTVIDEO_ULYSSES_A2A="auto", FASTVIDEO_ULYSSES_A2A_LONG_TRAINING=long_training):
+        saved, h.long_training = h.long_training, long_training  # on every rank
+        try:
             if grad:
                 xg = x.clone().requires_grad_()
-                y = h.all_to_all(xg, 0)
+                y = a2a(h, xg, 0)
                 upstream = torch.randn_like(y)
                 (gx,) = torch.autograd.grad(y, xg, upstream)
             else:
                 with torch.no_grad():
-                    y = h.all_to_all(x, 0)
+                    y = a2a(h, x, 0)
+        finally:
+            h.long_training = saved
         self.sync()
         ref = nccl_route(x, 0, self.sp.device_group)
         wrong = _wrong(y, ref)
@@ -266,10 +272,10 @@ class Gate:
         shape = (3, max(1, 4096 // self.scale), self.h3_heads, 128)
         x1 = torch.randn(shape, dtype=torch.bfloat16, device=self.device)
         with envs.override(**AUTO), torch.no_grad():
-            y1 = h.all_to_all(x1, 0)
+            y1 = a2a(h, x1, 0)
             keep = y1.clone()
             for _ in range(3):
-                h.all_to_all(torch.randn_like(x1), 0)
+                a2a(h, torch.randn_like(x1), 0)
         self.sync()
         if h.history[-1].route != "fused":
             raise AssertionError("ownership check did not run the fused route")
@@ -286,14 +292,16 @@ class Gate:
     def recovery(self, h) -> str:
         shape = (3, max(1, 2048 // self.scale), self.h3_heads, 128)
         x = torch.randn(shape, dtype=torch.bfloat16, device=self.device)
-        original = h.transport.eligibility
-        if self.rank == self.p - 1:  # one rank loses a capability for exactly one call
-            h.transport.eligibility = lambda t: DeclineReason.ALIGNMENT.bit
+        # One rank cannot take exactly one call: it passes the same values in a non-contiguous layout.
+        local = x
+        if self.rank == self.p - 1:
+            local = torch.empty_strided(x.shape, (1, x.shape[0], x.shape[0] * x.shape[1],
+                                                  x.shape[0] * x.shape[1] * x.shape[2]),
+                                        dtype=x.dtype, device=x.device).copy_(x)
         with envs.override(**AUTO), torch.no_grad():
-            y_declined = h.all_to_all(x, 0)
-            h.transport.eligibility = original
+            y_declined = a2a(h, local, 0)
             first = h.history[-1]
-            y_recovered = h.all_to_all(x, 0)
+            y_recovered = a2a(h, x, 0)
             second = h.history[-1]
         ref = nccl_route(x, 0, self.sp.device_group)
         if first.route != "nccl" or first.reason != DeclineReason.PEER_DISAGREEMENT:
@@ -337,12 +345,12 @@ class Gate:
                 with envs.override(**AUTO):
                     if grad:
                         xg = x.clone().requires_grad_()
-                        y = h.all_to_all(xg, mode)
+                        y = a2a(h, xg, mode)
                         up = torch.randn_like(y)
                         (gx,) = torch.autograd.grad(y, xg, up)
                     else:
                         with torch.no_grad():
-                            y = h.all_to_all(x, mode)
+                            y = a2a(h, x, mode)
                 geom = Geometry.from_input(shape, mode, self.p, dtype)
                 want = choose_plan(geom, gpu=h.gpu_name, window_bytes=w, grad=grad, long_training="auto",
                                    table=h.tuned_table).plan
@@ -425,7 +433,7 @@ class Gate:
                     gen = torch.Generator(device=self.device).manual_seed(77 + self.rank + mode)
                     x = torch.randn(shape, generator=gen, device=self.device, dtype=torch.bfloat16)
                     with envs.override(**AUTO), torch.no_grad():
-                        y = helper.all_to_all(x, mode)
+                        y = a2a(helper, x, mode)
                     wrong = _wrong(y, nccl_route(x, mode, self.sp.device_group))
                     error = ""
                     try:
@@ -448,11 +456,11 @@ class Gate:
                 f"different sizes), e.g. {ran[-1][0].describe(ran[-1][1])}")
 
     def epoch_check(self, h) -> str:
-        """The real kernel with the epoch checker (fvk_a2a_debug): uneven plans report 0 violations, and the
-        pre-fix layout (the negative control) reports violations on real hardware."""
+        """The real kernel with the epoch checker (the test library's, on the helper's communicator): uneven plans
+        report 0 violations, and the pre-fix layout (the negative control) reports violations on real hardware."""
+        from tests.kernel.native_testing import debug_execute
+
         transport = h.transport
-        if not hasattr(transport, "debug_execute"):
-            raise AssertionError("the transport has no debug_execute (native only)")
         shape = (3, self.tokens(H3["32k"]) // self.p, self.h3_heads, 128)
         x = torch.randn(shape, dtype=torch.bfloat16, device=self.device)
         geom = Geometry.from_input(shape, 0, self.p, torch.bfloat16)
@@ -460,9 +468,9 @@ class Gate:
         lines, error = [], ""
         for plan in (Plan(36, 2, geom.S, tuned=True), Plan(144, 1, even_rows(geom.S, geom.S // 3 + 1), tuned=True),
                      Plan(72, 2, geom.S // 2 + 7, tuned=True)):
-            out, report = transport.debug_execute(x, geom, plan, legacy=False)
+            out, report = debug_execute(transport, x, geom, plan, legacy=False)
             wrong = _wrong(out, ref)
-            _, legacy = transport.debug_execute(x, geom, plan, legacy=True)
+            _, legacy = debug_execute(transport, x, geom, plan, legacy=True)
             # A violation is reported on the rank that saw it (often only the sender into the window
             # the bad layout overlaps): the pre-fix layout must be reported somewhere, summed over ranks.
             legacy_total = torch.tensor([legacy[0]], dtype=torch.int64)
@@ -543,7 +551,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="32k only and a 20-round stress")
     parser.add_argument("--json", type=pathlib.Path, help="write the results here (rank 0)")
     parser.add_argument("--epoch-check", action="store_true",
-                        help="also run uneven plans through fvk_a2a_debug (native only; needs the window headroom)")
+                        help="also run uneven plans through the epoch-checked launch (native only, on the test "
+                             "library: FASTVIDEO_KERNEL_LIBRARY=.../libfastvideo_ulysses_a2a_testing.so; needs the "
+                             "window headroom)")
     parser.add_argument("--cpu-dry-run", action="store_true",
                         help="test the gate logic over gloo, CPU transport, 1/512 scale (not a gate result)")
     parser.add_argument("--inject-wrong-round", type=int, default=-1, help=argparse.SUPPRESS)  # fail-fast test

@@ -48,7 +48,7 @@ def worker(args: argparse.Namespace) -> int:
 
     from fastvideo.distributed import parallel_state
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
-    from fastvideo.distributed.ulysses import helper as helper_mod
+    from fastvideo.distributed.ulysses import construction, registry
 
     rank = int(os.environ["RANK"])
     victim = 1
@@ -74,7 +74,7 @@ def worker(args: argparse.Namespace) -> int:
                 return False
 
         class KillBeforeLaunch(GlooPlanTransport):
-            def execute(self, x, geom, plan):
+            def execute(self, x, geom, plan, **kw):
                 if before_launch():
                     state["stuck"] = True
                     return torch.empty(output_shape(geom), dtype=x.dtype)
@@ -92,7 +92,7 @@ def worker(args: argparse.Namespace) -> int:
         from fastvideo.distributed.ulysses.native import NativeTransport
 
         class KillBeforeLaunch(NativeTransport):  # type: ignore[no-redef]
-            def execute(self, x, geom, plan):
+            def execute(self, x, geom, plan, **kw):
                 before_launch()
                 return super().execute(x, geom, plan)
 
@@ -100,10 +100,10 @@ def worker(args: argparse.Namespace) -> int:
         backend, device, dtype = "nccl", "cuda", torch.bfloat16
         synchronize = torch.cuda.synchronize
 
-    helper_mod.set_transport_factory(lambda device: KillBeforeLaunch())
+    construction.set_transport_factory(lambda device: KillBeforeLaunch())
     dist.init_process_group(backend)
     parallel_state.initialize_sequence_parallel(dist.get_world_size())
-    helper = helper_mod.get_default_helper()
+    helper = registry.get_default_helper()
     if not helper.fused_available:
         print(f"[rank {rank}] fused route declined at construction: {helper.construction_reason} "
               f"({helper.construction_detail}); this check needs it", flush=True)

@@ -109,6 +109,15 @@ def construction_fault(rank: int, scenario: str, faulty_rank: int = 1):
     return transport, kw
 
 
+def a2a(helper, x, mode: int):
+    """The differentiable all-to-all through ``helper`` (the one op with that helper; validated first)."""
+    from fastvideo.distributed.ulysses import ops
+    from fastvideo.distributed.ulysses.layout import validate_input
+
+    validate_input(x, mode, helper.world_size)
+    return ops.all_to_all(x, mode, helper=helper)
+
+
 def rank_input(rank: int, shape, dtype=None, seed: int = 0, requires_grad: bool = False):
     """Deterministic, rank-distinct input (any rank can rebuild any other rank's input)."""
     import torch
@@ -127,6 +136,16 @@ def oracle(x, mode: int):
     return nccl_route(x.detach(), mode, get_sp_group().device_group)
 
 
+def nccl_reference(x, w, mode: int):
+    """Output and input gradient of ``(a2a(x) * w).sum()`` from the plain NCCL route, without autograd: the
+    all-to-all is a permutation, so the gradient is the inverse all-to-all of ``w``."""
+    from fastvideo.distributed.communication_op import nccl_route
+    from fastvideo.distributed.parallel_state import get_sp_group
+
+    group = get_sp_group().device_group
+    return nccl_route(x.detach(), mode, group), nccl_route(w.detach().contiguous(), 1 - mode, group)
+
+
 def bit_equal(a, b) -> bool:
     """Same shape, dtype and bits (NaN-safe: compares the raw bytes)."""
     import torch
@@ -142,6 +161,27 @@ def last(helper):
     reason = rec.reason.label if rec.reason is not None else None  # DISABLED is 0: test for None
     return (rec.route, rec.plan.word if rec.plan else 0, reason, rec.chunks,
             rec.phase.name)
+
+
+@contextlib.contextmanager
+def local_config(h, **changes):
+    """``h``'s planning configuration (``planner.PlanConfig``) changed on this rank only inside the block (the
+    proposal cache dropped on entry and exit): how a test gives one rank a local reason to decline
+    (``dtypes=()``: its transport moves no dtype) or to fail while proposing (``long_training="bogus"``)."""
+    saved = {name: getattr(h.planner.config, name) for name in changes}
+    h.planner.replace(**changes)
+    try:
+        yield h
+    finally:
+        h.planner.replace(**saved)
+
+
+def non_contiguous(x):
+    """``x`` with the same shape and values in a non-contiguous layout: a real rank-local reason to decline."""
+    import torch
+
+    return torch.empty_strided(x.shape, tuple(reversed(torch.empty(tuple(reversed(x.shape))).stride())),
+                               dtype=x.dtype).copy_(x).requires_grad_(x.requires_grad)
 
 
 @contextlib.contextmanager

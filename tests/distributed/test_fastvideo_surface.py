@@ -32,8 +32,8 @@ WINDOW = 24 * 1024  # bytes: the growth check's operands straddle it
 class CorruptingTransport(GlooPlanTransport):
     """The CPU plan transport with one output element off by one: what a layout bug would look like."""
 
-    def execute(self, x, geom, plan):
-        out = super().execute(x, geom, plan)
+    def execute(self, x, geom, plan, **kw):
+        out = super().execute(x, geom, plan, **kw)
         out.view(-1)[0] += 1
         return out
 
@@ -257,20 +257,36 @@ def _collectives(rank, world_size):
     want = torch.cat([rank_input(200 + r, shard.shape, f64) for r in range(p)], dim=1)[:, :7] / p
     shard_grad_ok = torch.allclose(z.grad, want, rtol=0, atol=1e-12)
     unpad_ok = bit_equal(sequence_model_parallel_all_gather_with_unpad(shard.detach(), original, dim=1), z.detach())
+    # The communicator's NCCL route with autograd (its backward is the inverse all-to-all) and the SUM all-reduce
+    # (its gradient is the all-reduced gradient).
+    from fastvideo.distributed.parallel_state import get_sp_group
+
+    comm = get_sp_group().device_communicator
+    a = rank_input(rank, (2, 3, 6, 4), f64, requires_grad=True)
+    out = comm.all_to_all_4D(a, 2, 1)
+    w = rank_input(300 + rank, out.shape, f64)
+    (out * w).sum().backward()
+    a2a_ok = bit_equal(out, comm.all_to_all_4D(a.detach(), 2, 1)) and bit_equal(a.grad, comm.all_to_all_4D(w, 1, 2))
+    c = rank_input(rank, (3, 5), f64, requires_grad=True)
+    summed = get_sp_group().all_reduce(c)
+    (summed * rank_input(400 + rank, (3, 5), f64)).sum().backward()
+    reduce_ok = (torch.allclose(summed, sum(rank_input(r, (3, 5), f64) for r in range(p)), rtol=0, atol=1e-12)
+                 and torch.allclose(c.grad, sum(rank_input(400 + r, (3, 5), f64) for r in range(p)), rtol=0,
+                                    atol=1e-12))
     built = ulysses_a2a.current_default_helper() is not None
     warmup_sequence_parallel_communication()
     warmed = ulysses_a2a.current_default_helper()
     calls = warmed.stats()["calls"]
     warmup_sequence_parallel_communication()  # once per set of groups
     return (gather_ok, gather_grad_ok, shard_ok, shard_grad_ok, unpad_ok, built, calls,
-            warmed.stats()["calls"], tuple(shard.shape))
+            warmed.stats()["calls"], tuple(shard.shape), a2a_ok, reduce_ok)
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_sp_collectives_and_their_gradients(ranks, world_size):
     for r in ranks(world_size, _collectives, env={"FASTVIDEO_ULYSSES_A2A": "auto"}):
-        gather_ok, gather_grad_ok, shard_ok, shard_grad_ok, unpad_ok, built, calls, calls_after, shape = r
-        assert gather_ok and gather_grad_ok and shard_ok and shard_grad_ok and unpad_ok
+        gather_ok, gather_grad_ok, shard_ok, shard_grad_ok, unpad_ok, built, calls, calls_after, shape, a2a, red = r
+        assert gather_ok and gather_grad_ok and shard_ok and shard_grad_ok and unpad_ok and a2a and red
         assert shape == (2, -(-7 // world_size), 3)
         assert not built and calls == 2 and calls_after == 2  # the warm-up built the helper, then did nothing
 

@@ -9,9 +9,11 @@ import torch
 from fastvideo.distributed.ulysses.policy import ORIGINAL_CTAS, Geometry, Plan, choose_plan, even_rows
 from tests.distributed.conftest import (
     GPU_NAME,
+    a2a,
     bit_equal,
     build_helper,
     fixture_rows,
+    local_config,
     oracle,
     rank_input,
 )
@@ -24,14 +26,10 @@ def input_shape(mode, world_size, b=B, s=S, h=H, d=D):
 
 
 def nccl_forward_backward(x, w, mode):
-    """Output and input gradient through the differentiable NCCL route (the public op's `off` path)."""
-    from fastvideo.distributed.communication_op import _NcclAllToAll
-    from fastvideo.distributed.parallel_state import get_sp_group
+    """Output and input gradient of ``(a2a(x) * w).sum()`` from the plain NCCL route (the oracle)."""
+    from tests.distributed.conftest import nccl_reference
 
-    leaf = x.detach().clone().requires_grad_(True)
-    y = _NcclAllToAll.apply(leaf, mode, get_sp_group().device_group)
-    (y * w).sum().backward()
-    return y.detach(), leaf.grad
+    return nccl_reference(x, w, mode)
 
 
 def single_device_reference(rank, world_size, mode, dtype, x_seed, w_seed):
@@ -57,7 +55,7 @@ def records(h, n):
 def _grad_parity(rank, world_size, mode, dtype):
     h = build_helper(window_bytes=4096)  # fp32: at most 10 rows fit; 16 rows become two even chunks of 8
     x = rank_input(rank, input_shape(mode, world_size), dtype, seed=3, requires_grad=True)
-    y = h.all_to_all(x, mode)
+    y = a2a(h, x, mode)
     w = rank_input(rank, y.shape, dtype, seed=4)
     (y * w).sum().backward()
     y_nccl, g_nccl = nccl_forward_backward(x, w, mode)
@@ -91,7 +89,7 @@ def _ce_parity(rank, world_size, mode, entries):
                                                                   entry_points=frozenset(entries)))
     h = build_helper(window_bytes=4096, transport=transport, table=fixture_rows(engine="ce"))
     x = rank_input(rank, input_shape(mode, world_size), torch.float32, seed=3, requires_grad=True)
-    y = h.all_to_all(x, mode)
+    y = a2a(h, x, mode)
     w = rank_input(rank, y.shape, torch.float32, seed=4)
     (y * w).sum().backward()
     y_nccl, g_nccl = nccl_forward_backward(x, w, mode)
@@ -134,14 +132,14 @@ def _backward_keeps_forward_plan(rank, world_size, forward_lt, backward_lt, wind
     # Shrink the 512 MiB long-training threshold (a policy module constant) so a test-sized grad-tracked
     # plane counts as "long training"; the real threshold is covered by the pure policy tests.
     policy.LONG_TRAINING_PLANE_BYTES = 64
-    h = build_helper(window_bytes=window)
-    x = rank_input(rank, (B, S, H, D), seed=5, requires_grad=True)
     with envs.override(FASTVIDEO_ULYSSES_A2A_LONG_TRAINING=forward_lt):
-        y = h.all_to_all(x, 0)
+        h = build_helper(window_bytes=window)  # agrees forward_lt at construction
+    x = rank_input(rank, (B, S, H, D), seed=5, requires_grad=True)
+    y = a2a(h, x, 0)
     w = rank_input(rank, y.shape, seed=6)
-    with envs.override(FASTVIDEO_ULYSSES_A2A_LONG_TRAINING=backward_lt):
-        if drop_table:
-            h.tuned_table = ()  # the policy changes under the backward's feet in a second way too
+    # The policy changes under the backward's feet, on every rank: another long-training value, and for the
+    # tuned case no tuned rows either.
+    with local_config(h, long_training=backward_lt, table=() if drop_table else h.planner.config.table):
         geom = Geometry.from_input(x.shape, 0, world_size, x.dtype)
         now = h.plan_for(geom, grad=True)  # what the policy would choose at backward time
         (y * w).sum().backward()
@@ -169,15 +167,12 @@ def test_backward_keeps_the_forwards_decline_after_the_policy_changed(ranks):
 
 
 def _backward_disagreement(rank, world_size):
-    from fastvideo.distributed.ulysses.contract import DeclineReason
-
     h = build_helper()
     x = rank_input(rank, (B, S, H, D), seed=7, requires_grad=True)
-    y = h.all_to_all(x, 0)
+    y = a2a(h, x, 0)
     w = rank_input(rank, y.shape, seed=8)
-    if rank == 1:
-        h.transport.eligibility = lambda t: DeclineReason.ALIGNMENT.bit
-    (y * w).sum().backward()
+    with local_config(h, dtypes=() if rank == 1 else h.planner.config.dtypes):  # rank 1's transport moves nothing now
+        (y * w).sum().backward()
     _, g_nccl = nccl_forward_backward(x, w, 0)
     result = (bit_equal(x.grad, g_nccl), records(h, 2))
     h.destroy()
@@ -197,7 +192,7 @@ def test_backward_still_votes_and_declines_together(ranks):
 def _non_contiguous_grad(rank, world_size):
     h = build_helper()
     x = rank_input(rank, (B, S, H, D), seed=9, requires_grad=True)
-    y = h.all_to_all(x, 0)
+    y = a2a(h, x, 0)
     y.sum().backward()  # the incoming gradient is an expanded (stride-0, non-contiguous) tensor of ones
     result = (bit_equal(x.grad, torch.ones_like(x)), records(h, 2))
     h.destroy()
@@ -237,7 +232,7 @@ def _stress(rank, world_size, rounds):
         geom = Geometry.from_input(x.shape, mode, p, dtype)
         expected = choose_plan(geom, gpu=GPU_NAME, window_bytes=window, grad=grad, long_training="auto",
                                table=table)
-        y = helper.all_to_all(x, mode)
+        y = a2a(helper, x, mode)
         if grad:
             w = rank_input(rank, y.shape, dtype, seed=500 + i)
             (y * w).sum().backward()

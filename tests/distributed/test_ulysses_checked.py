@@ -54,10 +54,10 @@ def _mistake_input(rank: int, mistake: str) -> tuple[torch.Tensor, tuple[int, in
 
 def _mistakes(rank, world_size, mistakes, fused):
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
-    from fastvideo.distributed.ulysses import helper as helper_mod
+    from fastvideo.distributed.ulysses import registry
 
     if fused:
-        helper_mod.install_default_helper(build_helper())
+        registry.install_default_helper(build_helper())
     seen = {}
     for mistake in mistakes:
         x, dims = _mistake_input(rank, mistake)
@@ -74,8 +74,8 @@ def _mistakes(rank, world_size, mistakes, fused):
         # A matching call right after: bit-exact, so no rank was left a call ahead or inside a collective.
         ok = rank_input(rank, SHAPE, seed=4)
         seen[mistake] = (*got, elapsed, bit_equal(a2a(ok, 2, 1), oracle(ok, 0)))
-    route = "fused" if fused else helper_mod.current_default_helper() and "helper"
-    checker = helper_mod._CHECKED_OFF
+    route = "fused" if fused else registry.current_default_helper() and "helper"
+    checker = registry.current_checked_off_helper()
     return seen, route, checker.stats()["calls"] if checker is not None else 0
 
 
@@ -173,13 +173,13 @@ def test_negative_control_without_checked_mode_the_same_size_mistakes_pass_silen
 
 def _checked_calls(rank, world_size):
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
-    from fastvideo.distributed.ulysses import helper as helper_mod
+    from fastvideo.distributed.ulysses import registry
 
     x = rank_input(rank, SHAPE, seed=5, requires_grad=True)
     y = a2a(x, 2, 1)
     z = a2a(y, 1, 2)
     (z * 3).sum().backward()
-    checker = helper_mod._CHECKED_OFF
+    checker = registry.current_checked_off_helper()
     return (bit_equal(y, oracle(x, 0)), bit_equal(z, x), bool(torch.all(x.grad == 3)), checker.stats()["calls"],
             len(checker.vote_seconds()), checker.stats()["declines"], [r.phase.name for r in checker.history])
 

@@ -10,7 +10,8 @@ failed on both ranks (``Unsupported: HOP: Unsafe side effect``). Here, on two gl
 * a sequence length marked dynamic compiles once for three lengths (the control without the mark
   compiles twice for two);
 * checked mode checks compiled calls too (ranks whose compiled graphs disagree raise on every rank);
-* ``torch.library.opcheck`` passes on both ops (the control: a deliberately wrong fake impl fails it);
+* ``torch.library.opcheck`` passes on a forward's and a backward's call of the op (the control: a
+  deliberately wrong fake impl fails it);
 * a FakeTensor never reaches a collective (a fake output of the right shape, no vote), and a meta tensor
   outside tracing raises.
 
@@ -62,13 +63,13 @@ def _records(helper, start: int) -> list[tuple]:
 def _compiled_exact(rank, world_size, backend, fused):
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    from fastvideo.distributed.ulysses import helper as helper_mod
+    from fastvideo.distributed.ulysses import registry
     from fastvideo.distributed.ulysses.policy import Geometry
 
     if fused:
-        helper_mod.install_default_helper(build_helper())
+        registry.install_default_helper(build_helper())
     _step(_two_calls, rank, seed=1)  # builds the helper (collective) before anything is counted
-    helper = helper_mod.current_default_helper()
+    helper = registry.current_default_helper()
     table = helper.tuned_table if helper is not None else ()
     policy_at_backward = []
 
@@ -161,13 +162,13 @@ def test_dynamic_sequence_length_compiles_once(ranks):
 
 
 def _checked_compiled(rank, world_size):
-    from fastvideo.distributed.ulysses import helper as helper_mod
+    from fastvideo.distributed.ulysses import registry
 
     eager = _step(_two_calls, rank, seed=2)
-    before = len(helper_mod._CHECKED_OFF.vote_seconds())
+    before = len(registry.current_checked_off_helper().vote_seconds())
     compiled = torch.compile(_two_calls, backend="aot_eager", fullgraph=True)
     exact = all(bit_equal(a, b) for a, b in zip(_step(compiled, rank, seed=2), eager))
-    votes = len(helper_mod._CHECKED_OFF.vote_seconds()) - before
+    votes = len(registry.current_checked_off_helper().vote_seconds()) - before
     # Rank 1 compiles a graph for another batch size: the first vote of its compiled call catches it.
     b = SHAPE[0] + rank
     x = rank_input(rank, (b, *SHAPE[1:]))
@@ -192,19 +193,18 @@ def test_checked_mode_votes_every_compiled_call(ranks):
 
 
 def _opcheck(rank, world_size):
-    from fastvideo.distributed.ulysses.ops import forward_impl
+    from fastvideo.distributed.ulysses.ops import run
 
-    forward = torch.ops.fastvideo.ulysses_all_to_all_4d.default
-    backward = torch.ops.fastvideo.ulysses_all_to_all_4d_backward.default
+    op = torch.ops.fastvideo.ulysses_all_to_all_4d.default
     x = rank_input(rank, SHAPE, seed=3)
-    results = [torch.library.opcheck(forward, (x.clone().requires_grad_(), 0, True))]
-    out, saved = forward(x, 0, False)
-    results.append(torch.library.opcheck(backward, (torch.ones_like(out), 0, saved)))
+    results = [torch.library.opcheck(op, (x.clone().requires_grad_(), 0, True, None, 0))]
+    out, outcome = op(x, 0, False, None, 0)
+    results.append(torch.library.opcheck(op, (torch.ones_like(out), 1, False, outcome, 0)))  # a backward's call
 
     # Negative control: the same eager implementation behind a fake impl with the wrong output shape.
     @torch.library.custom_op("fastvideo_test::wrong_fake", mutates_args=())
     def wrong(t: torch.Tensor) -> torch.Tensor:
-        return forward_impl(t, 0, False)[0]
+        return run(t, 0, False, None, 0)[0]
 
     @wrong.register_fake
     def _(t):
@@ -218,7 +218,7 @@ def _opcheck(rank, world_size):
     return [sorted(set(r.values())) for r in results], control
 
 
-def test_opcheck_passes_on_both_ops_and_fails_a_wrong_fake(ranks):
+def test_opcheck_passes_on_the_forward_and_backward_calls_and_fails_a_wrong_fake(ranks):
     """opcheck (schema, autograd registration, fake tensor, AOT dispatch) on two ranks in lockstep, under auto
     (the helper's path; the checks are about the op's registration, the same under either route)."""
     for results, control in ranks(2, _opcheck, env={A2A: "auto"}, timeout_s=120):
@@ -240,7 +240,7 @@ def _fake_and_meta(rank, world_size):
             y = a2a(torch.empty(SHAPE), 2, 1)
             fake_shape = (type(y).__name__, tuple(y.shape), tuple(y.stride()), y.dtype)
     meta = []
-    for call in (lambda t: a2a(t, 2, 1), lambda t: torch.ops.fastvideo.ulysses_all_to_all_4d(t, 0, False)):
+    for call in (lambda t: a2a(t, 2, 1), lambda t: torch.ops.fastvideo.ulysses_all_to_all_4d(t, 0, False, None, 0)):
         try:
             call(torch.empty(SHAPE, device="meta"))
             meta.append("returned")
@@ -252,9 +252,10 @@ def _fake_and_meta(rank, world_size):
 
 def test_fake_tensor_gets_a_fake_output_and_meta_raises(ranks):
     """FakeTensorMode on rank 0 alone: a fake [B, S*P, H/P, D] output, contiguous, no collective and no vote
-    (checked mode on, 5 s vote timeout: a vote would have failed). A meta tensor outside tracing, through
-    the public function or the op itself: ValueError naming the meta tensor, on both ranks, no hang."""
-    env = {A2A: "auto", CHECKED: "1", "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S": "5"}
+    (checked mode on, 20 s vote timeout: a vote would have failed; 5 s flaked on a loaded 2-core machine). A
+    meta tensor outside tracing, through the public function or the op itself: ValueError naming the meta
+    tensor, on both ranks, no hang."""
+    env = {A2A: "auto", CHECKED: "1", "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S": "20"}
     results = ranks(2, _fake_and_meta, env=env, timeout_s=60)
     b, s, h, d = SHAPE
     assert results[0][0] == ("FakeTensor", (b, 2 * s, h // 2, d), (2 * s * h // 2 * d, h // 2 * d, d, 1),
@@ -267,17 +268,15 @@ def test_fake_tensor_gets_a_fake_output_and_meta_raises(ranks):
 # ------------------------------------------------------------------------------------- CUDA-graph trees
 
 
-def test_ops_are_left_out_of_inductor_cuda_graphs():
-    """Both ops carry torch.Tag.cudagraph_unsafe, which inductor's CUDA-graph trees read to run an op between
+def test_the_op_is_left_out_of_inductor_cuda_graphs():
+    """The op carries torch.Tag.cudagraph_unsafe, which inductor's CUDA-graph trees read to run an op between
     captured partitions (so it votes on every replay) instead of capturing it; aten.mul is the control."""
     from torch._inductor.utils import is_cudagraph_unsafe_fx_node
 
-    import fastvideo.distributed.ulysses.ops  # noqa: F401 - registers the ops
+    import fastvideo.distributed.ulysses.ops  # noqa: F401 - registers the op
 
     graph = torch.fx.Graph()
     x = graph.placeholder("x")
-    ops = [torch.ops.fastvideo.ulysses_all_to_all_4d.default,
-           torch.ops.fastvideo.ulysses_all_to_all_4d_backward.default]
-    nodes = [graph.call_function(op, (x, 0, x)) for op in ops]
+    node = graph.call_function(torch.ops.fastvideo.ulysses_all_to_all_4d.default, (x, 0, False, None, 0))
     control = graph.call_function(torch.ops.aten.mul.Tensor, (x, x))
-    assert all(is_cudagraph_unsafe_fx_node(n) for n in nodes) and not is_cudagraph_unsafe_fx_node(control)
+    assert is_cudagraph_unsafe_fx_node(node) and not is_cudagraph_unsafe_fx_node(control)

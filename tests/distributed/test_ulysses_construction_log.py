@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from tests.distributed.conftest import build_helper, construction_fault, rank_input
+from tests.distributed.conftest import a2a, build_helper, construction_fault, rank_input
 
 
 class _Records(logging.Handler):
@@ -29,7 +29,7 @@ def _declined(rank, world_size, scenario):
     try:
         h = build_helper(transport=transport, **kw)
         for seed in range(3):
-            h.all_to_all(rank_input(rank, (3, 16, 12, 8), seed=seed), 0)
+            a2a(h, rank_input(rank, (3, 16, 12, 8), seed=seed), 0)
         per_rank = h.stats()["construction_per_rank"]
         h.destroy()
     finally:

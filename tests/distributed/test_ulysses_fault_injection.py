@@ -14,11 +14,14 @@ from fastvideo.distributed.ulysses.contract import DeclineReason
 from fastvideo.distributed.ulysses.policy import Plan
 from tests.distributed.conftest import (
     READS_LONG_TRAINING,
+    a2a,
     bit_equal,
     build_helper,
     catch,
     construction_fault,
     last,
+    local_config,
+    non_contiguous,
     oracle,
     rank_input,
 )
@@ -30,7 +33,7 @@ FUSED = ("fused", Plan(144, 1, 16, True).word, None, 3, "FORWARD_NO_GRAD")
 def _call_and_check(h, rank, seed=0, shape=SHAPE, dtype=torch.float32):
     """One call; returns (bit-exact vs the NCCL route, the call's record)."""
     x = rank_input(rank, shape, dtype, seed=seed)
-    y = h.all_to_all(x, 0)
+    y = a2a(h, x, 0)
     return bit_equal(y, oracle(x, 0)), last(h)
 
 
@@ -49,7 +52,7 @@ def _geometry_mismatch(rank, world_size, what):
             shape = (4, 16, 12, 8)
         elif what == "MODE":
             mode, shape = 1, (3, 16 * world_size, 12 // world_size, 8)
-    got = catch(h.all_to_all, rank_input(rank, shape, dtype), mode)
+    got = catch(a2a, h, rank_input(rank, shape, dtype), mode)
     after = _call_and_check(h, rank, seed=1)  # the helper stays usable: no rank entered a collective
     h.destroy()
     return got, after
@@ -77,8 +80,8 @@ def _one_call_ahead(rank, world_size):
         # White-box: rank 0's helper has counted one call its peers never made (what a rank that
         # skipped a vote would look like). Identical DiT layers would otherwise pair the wrong calls.
         h._seq += 1
-    got = catch(h.all_to_all, rank_input(rank, SHAPE), 0)
-    again = catch(h.all_to_all, rank_input(rank, SHAPE), 0)  # still desynchronised: raises again, no hang
+    got = catch(a2a, h, rank_input(rank, SHAPE), 0)
+    again = catch(a2a, h, rank_input(rank, SHAPE), 0)  # still desynchronised: raises again, no hang
     h.destroy()
     return got, again
 
@@ -96,17 +99,10 @@ def test_rank_one_call_ahead_raises_seq_mismatch_on_every_rank(ranks):
 
 def _local_failure(rank, world_size):
     h = build_helper()
-    if rank == 0:
-        # A rank-local step of the call raises on rank 0 only (a transport check here; a bad
-        # FASTVIDEO_ULYSSES_A2A_LONG_TRAINING value on that rank would do the same).
-        original = h.transport.eligibility
-
-        def broken(x):
-            h.transport.eligibility = original
-            raise RuntimeError("injected local failure")
-
-        h.transport.eligibility = broken
-    got = catch(h.all_to_all, rank_input(rank, SHAPE), 0)
+    # A rank-local step of the call raises on rank 0 only: proposing its plan, with a long-training value
+    # the policy refuses.
+    with local_config(h, long_training="bogus" if rank == 0 else h.planner.config.long_training):
+        got = catch(a2a, h, rank_input(rank, SHAPE), 0)
     after = _call_and_check(h, rank, seed=1)  # nobody was left a call ahead
     h.destroy()
     return got, after
@@ -125,7 +121,7 @@ def test_local_failure_on_one_rank_raises_on_every_rank_and_keeps_ranks_in_step(
 def _grad_flag_mismatch(rank, world_size):
     h = build_helper()
     x = rank_input(rank, SHAPE, requires_grad=(rank == 0))
-    got = catch(h.all_to_all, x, 0)
+    got = catch(a2a, h, x, 0)
     h.destroy()
     return got
 
@@ -182,11 +178,9 @@ def test_construction_declines_collectively_and_calls_take_the_nccl_route(ranks,
 
 def _per_call_loss(rank, world_size, everywhere):
     h = build_helper()
-    original = h.transport.eligibility
-    if everywhere or rank == 1:
-        h.transport.eligibility = lambda x: DeclineReason.ALIGNMENT.bit
-    first = _call_and_check(h, rank, seed=0)
-    h.transport.eligibility = original
+    x = rank_input(rank, SHAPE, seed=0)
+    y = a2a(h, non_contiguous(x) if everywhere or rank == 1 else x, 0)  # a non-contiguous input there
+    first = (bit_equal(y, oracle(x, 0)), last(h))
     second = _call_and_check(h, rank, seed=1)
     declines = h.stats()["declines"]
     h.destroy()
@@ -195,8 +189,8 @@ def _per_call_loss(rank, world_size, everywhere):
 
 @READS_LONG_TRAINING
 def test_one_rank_losing_eligibility_declines_everywhere_then_recovers(ranks):
-    """Rank 1 alone reports ALIGNMENT for one call: every rank declines PEER_DISAGREEMENT (exact via the NCCL
-    route); the next compatible call takes the fused route again."""
+    """Rank 1 alone passes a non-contiguous input for one call: every rank declines PEER_DISAGREEMENT (exact via
+    the NCCL route); the next compatible call takes the fused route again."""
     for first, second, declines in ranks(3, _per_call_loss, False, timeout_s=60):
         assert first == (True, ("nccl", 0, "peer_disagreement", 0, "FORWARD_NO_GRAD"))
         assert second == (True, FUSED)
@@ -205,11 +199,11 @@ def test_one_rank_losing_eligibility_declines_everywhere_then_recovers(ranks):
 
 @READS_LONG_TRAINING
 def test_common_eligibility_bit_declines_with_that_reason(ranks):
-    """Every rank reports ALIGNMENT: the collective reason is ALIGNMENT itself, then recovery."""
+    """Every rank passes a non-contiguous input: the collective reason is NON_CONTIGUOUS itself, then recovery."""
     for first, second, declines in ranks(2, _per_call_loss, True, timeout_s=60):
-        assert first == (True, ("nccl", 0, "alignment", 0, "FORWARD_NO_GRAD"))
+        assert first == (True, ("nccl", 0, "non_contiguous", 0, "FORWARD_NO_GRAD"))
         assert second == (True, FUSED)
-        assert declines == {"alignment": 1}
+        assert declines == {"non_contiguous": 1}
 
 
 def _capture(rank, world_size, everywhere):
@@ -238,29 +232,6 @@ def test_capture_declines_collectively(ranks, everywhere, reason):
         assert second == (True, FUSED) and declines == {reason: 1}
 
 
-def _compile(rank, world_size):
-    h = build_helper()
-    original = torch.compiler.is_compiling
-    torch.compiler.is_compiling = lambda: True
-    try:
-        inside = [_call_and_check(h, rank, seed=s) for s in range(3)]
-    finally:
-        torch.compiler.is_compiling = original
-    outside = _call_and_check(h, rank, seed=4)
-    stats = h.stats()
-    h.destroy()
-    return inside, outside, stats["declines"], stats["fused"]
-
-
-@READS_LONG_TRAINING
-def test_torch_compile_region_declines_and_is_counted(ranks):
-    """Inside torch.compile (is_compiling() True on every rank) calls take the traceable NCCL route, exact,
-    counted under TORCH_COMPILE; outside, the fused route runs."""
-    for inside, outside, declines, fused in ranks(2, _compile, timeout_s=60):
-        assert inside == [(True, ("nccl", 0, "torch_compile", 0, "FORWARD_NO_GRAD"))] * 3
-        assert outside == (True, FUSED) and declines == {"torch_compile": 3} and fused == 1
-
-
 # ------------------------------------------------------------------------------------- dead peer: timeout
 
 
@@ -270,8 +241,8 @@ def _vote_timeout(rank, world_size):
     h = build_helper(vote_timeout_s=3.0)
     result = None
     if rank == 0:  # rank 1 never calls the helper (a dead peer, or a peer with FASTVIDEO_ULYSSES_A2A=off)
-        first = catch(h.all_to_all, rank_input(rank, SHAPE), 0)
-        later = catch(h.all_to_all, rank_input(rank, SHAPE), 0)
+        first = catch(a2a, h, rank_input(rank, SHAPE), 0)
+        later = catch(a2a, h, rank_input(rank, SHAPE), 0)
         stats = h.stats()
         result = (first[0], first[1], later[0], later[1], stats["disposed"], h.fused_available)
     dist.barrier()  # rank 1 waits here (on the world group) until rank 0 has timed out
@@ -299,14 +270,14 @@ def _launch_fails_after_vote(rank, world_size):
     class FailsOnLastRank(GlooPlanTransport):
         """A launch that fails on one rank only, after every rank voted to run it (local, no collective)."""
 
-        def execute(self, x, geom, plan):  # type: ignore[override]
+        def execute(self, x, geom, plan, **kw):  # type: ignore[override]
             if rank == world_size - 1:
                 raise RuntimeError("injected launch failure")
             return torch.empty(output_shape(geom), dtype=x.dtype)
 
     h = build_helper(transport=FailsOnLastRank())
-    first = catch(h.all_to_all, rank_input(rank, SHAPE), 0)
-    later = catch(h.all_to_all, rank_input(rank, SHAPE), 0) if rank == world_size - 1 else None
+    first = catch(a2a, h, rank_input(rank, SHAPE), 0)
+    later = catch(a2a, h, rank_input(rank, SHAPE), 0) if rank == world_size - 1 else None
     stats = h.stats()
     dist.barrier()
     h.destroy()

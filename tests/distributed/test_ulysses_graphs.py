@@ -5,7 +5,7 @@ What a capture must do, and what a replay must not (``docs/compile_and_cuda_grap
 * every rank votes exactly once per captured call, at capture, and freezes the agreed plan (the same
   plan word on every rank; a backward freezes its forward's plan);
 * a replay does no host work: no vote, no sequence number, no call into the helper or the transport's
-  host API. The replay is simulated: ``RecordingTransport.execute_captured`` records each captured
+  host API. The replay is simulated: ``RecordingTransport.execute`` records each captured
   launch (its input and output tensors, geometry and plan) as a graph would, and ``replay`` moves the
   data of every recorded launch in order (what the captured kernels do on the device), after fresh
   inputs were copied into the static input, as with ``torch.cuda.graph``;
@@ -29,7 +29,15 @@ from fastvideo.distributed.ulysses import contract
 from fastvideo.distributed.ulysses.contract import DeclineReason, Field, Phase, Verdict
 from fastvideo.distributed.ulysses.policy import Geometry, Plan
 from fastvideo.distributed.ulysses.transport import ENTRY_CAPTURE, ENTRY_CE_CAPTURE, GlooPlanTransport, output_shape
-from tests.distributed.conftest import READS_LONG_TRAINING, bit_equal, build_helper, forced_capture, oracle, rank_input
+from tests.distributed.conftest import (
+    READS_LONG_TRAINING,
+    a2a,
+    bit_equal,
+    build_helper,
+    forced_capture,
+    oracle,
+    rank_input,
+)
 
 SHAPE = (3, 16, 12, 8)  # [B, S_local, H, D] at SP2: the fixture row freezes 144 CTAs, one plane per chunk
 TUNED = Plan(144, 1, 16, True)
@@ -47,10 +55,10 @@ class Launch:
 
 
 class RecordingTransport(GlooPlanTransport):
-    """The CPU transport with a capturable route: ``execute_captured`` records instead of moving data.
+    """The CPU transport with a capturable route: a captured ``execute`` records instead of moving data.
 
-    ``host_calls`` counts every call into the host API the helper uses per call (eligibility, the capture
-    check, execute, execute_captured); ``replay`` is the device side and counts nothing. ``refuse``: the
+    ``host_calls`` counts every call into the host API the helper uses per call (the capture check, eager and
+    captured execute); ``replay`` is the device side and counts nothing. ``refuse``: the
     reason ``capture_decline`` gives (None: the plan can be frozen). ``move=False``: eager ``execute``
     records without any collective (for the negative control where ranks disagree on the route).
     """
@@ -70,26 +78,20 @@ class RecordingTransport(GlooPlanTransport):
                          entry_points=cap.entry_points | {ENTRY_CAPTURE} | self.extra_entries, dtypes=cap.dtypes,
                          supports_unaligned=True)
 
-    def eligibility(self, x):
-        self.host_calls += 1
-        return 0
-
     def capture_decline(self, geom, plan):
         self.host_calls += 1
         return self.refuse
 
-    def execute(self, x, geom, plan):
+    def execute(self, x, geom, plan, *, capture=False, vote=None, fields=None):
         self.host_calls += 1
+        if capture:
+            out = torch.full(output_shape(geom), float("nan"), dtype=x.dtype)  # nothing runs at capture
+            self.captured.append(Launch(x, out, geom, plan))
+            return out
         self.eager.append(plan)
         if not self.move:
             return torch.empty(output_shape(geom), dtype=x.dtype)
         return super().execute(x, geom, plan)
-
-    def execute_captured(self, x, geom, plan):
-        self.host_calls += 1
-        out = torch.full(output_shape(geom), float("nan"), dtype=x.dtype)  # nothing runs at capture
-        self.captured.append(Launch(x, out, geom, plan))
-        return out
 
     def replay(self) -> None:
         """The device side of one replay: every captured launch, in capture order, with its frozen plan."""
@@ -124,8 +126,8 @@ def _capture_block(h, x_static: torch.Tensor, g_static: torch.Tensor):
     """Capture (forced) a forward and backward of two calls: mode 0, then mode 1 back, and the gradient."""
     with forced_capture(h):
         xg = x_static.requires_grad_()
-        y = h.all_to_all(xg, 0)
-        z = h.all_to_all(y, 1)
+        y = a2a(h, xg, 0)
+        z = a2a(h, y, 1)
         (gx,) = torch.autograd.grad(z, xg, g_static)
     return z, gx
 
@@ -164,7 +166,7 @@ def _capture_and_replay(rank, world_size, tuned, replays):
     # graph would) votes, and the same check must report it.
     before = counters.snapshot()
     with torch.no_grad():
-        h.all_to_all(x_static.detach(), 0)
+        a2a(h, x_static.detach(), 0)
     rerun_work = host_work(before, counters.snapshot())
     eager_after = (h.history[-1].route, h.history[-1].captured)
     stats = h.stats()
@@ -216,13 +218,13 @@ def _refused(rank, world_size, scenario):
     x = rank_input(rank, SHAPE)
     h._capturing = lambda t: True
     with torch.no_grad():
-        y = h.all_to_all(x, 0)
+        y = a2a(h, x, 0)
     h._capturing = lambda t: False
     first = (h.history[-1].route, h.history[-1].reason.label, h.history[-1].captured, bit_equal(y, oracle(x, 0)))
     launches = len(getattr(transport, "captured", []))
     detail = h._capture_detail
     with torch.no_grad():
-        y2 = h.all_to_all(x, 0)  # not capturing: the fused route again
+        y2 = a2a(h, x, 0)  # not capturing: the fused route again
     second = (h.history[-1].route, bit_equal(y2, oracle(x, 0)))
     h.destroy()
     return first, launches, detail, second
@@ -248,15 +250,15 @@ def test_plan_that_cannot_be_frozen_declines_with_its_reason(ranks, scenario, re
 
 
 def _capture_on_one_rank(rank, world_size, with_bit):
-    from fastvideo.distributed.ulysses import helper as helper_mod
+    from fastvideo.distributed.ulysses import contract
 
     if not with_bit:  # negative control: the vote no longer says which ranks capture
-        helper_mod.WINDOW_CAPTURED = 0
+        contract.WINDOW_CAPTURED = 0
     h = build_helper(transport=RecordingTransport(move=False))
     x = rank_input(rank, SHAPE)
     h._capturing = lambda t: rank == 0
     with torch.no_grad():
-        h.all_to_all(x, 0)
+        a2a(h, x, 0)
     record = h.history[-1]
     how = "captured" if h.transport.captured else ("eager fused" if h.transport.eager else "nccl")
     h.destroy()
@@ -362,9 +364,9 @@ def _capture_plans_from_sm_rows(rank, world_size):
     h = build_helper(transport=RecordingTransport(), table=table)
     x = rank_input(rank, SHAPE, seed=0)
     with forced_capture(h), torch.no_grad():
-        h.all_to_all(x, 0)
+        a2a(h, x, 0)
     with torch.no_grad():
-        y = h.all_to_all(x, 0)
+        y = a2a(h, x, 0)
     result = ([(r.plan.engine, r.plan.ctas, r.captured) for r in h.history], bit_equal(y, oracle(x, 0)))
     h.destroy()
     return result
@@ -389,7 +391,7 @@ def _capture_engines(rank, world_size, engines_by_rank, ce_capture):
         h.capture_engines = engines_by_rank[rank]
     x = rank_input(rank, SHAPE, seed=0)
     with forced_capture(h), torch.no_grad():
-        y_captured = h.all_to_all(x, 0)
+        y_captured = a2a(h, x, 0)
     exact = None
     if t.captured:
         t.replay()  # the device side of a replay: the frozen plan, collective on every rank
@@ -418,11 +420,11 @@ def test_capture_engines_choose_the_captured_plan_kind(ranks, engines, ce_captur
 
 
 def test_capture_engines_rejects_unknown_engines():
-    from fastvideo.distributed.ulysses.helper import UlyssesHelper
+    from fastvideo.distributed.ulysses.planner import Planner
 
-    h = UlyssesHelper.__new__(UlyssesHelper)  # the setter's check needs no construction
+    planner = Planner.__new__(Planner)  # the setter's check needs no configuration
     with pytest.raises(ValueError, match="not among"):
-        UlyssesHelper.capture_engines.fset(h, ("tma",))
+        planner.capture_engines = ("tma",)
 
 
 def _captured_backward_of_an_eager_copy_engine_forward(rank, world_size, opt_in):
@@ -434,7 +436,7 @@ def _captured_backward_of_an_eager_copy_engine_forward(rank, world_size, opt_in)
     if opt_in:
         h.capture_engines = ("ce", "sm")
     x = rank_input(rank, SHAPE, seed=0).requires_grad_()
-    y = h.all_to_all(x, 0)  # eager: the copy-engine row's plan
+    y = a2a(h, x, 0)  # eager: the copy-engine row's plan
     g = rank_input(rank, tuple(y.shape), seed=1)
     with forced_capture(h):  # the backward is captured (a graph of the backward pass only)
         (gx,) = torch.autograd.grad(y, x, g)

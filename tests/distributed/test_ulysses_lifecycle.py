@@ -20,7 +20,7 @@ import time
 import pytest
 
 from fastvideo.distributed.ulysses.transport import GlooPlanTransport
-from tests.distributed.conftest import build_helper, rank_input
+from tests.distributed.conftest import a2a, build_helper, rank_input
 
 SHAPE = (3, 16, 12, 8)
 CYCLES = 1000
@@ -84,7 +84,7 @@ def _cycles(rank, world_size, n, vote):
         # The original plan (one chunk); the vote channel pinned: "auto" takes the shared-memory vote wherever the
         # kernel library loads (a host with the wheel installed), and this test counts what each channel holds.
         h = build_helper(transport=CompletingTransport(), tuned=False, vote=vote)
-        h.all_to_all(x, 0)
+        a2a(h, x, 0)
         result = (h.history[-1].route, h.stats()["vote"])
         h.destroy()
         return result
@@ -157,7 +157,7 @@ def _after_a_vote_timeout(rank, world_size):
     h = build_helper(vote_timeout_s=2.0)
     first = rebuilt = None
     if rank == 0:  # rank 1 never calls: rank 0's vote times out, and the SP group's vote group is dead
-        first = catch(h.all_to_all, rank_input(rank, SHAPE), 0)[0]
+        first = catch(a2a, h, rank_input(rank, SHAPE), 0)[0]
         rebuilt = catch(build_helper)[:2]  # refused at once, locally: no exchange on a dead group
     dist.barrier()
     h.destroy()
@@ -165,7 +165,7 @@ def _after_a_vote_timeout(rank, world_size):
     parallel_state.destroy_sequence_parallel()
     parallel_state.initialize_sequence_parallel(world_size, timeout=datetime.timedelta(seconds=30))
     h2 = build_helper()
-    h2.all_to_all(rank_input(rank, SHAPE), 0)
+    a2a(h2, rank_input(rank, SHAPE), 0)
     route = h2.history[-1].route
     h2.destroy()
     return first, rebuilt, route

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from fastvideo.distributed.settings import AGREED, AgreedSettings, LocalReport, SettingsError, decide
-from tests.distributed.conftest import build_helper, catch, last, rank_input
+from tests.distributed.conftest import a2a, build_helper, catch, last, rank_input
 from tests.distributed.mp import RankError
 
 A2A, LONG, WINDOW = "FASTVIDEO_ULYSSES_A2A", "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING", "FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES"
@@ -96,53 +96,99 @@ def test_decide_is_pure_and_needs_a_real_difference():
 
 
 def _change_on_every_rank(rank, world_size):
-    """envs.override on every rank between calls switches the route (one re-agreement per change)."""
+    """A change of the environment on every rank applies at ``agree_ulysses_settings()``, never per call; a helper
+    follows the settings it was built on."""
     from fastvideo import envs
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
-    from fastvideo.distributed.parallel_state import get_sp_group
-    from fastvideo.distributed.ulysses import helper as helper_mod
+    from fastvideo.distributed.parallel_state import agree_ulysses_settings, get_sp_group, override_ulysses_settings
+    from fastvideo.distributed.ulysses import registry
 
     h = build_helper()
-    helper_mod.install_default_helper(h)
+    registry.install_default_helper(h)
     x = rank_input(rank, SHAPE)
     a2a(x)  # off (agreed at initialisation): the helper is not involved
-    before = len(h.history)
     with envs.override(FASTVIDEO_ULYSSES_A2A="auto"):
+        a2a(x)  # not re-read per call: still off
+        unread = len(h.history)
+        agree_ulysses_settings()  # every rank: the route changes; the helper's own settings did not
         a2a(x)
-        route = last(h)[0]
-    after = len(h.history)
-    a2a(x)  # back to off
-    return before, after, route, len(h.history), get_sp_group().settings[A2A]
+        route, kept = last(h)[0], not h._destroyed
+    agree_ulysses_settings()  # back to off
+    a2a(x)
+    calls = len(h.history)
+    with override_ulysses_settings(FASTVIDEO_ULYSSES_A2A="auto", FASTVIDEO_ULYSSES_A2A_LONG_TRAINING="chunked"):
+        followed = (h.long_training, h._destroyed)  # the helper plans with the new policy
+    after = h.long_training  # and with the restored one after the block
+    with override_ulysses_settings(FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES="2048"):
+        replaced = h._destroyed  # its window came from... an argument: it keeps it (build_helper passes one)
+    return (unread, route, kept, calls, followed, after, replaced, get_sp_group().settings[A2A],
+            get_sp_group().settings[LONG])
 
 
-def test_a_change_on_every_rank_is_re_agreed_and_applies(ranks):
-    for before, after, route, final, agreed in ranks(2, _change_on_every_rank, env=BASE, timeout_s=60):
-        assert (before, after, route, final, agreed) == (0, 1, "fused", 1, "off")
+def test_a_change_on_every_rank_applies_at_the_next_agreement(ranks):
+    for result in ranks(2, _change_on_every_rank, env=BASE, timeout_s=60):
+        assert result == (0, "fused", True, 1, ("chunked", False), "auto", False, "off", "auto")
+
+
+def _window_change(rank, world_size):
+    from fastvideo.distributed.parallel_state import override_ulysses_settings
+    from fastvideo.distributed.ulysses import registry
+    from fastvideo.distributed.ulysses.helper import UlyssesHelper
+    from fastvideo.distributed.ulysses.transport import GlooPlanTransport
+
+    h = UlyssesHelper(transport=GlooPlanTransport(), vote_timeout_s=10.0)  # window from the settings
+    registry.install_default_helper(h)
+    with override_ulysses_settings(FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES="4096"):
+        destroyed, current = h._destroyed, registry.current_default_helper()
+    return destroyed, current is None
+
+
+def test_a_helper_whose_window_setting_changed_is_destroyed_together(ranks):
+    assert ranks(2, _window_change, env=BASE, timeout_s=60) == [(True, True)] * 2
 
 
 def _change_on_one_rank(rank, world_size):
     import os
 
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
+    from fastvideo.distributed.parallel_state import agree_ulysses_settings
 
     x = rank_input(rank, SHAPE)
     if rank == 1:
         os.environ[A2A] = "auto"  # after the agreement, on this rank only
+    calls = catch(a2a, x)[0]  # the agreed route still: both ranks in step
+    got = catch(agree_ulysses_settings)
+    return calls, got[0], got[1]
+
+
+def test_a_change_on_one_rank_is_not_read_per_call_and_raises_everywhere_at_agreement(ranks):
+    """Rank 1 alone switches to auto after initialisation: its calls keep the agreed route (nothing re-reads the
+    environment), and the next agreement raises SettingsMismatchError on every rank, naming the variable."""
+    for calls, kind, message in ranks(2, _change_on_one_rank, env=BASE, timeout_s=60):
+        assert calls == "ok" and kind == "SettingsMismatchError"
+        assert f"{A2A} is rank 0: 'off', rank 1: 'auto'" in message
+
+
+def _agreement_on_one_rank(rank, world_size):
+    import os
+
+    from fastvideo.distributed.parallel_state import agree_ulysses_settings
+
+    if rank == 0:
+        return None
+    os.environ[A2A] = "auto"
     start = time.monotonic()
-    got = catch(a2a, x)
+    got = catch(agree_ulysses_settings)  # its peer never joins
     return got[0], got[1], time.monotonic() - start
 
 
-def test_a_change_on_one_rank_after_agreement_fails_loudly_not_forever(ranks):
-    """Rank 1 alone switches to auto after initialisation: it raises SettingsAgreementError saying its settings
-    changed after agreement (bounded by the 5 s timeout); rank 0's NCCL-route collective fails too once rank 1
-    gives up, instead of waiting forever."""
-    results = ranks(2, _change_on_one_rank, env=BASE, timeout_s=60)
-    kind, message, seconds = results[1]
+def test_an_agreement_only_one_rank_enters_fails_loudly_not_forever(ranks):
+    """Rank 1 alone changes its setting and asks to re-agree: SettingsAgreementError saying its settings changed
+    after agreement, bounded by the 5 s timeout."""
+    kind, message, seconds = ranks(2, _agreement_on_one_rank, env=BASE, timeout_s=60)[1]
     assert kind == "SettingsAgreementError" and seconds < 15
     assert "changed on rank 1 after SP ranks [0, 1] agreed" in message
     assert f"{A2A} agreed 'off', now 'auto'" in message and "on every rank" in message
-    assert results[0][0] != "ok"
 
 
 def _helper_construction_mismatch(rank, world_size):
@@ -152,7 +198,7 @@ def _helper_construction_mismatch(rank, world_size):
     got = catch(build_helper)
     os.environ[LONG] = "auto"
     h = build_helper()  # agreed again: construction succeeds, runs fused
-    after = catch(h.all_to_all, rank_input(rank, SHAPE), 0)
+    after = catch(a2a, h, rank_input(rank, SHAPE), 0)
     record = last(h)
     h.destroy()
     return got[0], got[1], after[0], record[0]

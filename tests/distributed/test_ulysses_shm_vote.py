@@ -1,6 +1,6 @@
 """The same-host shared-memory vote (``ShmVote``, ``csrc/ulysses_a2a/shm_vote.cpp``) on gloo ranks.
 
-Needs a built kernel library: ``build/kernel/libfastvideo_ulysses_a2a.so`` (``scripts/build_kernel.sh``;
+Needs a built kernel library: the product ``build/kernel/libfastvideo_ulysses_a2a.so`` (``scripts/build_kernel.sh``;
 ``FASTVIDEO_KERNEL_TEST_BUILD`` overrides), the same discovery as ``tests/kernel/test_kernel_host.py``.
 Skips, saying why, when it is absent, cannot be loaded here, or predates the vote. The ranks load it
 through ``FASTVIDEO_KERNEL_LIBRARY``, as the helper does in production.
@@ -17,6 +17,7 @@ import pytest
 
 from tests.distributed.conftest import (
     READS_LONG_TRAINING,
+    a2a,
     bit_equal,
     build_helper,
     catch,
@@ -107,10 +108,10 @@ def test_every_rank_sees_every_peers_exact_fields_every_round(ranks, world_size)
 
 
 def voted_transport():
-    """The CPU plan transport with the voted launch the native transport has (``fvk_voted_launch``): the
+    """The CPU plan transport with the voted launch the native transport has (the voted form of ``fvk_launch``): the
     exchange over the vote's native arguments and the library's own verdict (``fvk_vote_would_run``), then
     the CPU plan's data movement where it says run. Counts voted calls and launches, so a test can assert
-    which path ran. Its own ``voted_launch`` needs the shared-memory vote, as the native one does."""
+    which path ran. It fuses the vote only over the shared-memory vote, as the native one does."""
     import time
 
     from fastvideo.distributed.ulysses.transport import GlooPlanTransport, VoteNotStarted
@@ -123,10 +124,12 @@ def voted_transport():
             self.voted = self.launched = 0
             self.fail_before = self.fail_after = False  # fault injection: before the exchange, after it
 
-        def voted_launch(self, vote) -> bool:
+        def fuses_vote(self, vote) -> bool:
             return hasattr(vote, "native_args")
 
-        def execute_voted(self, x, geom, plan, vote, fields):
+        def execute(self, x, geom, plan, *, capture=False, vote=None, fields=None):
+            if vote is None:
+                return super().execute(x, geom, plan, capture=capture)
             self.voted += 1
             if self.fail_before:
                 raise VoteNotStarted("before the vote: injected")
@@ -134,17 +137,17 @@ def voted_transport():
             handle, send, recv, timeout = vote.native_args(fields)
             start = time.perf_counter()
             status = lib.fvk_vote_exchange(handle, send, recv, timeout)
-            seconds = time.perf_counter() - start
+            vote.last_s = time.perf_counter() - start
             if status != 0:
-                return None, 0, status, seconds
+                raise vote.failure(status)
             rows = vote.rows
             votes = ctypes.cast(rows.data_ptr(), ctypes.POINTER(ctypes.c_int64))
             if not lib.fvk_vote_would_run(votes, rows.shape[0], (ctypes.c_int64 * 12)(*fields)):
-                return None, 1, 0, seconds
+                return None
             self.launched += 1
             if self.fail_after:
                 raise RuntimeError("injected launch failure after the vote")
-            return GlooPlanTransport.execute(self, x, geom, plan), 2, 0, seconds
+            return GlooPlanTransport.execute(self, x, geom, plan)
 
     return VotedGlooTransport()
 
@@ -162,7 +165,7 @@ def _helper_fused(rank, world_size, vote, kind="plain"):
     results = []
     for seed in range(5):
         x = rank_input(rank, SHAPE, seed=seed)
-        results.append((bit_equal(h.all_to_all(x, 0), oracle(x, 0)), last(h)[0]))
+        results.append((bit_equal(a2a(h, x, 0), oracle(x, 0)), last(h)[0]))
     stats = h.stats()
     h.destroy()
     return results, stats["vote"], stats["fused"], (t.voted, t.launched) if t is not None else None
@@ -209,18 +212,18 @@ def _voted_faults(rank, world_size, scenario):
     x = rank_input(rank, SHAPE, seed=4)
     if scenario == "capture":  # a capture never takes the voted launch (this transport cannot capture: decline)
         with forced_capture(h), torch.no_grad():
-            y = h.all_to_all(x, 0)
+            y = a2a(h, x, 0)
         result = (bit_equal(y, oracle(x, 0)), last(h)[0], last(h)[2], t.voted)
     else:
         if rank == 0:
             t.fail_before, t.fail_after = scenario == "before", scenario == "after"
         cause = None
         try:
-            h.all_to_all(x, 0)
+            a2a(h, x, 0)
             got = ("ok", "")
         except Exception as exc:  # noqa: BLE001 - the test asserts on what came back
             got, cause = (type(exc).__name__, str(exc)), type(exc.__cause__).__name__ if exc.__cause__ else None
-        later = catch(h.all_to_all, x, 0) if scenario == "after" and rank == 0 else None
+        later = catch(a2a, h, x, 0) if scenario == "after" and rank == 0 else None
         result = (got[0], got[1], h.stats()["disposed"], later[0] if later else None, cause)
     if not h.stats()["disposed"]:
         h.destroy()
@@ -252,7 +255,8 @@ def test_a_launch_that_fails_after_the_voted_exchange_disposes_the_helper(ranks)
 
 
 def _library_voted_launch(rank, world_size, case):
-    """fvk_voted_launch itself on a real two-rank vote, without a GPU (a null context fails only at launch)."""
+    """The voted form of fvk_launch itself on a real two-rank vote, without a GPU (a null context fails only at
+    launch)."""
     from fastvideo.distributed.parallel_state import get_sp_group
     from fastvideo.distributed.ulysses.vote import GlooVote, ShmVote, load_vote_library
 
@@ -263,18 +267,20 @@ def _library_voted_launch(rank, world_size, case):
     fields[2] = 0  # eligible
     if case == "decline" and rank == 1:
         fields[6] += 1  # another S_LOCAL on one rank: no rank may launch
-    stage, ns = ctypes.c_int(9), ctypes.c_int64(-1)
     handle, send, recv, timeout = vote.native_args(fields)
-    entry = 7 if case == "bad_entry" else 1
-    status = lib.fvk_voted_launch(handle, send, recv, timeout, ctypes.byref(stage), ctypes.byref(ns), None, entry,
-                                  None, None, 0, 3, 1, 8, 8, 8, 144, 1, 8, None)
+    k = fastvideo_kernel
+    voted = k.Vote(size=ctypes.sizeof(k.Vote), stage=9, handle=handle.value, fields=send.value, votes=recv.value,
+                   timeout_ns=timeout.value, vote_ns=-1)
+    call = k.Call(size=ctypes.sizeof(k.Call), kind=7 if case == "bad_kind" else k.KIND_SM, mode=0, dtype=3, ctas=144,
+                  B=1, S=8, H=8, D=8, planes_per_chunk=1, rows_per_chunk=8)
+    status = lib.fvk_launch(None, ctypes.byref(call), None, None, None, ctypes.byref(voted))
     error = fastvideo_kernel.last_error(lib) if status else ""
-    rows = vote.rows.tolist() if stage.value >= 1 else None
+    rows = vote.rows.tolist() if voted.stage >= k.STAGE_NOT_LAUNCHED else None
     vote.destroy()
-    return status, stage.value, ns.value, error, rows, fields
+    return status, voted.stage, voted.vote_ns, error, rows, fields
 
 
-@pytest.mark.parametrize("case", ["run", "decline", "bad_entry"])
+@pytest.mark.parametrize("case", ["run", "decline", "bad_kind"])
 def test_the_library_voted_launch_decides_on_a_real_exchange(ranks, case):
     results = ranks(2, _library_voted_launch, case, env=ENV, timeout_s=60)
     fields = [r[5] for r in results]
@@ -284,7 +290,7 @@ def test_the_library_voted_launch_decides_on_a_real_exchange(ranks, case):
         elif case == "decline":  # exchanged, no launch on any rank, the gathered rows returned
             assert (stage, status, error) == (1, 0, "") and ns > 0 and rows == fields
         else:  # refused before the exchange: no rank voted, none waits
-            assert (stage, ns) == (-1, 0) and status == 1 and "entry 7" in error and rows is None
+            assert (stage, ns) == (-1, 0) and status == 1 and "kind 7" in error and rows is None
 
 
 def _decline_through_the_voted_launch(rank, world_size):
@@ -293,7 +299,7 @@ def _decline_through_the_voted_launch(rank, world_size):
     x = rank_input(rank, SHAPE, seed=3)
     if rank == 0:  # this rank alone cannot take the fused route: non-contiguous input
         x = x.transpose(1, 2).contiguous().transpose(1, 2)
-    y = h.all_to_all(x, 0)
+    y = a2a(h, x, 0)
     result = (bit_equal(y, oracle(x.contiguous(), 0)), last(h)[0], last(h)[2], t.voted, t.launched)
     h.destroy()
     return result
@@ -317,9 +323,9 @@ def test_helper_vote_gloo_is_respected(ranks):
 def _mismatch(rank, world_size, kind="plain"):
     h = build_helper(vote="shm", transport=_transport(kind))
     shape = (3, 8, 12, 8) if rank == world_size - 1 else SHAPE
-    got = catch(h.all_to_all, rank_input(rank, shape), 0)
+    got = catch(a2a, h, rank_input(rank, shape), 0)
     x = rank_input(rank, SHAPE, seed=1)
-    after = (bit_equal(h.all_to_all(x, 0), oracle(x, 0)), last(h)[0])
+    after = (bit_equal(a2a(h, x, 0), oracle(x, 0)), last(h)[0])
     vote = h.stats()["vote"]
     h.destroy()
     return got, after, vote
@@ -344,9 +350,9 @@ def _timeout(rank, world_size, kind="plain"):
     result = None
     if rank == 0:  # rank 1 never calls
         start = time.monotonic()
-        first = catch(h.all_to_all, rank_input(rank, SHAPE), 0)
+        first = catch(a2a, h, rank_input(rank, SHAPE), 0)
         waited = time.monotonic() - start
-        later = catch(h.all_to_all, rank_input(rank, SHAPE), 0)
+        later = catch(a2a, h, rank_input(rank, SHAPE), 0)
         result = (first[0], first[1], waited, later[0], h.stats()["disposed"], h.fused_available, h.stats()["vote"])
     dist.barrier()
     h.destroy()
@@ -379,7 +385,7 @@ def _one_rank_without_library(rank, world_size):
         os.environ["FASTVIDEO_KERNEL_LIBRARY"] = "/nonexistent/libfastvideo_ulysses_a2a.so"
     h = build_helper(vote="auto")
     x = rank_input(rank, SHAPE)
-    out = (h.stats()["vote"], bit_equal(h.all_to_all(x, 0), oracle(x, 0)), last(h)[0])
+    out = (h.stats()["vote"], bit_equal(a2a(h, x, 0), oracle(x, 0)), last(h)[0])
     h.destroy()
     return out
 
@@ -396,11 +402,11 @@ def _checked_over_shm(rank, world_size, route):
     import torch
 
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
-    from fastvideo.distributed.ulysses import helper as helper_mod
+    from fastvideo.distributed.ulysses import registry
 
     x = rank_input(rank, SHAPE)
     exact = bit_equal(a2a(x, 2, 1), oracle(x, 0))  # builds the route's helper: it declines at construction
-    helper = helper_mod._CHECKED_OFF if route == "off" else helper_mod.current_default_helper()
+    helper = registry.current_checked_off_helper() if route == "off" else registry.current_default_helper()
     # Rank 1 passes the same element count in another shape: every rank raises naming B.
     bad = rank_input(rank, SHAPE if rank == 0 else (SHAPE[1], SHAPE[0], *SHAPE[2:]), torch.float32)
     got = catch(a2a, bad, 2, 1)

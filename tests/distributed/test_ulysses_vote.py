@@ -11,7 +11,16 @@ import pytest
 import torch
 
 from fastvideo.distributed.ulysses.policy import ORIGINAL_CTAS, Plan, even_rows
-from tests.distributed.conftest import READS_LONG_TRAINING, bit_equal, build_helper, catch, last, oracle, rank_input
+from tests.distributed.conftest import (
+    READS_LONG_TRAINING,
+    a2a,
+    bit_equal,
+    build_helper,
+    catch,
+    last,
+    oracle,
+    rank_input,
+)
 
 B, S, H, D = 3, 16, 12, 8  # S = S_local; H = global heads (divisible by 2, 3 and 4)
 ROW_BYTES = H * D * 4  # fp32
@@ -51,7 +60,7 @@ def _parity(rank, world_size, mode):
     out = []
     for tuned, window in ((True, 1 << 20), (True, 4096), (False, 1 << 20), (False, 4096)):
         h = build_helper(window_bytes=window, tuned=tuned)
-        y = h.all_to_all(x, mode)
+        y = a2a(h, x, mode)
         executed = [(p.word, n) for p, n in h.transport.executed]
         out.append((bit_equal(y, want), last(h), executed))
         h.destroy()
@@ -81,7 +90,7 @@ def test_fused_is_bit_exact_vs_nccl_route_with_the_expected_plans(ranks, world_s
 def _parity_bf16(rank, world_size):
     x = rank_input(rank, (4, 8, 12, 8), torch.bfloat16, seed=5)
     h = build_helper(window_bytes=2 * 8 * 12 * 8 * 2)  # two bf16 planes fit, the tuned row asks for one
-    y = h.all_to_all(x, 0)
+    y = a2a(h, x, 0)
     result = (bit_equal(y, oracle(x, 0)), last(h))
     h.destroy()
     return result
@@ -100,9 +109,9 @@ def test_fused_bf16_is_bit_exact(ranks):
 def _retained(rank, world_size, window):
     h = build_helper(window_bytes=window)
     x1, x2 = rank_input(rank, (B, S, H, D), seed=1), rank_input(rank, (B, S, H, D), seed=2)
-    y1 = h.all_to_all(x1, 0)
+    y1 = a2a(h, x1, 0)
     kept = y1.clone()
-    y2 = h.all_to_all(x2, 0)
+    y2 = a2a(h, x2, 0)
     window = h.transport._window
     w0, w1 = window.data_ptr(), window.data_ptr() + window.numel()
     y1_start = y1.untyped_storage().data_ptr()
@@ -145,7 +154,7 @@ def _stats_and_logging(rank, world_size):
         strided = rank_input(rank, (B, S, D, H)).transpose(2, 3)  # valid [B, S, H, D], not contiguous
         exact = True
         for t in (x64, x64, x64, strided, strided, x, x):
-            exact &= bit_equal(h.all_to_all(t, 0), oracle(t, 0))
+            exact &= bit_equal(a2a(h, t, 0), oracle(t, 0))
         stats = h.stats()
         h.destroy()
     finally:
@@ -167,33 +176,26 @@ def test_stats_count_every_decline_and_log_once_per_reason(ranks):
 
 
 def _public_op(rank, world_size):
-    from fastvideo import envs
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D
-    from fastvideo.distributed.ulysses import helper as helper_mod
+    from fastvideo.distributed.ulysses import registry
 
     h = build_helper()
-    helper_mod.install_default_helper(h)
+    registry.install_default_helper(h)
     x = rank_input(rank, (B, S, H, D))
     try:
-        with envs.override(FASTVIDEO_ULYSSES_A2A="auto"):
-            y_auto = sequence_model_parallel_all_to_all_4D(x, scatter_dim=2, gather_dim=1)
-            back = sequence_model_parallel_all_to_all_4D(y_auto, scatter_dim=1, gather_dim=2)
-            auto_history = [(r.route, r.mode) for r in h.history]
-        with envs.override(FASTVIDEO_ULYSSES_A2A="off"):
-            y_off = sequence_model_parallel_all_to_all_4D(x, scatter_dim=2, gather_dim=1)
-            off_history = [(r.route, r.mode) for r in h.history]
-        return bit_equal(y_auto, oracle(x, 0)), bit_equal(back, x), bit_equal(y_off, y_auto), auto_history, off_history
+        y = sequence_model_parallel_all_to_all_4D(x, scatter_dim=2, gather_dim=1)
+        back = sequence_model_parallel_all_to_all_4D(y, scatter_dim=1, gather_dim=2)
+        return bit_equal(y, oracle(x, 0)), bit_equal(back, x), [(r.route, r.mode) for r in h.history]
     finally:
-        helper_mod.destroy_default_helper()
+        registry.destroy_default_helper()
 
 
 @READS_LONG_TRAINING
-def test_public_op_routes_through_the_helper_only_under_auto(ranks):
-    """auto: the op votes through the installed helper (history grows, fused); off: history unchanged."""
-    for auto_exact, round_trip, off_exact, auto_history, off_history in ranks(2, _public_op):
-        assert auto_exact and round_trip and off_exact
-        assert auto_history == [("fused", 0), ("fused", 1)]
-        assert off_history == auto_history
+@pytest.mark.parametrize("route, expected", [("auto", [("fused", 0), ("fused", 1)]), ("off", [])])
+def test_public_op_routes_through_the_helper_only_under_auto(ranks, route, expected):
+    """auto: the op votes through the installed helper (history grows, fused); off: the helper is not called."""
+    for exact, round_trip, history in ranks(2, _public_op, env={"FASTVIDEO_ULYSSES_A2A": route}):
+        assert exact and round_trip and history == expected
 
 
 # ------------------------------------------------------------------------------------- lifecycle
@@ -202,13 +204,13 @@ def test_public_op_routes_through_the_helper_only_under_auto(ranks):
 def _lifecycle(rank, world_size):
     x = rank_input(rank, (B, S, H, D))
     h1 = build_helper()
-    first = last(h1) if bit_equal(h1.all_to_all(x, 0), oracle(x, 0)) else None
+    first = last(h1) if bit_equal(a2a(h1, x, 0), oracle(x, 0)) else None
     h1.destroy()
     h1.destroy()  # a no-op, not an error
-    after = catch(h1.all_to_all, x, 0)
+    after = catch(a2a, h1, x, 0)
     stats1 = h1.stats()
     h2 = build_helper()
-    second = last(h2) if bit_equal(h2.all_to_all(x, 0), oracle(x, 0)) else None
+    second = last(h2) if bit_equal(a2a(h2, x, 0), oracle(x, 0)) else None
     gens = (h1.generation, h2.generation)
     h2.destroy()
     return first, after[0], stats1["destroyed"], stats1["declines"], second, gens, h1.fused_available
@@ -233,7 +235,7 @@ def _rebuild_many(rank, world_size, rounds):
     routes = []
     for _ in range(rounds):
         h = build_helper(vote_timeout_s=5.0)
-        y = h.all_to_all(x, 0)
+        y = a2a(h, x, 0)
         routes.append(last(h)[0] if bit_equal(y, oracle(x, 0)) else "wrong")
         h.destroy()
     return routes

@@ -19,7 +19,7 @@ import pytest
 
 from fastvideo.distributed.ulysses.transport import GlooPlanTransport
 from fastvideo.distributed.ulysses.watchdog import WATCHDOG_EXIT_CODE, FusedCallWatchdog, InFlight, StoreProbe
-from tests.distributed.conftest import build_helper, rank_input
+from tests.distributed.conftest import a2a, build_helper, rank_input
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -202,7 +202,7 @@ def _stuck(rank, world_size, stuck_ranks):
     transport = NeverCompletes() if rank in stuck_ranks else Completes()
     h = build_helper(transport=transport, watchdog_timeout_s=1.0, on_watchdog_timeout=fired.append)
     start = time.monotonic()
-    h.all_to_all(rank_input(rank, (3, 16, 12, 8)), 0)
+    a2a(h, rank_input(rank, (3, 16, 12, 8)), 0)
     route = h.history[-1].route
     if rank in stuck_ranks:
         wait_for(lambda: fired, 15.0)
@@ -236,7 +236,7 @@ def test_helper_watchdog_when_every_rank_is_stuck_suspects_the_device(ranks):
 
 def _declined_helper_starts_no_thread(rank, world_size):
     h = build_helper(transport=Completes(), window_bytes=64)  # the window fits no plan: every call declines
-    h.all_to_all(rank_input(rank, (3, 16, 12, 8)), 0)
+    a2a(h, rank_input(rank, (3, 16, 12, 8)), 0)
     result = (h.history[-1].route, len(watchdog_threads()))
     h.destroy()
     return result

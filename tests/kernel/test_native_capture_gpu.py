@@ -1,8 +1,8 @@
-"""GPU test: the native transport's captured launches (``execute_captured``) on one GPU, both plan kinds.
+"""GPU test: the native transport's captured launches (``execute(..., capture=True)``) on one GPU, both plan kinds.
 
 A one-rank communicator (P = 1: the all-to-all is the identity, so every output must equal its input)
-runs the real library: the fused kernel's ``fvk_a2a_captured`` and the copy-engine kind's
-``fvk_a2a_ce_captured`` (its fork onto the context's copy stream, entry barrier, per chunk the barrier,
+runs the real library: ``fvk_launch`` with ``FVK_CALL_CAPTURE``, for the fused kernel and for the
+copy-engine kind (its fork onto the context's copy stream, entry barrier, per chunk the barrier,
 own-block and copy-out kernels, join) are captured with ``torch.cuda.graph`` and replayed with fresh
 inputs, alone, two calls in one graph, and interleaved with eager calls on another stream without host
 synchronisation. At P = 1 a call pushes nothing and replays and eager calls share no window bytes, so the
@@ -13,7 +13,7 @@ the library's completion event is the host property check's (``CE_MODEL_STREAM_P
 enqueued (the context stays usable): the eager copy-engine entry on a capturing stream, a captured entry on a
 stream that is not capturing, and a copy-engine call while the context's copy stream is still inside an open
 capture. The output check flags a perturbed replay output (its negative control).
-Skips without CUDA or without a library that has both capturable entry points.
+Skips without CUDA or without a library that offers both captures.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def transport(gpu_lib):
     if not cap.present:
         pytest.skip(f"kernel library unusable here: {cap.detail}")
     if not {ENTRY_CAPTURE, ENTRY_CE_CAPTURE} <= cap.entry_points:
-        pytest.skip("kernel library without fvk_a2a_captured and fvk_a2a_ce_captured")
+        pytest.skip(f"kernel library offers no capture of both kinds ({sorted(cap.entry_points)})")
     device = torch.device("cuda", 0)
     ctx = ConstructionContext(rank=0, world_size=1, device=device, window_bytes=64 << 20, max_ctas=144,
                               device_group=None, all_gather_object=lambda obj: [obj])
@@ -69,7 +69,7 @@ def capture(transport, x_static: torch.Tensor, plans: list[tuple[int, Plan]]):
     with torch.cuda.graph(graph):
         y = x_static
         for mode, plan in plans:
-            y = transport.execute_captured(y, Geometry.from_input(y.shape, mode, 1, y.dtype), plan)
+            y = transport.execute(y, Geometry.from_input(y.shape, mode, 1, y.dtype), plan, capture=True)
             outs.append(y)
     return graph, outs
 
@@ -135,7 +135,7 @@ def test_a_captured_entry_on_a_stream_that_is_not_capturing_is_refused(transport
     geom = Geometry.from_input(SHAPE, 0, 1, x.dtype)
     for kind in sorted(PLANS):
         with pytest.raises(NativeKernelError, match="needs a stream that is capturing"):
-            transport.execute_captured(x, geom, PLANS[kind])
+            transport.execute(x, geom, PLANS[kind], capture=True)
         assert same(transport.execute(x, geom, PLANS[kind]), x)  # not poisoned
 
 
@@ -147,7 +147,7 @@ def test_a_copy_engine_call_while_the_copy_stream_is_in_an_open_capture_is_refus
     graph = torch.cuda.CUDAGraph()
     refused = ""
     with torch.cuda.graph(graph, capture_error_mode="relaxed"):
-        out = transport.execute_captured(x, geom, PLANS["ce"])  # the copy stream is now in this capture
+        out = transport.execute(x, geom, PLANS["ce"], capture=True)  # the copy stream is now in this capture
         with torch.cuda.stream(side):  # an eager call while that capture is still open
             try:
                 transport.execute(other, geom, PLANS["ce"])

@@ -1,7 +1,8 @@
 """GPU pytest of check_sim_peers.py: the faithful one-launch check's quick matrix and its negative controls.
 
-Skips cleanly without CUDA or without a loadable kernel library of ABI >= 2 (installed wheel or
-``FASTVIDEO_KERNEL_LIBRARY``). The full matrix is ``python tests/kernel/check_sim_peers.py``.
+Skips cleanly without CUDA or without a loadable test library (``fastvideo_kernel.testing.load``:
+``$FASTVIDEO_KERNEL_TESTING_LIBRARY``, or the one beside the product library). The full matrix is
+``python tests/kernel/check_sim_peers.py``.
 """
 
 from __future__ import annotations

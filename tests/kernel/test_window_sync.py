@@ -14,35 +14,28 @@ that the CTA slices tile every block and that nothing leaves the window.
   barrier removed must be flagged: without chunk 0's entry barrier between consecutive calls, without
   any entry barrier between the chunks of one call, without the barrier between stores and copy-out.
 
-The library comes from ``scripts/build_kernel.sh 2.28.9`` (the test command builds it wherever nvcc
-exists, as on CI); without it the tests skip, except under ``CI=true`` where they fail.
+The check is in the test library (``libfastvideo_ulysses_a2a_testing.so``, csrc/ulysses_a2a/testing/), which
+``scripts/build_kernel.sh 2.28.9`` builds (the test command builds it wherever nvcc exists, as on CI); without
+it the tests skip, except under ``CI=true`` where they fail.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import random
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from fastvideo.distributed.ulysses.contract import dtype_code
 from fastvideo.distributed.ulysses.policy import Geometry, Plan, TunedRow, choose_plan
+from tests.kernel.built import fastvideo_kernel, kernel_testing
 
-REPO = Path(__file__).resolve().parents[2]
-try:
-    import fastvideo_kernel
-except ImportError:  # the loader is pure Python: use it from the source tree
-    sys.path.insert(0, str(REPO / "fastvideo-kernel"))
-    import fastvideo_kernel
-
-BUILT = Path(os.environ.get("FASTVIDEO_KERNEL_TEST_BUILD") or REPO / "build" / "kernel" / fastvideo_kernel.LIBRARY_NAME)
-STATIC, LEGACY = 0, 1
-# fvk_check_window_sync schedules (ulysses_a2a.h): the kernel's, and negative controls without a barrier.
-NO_FIRST_ENTRY, KERNEL, NO_ENTRY, NO_MIDDLE = 0, 1, 2, 3
+STATIC, LEGACY = kernel_testing.LAYOUT_STATIC, kernel_testing.LAYOUT_LEGACY
+# fvk_check_window_sync schedules (testing/ulysses_a2a_testing.h): the kernel's, and negative controls without a
+# barrier.
+NO_FIRST_ENTRY, KERNEL, NO_ENTRY, NO_MIDDLE = (kernel_testing.SYNC_NO_FIRST_ENTRY, kernel_testing.SYNC_KERNEL,
+                                               kernel_testing.SYNC_NO_ENTRY, kernel_testing.SYNC_NO_MIDDLE)
 MIB, GIB = 1 << 20, 1 << 30
 WINDOWS = (MIB, 3 * MIB + 4096, 64 * MIB, GIB)
 CTAS = (1, 2, 3, 5, 7, 36, 64, 97, 131, 144)
@@ -50,23 +43,8 @@ MAX_CHUNKS = 40  # per plan: the check costs O(chunks x CTAs x P^2); many-chunk 
 
 
 @pytest.fixture(scope="module")
-def lib():
-    if not BUILT.is_file():
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must build the kernel library ({BUILT}) before the property test")
-        pytest.skip(f"no built library at {BUILT} (run scripts/build_kernel.sh 2.28.9)")
-    saved = os.environ.get(fastvideo_kernel.ENV_LIBRARY)
-    os.environ[fastvideo_kernel.ENV_LIBRARY] = str(BUILT)
-    try:
-        library = fastvideo_kernel.load()
-    finally:
-        if saved is None:
-            os.environ.pop(fastvideo_kernel.ENV_LIBRARY)
-        else:
-            os.environ[fastvideo_kernel.ENV_LIBRARY] = saved
-    if "sync_check" not in fastvideo_kernel.entry_points(library):
-        pytest.fail(f"{BUILT} has no fvk_check_window_sync: rebuild it")
-    return library
+def lib(testing_lib):
+    return testing_lib
 
 
 def check(lib, geom: Geometry, plans: list[Plan], window: int, *, layout: int = STATIC,

@@ -26,14 +26,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as _fc
+import torch.nn.functional as F
 from torch.distributed import ProcessGroup, ReduceOp
 
-from fastvideo.distributed.ulysses.layout import mode_for_dims, validate_input
-from fastvideo.distributed.ulysses.nccl import NcclAllToAll
+from fastvideo.distributed.ulysses.layout import mode_for_dims, recv_layout, send_layout, validate_input
+from fastvideo.distributed.ulysses.nccl import nccl_route
 
-# torch 2.13 renamed the differentiable all-gather (the GPU hosts run 2.11): one name for both. Its backward
-# is a reduce-scatter (sum), as upstream's DistributedAutograd.AllGather.
+# The gradients here are torch's: its differentiable functional collectives (torch 2.13 renamed two of them; the
+# GPU hosts run 2.11). The all-gather's backward is a reduce-scatter (sum), the reduce-scatter's an all-gather,
+# the all-to-all's the inverse all-to-all: upstream's DistributedAutograd formulas, without a Function of ours
+# (the Ulysses op's is the package's one autograd formula).
 _all_gather_autograd = getattr(_fc, "all_gather_single_autograd", None) or _fc.all_gather_tensor_autograd
+_reduce_scatter_autograd = getattr(_fc, "reduce_scatter_single_autograd", None) or _fc.reduce_scatter_tensor_autograd
 
 _ULYSSES_PROVIDER: Callable[[DeviceCommunicatorBase], Any] | None = None
 
@@ -50,40 +54,8 @@ def _check_dim(x: torch.Tensor, dim: int, what: str) -> int:
     return dim % x.dim()
 
 
-class _AllReduceSum(torch.autograd.Function):
-    """Out-of-place SUM all-reduce; its gradient is the SUM all-reduce of the gradient."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:  # type: ignore[override]
-        ctx.group = group
-        out = x.clone()
-        dist.all_reduce(out, op=ReduceOp.SUM, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        grad = grad.clone()
-        dist.all_reduce(grad, op=ReduceOp.SUM, group=ctx.group)
-        return grad, None
-
-
-class _Slice(torch.autograd.Function):
-    """This rank's chunk of ``dim``; backward all-gathers every rank's chunk gradient (divided by the group size
-    when ``scale_grad``: upstream's convention for a replicated input that every rank slices)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, dim: int, rank: int, world_size: int, group: ProcessGroup,  # type: ignore[override]
-                scale_grad: bool) -> torch.Tensor:
-        ctx.dim, ctx.world_size, ctx.group, ctx.scale_grad = dim, world_size, group, scale_grad
-        size = x.shape[dim] // world_size
-        return x.narrow(dim, rank * size, size).contiguous()
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        full = _all_gather_autograd(grad.contiguous(), ctx.dim, ctx.group)
-        if ctx.scale_grad:
-            full = full / ctx.world_size
-        return full, None, None, None, None, None
+def _grad_tracked(x: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and x.requires_grad
 
 
 class DeviceCommunicatorBase:
@@ -124,7 +96,12 @@ class DeviceCommunicatorBase:
         validate_input(input_, mode, self.world_size)
         if self.world_size == 1:
             return input_
-        return NcclAllToAll.apply(input_, mode, self.device_group)
+        if not _grad_tracked(input_):
+            return nccl_route(input_, mode, self.device_group)
+        # The same layouts and exchange, through torch's differentiable all_to_all_single (its backward is the
+        # inverse exchange, so the gradient is the inverse all-to-all).
+        send = send_layout(input_, mode, self.world_size)
+        return recv_layout(_fc.all_to_all_single_autograd(send, None, None, self.device_group), mode)
 
     def all_gather(self, input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
         """Every rank's ``input_`` concatenated along ``dim``, in group order. Collective; differentiable (the
@@ -136,19 +113,40 @@ class DeviceCommunicatorBase:
 
     def slice(self, input_: torch.Tensor, dim: int = -1, *, scale_grad: bool) -> torch.Tensor:
         """This rank's chunk of ``input_`` along ``dim`` (which must divide by the group size), contiguous.
-        Local in the forward; collective in the backward (an all-gather of the gradients)."""
+
+        Local in the forward. The backward is collective: ``input_``'s gradient is every rank's chunk gradient
+        all-gathered (divided by the group size when ``scale_grad``), upstream's formula for an input that every
+        rank holds whole. A gradient hook on a private alias of ``input_`` applies it, so gradients that reach
+        ``input_`` from its other uses are left as they are."""
         dim = _check_dim(input_, dim, "slice")
         if input_.shape[dim] % self.world_size:
             raise ValueError(f"slice: dim {dim} has {input_.shape[dim]} rows, not divisible by the group size "
                              f"{self.world_size}; pad it first (sequence_model_parallel_shard does).")
-        return _Slice.apply(input_, dim, self.rank_in_group, self.world_size, self.device_group, scale_grad)
+        rows = input_.shape[dim] // self.world_size
+        start, group, scale = self.rank_in_group * rows, self.device_group, self.world_size if scale_grad else 1
+        if not _grad_tracked(input_):
+            return input_.narrow(dim, start, rows).contiguous()
+        alias = input_.view_as(input_)
+
+        def gathered(grad: torch.Tensor) -> torch.Tensor:
+            full = _all_gather_autograd(grad.narrow(dim, start, rows).contiguous(), dim, group)
+            return full / scale if scale != 1 else full
+
+        alias.register_hook(gathered)
+        return alias.narrow(dim, start, rows).contiguous()
 
     def all_reduce(self, input_: torch.Tensor, op: ReduceOp | None = ReduceOp.SUM) -> torch.Tensor:
-        """Out-of-place all-reduce. Collective; differentiable for SUM (the default)."""
+        """Out-of-place all-reduce. Collective; differentiable for SUM (the default), whose gradient is the
+        all-reduced gradient (here a reduce-scatter and an all-gather, torch's differentiable pair)."""
         op = ReduceOp.SUM if op is None else op
-        if op == ReduceOp.SUM:
-            return _AllReduceSum.apply(input_, self.device_group)
-        if torch.is_grad_enabled() and input_.requires_grad:
+        if op == ReduceOp.SUM and _grad_tracked(input_):
+            flat = input_.reshape(-1)
+            pad = -flat.numel() % self.world_size
+            flat = F.pad(flat, (0, pad)) if pad else flat
+            summed = _all_gather_autograd(_reduce_scatter_autograd(flat, "sum", 0, self.device_group), 0,
+                                          self.device_group)
+            return summed[: input_.numel()].view_as(input_)
+        if _grad_tracked(input_):
             raise ValueError(f"all_reduce: op={op} has no gradient here; only SUM is differentiable (detach first).")
         out = input_.clone()
         dist.all_reduce(out, op=op, group=self.device_group)

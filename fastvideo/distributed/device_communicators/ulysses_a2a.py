@@ -15,8 +15,8 @@ on the SP group, like the op's first call. Private attributes of upstream's help
 ``is_enabled()`` is upstream's switch: whether the route is ``auto``, read from the SP group's agreed settings
 once the SP groups exist (what the op does), from this rank's environment before that.
 
-This is the one module that imports the op's helper registry (``get_default_helper`` and the functions beside
-it), so that where the registry lives is a one-line change. Importing it registers ``ulysses_a2a``'s provider
+This is the one module of the FastVideo surface that imports the op's helper registry (``ulysses/registry.py``:
+``get_default_helper`` and the functions beside it). Importing it registers ``ulysses_a2a``'s provider
 with ``base_device_communicator`` (which sits below the helper and cannot import it).
 """
 
@@ -24,19 +24,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from fastvideo import envs
 from fastvideo.distributed import parallel_state
 from fastvideo.distributed.device_communicators import base_device_communicator as _base
-from fastvideo.distributed.ulysses.helper import (
-    UlyssesHelper,
+from fastvideo.distributed.ulysses.helper import UlyssesHelper
+from fastvideo.distributed.ulysses.registry import (
     current_default_helper,
     destroy_default_helper,
     get_default_helper,
     install_default_helper,
 )
-from fastvideo.distributed.ulysses.layout import mode_for_dims, validate_input
 
 __all__ = [
     "UlyssesHelper",
@@ -62,28 +59,15 @@ def is_enabled() -> bool:
 
 
 class _UpstreamMethods:
-    """FALLBACK until ``UlyssesHelper.try_all_to_all_4D`` and ``UlyssesHelper.close`` exist: the helper with
-    upstream's two methods added; every other attribute is the helper's. ``with_upstream_methods`` stops
-    wrapping as soon as the helper has both."""
+    """FALLBACK until ``UlyssesHelper.close`` exists: the helper with upstream's ``close()`` (= ``destroy()``,
+    collective) added; every other attribute, ``try_all_to_all_4D`` included, is the helper's own.
+    ``with_upstream_methods`` stops wrapping as soon as the helper has both of upstream's methods."""
 
     def __init__(self, helper: UlyssesHelper) -> None:
         self.helper = helper
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.helper, name)
-
-    def try_all_to_all_4D(self, x: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1) -> torch.Tensor | None:
-        """The fused all-to-all, or None when it did not run (the caller then takes the NCCL route). Collective;
-        differentiable. A helper that declined at construction returns None at once (that decline was agreed);
-        otherwise the call votes, and where every rank declined it, the helper has already run the NCCL route
-        internally: this fallback drops that result (one NCCL all-to-all more than the helper's own method)."""
-        helper = self.helper
-        mode = mode_for_dims(scatter_dim, gather_dim)
-        validate_input(x, mode, helper.world_size)
-        if not helper.fused_available:
-            return None
-        out = helper.all_to_all(x, mode)
-        return out if helper.history[-1].route == "fused" else None
 
     def close(self) -> None:
         """Collective over the SP group: destroy the helper (a second call is a no-op)."""

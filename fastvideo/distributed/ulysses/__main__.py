@@ -296,7 +296,7 @@ def doctor(_: argparse.Namespace, repo_root: Path | None = None) -> int:
         doc.line("nccl", f"torch's: {'.'.join(map(str, nccl)) if nccl else 'n/a (no CUDA build or no GPU)'}")
 
     def host() -> None:
-        from fastvideo.distributed.ulysses.helper import host_identity
+        from fastvideo.distributed.ulysses.construction import host_identity
 
         name, boot = host_identity()
         doc.line("host", f"{name} boot_id {boot}")

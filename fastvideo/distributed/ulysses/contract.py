@@ -129,6 +129,38 @@ def header(generation: int) -> int:
     return (CONTRACT_VERSION << 32) | (generation & 0xFFFFFFFF)
 
 
+def fields(generation: int, seq: int, bits: int, mode: int, dtype: torch.dtype, shape: tuple[int, int, int, int],
+           phase: Phase, window_bytes: int = 0, plan_word: int = 0, capturing: bool = False) -> list[int]:
+    """One rank's 12 vote fields. ``shape`` is ``(B, S_local, H, D)`` (global heads); ``window_bytes`` and
+    ``plan_word`` only when this rank proposes to run that plan (both 0 otherwise). A rank capturing while a
+    peer runs eagerly differs in WINDOW_BYTES: every rank then declines together."""
+    row = [0] * NUM_FIELDS
+    row[Field.HEADER] = header(generation)
+    row[Field.SEQ] = seq
+    row[Field.ELIGIBILITY] = bits
+    row[Field.MODE] = mode
+    row[Field.DTYPE] = dtype_code(dtype)
+    row[Field.B], row[Field.S_LOCAL], row[Field.H], row[Field.D] = shape
+    row[Field.PHASE] = int(phase)
+    if plan_word:
+        row[Field.WINDOW_BYTES] = window_bytes | (WINDOW_CAPTURED if capturing else 0)
+        row[Field.PLAN] = plan_word
+    return row
+
+
+def outcome_code(plan_word: int, reason: DeclineReason | None) -> int:
+    """What one call ran, as one int (a backward runs its forward's): the plan word (> 0) of a fused call, or
+    ``-1 - reason`` (< 0) for a call that declined. 0 is reserved for a call that ran without a helper."""
+    if plan_word:
+        return plan_word
+    return -1 - int(reason if reason is not None else DeclineReason.PEER_DISAGREEMENT)
+
+
+def outcome_reason(code: int) -> DeclineReason:
+    """The decline reason of a negative ``outcome_code``."""
+    return DeclineReason(-1 - code)
+
+
 class ContractMismatchError(RuntimeError):
     """Ranks called the all-to-all with different contracts (a caller bug). Raised on every rank."""
 

@@ -1,6 +1,7 @@
 """The NCCL route: permute + ``all_to_all_single`` + permute over a process group (gloo on CPU).
 
-Always available and the correctness oracle. A route below the helper: it imports only the layouts.
+Always available and the correctness oracle. A plain function below the helper (it imports only the
+layouts): differentiability comes from the op above it, whose one autograd formula covers every route.
 """
 
 from __future__ import annotations
@@ -17,16 +18,3 @@ def nccl_route(x: torch.Tensor, mode: int, group: dist.ProcessGroup) -> torch.Te
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group)
     return recv_layout(recv, mode)
-
-
-class NcclAllToAll(torch.autograd.Function):
-    """Differentiable NCCL route; the backward is the inverse all-to-all."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, mode: int, group: dist.ProcessGroup) -> torch.Tensor:  # type: ignore[override]
-        ctx.mode, ctx.group = mode, group
-        return nccl_route(x, mode, group)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        return nccl_route(grad.contiguous(), 1 - ctx.mode, ctx.group), None, None

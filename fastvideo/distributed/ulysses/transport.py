@@ -24,15 +24,18 @@ import torch.distributed as dist
 from fastvideo.distributed.ulysses.contract import DeclineReason
 from fastvideo.distributed.ulysses.policy import Geometry, Plan
 
-ENTRY_ORIGINAL = "original"  # the 36-CTA whole-operand entry point
-ENTRY_TUNED = "tuned"  # CTA count and chunking as arguments
-ENTRY_CE = "ce"  # the copy-engine plan kind (same arguments as tuned)
-ENTRY_CAPTURE = "capture"  # the tuned entry point for CUDA-graph capture (fvk_a2a_captured)
-ENTRY_CE_CAPTURE = "ce_capture"  # the copy-engine kind for CUDA-graph capture (fvk_a2a_ce_captured)
+# What a transport can launch (``Capability.entry_points``, what the planner reads). The native transport's are
+# the kernel build's offerings of these names (fastvideo_kernel.OFFERINGS, by the library's ABI).
+ENTRY_ORIGINAL = "original"  # the 36-CTA whole-operand SM plan
+ENTRY_TUNED = "tuned"  # SM plans of any CTA count and chunking
+ENTRY_CE = "ce"  # the copy-engine plan kind
+ENTRY_CAPTURE = "capture"  # SM plans captured into a CUDA graph
+ENTRY_CE_CAPTURE = "ce_capture"  # copy-engine plans captured into a CUDA graph
+ENTRIES = frozenset({ENTRY_ORIGINAL, ENTRY_TUNED, ENTRY_CE, ENTRY_CAPTURE, ENTRY_CE_CAPTURE})
 
 
 class VoteNotStarted(RuntimeError):
-    """``Transport.execute_voted`` failed before the exchange: this rank has not voted (its peers wait in
+    """``Transport.execute(..., vote=...)`` failed before the exchange: this rank has not voted (its peers wait in
     the vote). The helper then votes this failure on the plain path, so that every rank raises together."""
 
 
@@ -111,46 +114,45 @@ class Transport(abc.ABC):
         """Local check after construction: are all peers LSA-reachable over NVLink?"""
         return TopologyReport()
 
-    def eligibility(self, x: torch.Tensor) -> int:
-        """Per-call, rank-local decline bits the generic checks do not cover (e.g. alignment)."""
-        return 0
-
-    @abc.abstractmethod
-    def execute(self, x: torch.Tensor, geom: Geometry, plan: Plan) -> torch.Tensor:
-        """Run the agreed plan. Collective over the SP group; returns a tensor the caller owns."""
-
     def capture_decline(self, geom: Geometry, plan: Plan) -> str | None:
         """Why ``plan`` cannot be frozen into a CUDA graph being captured on this rank (None: it can, and
-        ``execute_captured`` captures it). A plan can be frozen when one call is device work alone: enqueued
-        with no host work that a replay would need. By default a transport cannot (the CPU transport runs
-        gloo collectives on the host per chunk)."""
+        ``execute(..., capture=True)`` captures it). A plan can be frozen when one call is device work alone:
+        enqueued with no host work that a replay would need. By default a transport cannot (the CPU transport
+        runs gloo collectives on the host per chunk)."""
         return f"the {self.name} transport does host work per call (it cannot be captured into a CUDA graph)"
 
-    def execute_captured(self, x: torch.Tensor, geom: Geometry, plan: Plan) -> torch.Tensor:
-        """Capture the agreed plan into the CUDA graph the current stream is capturing (only after
-        ``capture_decline`` returned None on every rank): no host state changes, nothing to watch."""
-        raise NotImplementedError(f"{self.name}: no capturable route")
-
-    def voted_launch(self, vote) -> bool:
-        """Whether ``execute_voted`` can take this call's exchange over ``vote`` (the helper's per-call vote
-        channel) and the launch in one step. By default not: the helper votes, decides, then executes."""
+    def fuses_vote(self, vote) -> bool:
+        """Whether ``execute(..., vote=vote, fields=...)`` can run this call's exchange over ``vote`` (the
+        helper's per-call vote channel) and the launch in one step. By default not: the helper votes, decides,
+        then executes."""
         return False
 
-    def execute_voted(self, x: torch.Tensor, geom: Geometry, plan: Plan, vote, fields: list[int]
-                      ) -> tuple[torch.Tensor | None, int, int, float]:
-        """Exchange ``fields`` over ``vote`` and, where every rank proposed this same call (the one verdict
-        that runs a plan), launch ``plan`` at once. Returns (output or None, stage, vote status, vote seconds):
-        stage 0, the exchange failed with that status; 1, exchanged and not launched (the helper decides from
-        ``vote``'s gathered rows: a decline or an error, alike on every rank); 2, launched. A failure before the
-        exchange raises ``VoteNotStarted``; a launch that fails after it raises anything else. Collective;
-        host-blocking for the vote; only where ``voted_launch(vote)``."""
-        raise NotImplementedError(f"{self.name}: no voted launch")
+    @abc.abstractmethod
+    def execute(self, x: torch.Tensor, geom: Geometry, plan: Plan, *, capture: bool = False, vote=None,
+                fields: list[int] | None = None) -> torch.Tensor | None:
+        """Run ``plan`` on ``x``: collective over the SP group; returns a fresh tensor the caller owns.
+
+        * ``vote`` None: the plan every rank agreed; the output is returned. ``capture``: capture it into the
+          CUDA graph the current stream is capturing (only after ``capture_decline`` returned None on every
+          rank): no host state changes, nothing to watch.
+        * ``vote`` given (only where ``fuses_vote(vote)``, never under capture): exchange ``fields`` over it and
+          launch ``plan`` only where every rank proposed this same call, the one verdict that runs a plan.
+          Returns None when it did not launch (``vote.rows`` holds the gathered votes for the helper's
+          verdict). Raises ``VoteNotStarted`` for a failure before the exchange (this rank has not voted),
+          the vote's own error (``vote.failure``) when the exchange failed, anything else for a launch that
+          failed after every rank agreed to run it.
+
+        Host-blocking only for the vote; the launch is enqueued on the current stream."""
 
     def completion_marker(self):
         """A handle whose ``query()`` says whether the last ``execute``'s device work has completed (the
         native transport: a CUDA event), or None when ``execute`` returns with its work done (the CPU
         transport). The helper's watchdog tracks it; it must never synchronise."""
         return None
+
+    def watchdog_thread_setup(self) -> None:
+        """Run once in the helper's watchdog thread before it polls ``completion_marker`` (the native
+        transport relaxes that thread's CUDA stream-capture mode)."""
 
     def abort(self) -> None:
         """Release local resources after a failed construction (no collective)."""
@@ -245,8 +247,10 @@ class GlooPlanTransport(Transport):
     def topology(self) -> TopologyReport:
         return self._topology_override or TopologyReport()
 
-    def execute(self, x: torch.Tensor, geom: Geometry, plan: Plan) -> torch.Tensor:
+    def execute(self, x: torch.Tensor, geom: Geometry, plan: Plan, *, capture: bool = False, vote=None,
+                fields: list[int] | None = None) -> torch.Tensor:
         assert self._ctx is not None and self._window is not None, "execute before construction"
+        assert not capture and vote is None, "the CPU transport neither captures nor fuses the vote"
         out = torch.empty(output_shape(geom), dtype=x.dtype, device=x.device)
         need = plan.window_bytes(geom)
         if need > self._window.numel():

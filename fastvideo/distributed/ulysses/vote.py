@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import datetime
 import logging
+import time
 import uuid
 
 import torch
@@ -73,15 +74,18 @@ class GlooVote:
         self._send_np = self._send.numpy()
         self._recv = torch.zeros(self.world_size * NUM_FIELDS, dtype=torch.int64)
         self._recv_rows = self._recv.view(self.world_size, NUM_FIELDS)
+        self.last_s = 0.0  # the last exchange's host seconds (a fused vote-and-launch sets it too)
 
     def exchange(self, fields: list[int]) -> torch.Tensor:
         """Gather every rank's fields: returns the reused ``[P, 12]`` buffer (read it before the next call)."""
         self._send_np[:] = fields
+        start = time.perf_counter()
         try:
             if self._gather_opts is None:
                 _all_gather(self._recv, self._send, group=self.group)
             else:
                 self.group._allgather_base(self._recv, self._send, self._gather_opts).wait()
+            self.last_s = time.perf_counter() - start
         except RuntimeError as exc:
             raise VoteTimeoutError(
                 f"Ulysses vote over SP ranks {self.ranks} did not complete within {self.timeout_s:g} s ({exc}). "
@@ -173,6 +177,7 @@ class ShmVote:
         self._send_np = self._send.numpy()
         self._recv = torch.zeros(self.world_size * NUM_FIELDS, dtype=torch.int64)
         self._recv_rows = self._recv.view(self.world_size, NUM_FIELDS)
+        self.last_s = 0.0  # the last exchange's host seconds (a fused vote-and-launch sets it too)
         # Everything the call passes is converted once here: the hot path allocates nothing.
         self._exchange = lib.fvk_vote_exchange
         self._args = (
@@ -222,7 +227,9 @@ class ShmVote:
     def exchange(self, fields: list[int]) -> torch.Tensor:
         """Gather every rank's fields: returns the reused ``[P, 12]`` buffer (read it before the next call)."""
         self._send_np[:] = fields
+        start = time.perf_counter()
         status = self._exchange(*self._args) if self._handle is not None else -1
+        self.last_s = time.perf_counter() - start
         if status != 0:
             raise self.failure(status)
         return self._recv_rows

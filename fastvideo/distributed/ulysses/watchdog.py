@@ -79,6 +79,16 @@ def end_process(message: str) -> None:
         os._exit(WATCHDOG_EXIT_CODE)
 
 
+def _default_store():
+    """The default process group's key-value store (the peer probe's channel), or None."""
+    try:
+        import torch.distributed as dist
+
+        return dist.distributed_c10d._get_default_store()
+    except Exception:  # noqa: BLE001 - the probe is optional: without it the watchdog still ends the process
+        return None
+
+
 class StoreProbe:
     """Peer reports through the job's key-value store (the default process group's store), only at timeout.
 
@@ -148,6 +158,17 @@ class FusedCallWatchdog:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @classmethod
+    def for_group(cls, timeout_s: float, ranks: list[int], rank_in_group: int, on_timeout: Callable[[str], None],
+                  thread_setup: Callable[[], None] | None = None) -> FusedCallWatchdog:
+        """A watchdog for one SP group's fused calls, probing peers through the job's key-value store (the
+        default process group's) when there is one."""
+        store = _default_store()
+        rank = ranks[rank_in_group]
+        probe = None if store is None else StoreProbe(store, ranks, rank, key="-".join(map(str, ranks)),
+                                                      wait_s=min(5.0, max(2.0, timeout_s / 2)))
+        return cls(timeout_s, rank=rank, ranks=ranks, on_timeout=on_timeout, probe=probe, thread_setup=thread_setup)
 
     # ------------------------------------------------------------------ hot path
 

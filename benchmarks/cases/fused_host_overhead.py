@@ -1,0 +1,134 @@
+"""The fused call's host overhead on one GPU: the whole call through the helper at P = 1, host-to-completion
+against the device time of the same launch.
+
+Two GPUs are needed for the real number; one GPU measures everything in it but the peer: a one-rank helper
+(settings, policy and plan cache, the 12-field vote over the same-host shared memory, the verdict, ``execute``,
+the watchdog's bookkeeping) driving the real kernel library on a one-rank NCCL communicator. At P = 1 the vote
+waits for no peer, the barriers meet no peer and a copy-engine call pushes nothing, so this is a lower bound of
+the SP2 overhead. The helper refuses SP sizes below 2; this case lowers that bound in its own process
+(``product.one_rank_helpers``) and plans from rows it makes for SP1 (the H200 rows' plan shapes: SM 144 CTAs;
+copy engine 66 CTAs in 1 or 2 row chunks).
+
+Per row: ``host_ms`` (host-to-completion median of ``helper.all_to_all``), ``device_ms`` (CUDA events around the
+transport's ``execute`` with the same plan), ``host_overhead_us`` = their difference, the vote's median, and
+``sync_us`` (a synchronize of an idle device: the wake-up alone, part of every host-to-completion number). The
+plan that ran is asserted. On CPU it is a dry run on ``GlooPlanTransport`` (timings mean nothing).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import ClassVar
+
+import torch
+
+from benchmarks.harness import oracle, product, report, timing
+from benchmarks.harness.case import Case, Context
+from benchmarks.harness.cli import divisible, input_shape
+
+
+def median_us(seconds: list[float]) -> float:
+    return statistics.median(seconds) * 1e6
+
+
+def measure(helper, x: torch.Tensor, mode: int, engine: str, ctas: int, args) -> dict:
+    """One row: the helper's call and the launch alone, for ``x`` in ``mode``; the plan that ran asserted (the
+    row's engine and CTAs, tuned)."""
+    from fastvideo.distributed.ulysses.policy import Geometry
+
+    device = x.device
+    geom = Geometry.from_input(x.shape, mode, 1, x.dtype)
+    with torch.no_grad():  # the helper is called directly: no route setting
+        mark = helper.stats()["calls"]
+        lat = timing.host_latencies(lambda: helper.all_to_all(x, mode), device, args.iters, args.warmup)
+        out = helper.all_to_all(x, mode)
+        timing.synchronize(device)
+        wrong = oracle.count_bitwise_diff(out, x)
+        record = helper.history[-1]
+        plan = record.plan
+        if record.route != "fused" or plan is None or (plan.engine, plan.ctas, plan.tuned) != (engine, ctas, True):
+            raise SystemExit(f"mode {mode}: expected the fused tuned {engine} plan of {ctas} CTAs, ran {record}")
+        execute = product.transport(helper).execute
+        dev = timing.device_times(lambda: execute(x, geom, plan), device, args.iters, args.warmup)
+    row = {"mode": mode, "engine": engine, "plan": plan.describe(geom), "chunks": plan.num_chunks(geom),
+           "calls": helper.stats()["calls"] - mark, "host_ms": statistics.median(lat) * 1e3,
+           "device_ms": statistics.median(dev) * 1e3, "vote_us": median_us(helper.vote_seconds(args.iters)),
+           "wrong": wrong, "wrong_oracle": "the input (the all-to-all at P = 1 is the identity)"}
+    row["host_overhead_us"] = (row["host_ms"] - row["device_ms"]) * 1e3
+    return row
+
+
+class FusedHostOverheadCase(Case):
+    name = "fused_host_overhead"
+    summary = "the whole fused call at P = 1: host-to-completion minus the launch's device time, per plan"
+    key = ("geometry", "mode", "label")
+    metric = "host_overhead_us"
+    defaults: ClassVar[dict] = {"iters": 300, "warmup": 20}
+    quick: ClassVar[dict] = {"iters": 10, "warmup": 2}
+    columns = (
+        report.Column("geometry", "geometry", width=12),
+        report.Column("mode", "mode"),
+        report.Column("label", "plan", width=22),
+        report.Column("chunks", "chunks"),
+        report.Column("host_ms", "host ms"),
+        report.Column("device_ms", "device ms"),
+        report.Column("host_overhead_us", "host us", fmt=".1f"),
+        report.Column("vote_us", "vote us", fmt=".1f"),
+    )
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--at-sp", type=int, default=2, help="the geometries' per-rank operands at this SP size")
+
+    def run(self, ctx: Context) -> None:
+        from fastvideo.distributed.ulysses.helper import UlyssesHelper
+        from fastvideo.distributed.ulysses.policy import ENGINE_CE, ENGINE_SM, TunedRow, normalize_gpu_name
+
+        args, device = ctx.args, ctx.device
+        if ctx.world != 1:
+            raise SystemExit("fused_host_overhead: run it as one process (P = 1)")
+        cuda = device.type == "cuda"
+        sync_s = []
+        for _ in range(args.iters):
+            t0 = time.perf_counter()
+            timing.synchronize(device)
+            sync_s.append(time.perf_counter() - t0)
+        ctx.header.update(sync_us=median_us(sync_s), at_sp=args.at_sp, dry_run=not cuda)
+        if not cuda:
+            ctx.note("CPU: a dry run on GlooPlanTransport at P = 1 (timings mean nothing)")
+        ctx.log(f"synchronize of an idle device: {median_us(sync_s):.1f} us median")
+        gpu = normalize_gpu_name(torch.cuda.get_device_name(device) if cuda else "cpu")
+        geometries = ctx.geometries(cpu=("toy",), gpu=("wan720p", "h3-32k"))
+        kinds = ((ENGINE_SM, 144, 1), (ENGINE_CE, 66, 1), (ENGINE_CE, 66, 2))
+        ctx.progress.total = len(geometries) * len(kinds)
+        with product.one_rank_helpers():
+            for name, shape in geometries:
+                why = divisible(shape, args.at_sp)
+                if why:
+                    ctx.skip(why, geometry=name, mode=None, label="")
+                    continue
+                x = oracle.make_input(input_shape(shape, 0, args.at_sp), ctx.dtype, device, args.seed)
+                for engine, ctas, splits in kinds:
+                    table = (TunedRow(gpu, 1, x.dtype, x.shape[2], x.shape[3], ctas=ctas, planes_per_chunk=1,
+                                      row_chunks=splits, engine=engine, source="fused_host_overhead (P = 1)"),)
+                    transport = None
+                    if not cuda:
+                        from fastvideo.distributed.ulysses.transport import GlooPlanTransport
+
+                        transport = GlooPlanTransport()
+                    helper = UlyssesHelper(tuned_table=table, vote="shm" if cuda else "auto", transport=transport)
+                    try:
+                        if not helper.fused_available:
+                            raise SystemExit(f"the one-rank helper declined: {helper.stats()['construction_detail']}")
+                        for mode in (0, 1):
+                            row = measure(helper, x, mode, engine, ctas, args)
+                            ctx.add_row({"geometry": name, "label": f"{engine} {ctas} CTAs x{splits}", **row,
+                                         "sync_us": median_us(sync_s)})
+                    finally:
+                        helper.destroy()
+                    ctx.advance(f"{name} {engine} x{splits}")
+                if cuda:
+                    torch.cuda.empty_cache()
+
+
+CASE = FusedHostOverheadCase()

@@ -1,0 +1,112 @@
+"""The helper's per-call host path on the fused route: everything a call costs the host but the transfer.
+
+Settings check, geometry, plan, the 12-field vote, the verdict, bookkeeping: the ranks (gloo, on CPU, whatever
+the host) build a ``UlyssesHelper`` whose transport moves nothing (its ``execute`` returns a preallocated
+output), so the time per ``helper.all_to_all`` call is the host path alone. ``--vote shm`` is the same-host
+shared-memory vote a single-host GPU job uses (it needs the kernel library: the tree's development build is
+used where one exists), ``gloo`` the fallback. ``--gap-us N --gap-kind sleep|spin`` idles before each call, as a
+GPU call's wait does between two calls. Per rank: median and p90 microseconds per call, the vote's median
+(``helper.vote_seconds``) and the rest. A GPU host adds its launch and allocation on top (``a2a``'s host
+overhead, ``fused_host_overhead``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import ClassVar
+
+from benchmarks.harness import oracle, report, stats, timing
+from benchmarks.harness.case import Case, Context
+
+
+def idle(gap_s: float, kind: str) -> None:
+    """What a GPU call's wait looks like to the CPU between two calls: a sleep, or a spin (a polling sync)."""
+    if kind == "spin":
+        end = time.perf_counter() + gap_s
+        while time.perf_counter() < end:
+            pass
+    else:
+        time.sleep(gap_s)
+
+
+class HostPathCase(Case):
+    name = "host_path"
+    summary = "the fused route's per-call host path (vote, policy, verdict), with a transport that moves nothing"
+    backend = "gloo"
+    key = ("rank",)
+    metric = "call_us_median"
+    defaults: ClassVar[dict] = {"iters": 5000, "warmup": 500}
+    quick: ClassVar[dict] = {"iters": 60, "warmup": 10}
+    columns = (
+        report.Column("rank", "rank"),
+        report.Column("vote", "vote"),
+        report.Column("call_us_median", "call us", fmt=".1f"),
+        report.Column("call_us_p90", "p90 us", fmt=".1f"),
+        report.Column("vote_us_median", "vote us", fmt=".1f"),
+        report.Column("rest_us_median", "rest us", fmt=".1f"),
+    )
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--vote", choices=("shm", "gloo", "auto"), default="auto")
+        parser.add_argument("--gap-us", type=float, default=0.0, help="idle time before each call")
+        parser.add_argument("--gap-kind", choices=("sleep", "spin"), default="sleep")
+
+    def run(self, ctx: Context) -> None:
+        import torch
+
+        from fastvideo.distributed.parallel_state import get_sp_group
+        from fastvideo.distributed.ulysses.helper import UlyssesHelper
+        from fastvideo.distributed.ulysses.policy import TunedRow
+        from fastvideo.distributed.ulysses.transport import GlooPlanTransport, output_shape
+
+        args = ctx.args
+        if ctx.world < 2:
+            raise SystemExit("host_path needs >= 2 ranks (--nproc 2): the helper's fused route starts at SP2")
+
+        class NoMove(GlooPlanTransport):
+            """The fused route's host path without the transfer: execute returns a preallocated output."""
+
+            out: torch.Tensor | None = None
+
+            def execute(self, x, geom, plan, **kw):  # type: ignore[override]
+                if self.out is None:
+                    self.out = torch.empty(output_shape(geom), dtype=x.dtype)
+                return self.out
+
+        x = torch.randn(3, 16, 8, 8)
+        row = TunedRow("CPU", ctx.world, torch.float32, 8, 8, ctas=144, planes_per_chunk=1, source="host path bench")
+        helper = UlyssesHelper(get_sp_group(), transport=NoMove(), tuned_table=(row,), gpu_name="CPU", vote=args.vote)
+        if not helper.fused_available:
+            raise SystemExit(f"host_path: the helper declined: {helper.stats()}")
+        times = []
+        ctx.progress.total = args.warmup + args.iters
+        with torch.no_grad():  # the helper is called directly: no route setting
+            for i in range(args.warmup + args.iters):
+                if args.gap_us:
+                    idle(args.gap_us * 1e-6, args.gap_kind)
+                start = time.perf_counter_ns()
+                helper.all_to_all(x, 0)
+                if i >= args.warmup:
+                    times.append((time.perf_counter_ns() - start) / 1e3)
+                if (i + 1) % 1000 == 0:
+                    ctx.advance(f"{i + 1} calls", 1000)
+        info = helper.stats()
+        votes = [v * 1e6 for v in helper.vote_seconds(args.iters)]  # the helper keeps the last 4096
+        times = times[-len(votes):]
+        helper.destroy()
+        fused_all = info["fused"] == args.warmup + args.iters
+        mine = {"rank": ctx.rank, "vote": info["vote"], "call_us_median": statistics.median(times),
+                "call_us_p90": stats.quantile(sorted(times), 0.9), "vote_us_median": statistics.median(votes),
+                "rest_us_median": statistics.median(t - v for t, v in zip(times, votes, strict=True)),
+                "fused_calls": info["fused"], "calls": info["calls"]}
+        ctx.header.update(gap_us=args.gap_us, gap_kind=args.gap_kind, vote_request=args.vote)
+        for r in timing.gather(mine):
+            ctx.add_row({**r, "wrong": 0, "wrong_oracle": oracle.NO_DATA + ": the transport returns a preallocated "
+                         "output"})
+        if not all(timing.gather(fused_all)):
+            ctx.fail("not every call took the fused route (the host path measured would not be the fused one)")
+
+
+CASE = HostPathCase()

@@ -1,0 +1,169 @@
+"""The header every run prints and writes: what exactly ran, where and when.
+
+``date`` (UTC), ``gpu``, ``torch``, ``nccl``, ``commit`` of the tree under test (its ``COMMIT`` stamp, else git),
+``native_library`` (path and SHA-256 of the kernel library the process mapped, or None), ``command`` (the exact
+command line), the line-up, every ``FASTVIDEO_*`` variable set, and what the case adds.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from benchmarks.harness import lineup, product
+from benchmarks.harness.process import COMMAND_ENV, command_line
+from benchmarks.harness.tree import BENCH_ROOT
+
+SCHEMA = "fastvideo-bench/1"
+# Present in every header (tests/test_benchmarks_cpu.py and check_results.py rely on them).
+REQUIRED = ("schema", "case", "date", "gpu", "device", "sp_size", "torch", "nccl", "commit", "native_library",
+            "command", "argv", "lineup", "complete")
+
+
+def tree_commit(tree: Path) -> str:
+    """The commit ``tree`` holds: its ``COMMIT`` stamp when present, else ``git rev-parse HEAD`` (plus
+    ``-dirty`` for uncommitted changes to tracked files), else "unknown".
+
+    The stamp wins: a working tree copied over a checkout of another commit has a ``.git`` naming that one.
+    """
+    stamp = tree / "COMMIT"
+    if stamp.is_file() and stamp.read_text().strip():
+        return stamp.read_text().strip()
+    try:
+        def git(*args: str) -> str:
+            return subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True, timeout=10,
+                                  check=True).stdout.strip()
+
+        head, top = git("rev-parse", "HEAD"), git("rev-parse", "--show-toplevel")
+        if Path(top).resolve() == tree.resolve():
+            dirty = git("status", "--porcelain", "--untracked-files=no")
+            return head + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+def fastvideo_tree() -> Path:
+    import fastvideo
+
+    return Path(fastvideo.__file__).resolve().parent.parent
+
+
+def nccl_version() -> str | None:
+    if not torch.cuda.is_available():
+        return None
+    try:
+        version = torch.cuda.nccl.version()
+    except Exception:  # noqa: BLE001 - a CPU build or a broken NCCL: report it as missing
+        return None
+    return ".".join(str(v) for v in version) if isinstance(version, tuple) else str(version)
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def mapped_libraries(*needles: str) -> list[str]:
+    """Shared objects this process has mapped whose file name contains one of ``needles`` (lower case)."""
+    found = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split()
+                path = parts[-1] if len(parts) >= 6 else ""
+                name = os.path.basename(path).lower()
+                if (path.endswith(".so") or ".so." in path) and any(n in name for n in needles) and path not in found:
+                    found.append(path)
+    except OSError:
+        pass
+    return found
+
+
+def native_library(helper=None) -> dict | None:
+    """Path and SHA-256 of the native communication library the fused route loaded, if any: the one the helper's
+    transport names, ``fastvideo_kernel.library_path()`` when the loader was imported, else a mapped shared object
+    whose name mentions fastvideo or ulysses."""
+    candidates = product.library_candidates(helper) if helper is not None else []
+    kernel = sys.modules.get("fastvideo_kernel")  # only if something imported it already
+    if kernel is not None and hasattr(kernel, "library_path"):
+        try:
+            candidates.append(str(kernel.library_path()))
+        except Exception:  # noqa: BLE001 - a loader without a library: nothing to name
+            pass
+    candidates += mapped_libraries("fastvideo", "ulysses")
+    for path in candidates:
+        if os.path.isfile(path):
+            return {"path": os.path.realpath(path), "sha256": sha256_file(path)}
+    return None
+
+
+def gpu_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or 'host'})"
+
+
+def build_header(device: torch.device, sp_size: int, helper=None, extra: dict | None = None,
+                 case: str | None = None) -> dict:
+    """The header of one run (local; call it on every rank, print and write it on rank 0)."""
+    tree = fastvideo_tree()
+    command, source = command_line()
+    header = {
+        "schema": SCHEMA,
+        "case": case,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": gpu_name(device),
+        "gpus_visible": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "device": str(device),
+        "sp_size": sp_size,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": nccl_version(),
+        "commit": tree_commit(tree),
+        "fastvideo_tree": str(tree),
+        "bench_commit": tree_commit(BENCH_ROOT) if tree != BENCH_ROOT else None,  # the benchmark code's own
+        "command": command,
+        "command_source": source,
+        "argv": list(sys.argv),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "native_library": native_library(helper),
+        "lineup": lineup.describe(),
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("FASTVIDEO_") and k != COMMAND_ENV},
+        "complete": False,
+    }
+    header.update(extra or {})
+    return header
+
+
+_FIRST_LINES = {"schema", "case", "date", "host", "gpu", "gpus_visible", "sp_size", "torch", "cuda", "nccl",
+                "commit", "fastvideo_tree", "bench_commit", "native_library", "command", "command_source", "argv",
+                "device", "python", "env", "complete", "lineup"}
+
+
+def print_header(header: dict) -> None:
+    lib = header.get("native_library")
+    lib_text = f"{lib['path']} sha256={lib['sha256']}" if lib else "none loaded"
+    print(f"# {header.get('case')}  date {header['date']}  host {header['host']}  gpu {header['gpu']}  "
+          f"SP{header['sp_size']}")
+    print(f"# torch {header['torch']}  cuda {header.get('cuda')}  nccl {header['nccl']}  commit {header['commit']}  "
+          f"tree {header['fastvideo_tree']}" + (f"  (benchmark code {header['bench_commit']})"
+                                                 if header.get("bench_commit") else ""))
+    print(f"# native library: {lib_text}")
+    print(f"# command: {header['command']}" + ("" if header.get("command_source") == "exact"
+                                               else f"  ({header.get('command_source')})"))
+    for key, value in header.items():
+        if key not in _FIRST_LINES:
+            print(f"# {key}: {value}")
+    if header.get("env"):
+        print("# env: " + " ".join(f"{k}={v}" for k, v in header["env"].items()))
+    sys.stdout.flush()

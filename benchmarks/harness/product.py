@@ -1,0 +1,252 @@
+"""The one place the benchmarks reach into fastvideo beyond its public surface.
+
+Everything here is either an attribute the helper does not promise (``transport``, ``capability``,
+``gpu_name``), a measurement-only call of the native transport (``fabric_copy``), a module that is moving (the
+default-helper registry), or a stub a measurement installs for its own process. When the product moves one of
+these, this file is the one to change. The helper's promised surface (``UlyssesHelper(...)``, ``stats()``,
+``history``, ``vote_seconds()``, ``destroy()``, ``fused_available``, ``tuned_table``, ``window_bytes``) is used
+directly by the cases.
+
+Imports are deferred to the call: the tree under test is put on ``sys.path`` first (``harness.tree``). Where
+an older tree under ``--compare-revs`` kept something elsewhere, the adapter says so and handles both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from types import ModuleType
+
+import torch
+
+
+def registry() -> ModuleType:
+    """The module that holds the op's default helper (``install_default_helper``, ``get_default_helper``,
+    ``current_default_helper``): ``ulysses.registry`` (older trees: ``ulysses.helper``)."""
+    try:
+        from fastvideo.distributed.ulysses import registry as module
+    except ImportError:
+        from fastvideo.distributed.ulysses import helper as module
+    return module
+
+
+def default_helper(device: torch.device):
+    """The helper the public op uses under ``auto``, built if needed. Collective (construction).
+
+    On CPU it is built on ``GlooPlanTransport`` and installed as the default, so the whole fused pipeline (vote,
+    plans, chunks, window) runs over gloo (its timings mean nothing); without it ``auto`` on CPU declines at
+    construction and every call takes the NCCL route.
+    """
+    if device.type != "cuda":
+        from fastvideo.distributed.ulysses.helper import UlyssesHelper
+        from fastvideo.distributed.ulysses.transport import GlooPlanTransport
+
+        helper = UlyssesHelper(transport=GlooPlanTransport())
+        registry().install_default_helper(helper)
+        return helper
+    return registry().get_default_helper()
+
+
+def current_default_helper():
+    """The op's default helper if one exists (never builds one)."""
+    return registry().current_default_helper()
+
+
+def transport(helper):
+    """The helper's transport (its ``execute(x, geom, plan)`` runs one plan with no vote and no policy)."""
+    return getattr(helper, "transport", None)
+
+
+def entry_points(helper) -> frozenset[str]:
+    """The entry points the helper's transport reported (``fabric``, ``ce``, ...); empty without a transport."""
+    capability = getattr(helper, "capability", None)
+    return frozenset(getattr(capability, "entry_points", ()) or ())
+
+
+def gpu_key(helper) -> str:
+    """The GPU model as the policy's table is keyed (``H200``; ``CPU`` on CPU)."""
+    from fastvideo.distributed.ulysses.policy import normalize_gpu_name
+
+    return normalize_gpu_name(getattr(helper, "gpu_name", "cpu"))
+
+
+def library_candidates(helper) -> list[str]:
+    """Paths the helper's transport names for the native library it loaded (its capability's ``detail``)."""
+    out = []
+    t = transport(helper)
+    for attr in ("library_path", "lib_path", "path"):
+        value = getattr(t, attr, None)
+        if isinstance(value, (str, os.PathLike)) and value:
+            out.append(str(value))
+    capability = getattr(helper, "capability", None)
+    if capability is not None and getattr(capability, "present", False) and getattr(capability, "detail", ""):
+        out.append(capability.detail)  # NativeTransport reports the loaded library's path here
+    return out
+
+
+def can_fabric_copy(helper) -> bool:
+    """Whether ``fabric_copy`` can run: a constructed native transport whose library has ``fvk_fabric_copy``."""
+    return (helper is not None and helper.fused_available and "fabric" in entry_points(helper)
+            and hasattr(transport(helper), "fabric_copy"))
+
+
+def fabric_copy(helper, nbytes: int, *, engine: int, ctas: int) -> None:
+    """``fvk_fabric_copy`` through the helper's native transport: barrier, every rank pushes ``nbytes`` into
+    every peer's window at once (``engine`` 0: copy engines, 1: SM stores with ``ctas`` CTAs), barrier.
+
+    Collective (every rank with the same arguments), enqueued on the current stream, not capture-safe; bypasses
+    the vote. The only call site of this measurement-only entry point."""
+    transport(helper).fabric_copy(nbytes, engine=engine, ctas=ctas)
+
+
+@contextlib.contextmanager
+def one_rank_helpers() -> Iterator[None]:
+    """Let helpers be built at P = 1 inside the block (the policy's minimum SP size lowered to 1 in this process),
+    for measurements of everything in a fused call but the peer. Local; restores the bound on exit."""
+    from fastvideo.distributed.ulysses import policy
+
+    try:  # where construction checks the SP size (older trees: the helper module)
+        from fastvideo.distributed.ulysses import construction as checker
+    except ImportError:
+        from fastvideo.distributed.ulysses import helper as checker
+    saved = policy.MIN_WORLD_SIZE, checker.MIN_WORLD_SIZE
+    policy.MIN_WORLD_SIZE = checker.MIN_WORLD_SIZE = 1
+    try:
+        yield
+    finally:
+        policy.MIN_WORLD_SIZE, checker.MIN_WORLD_SIZE = saved
+
+
+def one_rank_native_transport(device: torch.device, window_bytes: int):
+    """A ``NativeTransport`` constructed at P = 1 on ``device`` (its own one-rank NCCL communicator and window),
+    or ``(None, why)`` where the kernel library is unavailable. Local (no peers). Returns (transport, detail)."""
+    from fastvideo.distributed.ulysses.native import NativeTransport
+    from fastvideo.distributed.ulysses.transport import ConstructionContext
+
+    native = NativeTransport()
+    capability = native.capability()
+    if not capability.present:
+        return None, capability.detail
+    ctx = ConstructionContext(rank=0, world_size=1, device=device, window_bytes=window_bytes, max_ctas=144,
+                              device_group=None, all_gather_object=lambda obj: [obj])
+    for step in native.construction_steps(ctx):
+        step.run()
+    return native, capability.detail
+
+
+def library_noop(native):
+    """A no-op call into the transport's library (``fvk_abi_version``): the cost of one ctypes call."""
+    return native._lib.fvk_abi_version
+
+
+@contextlib.contextmanager
+def stub_public_op_route() -> Iterator[None]:
+    """Replace the public op's NCCL route (``off``) with an identity in this process: what the op itself adds. The
+    route is ``ops.nccl_route`` (older trees: ``communication_op._NcclAllToAll.apply``)."""
+    from fastvideo.distributed import communication_op as op
+
+    try:
+        from fastvideo.distributed.ulysses import ops as target
+        name, stub = "nccl_route", lambda t, mode, group: t
+        getattr(target, name)
+    except (ImportError, AttributeError):
+        target, name, stub = op._NcclAllToAll, "apply", staticmethod(lambda t, mode, group: t)
+    real = target.__dict__[name]
+    setattr(target, name, stub)
+    try:
+        yield
+    finally:
+        setattr(target, name, real)
+
+
+@contextlib.contextmanager
+def stub_checked_route() -> Iterator[None]:
+    """Replace the route the checked mode's decline runs (the helper module's ``nccl_route``) with an identity."""
+    from fastvideo.distributed.ulysses import helper as helper_mod
+
+    real = helper_mod.nccl_route
+    helper_mod.nccl_route = lambda t, mode, group: t
+    try:
+        yield
+    finally:
+        helper_mod.nccl_route = real
+
+
+def checked_vote_kind() -> str | None:
+    """Which vote the checked mode's helper of the ``off`` route used (``shm`` or ``gloo``), if it exists."""
+    module = registry()
+    current = getattr(module, "current_checked_off_helper", None)
+    checked = current() if current is not None else getattr(module, "_CHECKED_OFF", None)
+    return checked.stats()["vote"] if checked is not None else None
+
+
+@contextlib.contextmanager
+def stub_sp_group(world_size: int = 2) -> Iterator[None]:
+    """The public op in this process alone: its SP group replaced by a stub of ``world_size`` with the ``off``
+    route agreed (checked mode off) and its NCCL route by an identity. Local; restored on exit."""
+    from fastvideo.distributed import communication_op as op
+
+    class StubGroup:
+        device_group = None
+
+        def __init__(self) -> None:
+            self.world_size = world_size
+
+    group = StubGroup()
+    patches: list[tuple[object, str, object]] = [(op, "get_sp_group", lambda: group)]
+    try:  # this tree: settings agreed once; the route is the registry's (None: the NCCL route)
+        from fastvideo.distributed.ulysses import ops
+        from fastvideo.distributed.ulysses import registry as routes
+
+        patches += [(ops, "get_sp_group", lambda: group), (routes, "ROUTE", None)]
+    except ImportError:  # older trees re-read the settings per call through the SP group
+        from fastvideo.distributed import settings
+
+        agreed = settings.AgreedSettings(settings.raw_now(), {"FASTVIDEO_ULYSSES_A2A": "off",
+                                                              "FASTVIDEO_ULYSSES_A2A_CHECKED": False})
+        group.agreed_settings = lambda: agreed  # type: ignore[attr-defined]
+    saved = [(target, name, getattr(target, name)) for target, name, _ in patches]
+    for target, name, value in patches:
+        setattr(target, name, value)
+    try:
+        with stub_public_op_route():
+            yield
+    finally:
+        for target, name, value in saved:
+            setattr(target, name, value)
+
+
+def send_layout(x: torch.Tensor, mode: int, world_size: int) -> torch.Tensor:
+    """The NCCL route's already-permuted send buffer for ``x`` (what ``all_to_all_single`` moves)."""
+    try:
+        from fastvideo.distributed.ulysses.layout import send_layout as layout
+    except ImportError:  # older trees re-exported it from the public module
+        from fastvideo.distributed.communication_op import _send_layout as layout
+    return layout(x, mode, world_size)
+
+
+@contextlib.contextmanager
+def settings(**values: str | None) -> Iterator[None]:
+    """FastVideo settings for the block on every rank (collective: every rank enters it at the same point). This
+    tree agrees settings explicitly (``override_ulysses_settings``); an older tree re-read the environment per
+    call, so a plain override was enough there."""
+    from fastvideo import envs
+    from fastvideo.distributed import parallel_state
+
+    override = getattr(parallel_state, "override_ulysses_settings", None)
+    if override is None or not parallel_state.model_parallel_is_initialized():
+        with envs.override(**values):
+            yield
+        return
+    with override(**values):
+        yield
+
+
+def agree_settings() -> None:
+    """Collective where the tree agrees settings explicitly (this one): agree the environment as it is now."""
+    from fastvideo.distributed import parallel_state
+
+    agree = getattr(parallel_state, "agree_ulysses_settings", None)
+    if agree is not None and parallel_state.model_parallel_is_initialized():
+        agree()

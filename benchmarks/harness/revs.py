@@ -1,0 +1,143 @@
+"""Revision comparison: one case, identical argv, against two exported trees, interleaved A/B/A/B.
+
+    python benchmarks/benchmark_ulysses_a2a.py --compare-revs /tmp/rev_a /tmp/rev_b --nproc 2 --rounds 2 \\
+        --json compare.json -- --geometry h3-32k
+
+This benchmark code runs against each tree's ``fastvideo`` (``FASTVIDEO_BENCH_TREE``; cwd = the tree), so both
+revisions are measured the same way. Per row key the medians of the case's metric across rounds, and B/A; a
+case that saves outputs (``--save-outputs``, round 0) has them compared bit for bit. Exit status 1 when any
+output differs.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks.harness import report
+from benchmarks.harness.cli import child_argv
+from benchmarks.harness.tree import LIBRARY_NAME, TREE_ENV
+
+
+def tree_environment(tree: Path, own_library: bool) -> dict[str, str]:
+    """The environment a run against ``tree`` adds: with ``own_library``, its own loader and kernel build (which
+    must exist: refused with the build command otherwise, before any run)."""
+    if not own_library:
+        return {}
+    lib = tree / "build" / "kernel" / LIBRARY_NAME
+    if not lib.is_file():
+        raise SystemExit(f"--tree-libraries: {lib} is missing; build it with "
+                         f"`cd {tree} && python3 fastvideo-kernel/build_lib.py --out build/kernel`")
+    path = os.pathsep.join(p for p in (str(tree / "fastvideo-kernel"), os.environ.get("PYTHONPATH")) if p)
+    return {"FASTVIDEO_KERNEL_LIBRARY": str(lib), "PYTHONPATH": path}
+
+
+def compare_saved(dir_a: str | Path, dir_b: str | Path) -> list[dict]:
+    """Bit-for-bit comparison of two ``--save-outputs`` directories, per rank file and tensor."""
+    from safetensors import safe_open
+
+    from benchmarks.harness.oracle import count_bitwise_diff
+
+    results = []
+    for file_a in sorted(Path(dir_a).glob("rank*.safetensors")):
+        file_b = Path(dir_b) / file_a.name
+        if not file_b.exists():
+            results.append({"file": file_a.name, "key": None, "identical": False, "note": "missing in B"})
+            continue
+        with safe_open(str(file_a), "pt") as fa, safe_open(str(file_b), "pt") as fb:
+            meta_a, meta_b = fa.metadata() or {}, fb.metadata() or {}
+            for key in sorted(set(meta_a) | set(meta_b)):
+                entry = {"file": file_a.name, "key": key}
+                if key not in meta_a or key not in meta_b:
+                    entry.update(identical=False, note="present in one revision only")
+                elif key in fa.keys() and key in fb.keys():
+                    diff = count_bitwise_diff(fa.get_tensor(key), fb.get_tensor(key))
+                    entry.update(identical=diff == 0, wrong=diff, how="tensor")
+                else:
+                    entry.update(identical=meta_a[key] == meta_b[key], how="sha256")
+                results.append(entry)
+    return results
+
+
+def compare(case, args, argv: list[str], entry: str, prefix: list[str]) -> int:
+    """The parent of a revision comparison (plain python; starts every run itself). Returns the exit status."""
+    if not case.key:
+        raise SystemExit(f"--compare-revs: case {case.name} has no row key to compare by")
+    tree_a, tree_b = (Path(d).resolve() for d in args.compare_revs)
+    for tree in (tree_a, tree_b):
+        if not (tree / "fastvideo").is_dir():
+            raise SystemExit(f"--compare-revs: {tree} has no fastvideo/ package (export a tree with git archive)")
+    extra_env = {tree_a: tree_environment(tree_a, args.tree_libraries),
+                 tree_b: tree_environment(tree_b, args.tree_libraries)}
+    work = Path(args.compare_out or tempfile.mkdtemp(prefix=f"{case.name}_revs_"))
+    work.mkdir(parents=True, exist_ok=True)
+    bench_args = child_argv(argv)
+    nproc = args.nproc or 2
+    print(f"# compare-revs ({case.name}): A={tree_a} B={tree_b} rounds={args.rounds} nproc={nproc} out={work}")
+    print(f"# identical argv: {' '.join(bench_args)}")
+    for label, tree in (("A", tree_a), ("B", tree_b)):
+        if extra_env[tree]:
+            print(f"# {label} runs its own loader and library: {extra_env[tree]['FASTVIDEO_KERNEL_LIBRARY']}")
+    runs: dict[str, list[dict]] = {"A": [], "B": []}
+    for rnd in range(args.rounds):
+        for label, tree in (("A", tree_a), ("B", tree_b)):
+            out_json = work / f"{label}{rnd}.json"
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                   entry, *prefix, *bench_args, "--json", str(out_json)]
+            if rnd == 0 and case.saves_outputs:
+                cmd += ["--save-outputs", str(work / f"{label}_outputs")]
+            env = dict(os.environ, **{TREE_ENV: str(tree)}, **extra_env[tree])
+            print(f"# round {rnd} {label}: {' '.join(cmd)}", flush=True)
+            proc = subprocess.run(cmd, env=env, cwd=str(tree), capture_output=True, text=True)
+            if proc.returncode not in (0, 1) or not out_json.is_file():  # 1: ran, some row wrong (reported below)
+                print(proc.stdout[-4000:], proc.stderr[-4000:], sep="\n")
+                raise SystemExit(f"--compare-revs: run {label}{rnd} failed with exit code {proc.returncode}")
+            runs[label].append(json.loads(out_json.read_text()))
+
+    def medians(label: str) -> dict[tuple, float]:
+        acc: dict[tuple, list[float]] = collections.defaultdict(list)
+        for run in runs[label]:
+            for row in run["rows"]:
+                if row.get(case.metric):
+                    acc[tuple(row.get(k) for k in case.key)].append(row[case.metric])
+        return {k: statistics.median(v) for k, v in acc.items()}
+
+    med_a, med_b = medians("A"), medians("B")
+    commit_a, commit_b = runs["A"][0]["header"]["commit"], runs["B"][0]["header"]["commit"]
+    print(f"# A commit {commit_a}   B commit {commit_b}")
+    # Both revisions must be timed from the same line-up (a tree without the shared-memory vote lines up over
+    # gloo, whose exit skew lands in every timed call): say so loudly where they differ.
+    lineups = {label: sorted({(run["header"].get("lineup") or {}).get("kind", "unknown") for run in runs[label]})
+               for label in runs}
+    if lineups["A"] != lineups["B"]:
+        print(f"# WARNING: the revisions lined up differently (A {lineups['A']}, B {lineups['B']}): the ratios "
+              "carry the line-ups' skew difference; rerun with --lineup gloo for a like-for-like comparison")
+    rows = []
+    for key in sorted(set(med_a) & set(med_b), key=str):
+        ratio = med_b[key] / med_a[key]
+        rows.append({**dict(zip(case.key, key)), f"a_{case.metric}": med_a[key], f"b_{case.metric}": med_b[key],
+                     "ratio_b_over_a": ratio, "wrong": None, "wrong_oracle": "revision B's outputs vs A's",
+                     "wrong_note": "outputs are compared per tensor in 'outputs'"})
+    columns = [report.Column(k, k, fmt="") for k in case.key] + [
+        report.Column(f"a_{case.metric}", f"A {case.metric}"), report.Column(f"b_{case.metric}", f"B {case.metric}"),
+        report.Column("ratio_b_over_a", "B/A")]
+    for line in report.table_lines(columns, rows, key_columns=len(case.key)):
+        print(line)
+    outputs = compare_saved(work / "A_outputs", work / "B_outputs") if case.saves_outputs else []
+    different = [o for o in outputs if not o["identical"]]
+    if case.saves_outputs:
+        print(f"# outputs compared bit for bit: {len(outputs)} tensors, {len(different)} differ")
+        for o in different:
+            print(f"#   differs: {o}")
+    header = dict(runs["A"][0]["header"], compare_revs=[str(tree_a), str(tree_b)], bench_argv=bench_args,
+                  commit_a=commit_a, commit_b=commit_b, lineups=lineups, argv=list(sys.argv), complete=True,
+                  command=shlex.join(sys.orig_argv), command_source="exact")
+    report.write_json(args.json, report.document(header, rows, {"outputs": outputs, "runs": runs}))
+    return 1 if different or (case.saves_outputs and not outputs) else 0

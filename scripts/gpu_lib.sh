@@ -1,0 +1,98 @@
+# Sourced by the GPU scripts (scripts/gpu_*.sh): their set-up, one way to run a step, and what they leave in $OUT.
+# Not a program of its own.
+#
+# Every step's output goes to a log in $WORK (default /tmp/fastvideo-NAME); at the end gpu_finish puts a fixed,
+# small set of files in $OUT (default $WORK/out): summary.txt, commit.txt, logs.tar.gz (everything in $WORK) and up
+# to 5 named results, so $OUT never holds more than 8 files and nothing deeper than its top level.
+
+# gpu_init NAME: the working and output folders, the environment every process below must see, the repository
+# root as the working directory, the commit (the COMMIT file, which an exported tree carries instead of .git, else
+# git) in commit.txt, failed=0. BUDGET_S, when set, bounds the whole script (see step).
+gpu_init() {
+  ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  WORK="${WORK:-/tmp/fastvideo-$1}"
+  OUT="${OUT:-$WORK/out}"
+  rm -rf "$WORK/logs"
+  mkdir -p "$WORK/logs" "$OUT"
+  # NVLink multicast (NVLS) off, as on the project's H200 hosts: NCCL's own algorithm choice, and so the NCCL
+  # route's numbers, must not depend on whether a host has it.
+  export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}" TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  export PYTHONUNBUFFERED=1 WORK OUT ROOT
+  python="${PYTHON:-python3}"
+  export python
+  cd "$ROOT" || exit 2
+  local commit
+  commit=$(cat COMMIT 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)
+  echo "commit $commit" | tee "$WORK/logs/commit.txt"
+  : >"$WORK/logs/summary.txt"
+  failed=0
+  t_start=$SECONDS
+}
+
+# step NAME LIMIT_S LOG COMMAND...: COMMAND under a time limit (the smaller of LIMIT_S and what BUDGET_S leaves,
+# minus RESERVE_S for the steps after it), its output appended to $WORK/logs/LOG and shown, one line (name, exit
+# status, seconds) in summary.txt. A failure sets failed=1 and the script goes on.
+step() {
+  local name=$1 limit=$2 log=$3
+  shift 3
+  if [[ -n "${BUDGET_S:-}" ]]; then
+    local left=$((BUDGET_S - (SECONDS - t_start) - ${RESERVE_S:-0}))
+    if ((left < 10)); then
+      printf '%-34s SKIPPED (%ss left of the %ss budget)\n' "$name" "$left" "$BUDGET_S" | tee -a "$WORK/logs/summary.txt"
+      failed=1
+      return 1
+    fi
+    ((left < limit)) && limit=$left
+  fi
+  echo "=== $name (limit ${limit}s): $*" | tee -a "$WORK/logs/$log"
+  local start=$SECONDS
+  timeout --kill-after=15 "$limit" "$@" 2>&1 | tee -a "$WORK/logs/$log"
+  local rc=${PIPESTATUS[0]}
+  printf '%-34s rc=%-3s %4ss\n' "$name" "$rc" "$((SECONDS - start))" | tee -a "$WORK/logs/summary.txt"
+  [[ $rc == 0 ]] || failed=1
+  return "$rc"
+}
+
+# gpu_versions: the GPUs, their topology, the driver, torch, CUDA and NCCL.
+gpu_versions() {
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  nvidia-smi topo -m || true
+  nproc
+  "$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl",
+".".join(map(str, torch.cuda.nccl.version())), "gpus", torch.cuda.device_count())'
+}
+
+# gpu_kernel_wheel: the kernel wheel installed (skipped when it loads already); where the install fails, a
+# development build in $WORK/kernel, used through FASTVIDEO_KERNEL_LIBRARY with the loader from the tree.
+gpu_kernel_wheel() {
+  if (cd /tmp && "$python" -c 'import fastvideo_kernel; fastvideo_kernel.load()') >/dev/null 2>&1; then
+    echo "kernel wheel already installed" | tee -a "$WORK/logs/summary.txt"
+    return 0
+  fi
+  if ! step "build+install kernel wheel" 300 build.log \
+      "$python" -m pip install --no-build-isolation --no-deps ./fastvideo-kernel; then
+    step "fallback dev build" 200 build.log "$python" fastvideo-kernel/build_lib.py --out "$WORK/kernel"
+    export FASTVIDEO_KERNEL_LIBRARY="$WORK/kernel/libfastvideo_ulysses_a2a.so"
+    export PYTHONPATH="$ROOT/fastvideo-kernel${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+}
+
+# gpu_finish FILE...: summary.txt, commit.txt, logs.tar.gz and up to 5 of the named files (paths under $WORK) into
+# $OUT; prints the summary; exits with the script's status.
+gpu_finish() {
+  local kept=0 f
+  echo "=== summary ($((SECONDS - t_start)) s)"
+  cat "$WORK/logs/summary.txt"
+  cp "$WORK/logs/summary.txt" "$WORK/logs/commit.txt" "$OUT/"
+  tar czf "$OUT/logs.tar.gz" -C "$WORK" logs
+  for f in "$@"; do
+    [[ -f "$WORK/$f" ]] || continue
+    if ((kept == 5)); then
+      echo "not copied to $OUT (5 results at most; it is in logs.tar.gz): $f"
+      continue
+    fi
+    cp "$WORK/$f" "$OUT/"
+    kept=$((kept + 1))
+  done
+  exit "$failed"
+}

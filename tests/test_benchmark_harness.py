@@ -1,0 +1,267 @@
+"""The benchmark harness's own logic (``benchmarks/harness``): statistics, rotation, the table, the JSON schema and
+its validation, the ``#wrong`` oracle, the command line, and the exit status of a run with a wrong row.
+
+Each rule that guards a result has a negative control: a row without ``#wrong`` is refused, a corrupted output is
+counted, an invalid document is reported, a run with a wrong row exits 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.harness import cli, oracle, report, stats, timing
+from benchmarks.harness.case import Case, Context
+from benchmarks.harness.progress import Progress
+from tests.distributed import mp
+
+# ---------------------------------------------------------------------------------------------- statistics
+
+
+def test_summarize_median_spread_and_empty() -> None:
+    s = stats.summarize([0.004, 0.001, 0.003, 0.002, 0.010])  # seconds
+    assert s == {"median_ms": pytest.approx(3.0), "p10_ms": pytest.approx(1.0), "p90_ms": pytest.approx(10.0),
+                 "min_ms": pytest.approx(1.0), "max_ms": pytest.approx(10.0), "n": 5}
+    assert stats.summarize([2e-6], scale=1e6, unit="us")["median_us"] == pytest.approx(2.0)
+    empty = stats.summarize([])
+    assert empty["n"] == 0 and all(v is None for k, v in empty.items() if k != "n")
+    assert stats.quantile(list(range(11)), 0.9) == 9 and stats.quantile([5], 0.5) == 5
+
+
+def test_one_bandwidth_definition() -> None:
+    # Bytes moved per rank = operand x (P - 1) / P: 1 GB over 1 s at P = 4 moves 0.75 GB.
+    assert stats.bytes_moved_per_rank(1_000_000_000, 4) == 750_000_000
+    assert stats.bandwidth_gbps(1_000_000_000, 4, 1.0) == pytest.approx(0.75)
+    assert stats.bandwidth_gbps(1_000_000_000, 1, 1.0) == 0.0  # nothing crosses the fabric at P = 1
+    assert stats.bandwidth_gbps(1_000_000_000, 2, None) is None
+    assert stats.rate_gbps(2_000_000_000, 0.5) == pytest.approx(4.0)
+
+
+def test_rotation_gives_every_contender_each_position() -> None:
+    items = ["a", "b", "c"]
+    rounds = [timing.rotated(items, r) for r in range(3)]
+    assert rounds == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
+    assert all(sorted(col) == items for col in zip(*rounds))  # each item once in every position
+    assert timing.rotated(items, 4) == rounds[1] and timing.rotated([], 2) == []
+
+
+def test_aligned_times_from_the_last_entry() -> None:
+    # Two ranks, three iterations, seconds on one clock.
+    starts = torch.tensor([[0.0, 10.0, 20.0], [0.5, 10.0, 20.2]], dtype=torch.float64)
+    ends = torch.tensor([[1.5, 11.0, 21.0], [1.4, 11.2, 21.1]], dtype=torch.float64)
+    aligned, skew = timing.aligned_times(starts, ends)
+    assert aligned == pytest.approx([1.0, 1.2, 0.9])  # last end - last start
+    assert skew == pytest.approx([0.5, 0.0, 0.2])
+
+
+def test_progress_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    p = Progress(4, every_s=3600.0)
+    p.advance("first")
+    assert p.lines == []  # not yet due
+    p.advance("second", units=3)
+    assert p.lines == [p.lines[0]] and p.lines[0].startswith("# progress: [4/4] second, elapsed")
+    assert "left" not in p.lines[0]  # the last unit says no time left
+    silent = Progress(1, every_s=0.0, enabled=False)
+    silent.advance("x")
+    assert silent.lines == [] and capsys.readouterr().out.count("# progress") == 1
+
+
+# ---------------------------------------------------------------------------------------------- #wrong
+
+
+def test_bitwise_diff_counts_a_corrupted_element() -> None:
+    a = torch.randn(4, 8).to(torch.bfloat16)
+    assert oracle.count_bitwise_diff(a, a.clone()) == 0
+    bad = a.clone()
+    bad.view(-1)[5] += 1  # the negative control
+    assert oracle.count_bitwise_diff(a, bad) == 1
+    nan = torch.full((3,), float("nan"))
+    other = nan.view(torch.int32).clone()
+    other[1] ^= 1  # a different NaN payload: equal as floats never, different bits here
+    assert oracle.count_bitwise_diff(nan, other.view(torch.float32)) == 1
+    assert oracle.count_bitwise_diff(a, a.float()) == a.numel()  # a dtype mismatch counts every element
+    assert oracle.count_bitwise_diff(a, a.reshape(8, 4)) == a.numel()
+
+
+def test_count_beyond_a_threshold() -> None:
+    a = torch.zeros(10)
+    b = a.clone()
+    b[2], b[3], b[4] = 1e-9, 1e-3, float("nan")
+    assert oracle.count_beyond(a, b, 1e-6) == 2  # 1e-3 and the NaN
+    assert oracle.count_beyond(a, b, 1.0) == 1  # the NaN always counts
+
+
+def test_make_input_is_deterministic() -> None:
+    x = oracle.make_input((2, 3), torch.bfloat16, torch.device("cpu"), 7)
+    assert torch.equal(x, oracle.make_input((2, 3), torch.bfloat16, torch.device("cpu"), 7))
+    assert not torch.equal(x, oracle.make_input((2, 3), torch.bfloat16, torch.device("cpu"), 8))
+    assert oracle.make_input((5,), torch.uint8, torch.device("cpu"), 1).dtype == torch.uint8
+
+
+# ---------------------------------------------------------------------------------------------- rows, table, JSON
+
+
+def test_a_row_must_say_what_was_wrong() -> None:
+    report.check_row({"wrong": 0, "wrong_oracle": "the input"})
+    report.check_row({"skipped": "no GPU", "wrong": None, "wrong_oracle": "not run"})
+    report.check_row({"wrong": None, "wrong_oracle": "none", "wrong_note": "pushes land in peers' windows"})
+    for bad, match in (({"wrong_oracle": "x"}, "without 'wrong'"), ({"wrong": 0}, "without 'wrong'"),
+                       ({"wrong": -1, "wrong_oracle": "x"}, "count >= 0"),
+                       ({"wrong": True, "wrong_oracle": "x"}, "count >= 0"),
+                       ({"wrong": 0, "wrong_oracle": ""}, "compared with"),
+                       ({"wrong": None, "wrong_oracle": "x"}, "wrong_note")):
+        with pytest.raises(ValueError, match=match):
+            report.check_row(bad)
+
+
+def test_table_lines_cells_skips_and_the_wrong_column() -> None:
+    columns = (report.Column("name", "name"), report.Column("ms", "median"),
+               report.Column("frac", "pct", fmt=".1f", scale=100.0), report.Column("n", "n"),
+               report.Column("ok", "ok"), report.Column("both", "both", get=lambda r: f"{r['name']}/{r['n']}"))
+    rows = [{"name": "a", "ms": 1.23456, "frac": 0.5, "n": 3, "ok": True, "wrong": 0, "wrong_oracle": "oracle A"},
+            {"name": "b", "ms": None, "frac": None, "n": 4, "ok": False, "wrong": 2, "wrong_oracle": "oracle A"},
+            {"name": "c", "skipped": "needs 2 GPUs", "wrong": None, "wrong_oracle": "not run"}]
+    lines = report.table_lines(columns, rows, details=lambda r: [f"plan of {r['name']}"])
+    assert lines[0].split() == ["name", "median", "pct", "n", "ok", "both", "#wrong"]
+    assert lines[1].split() == ["a", "1.235", "50.0", "3", "yes", "a/3", "0"]
+    assert lines[2].strip() == "plan of a"
+    assert lines[3].split() == ["b", "-", "-", "4", "NO", "b/4", "2"]
+    assert lines[5].split(None, 1) == ["c", "skipped: needs 2 GPUs"]
+    assert lines[-1] == "# #wrong: oracle A"  # the oracle of the rows that ran, once
+
+
+def test_document_validation_and_its_negative_controls(tmp_path: Path) -> None:
+    from benchmarks.harness.header import REQUIRED, SCHEMA
+
+    header = {k: None for k in REQUIRED} | {"schema": SCHEMA, "native_library": {"path": "/x.so", "sha256": "ab"}}
+    doc = report.document(header, [{"wrong": 0, "wrong_oracle": "o"}], {"extra": 1})
+    path = tmp_path / "sub" / "run.json"
+    report.write_json(str(path), doc)
+    loaded = json.loads(path.read_text())
+    assert report.validate(loaded) == [] and loaded["extra"] == 1 and loaded["schema"] == SCHEMA
+    assert not path.with_name("run.json.tmp").exists()
+    broken = json.loads(path.read_text())
+    del broken["header"]["commit"]
+    broken["header"]["native_library"] = "/x.so"
+    broken["rows"].append({"wrong": 3})
+    problems = report.validate(broken)
+    assert any("commit" in p for p in problems) and any("native_library" in p for p in problems)
+    assert any(p.startswith("row 1:") for p in problems)
+    assert report.validate({"schema": "other"})[0].startswith("schema")
+
+
+def test_header_names_what_ran() -> None:
+    from benchmarks.harness.header import REQUIRED, build_header, tree_commit
+
+    header = build_header(torch.device("cpu"), 1, case="x", extra={"mine": 1})
+    assert set(REQUIRED) <= set(header) and header["mine"] == 1 and header["case"] == "x"
+    lib = header["native_library"]
+    assert header["complete"] is False and (lib is None or "sha256" in lib)
+    assert tree_commit(Path("/nonexistent-tree")) == "unknown"
+
+
+def test_command_line_exact_when_the_harness_launched(monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks.harness import process
+
+    monkeypatch.setenv(process.COMMAND_ENV, "python -m benchmarks.run a2a --nproc 2")
+    assert process.command_line() == ("python -m benchmarks.run a2a --nproc 2", "exact")
+    monkeypatch.delenv(process.COMMAND_ENV)
+    for name, value in (("LOCAL_RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_WORLD_SIZE", "2"),
+                        ("TORCHELASTIC_RUN_ID", "x")):
+        monkeypatch.setenv(name, value)
+    command, source = process.command_line()
+    assert command.startswith("torchrun --nproc_per_node=2 ") and source.startswith("reconstructed")
+
+
+# ---------------------------------------------------------------------------------------------- command line
+
+
+def test_geometries_and_argv() -> None:
+    assert cli.parse_geometry("h3-32k") == ("h3-32k", (3, 32768, 56, 128))
+    assert cli.parse_geometry("2,64,4,8") == ("2x64x4x8", (2, 64, 4, 8))
+    for bad in ("h3", "1,2,3", "1,0,4,8"):
+        with pytest.raises(Exception, match="--geometry"):
+            cli.parse_geometry(bad)
+    assert cli.input_shape((3, 64, 8, 32), 0, 2) == (3, 32, 8, 32)
+    assert cli.input_shape((3, 64, 8, 32), 1, 2) == (3, 64, 4, 32)
+    assert cli.divisible((1, 75600, 40, 128), 3) and cli.divisible((1, 75600, 40, 128), 2) is None
+    assert cli.parse_modes("0,1") == [0, 1]
+    with pytest.raises(SystemExit, match="--modes"):
+        cli.parse_modes("2")
+    argv = ["--compare-revs", "A", "B", "--rounds=3", "--nproc", "2", "--", "--geometry", "toy", "--json", "x"]
+    assert cli.child_argv(argv) == ["--geometry", "toy"]
+    assert cli.child_argv(["--nproc", "2", "--quick"], {"--nproc": 1}) == ["--quick"]
+
+
+def test_parse_applies_case_defaults_quick_and_bounds() -> None:
+    from benchmarks.harness.main import parse
+
+    class Toy(Case):
+        name = "toy"
+        defaults = {"iters": 7}  # noqa: RUF012 - a test's case
+        quick = {"iters": 2, "repeat": 2}  # noqa: RUF012
+
+    assert parse(Toy(), []).iters == 7
+    quick = parse(Toy(), ["--quick"])
+    assert (quick.iters, quick.repeat) == (2, 2)
+    with pytest.raises(SystemExit):
+        parse(Toy(), ["--iters", "0"])
+
+
+def test_context_refuses_a_row_without_wrong() -> None:
+    ctx = Context(Case(), None, 0, 1, torch.device("cpu"))
+    ctx.add_row({"x": 1, "wrong": 0, "wrong_oracle": "o"})
+    ctx.skip("why", x=2)
+    assert ctx.rows[1] == {"x": 2, "skipped": "why", "wrong": None, "wrong_oracle": "not run"}
+    with pytest.raises(ValueError):
+        ctx.add_row({"x": 3})
+
+
+# ---------------------------------------------------------------------------------------------- a whole run
+
+
+class WrongCase(Case):
+    """A case whose second row counts one wrong element on each rank (a run's negative control)."""
+
+    name = "wrong_toy"
+    key = ("i",)
+    columns = (report.Column("i", "i"),)
+
+    def run(self, ctx: Context) -> None:
+        for i in range(2):
+            x = torch.arange(8.0)
+            y = x.clone()
+            if i == 1:
+                y[3] = -1.0
+            ctx.add_row({"i": i, "wrong": timing.rank_sum(oracle.count_bitwise_diff(y, x)),
+                         "wrong_oracle": "arange(8)"})
+
+
+CASE = WrongCase()
+
+
+def _run_wrong_case(rank: int, world_size: int, json_path: str) -> tuple[int, str]:
+    from benchmarks.harness import case, main
+
+    case.CASES["wrong_toy"] = __name__  # this module's CASE
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = main.main(["wrong_toy", "--device", "cpu", "--json", json_path])
+    return status, out.getvalue()
+
+
+@pytest.mark.timeout(120)
+def test_a_run_with_a_wrong_row_exits_1(tmp_path: Path) -> None:
+    path = tmp_path / "wrong.json"
+    results = mp.run_ranks(2, _run_wrong_case, str(path), timeout_s=100)
+    assert [status for status, _ in results] == [1, 1]
+    printed = results[0][1]
+    assert "# WRONG: 2 element(s): i=1" in printed and printed.index("#wrong") < printed.index("# WRONG")
+    doc = json.loads(path.read_text())
+    assert report.validate(doc) == [] and [r["wrong"] for r in doc["rows"]] == [0, 2]
+    assert doc["header"]["complete"] and doc["header"]["lineup"]["kind"] == "none"  # nothing timed, no line-up
