@@ -17,7 +17,7 @@ part of this package: flash-attn and SDPA are (``docs/fastvideo_migration.md``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -79,13 +79,27 @@ class _Attention(nn.Module):
                          deterministic=self.deterministic)
 
 
+AllToAll = Callable[[torch.Tensor, int, int, str], torch.Tensor]
+
+
+def _public_all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, name: str) -> torch.Tensor:
+    return sequence_model_parallel_all_to_all_4D(x, scatter_dim=scatter_dim, gather_dim=gather_dim)
+
+
 class DistributedAttention(_Attention):
     """Ulysses sequence-parallel attention (see the module docstring). ``forward`` is collective over the SP
-    group; it does not block the host except for the all-to-all's vote (``auto``, checked mode)."""
+    group; it does not block the host except for the all-to-all's vote (``auto``, checked mode).
+
+    Two keyword-only arguments of this package, not upstream's, for benchmarks: ``all_to_all(x, scatter_dim,
+    gather_dim, name)`` replaces the public op (``name``: ``"qkv"`` for the packed Q, K, V, ``"out"`` for the
+    attention output), ``attend(q, k, v)`` the attention (e.g. a block-sparse one); both default to the package's.
+    """
 
     def __init__(self, num_heads: int, head_size: int, num_kv_heads: int | None = None,
                  softmax_scale: float | None = None, causal: bool = False,
-                 supported_attention_backends: Sequence[Any] | None = None, prefix: str = "",
+                 supported_attention_backends: Sequence[Any] | None = None, prefix: str = "", *,
+                 all_to_all: AllToAll | None = None,
+                 attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
                  **extra_impl_args: Any) -> None:
         super().__init__("DistributedAttention", num_heads, head_size, num_kv_heads, softmax_scale, causal,
                          supported_attention_backends, extra_impl_args)
@@ -93,6 +107,8 @@ class DistributedAttention(_Attention):
             raise ValueError(f"DistributedAttention: num_kv_heads={num_kv_heads} must equal num_heads={num_heads}: q, "
                              "k and v travel in one all-to-all packed on the batch dim (repeat K/V heads first).")
         self.prefix = prefix
+        self.all_to_all = all_to_all or _public_all_to_all
+        self.attend = attend
 
     def forward(
         self,
@@ -118,7 +134,7 @@ class DistributedAttention(_Attention):
         self._check(q, k, v, replicated_q, replicated_k, replicated_v)
         b = q.shape[0]
         p, rank = get_sp_world_size(), get_sp_parallel_rank()
-        qkv = sequence_model_parallel_all_to_all_4D(torch.cat([q, k, v], dim=0), scatter_dim=2, gather_dim=1)
+        qkv = self.all_to_all(torch.cat([q, k, v], dim=0), 2, 1, "qkv")
         full = qkv.shape[1]
         seq = original_seq_len or full
         if not 0 < seq <= full:
@@ -134,13 +150,13 @@ class DistributedAttention(_Attention):
             mine = torch.cat([replicated_q, replicated_k, replicated_v], dim=0)[:, :, rank * heads:(rank + 1) * heads]
             qkv = torch.cat([qkv, mine], dim=1)
         q_, k_, v_ = qkv.chunk(3, dim=0)
-        out = self._attend(q_, k_, v_)  # [B, S0 (+ T), H/P, D]
+        out = self._attend(q_, k_, v_) if self.attend is None else self.attend(q_, k_, v_)  # [B, S0 (+ T), H/P, D]
         replicated_out = None
         if replicated:
             replicated_out = sequence_model_parallel_all_gather(out[:, seq:].contiguous(), dim=2)
             out = out[:, :seq]
         out = F.pad(out, (0, 0, 0, 0, 0, full - seq))
-        return sequence_model_parallel_all_to_all_4D(out.contiguous(), scatter_dim=1, gather_dim=2), replicated_out
+        return self.all_to_all(out.contiguous(), 1, 2, "out"), replicated_out
 
     def _check(self, q, k, v, rq, rk, rv) -> None:
         for name, t in (("q", q), ("k", k), ("v", v)):

@@ -134,7 +134,8 @@ class VideoDiTBlock(nn.Module):
     """One Wan-style block on this rank's video tokens ``[B, S/P, hidden]`` and the text tokens ``[B, T, hidden]``
     (the same on every SP rank). Collective over the SP group (two all-to-alls, one all-gather)."""
 
-    def __init__(self, cfg: VideoDiTConfig) -> None:
+    def __init__(self, cfg: VideoDiTConfig, *, all_to_all=None, attend=None) -> None:
+        """``all_to_all`` / ``attend``: ``DistributedAttention``'s overrides (benchmarks); the package's by default."""
         super().__init__()
         hidden = cfg.hidden
         self.cfg = cfg
@@ -142,7 +143,7 @@ class VideoDiTBlock(nn.Module):
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.norm_q = nn.RMSNorm(hidden, eps=cfg.eps)
         self.norm_k = nn.RMSNorm(hidden, eps=cfg.eps)
-        self.attn = DistributedAttention(cfg.heads, cfg.head_dim)
+        self.attn = DistributedAttention(cfg.heads, cfg.head_dim, all_to_all=all_to_all, attend=attend)
         self.proj = nn.Linear(hidden, hidden)
         self.norm2 = nn.LayerNorm(hidden, eps=cfg.eps, elementwise_affine=False)
         mlp = int(hidden * cfg.mlp_ratio)
@@ -155,23 +156,29 @@ class VideoDiTBlock(nn.Module):
         shape = (b, s, self.cfg.heads, self.cfg.head_dim)
         return self.norm_q(q).view(shape), self.norm_k(k).view(shape), v.reshape(shape)
 
-    def _forward(self, x: torch.Tensor, text: torch.Tensor, e: torch.Tensor, freqs: tuple[torch.Tensor, torch.Tensor],
-                 seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(self, x: torch.Tensor, text: torch.Tensor | None, e: torch.Tensor,
+                 freqs: tuple[torch.Tensor, torch.Tensor] | None, seq_len: int | None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = (self.modulation + e).chunk(6, dim=1)
         q, k, v = self._qkv(self.norm1(x) * (1 + scale_a) + shift_a)
-        tq, tk, tv = self._qkv(self.norm1(text) * (1 + scale_a) + shift_a)
+        tq = tk = tv = None
+        if text is not None:
+            tq, tk, tv = self._qkv(self.norm1(text) * (1 + scale_a) + shift_a)
         out, text_out = self.attn(q, k, v, original_seq_len=seq_len, replicated_q=tq, replicated_k=tk,
                                   replicated_v=tv, freqs_cis=freqs)
         x = x + gate_a * self.proj(out.flatten(2))
-        text = text + gate_a * self.proj(text_out.flatten(2))
         x = x + gate_m * self.mlp(self.norm2(x) * (1 + scale_m) + shift_m)
-        text = text + gate_m * self.mlp(self.norm2(text) * (1 + scale_m) + shift_m)
+        if text is not None:
+            text = text + gate_a * self.proj(text_out.flatten(2))
+            text = text + gate_m * self.mlp(self.norm2(text) * (1 + scale_m) + shift_m)
         return x, text
 
-    def forward(self, x: torch.Tensor, text: torch.Tensor, e: torch.Tensor, freqs: tuple[torch.Tensor, torch.Tensor],
-                seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(x, text)`` after the block. ``e``: ``[B, 6, hidden]`` timestep modulation; ``freqs``: the rotary
-        ``(cos, sin)`` of the whole unpadded video sequence; ``seq_len``: its length."""
+    def forward(self, x: torch.Tensor, text: torch.Tensor | None, e: torch.Tensor,
+                freqs: tuple[torch.Tensor, torch.Tensor] | None = None, seq_len: int | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(x, text)`` after the block. ``text``: the text tokens, or None (video tokens only); ``e``:
+        ``[B, 6, hidden]`` timestep modulation; ``freqs``: the rotary ``(cos, sin)`` of the whole unpadded video
+        sequence, or None (no rotary); ``seq_len``: its length (None: no padding)."""
         if self.cfg.checkpointing and torch.is_grad_enabled():
             return torch.utils.checkpoint.checkpoint(self._forward, x, text, e, freqs, seq_len, use_reentrant=False)
         return self._forward(x, text, e, freqs, seq_len)
