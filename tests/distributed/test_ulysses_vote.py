@@ -268,7 +268,8 @@ def _timeout_without_set_timeout(rank, world_size, per_call):
     dist.ProcessGroup.set_timeout = refuse
     if not per_call:
         vote._allgather_options = lambda timeout_s: None
-    h = build_helper(vote_timeout_s=1.5)
+    # The gloo vote pinned: where the kernel library loads, "auto" votes over shared memory, which this is not about.
+    h = build_helper(vote_timeout_s=1.5, vote="gloo")
     result = None
     if rank == 0:  # rank 1 never calls
         start = time.monotonic()
