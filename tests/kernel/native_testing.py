@@ -51,6 +51,15 @@ def _check(lib, status: int, what: str) -> None:
         raise NativeKernelError(f"{what}: {fastvideo_kernel.last_error(lib)} (status {status})")
 
 
+def available(transport) -> bool:
+    """Local: whether ``transport`` runs the test library (the epoch-checked launch and the fabric copy work)."""
+    try:
+        _test_library(transport, "the test library")
+    except TestingUnavailable:
+        return False
+    return True
+
+
 def debug_execute(transport: NativeTransport, x: torch.Tensor, geom: Geometry, plan: Plan, *,
                   legacy: bool = False) -> tuple[torch.Tensor, list[int]]:
     """Collective, blocks the host (reads the report back), not capture-safe: the SM kind with the epoch checker

@@ -248,13 +248,13 @@ class UlyssesHelper:
             # 4. execute: every rank runs (or captures) this plan: the capture bit is in the agreed fields
             out = self._execute(x, proposal, seq, capturing)
         # 5. record
-        self._stats.ran(seq, phase, proposal.geom, proposal.plan, capturing)
+        self._stats.ran(seq, phase, proposal.geom, proposal.plan, capturing, proposal.fields)
         if not capturing:  # a capture runs nothing: the graph's replays are unseen by the watchdog
             marker = self.transport.completion_marker()
             if marker is not None:
                 self._watch(InFlight(seq, self.generation, lambda: f"{phase.name.lower()}, {proposal.geom}",
                                      lambda: proposal.plan.describe(proposal.geom), marker, time.monotonic()))
-        return out, proposal.plan.word
+        return out, proposal.fields[Field.PLAN]
 
     def _propose(self, sig: Signature) -> Proposal:
         try:
