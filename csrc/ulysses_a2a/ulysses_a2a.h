@@ -99,7 +99,7 @@ FVK_API int fvk_lsa_info(fvk_ctx* ctx, int* nranks, int* rank, int* lsa_size, in
 /* The SM kind with the epoch checker, and its negative control (the pre-fix window layout): the test
    library only (testing/ulysses_a2a_testing.h); the product library refuses them, naming it. */
 #define FVK_CALL_DEBUG 2u
-#define FVK_CALL_DEBUG_LEGACY_LAYOUT 4u
+#define FVK_CALL_DEBUG_MOVING_LAYOUT 4u
 
 /* One call, described once per signature and reused (the caller caches it): the plan kind, flags,
    geometry and plan. `size` versions it: the caller sets sizeof(fvk_call) as it was compiled; a library

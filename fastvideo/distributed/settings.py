@@ -7,12 +7,11 @@ What is agreed, and when (``docs/env_vars.md``, "Agreement"):
   and agrees the ``agreed`` ones (``envs.agreed_names()``: the route, the long-training policy, the
   window) in one exchange over the SP group's CPU group. The snapshot lives on the SP coordinator.
 * The helper's construction exchange carries the same report (no extra round) and refreshes it.
-* Every call compares this rank's raw environment strings of the agreed variables with the snapshot
-  (one tuple compare, no parsing). Unchanged: the snapshot decides. Changed: the call re-agrees before
-  any other collective. Every rank changed the same way (``envs.override`` on every rank): the new
-  values apply. Ranks now differ: ``SettingsMismatchError`` on every rank. Only this rank changed: its
-  peers never join the exchange, and after the timeout this rank raises ``SettingsAgreementError``
-  saying its settings changed after agreement (its peers' own collectives then fail or time out).
+* Nothing reads the environment per call. A change takes effect at the next explicit agreement,
+  ``parallel_state.agree_ulysses_settings()`` (or ``override_ulysses_settings``), collective: every rank
+  changed the same way, the new values apply; ranks now differ, ``SettingsMismatchError`` on every rank;
+  a rank that re-agrees alone raises ``SettingsAgreementError`` after the timeout, saying its settings
+  changed after agreement.
 
 Invalid values are exchanged as errors and raised on every rank, so a typo on one rank never leaves
 its peers waiting inside a collective.
