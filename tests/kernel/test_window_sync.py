@@ -10,8 +10,8 @@ that the CTA slices tile every block and that nothing leaves the window.
   uneven rows, one row per chunk), single calls and consecutive calls whose CTA counts and plans
   differ.
 * Negative controls: the pre-fix layout (regions at the current chunk's stride: the race the first 2-GPU
-  run found, docs/kernel.md) must be flagged on the plans 2x H200 found wrong, and on most uneven multi-CTA plans; schedules with a
-  barrier removed must be flagged: without chunk 0's entry barrier between consecutive calls, without
+  run found, docs/kernel.md) must be flagged on the plans 2x H200 found wrong, and on most uneven multi-CTA
+  plans; schedules with a barrier removed must be flagged: without chunk 0's entry barrier between consecutive calls, without
   any entry barrier between the chunks of one call, without the barrier between stores and copy-out.
 
 The check is in the test library (``libfastvideo_ulysses_a2a_testing.so``, csrc/ulysses_a2a/testing/), which
