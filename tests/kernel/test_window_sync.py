@@ -11,8 +11,9 @@ that the CTA slices tile every block and that nothing leaves the window.
   differ.
 * Negative controls: the pre-fix layout (regions at the current chunk's stride: the race the first 2-GPU
   run found, docs/kernel.md) must be flagged on the plans 2x H200 found wrong, and on most uneven multi-CTA
-  plans; schedules with a barrier removed must be flagged: without chunk 0's entry barrier between consecutive calls, without
-  any entry barrier between the chunks of one call, without the barrier between stores and copy-out.
+  plans; schedules with a barrier removed must be flagged: without chunk 0's entry barrier between consecutive
+  calls, without any entry barrier between the chunks of one call, without the barrier between stores and
+  copy-out.
 
 The check is in the test library (``libfastvideo_ulysses_a2a_testing.so``, csrc/ulysses_a2a/testing/), which
 ``scripts/build_kernel.sh 2.28.9`` builds (the test command builds it wherever nvcc exists, as on CI); without
