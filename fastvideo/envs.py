@@ -128,10 +128,12 @@ _register(
     EnvVar(
         "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S",
         "float",
-        300.0,
-        "Seconds a construction step or per-call vote may wait for peers before the helper disposes "
-        "itself and raises instead of hanging.",
-        minimum=0.1,
+        0.0,
+        "Seconds a settings agreement, a construction step or a per-call vote may wait for peers before it raises "
+        "(the helper then disposes itself) instead of hanging; `0` follows the SP group's timeout, which is the "
+        "default process group's (`init_process_group(timeout=...)`) unless `initialize_sequence_parallel` was given "
+        "one.",
+        minimum=0.0,
     )
 )
 _register(

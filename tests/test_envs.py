@@ -64,7 +64,7 @@ def test_numbers_parse_and_reject():
         assert envs.get("FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES") == 4096
     with envs.override(FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES="1GiB"), pytest.raises(ValueError, match="integer"):
         envs.get("FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES")
-    with envs.override(FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S="0"), pytest.raises(ValueError, match=">="):
+    with envs.override(FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S="-1"), pytest.raises(ValueError, match=">="):
         envs.get("FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S")
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch.distributed as dist
 
 from fastvideo import envs
-from fastvideo.distributed.host_exchange import all_gather_objects
+from fastvideo.distributed.host_exchange import all_gather_objects, job_timeout_s
 
 logger = logging.getLogger(__name__)
 
@@ -181,10 +181,14 @@ def checked_mode(value: str | None = None) -> bool:
     return value == "1"
 
 
-def agreement_timeout_s() -> float:
-    """The bound on one settings exchange: the vote timeout (its default when the variable itself is invalid,
-    which the exchange then reports on every rank)."""
+def agreement_timeout_s(group_timeout_s: float | None = None) -> float:
+    """The bound on one settings exchange, and the vote timeout: ``FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S`` when set
+    above 0, else ``group_timeout_s`` (the SP group's), else the default process group's timeout. An invalid value
+    counts as unset here (the exchange then reports it on every rank)."""
     try:
-        return float(envs.get("FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S"))
+        value = float(envs.get("FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S"))
     except ValueError:
-        return float(envs.registry()["FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S"].default)
+        value = 0.0
+    if value > 0:
+        return value
+    return group_timeout_s if group_timeout_s is not None else job_timeout_s()
