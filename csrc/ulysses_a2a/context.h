@@ -82,7 +82,7 @@ int enqueue_barrier(const fvk_ctx& ctx, cudaStream_t s);
 // runs it for FVK_CALL_DEBUG; the product library has none and refuses that flag. The launch path around
 // it (checks, operands, ordering, poisoning) is the product's.
 struct SmVariant {
-  int (*layout)(const fvk_call& call);  // the window layout (layout.h's kStatic, or kLegacy as a control)
+  int (*layout)(const fvk_call& call);  // the window layout (layout.h's kStatic, or kMoving as a control)
   // Checks of agreed values the variant adds (its window needs): they fail alike on every rank.
   int (*check)(const fvk_ctx& ctx, const Problem& p, const fvk_call& call);
   // Enqueues the variant's kernel, and what it needs first, on `s`; FVK_OK or an error (set_error).

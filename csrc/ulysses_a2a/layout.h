@@ -21,7 +21,7 @@
 // (every CTA stays busy): split() guarantees CTA i's slice of a smaller chunk is never larger than
 // its slice of the full one, so it fits its region.
 //
-// The layout before 2026-11-29 (kLegacy, kept for negative controls only) put src blocks at the
+// The layout before 2026-11-29 (kMoving, kept for negative controls only) put src blocks at the
 // CURRENT chunk's stride and sliced it by floor(n*i/ctas): when a chunk's size changed, region i moved
 // onto bytes another CTA index of the peer was still copying out (wrong results on 2x H200).
 #pragma once
@@ -42,7 +42,7 @@ constexpr int kMaxCtas = 144;  // LSA barrier slots: one per CTA of the largest 
 
 enum Layout : int {
   kStatic = 0,  // the kernel's layout: region i fixed for the whole call
-  kLegacy = 1,  // negative control only: regions that move with the chunk size (the 8912e8a bug)
+  kMoving = 1,  // negative control only: regions that move with the chunk size (docs/kernel.md)
 };
 
 // One rank's view of one call. Everything except x, out, rank and the vector width chosen by the
@@ -123,7 +123,7 @@ FVK_HD inline Slice cta_slice_static(const Problem& p, const Chunk& c, int src, 
 // Either layout, by p.layout: the host model, the simulation and the debug kernels. The production
 // kernel calls cta_slice_static directly (a runtime layout branch there cost registers and spills).
 FVK_HD inline Slice cta_slice(const Problem& p, const Chunk& c, int src, int cta, int ctas) {
-  if (p.layout == kLegacy) {
+  if (p.layout == kMoving) {
     const int64_t granules = block_bytes(p, c) / p.granule;
     const int64_t g0 = granules * cta / ctas, g1 = granules * (cta + 1) / ctas;
     return Slice{g0 * p.granule, (g1 - g0) * p.granule, src * block_bytes(p, c) + g0 * p.granule};

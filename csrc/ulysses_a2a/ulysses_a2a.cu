@@ -31,7 +31,7 @@
 // (c) no programmatic dependent launch.
 // testing/sync_model.cpp checks this argument as a happens-before property over the plan space, on the
 // functions the kernel runs (layout.h); its negative controls are the pre-fix layout (regions that
-// moved with the chunk size: wrong on 2x H200 at 8912e8a) and a loop without the entry barrier.
+// moved with the chunk size: wrong on the first 2-GPU run, docs/kernel.md) and a loop without the entry barrier.
 #include <cstring>
 #include <ctime>
 
@@ -479,7 +479,7 @@ int launch_ce(fvk_ctx* ctx, const fvk_call& call, const void* x, void* out, cuda
 
 constexpr size_t kCallSizeAbi4 = 96;  // sizeof(fvk_call) in ABI 4, the first ABI with fvk_call
 static_assert(sizeof(fvk_call) == kCallSizeAbi4, "fvk_call grows by appending fields (and the size checks below)");
-constexpr unsigned kKnownFlags = FVK_CALL_CAPTURE | FVK_CALL_DEBUG | FVK_CALL_DEBUG_LEGACY_LAYOUT;
+constexpr unsigned kKnownFlags = FVK_CALL_CAPTURE | FVK_CALL_DEBUG | FVK_CALL_DEBUG_MOVING_LAYOUT;
 
 // The caller's call description into `call`, checked for everything that needs no context. A caller compiled
 // against an older fvk_call (a smaller size) reads as zeros past its size; one compiled against a newer one
@@ -501,8 +501,8 @@ int read_call(const fvk_call* in, fvk_call& call) {
   if (call.kind != FVK_KIND_SM && call.kind != FVK_KIND_CE)
     return set_error(FVK_ERR_INVALID, "fvk_call.kind %d is not FVK_KIND_SM (0) or FVK_KIND_CE (1)", call.kind);
   if (call.flags & ~kKnownFlags) return set_error(FVK_ERR_INVALID, "fvk_call.flags 0x%x has unknown bits", call.flags);
-  if ((call.flags & FVK_CALL_DEBUG_LEGACY_LAYOUT) && !(call.flags & FVK_CALL_DEBUG))
-    return set_error(FVK_ERR_INVALID, "FVK_CALL_DEBUG_LEGACY_LAYOUT needs FVK_CALL_DEBUG");
+  if ((call.flags & FVK_CALL_DEBUG_MOVING_LAYOUT) && !(call.flags & FVK_CALL_DEBUG))
+    return set_error(FVK_ERR_INVALID, "FVK_CALL_DEBUG_MOVING_LAYOUT needs FVK_CALL_DEBUG");
   if ((call.flags & FVK_CALL_DEBUG) && (call.kind != FVK_KIND_SM || (call.flags & FVK_CALL_CAPTURE)))
     return set_error(FVK_ERR_INVALID, "FVK_CALL_DEBUG is an eager SM-kind launch (kind %d, flags 0x%x)", call.kind,
                      call.flags);

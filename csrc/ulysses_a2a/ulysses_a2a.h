@@ -51,7 +51,8 @@ enum {
   FVK_ERR_NOT_CORESIDENT = 4, /* the CTA count cannot be co-resident: launching would risk deadlock */
   FVK_ERR_STATE = 5,          /* step called out of order (e.g. execute before the device comm) */
   FVK_ERR_UNAVAILABLE = 6,    /* an optional facility (NVML, POSIX shared memory) is missing */
-  FVK_ERR_TIMEOUT = 7         /* the shared-memory vote's deadline passed */
+  FVK_ERR_TIMEOUT = 7,        /* the shared-memory vote's deadline passed (a peer is stopped, stuck or elsewhere) */
+  FVK_ERR_PEER_GONE = 8       /* the shared-memory vote's peer process no longer exists */
 };
 
 typedef struct fvk_ctx fvk_ctx;
@@ -99,7 +100,7 @@ FVK_API int fvk_lsa_info(fvk_ctx* ctx, int* nranks, int* rank, int* lsa_size, in
 /* The SM kind with the epoch checker, and its negative control (the pre-fix window layout): the test
    library only (testing/ulysses_a2a_testing.h); the product library refuses them, naming it. */
 #define FVK_CALL_DEBUG 2u
-#define FVK_CALL_DEBUG_LEGACY_LAYOUT 4u
+#define FVK_CALL_DEBUG_MOVING_LAYOUT 4u
 
 /* One call, described once per signature and reused (the caller caches it): the plan kind, flags,
    geometry and plan. `size` versions it: the caller sets sizeof(fvk_call) as it was compiled; a library
@@ -176,7 +177,8 @@ FVK_API int fvk_abort(fvk_ctx* ctx);
 /* Open (create = 1: the one creating rank, O_EXCL) the POSIX shm segment `name` ("/x") for `world` ranks. */
 FVK_API int fvk_vote_open(const char* name, int world, int rank, int create, void** handle);
 /* One call: publish 12 int64 `fields`, gather every rank's into out[world * 12] (row r = rank r).
-   FVK_ERR_TIMEOUT after `timeout_ns`; any failure leaves the handle unusable for further exchanges. */
+   FVK_ERR_TIMEOUT after `timeout_ns`; FVK_ERR_PEER_GONE as soon as a waited-for peer's process no longer exists
+   (every rank's pid is in the segment); any failure leaves the handle unusable for further exchanges. */
 FVK_API int fvk_vote_exchange(void* handle, const int64_t* fields, int64_t* out, int64_t timeout_ns);
 /* shm_unlink the segment's name (existing mappings stay valid): nothing leaks if the job dies. */
 FVK_API int fvk_vote_unlink(void* handle);

@@ -28,7 +28,7 @@ __all__ = [
     "ABI_VERSION",
     "CALL_CAPTURE",
     "CALL_DEBUG",
-    "CALL_DEBUG_LEGACY_LAYOUT",
+    "CALL_DEBUG_MOVING_LAYOUT",
     "CAPTURE",
     "CE",
     "CE_CAPTURE",
@@ -115,7 +115,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
 # ------------------------------------------------------------------ the C ABI (ulysses_a2a.h)
 
 KIND_SM, KIND_CE = 0, 1  # fvk_call.kind
-CALL_CAPTURE, CALL_DEBUG, CALL_DEBUG_LEGACY_LAYOUT = 1, 2, 4  # fvk_call.flags
+CALL_CAPTURE, CALL_DEBUG, CALL_DEBUG_MOVING_LAYOUT = 1, 2, 4  # fvk_call.flags
 STAGE_REFUSED, STAGE_EXCHANGE_FAILED, STAGE_NOT_LAUNCHED, STAGE_LAUNCHED = -1, 0, 1, 2  # fvk_vote.stage
 
 _VOIDP, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int

@@ -36,10 +36,10 @@ TESTING_LIBRARY_NAME = "libfastvideo_ulysses_a2a_testing.so"
 ENV_TESTING_LIBRARY = "FASTVIDEO_KERNEL_TESTING_LIBRARY"
 TESTING_ABI_VERSION = 1  # testing/ulysses_a2a_testing.h's FVK_TESTING_ABI_VERSION
 
-SIM_SKEW, SIM_EPOCH_CHECK, SIM_LEGACY_LAYOUT = 1, 2, 4  # fvk_sim_a2a flags
+SIM_SKEW, SIM_EPOCH_CHECK, SIM_MOVING_LAYOUT = 1, 2, 4  # fvk_sim_a2a flags
 # fvk_check_window_sync: the kernel's window layout and the pre-fix one; the kernel's barrier schedule and the
 # negative controls without one of its barriers.
-LAYOUT_STATIC, LAYOUT_LEGACY = 0, 1
+LAYOUT_STATIC, LAYOUT_MOVING = 0, 1
 SYNC_NO_FIRST_ENTRY, SYNC_KERNEL, SYNC_NO_ENTRY, SYNC_NO_MIDDLE = 0, 1, 2, 3
 # fvk_check_ce_sync negative controls (ce_plan.h's CeDrop): each drops one ordering of the schedule.
 CE_DROP_WAIT_COPIED, CE_DROP_ENTRY_BARRIER, CE_DROP_LANDED_BARRIER, CE_DROP_FORK, CE_DROP_JOIN = 1, 2, 4, 8, 16

@@ -468,18 +468,18 @@ class Gate:
         lines, error = [], ""
         for plan in (Plan(36, 2, geom.S, tuned=True), Plan(144, 1, even_rows(geom.S, geom.S // 3 + 1), tuned=True),
                      Plan(72, 2, geom.S // 2 + 7, tuned=True)):
-            out, report = debug_execute(transport, x, geom, plan, legacy=False)
+            out, report = debug_execute(transport, x, geom, plan, moving=False)
             wrong = _wrong(out, ref)
-            _, legacy = debug_execute(transport, x, geom, plan, legacy=True)
+            _, moving = debug_execute(transport, x, geom, plan, moving=True)
             # A violation is reported on the rank that saw it (often only the sender into the window
             # the bad layout overlaps): the pre-fix layout must be reported somewhere, summed over ranks.
-            legacy_total = torch.tensor([legacy[0]], dtype=torch.int64)
-            dist.all_reduce(legacy_total, group=self.sp.cpu_group)
+            moving_total = torch.tensor([moving[0]], dtype=torch.int64)
+            dist.all_reduce(moving_total, group=self.sp.cpu_group)
             lines.append(f"{plan.describe(geom)}: {report[0]} violations, {wrong} wrong; pre-fix layout "
-                         f"{int(legacy_total)} violations over the ranks")
+                         f"{int(moving_total)} violations over the ranks")
             if report[0] or wrong:
                 error += f" {plan}: {report[0]} violations, {wrong} wrong;"
-            if not int(legacy_total):
+            if not int(moving_total):
                 error += f" {plan}: the pre-fix layout was NOT reported on any rank;"
         self.agree(error)
         return "; ".join(lines)

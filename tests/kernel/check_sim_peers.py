@@ -25,7 +25,7 @@ counts 1..144 (as many as P x ctas co-resident CTAs allow), 16-byte aligned rows
 only 2/4/8-byte aligned, a rank whose input pointer is misaligned (narrower vectors through the same
 partition), and sequences of consecutive calls whose CTA counts and plans differ.
 
-Negative controls: the pre-fix window layout (``FVK_SIM_LEGACY_LAYOUT``) must be reported by the
+Negative controls: the pre-fix window layout (``FVK_SIM_MOVING_LAYOUT``) must be reported by the
 epoch checker on every uneven plan and every seed; a flipped reference bit and a wrong peer order
 must be caught; a window one byte short, ctas=0 and a launch too large to be co-resident are refused.
 
@@ -65,7 +65,7 @@ BITS = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 GUARD_BYTES = 256  # past the plan's window: must stay poisoned (no chunk writes beyond its size)
 POISON = 0xFF
-SKEW, EPOCH, LEGACY = kernel_testing.SIM_SKEW, kernel_testing.SIM_EPOCH_CHECK, kernel_testing.SIM_LEGACY_LAYOUT
+SKEW, EPOCH, MOVING = kernel_testing.SIM_SKEW, kernel_testing.SIM_EPOCH_CHECK, kernel_testing.SIM_MOVING_LAYOUT
 
 
 @dataclass(frozen=True)
@@ -336,26 +336,26 @@ def negative_controls(runner: SimRunner, device: torch.device, gen: torch.Genera
 
     # The pre-fix layout: 2x H200 gave wrong data on uneven plans. The epoch checker must report it
     # on every seed (it flags the shared bytes whichever access comes first).
-    legacy_cases = [
+    moving_cases = [
         Case((Call(Operand(torch.bfloat16, 0, 2, 3, 64, 28, 128), Plan(36, 2, 64, tuned=True), "planes2"),)),
         Case((Call(Operand(torch.bfloat16, 1, 2, 1, 250, 28, 128), Plan(144, 1, 150, tuned=True), "rows"),)),
         Case((Call(Operand(torch.float32, 0, 4, 4, 7, 1, 3), Plan(72, 1, 3, tuned=True), "rows"),)),
     ]
     corrupted_runs = 0
-    for case in legacy_cases:
+    for case in moving_cases:
         assert all(c.uneven() for c in case.calls)
         inputs, refs = data(case, gen, device)
         flagged = 0
         for seed in range(seeds):
-            run = runner.run(case, inputs, SKEW | EPOCH | LEGACY, seed=seed)
+            run = runner.run(case, inputs, SKEW | EPOCH | MOVING, seed=seed)
             flagged += run.status == 0 and run.violations > 0
-            plain = runner.run(case, inputs, SKEW | LEGACY, seed=seed)
+            plain = runner.run(case, inputs, SKEW | MOVING, seed=seed)
             corrupted_runs += plain.status == 0 and bool(compare(plain.outs[0], refs[0], case.calls[0].operand.dtype))
         expect(f"pre-fix layout reported by the epoch checker on {flagged}/{seeds} seeds: {case.label()}",
                f"flagged on {flagged}/{seeds} seeds" if flagged == seeds else "")
     # Informational: how often the pre-fix layout actually corrupted data in this simulation.
     results.append(Result("info: pre-fix layout corrupted outputs (skew, no checker)", True,
-                          f"{corrupted_runs} of {len(legacy_cases) * seeds} runs", 0.0))
+                          f"{corrupted_runs} of {len(moving_cases) * seeds} runs", 0.0))
 
     case = Case((Call(Operand(torch.bfloat16, 0, 4, 2, 5, 2, 128), Plan(144, 1, 3, tuned=True), "rows"),))
     inputs, refs = data(case, gen, device)

@@ -51,14 +51,23 @@ def _check(lib, status: int, what: str) -> None:
         raise NativeKernelError(f"{what}: {fastvideo_kernel.last_error(lib)} (status {status})")
 
 
+def available(transport) -> bool:
+    """Local: whether ``transport`` runs the test library (the epoch-checked launch and the fabric copy work)."""
+    try:
+        _test_library(transport, "the test library")
+    except TestingUnavailable:
+        return False
+    return True
+
+
 def debug_execute(transport: NativeTransport, x: torch.Tensor, geom: Geometry, plan: Plan, *,
-                  legacy: bool = False) -> tuple[torch.Tensor, list[int]]:
+                  moving: bool = False) -> tuple[torch.Tensor, list[int]]:
     """Collective, blocks the host (reads the report back), not capture-safe: the SM kind with the epoch checker
     (``fvk_launch`` with ``CALL_DEBUG``) on the transport's communicator, bypassing the vote (every rank must
     call it with the same geometry and plan, in the same order).
 
     Returns the output and the report (violations, then the first violation's kind | rank << 8 | peer << 16,
-    granule, stamp found, stamp written). ``legacy`` runs the pre-fix window layout (a negative control: expect
+    granule, stamp found, stamp written). ``moving`` runs the pre-fix window layout (a negative control: expect
     violations on uneven plans). The window must hold the plan's bytes plus 8 bytes of stamps per partition
     granule."""
     lib, handle = _test_library(transport, "the epoch-checked launch")
@@ -66,7 +75,7 @@ def debug_execute(transport: NativeTransport, x: torch.Tensor, geom: Geometry, p
 
     out = torch.empty(output_shape(geom), dtype=x.dtype, device=x.device)
     report = torch.zeros(5, dtype=torch.int64, device=x.device)
-    flags = fvk.CALL_DEBUG | (fvk.CALL_DEBUG_LEGACY_LAYOUT if legacy else 0)
+    flags = fvk.CALL_DEBUG | (fvk.CALL_DEBUG_MOVING_LAYOUT if moving else 0)
     call = fvk.Call(size=ctypes.sizeof(fvk.Call), flags=flags, kind=fvk.KIND_SM, mode=geom.mode,
                     dtype=dtype_code(x.dtype), ctas=plan.ctas, B=geom.B, S=geom.S, H=geom.H, D=geom.D,
                     planes_per_chunk=plan.planes_per_chunk, rows_per_chunk=plan.rows_per_chunk,

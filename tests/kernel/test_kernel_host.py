@@ -185,7 +185,7 @@ def test_the_call_description_is_checked_before_anything_else(product_lib, testi
         (call(size=40), 1, "fvk_call.size 40"),
         (call(kind=2), 1, "kind 2"),
         (call(flags=8), 1, "unknown bits"),
-        (call(flags=k.CALL_DEBUG_LEGACY_LAYOUT), 1, "needs FVK_CALL_DEBUG"),
+        (call(flags=k.CALL_DEBUG_MOVING_LAYOUT), 1, "needs FVK_CALL_DEBUG"),
         (call(flags=k.CALL_DEBUG, kind=k.KIND_CE), 1, "eager SM-kind launch"),
         (call(flags=k.CALL_DEBUG | k.CALL_CAPTURE), 1, "eager SM-kind launch"),
         (call(head_split=0x1000), 1, "uneven splits"),
@@ -220,8 +220,8 @@ def test_debug_launches_are_the_test_library_s(product_lib, testing_lib):
     assert status == 1 and "libfastvideo_ulysses_a2a_testing.so" in error
     status, error = launch(testing_lib, call(flags=fastvideo_kernel.CALL_DEBUG))
     assert status == 5 and "constructed context" in error
-    legacy = fastvideo_kernel.CALL_DEBUG | fastvideo_kernel.CALL_DEBUG_LEGACY_LAYOUT
-    status, error = launch(testing_lib, call(flags=legacy))
+    moving = fastvideo_kernel.CALL_DEBUG | fastvideo_kernel.CALL_DEBUG_MOVING_LAYOUT
+    status, error = launch(testing_lib, call(flags=moving))
     assert status == 5 and "constructed context" in error
 
 

@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
 }
 
 int checked_layout(const fvk_call& call) {
-  return (call.flags & FVK_CALL_DEBUG_LEGACY_LAYOUT) ? kLegacy : kStatic;
+  return (call.flags & FVK_CALL_DEBUG_MOVING_LAYOUT) ? kMoving : kStatic;
 }
 
 int checked_check(const fvk_ctx& ctx, const Problem& p, const fvk_call& call) {

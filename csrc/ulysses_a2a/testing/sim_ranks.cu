@@ -1,7 +1,7 @@
 // P simulated ranks on one GPU (fvk_sim_a2a, ulysses_a2a_testing.h): the fused kernel's own body, run_call in
 // movement.cuh, with every rank a CTA group of ONE co-resident launch and a same-device barrier that has the
 // LSA barrier's per-CTA semantics. So the one-GPU check runs the real chunk loop and barrier points, not
-// launch-separated phases (which hid the race 2x H200 found at 8912e8a).
+// launch-separated phases (which hid the race the first 2-GPU run found: docs/kernel.md).
 #include <cuda/atomic>
 
 #include "../movement.cuh"
@@ -135,10 +135,10 @@ extern "C" int fvk_sim_a2a(int world, int ncalls, const fvk_sim_call* calls, voi
     return set_error(FVK_ERR_INVALID, "ncalls=%d outside 1..%d", ncalls, kMaxSimCalls);
   if (world < 1 || world > kMaxWorld)
     return set_error(FVK_ERR_INVALID, "world size %d outside 1..%d", world, kMaxWorld);
-  if (flags & ~(FVK_SIM_SKEW | FVK_SIM_EPOCH_CHECK | FVK_SIM_LEGACY_LAYOUT))
+  if (flags & ~(FVK_SIM_SKEW | FVK_SIM_EPOCH_CHECK | FVK_SIM_MOVING_LAYOUT))
     return set_error(FVK_ERR_INVALID, "unknown sim flags 0x%x", flags);
   const bool check = flags & FVK_SIM_EPOCH_CHECK;
-  const int layout = (flags & FVK_SIM_LEGACY_LAYOUT) ? kLegacy : kStatic;
+  const int layout = (flags & FVK_SIM_MOVING_LAYOUT) ? kMoving : kStatic;
   SimLaunch host{};
   host.ncalls = ncalls;
   host.world = world;

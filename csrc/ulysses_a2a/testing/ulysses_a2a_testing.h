@@ -28,7 +28,7 @@ FVK_API int fvk_testing_abi_version(void);
    An eager SM-kind call, no vote. The kernel stamps every window granule it touches and reports any access
    another CTA index could race on. fvk_call.debug_report: device memory of 5 uint64 zeroed by the caller:
    violations, then the first one's kind | rank << 8 | peer << 16, granule, stamp found, stamp written.
-   The window must hold the plan's bytes plus 8 bytes of stamps per granule. FVK_CALL_DEBUG_LEGACY_LAYOUT:
+   The window must hold the plan's bytes plus 8 bytes of stamps per granule. FVK_CALL_DEBUG_MOVING_LAYOUT:
    the pre-fix window layout (the negative control: wrong with uneven chunks). */
 
 /* ---- simulated ranks on one device (no NCCL): the fused kernel's own chunk loop ---- */
@@ -41,7 +41,7 @@ typedef struct fvk_sim_call {
 } fvk_sim_call;
 #define FVK_SIM_SKEW 1u          /* random delays around every barrier (skew_ns max; 0 = 20 us) */
 #define FVK_SIM_EPOCH_CHECK 2u   /* the epoch checker (report as for FVK_CALL_DEBUG) */
-#define FVK_SIM_LEGACY_LAYOUT 4u /* negative control: the pre-fix window layout */
+#define FVK_SIM_MOVING_LAYOUT 4u /* negative control: the pre-fix window layout */
 /* `ncalls` (1..4) consecutive calls as ONE launch of world x max(ctas) co-resident CTAs, each group
    of CTAs playing one rank: the real chunk loop and barrier points, a same-device barrier with the
    LSA barrier's per-CTA semantics, and each rank's call boundary as its stream would order it.
@@ -56,7 +56,7 @@ FVK_API int fvk_sim_a2a(int world, int ncalls, const fvk_sim_call* calls, void* 
    happens-before order, CTA slices that do not tile their block or leave their region, and accesses
    outside `window_bytes`. (That a copy-out reads the bytes its store wrote is the simulation's job.)
    calls: ncalls x 8 int64 (dtype, B, S, H, D, ctas, planes_per_chunk, rows_per_chunk). layout: 0 the
-   kernel's, 1 legacy (negative control). schedule: FVK_SYNC_KERNEL (run_call's two barriers per
+   kernel's, 1 moving (negative control). schedule: FVK_SYNC_KERNEL (run_call's two barriers per
    chunk), or a negative control with barriers removed. *violations gets the count; msg (len bytes)
    describes the first. */
 #define FVK_SYNC_NO_FIRST_ENTRY 0 /* no barrier before chunk 0's stores (the cross-call argument) */

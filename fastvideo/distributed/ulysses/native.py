@@ -307,9 +307,9 @@ class NativeTransport(Transport):
 
     def _current_stream(self, device: torch.device) -> tuple[int, torch.cuda.Stream]:
         """(raw cudaStream_t, its torch Stream) of ``device``'s current stream. ``torch.cuda.current_stream``
-        builds a Stream object per call (about 3 us on the H200 host, measure_launch_host.py); the raw handle
-        is one call, and a Stream object per handle is kept (a Stream resolves to its handle, so the one kept
-        for a handle records on that same CUDA stream)."""
+        builds a Stream object per call (the launch_host case measures it, docs/benchmarks.md); the raw handle
+        is one call, and a Stream object per handle is kept (a Stream resolves to its handle, so the one kept for a
+        handle records on that same CUDA stream)."""
         index = device.index if device.index is not None else torch.cuda.current_device()
         raw = _raw_stream(index) if _raw_stream is not None else None
         # Keyed by device too: every device's default stream has the raw handle 0.
