@@ -1,7 +1,8 @@
 """Typed registry of FastVideo's environment variables.
 
-Values are read from ``os.environ`` every time they are asked for (never frozen at import), so a
-recipe, a test or a launcher can change them between calls. ``docs/env_vars.md`` lists the same
+Values are read from ``os.environ`` every time they are asked for (never frozen at import). The settings that
+decide collectives are then agreed across the SP group at set points (``fastvideo/distributed/settings.py``),
+never re-read per call. ``docs/env_vars.md`` lists the same
 variables; ``tests/test_envs.py`` fails when the two drift apart.
 
 Choices are case- and whitespace-insensitive (``" AUTO "`` reads as ``auto``); anything else outside
@@ -15,12 +16,21 @@ validates every variable and agrees those across the group, raising on every ran
     >>> with envs.override(FASTVIDEO_ULYSSES_A2A="auto"):
     ...     envs.get("FASTVIDEO_ULYSSES_A2A")
     'auto'
+    >>> envs.FASTVIDEO_ULYSSES_A2A      # upstream FastVideo's spelling: the same parsed value, read now
+    'off'
+
+Assigning one (``envs.FASTVIDEO_ULYSSES_A2A = "auto"``) raises: upstream FastVideo reads the environment
+on every use, so an assignment there is silently ignored by most readers; here the settings are validated
+and agreed across the SP group when it is initialised, and an assignment cannot reach that agreement. The
+error says how to change a setting (``ASSIGNMENT_HELP``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
+import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -128,10 +138,12 @@ _register(
     EnvVar(
         "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S",
         "float",
-        300.0,
-        "Seconds a construction step or per-call vote may wait for peers before the helper disposes "
-        "itself and raises instead of hanging.",
-        minimum=0.1,
+        0.0,
+        "Seconds a settings agreement, a construction step or a per-call vote may wait for peers before it raises "
+        "(the helper then disposes itself) instead of hanging; `0` follows the SP group's timeout, which is the "
+        "default process group's (`init_process_group(timeout=...)`) unless `initialize_sequence_parallel` was given "
+        "one.",
+        minimum=0.0,
     )
 )
 _register(
@@ -182,24 +194,10 @@ def raw(names: tuple[str, ...]) -> tuple[str | None, ...]:
     return tuple(map(os.environ.get, names))
 
 
-# ``os.environ`` keeps the process environment in ``_data``, keyed and valued by the encoded strings (bytes on
-# POSIX). Reading it there skips ``os.environ.get``'s encode/decode (0.7 us a name on the CI VM): the public
-# op compares a snapshot of the agreed variables on every call. Any other ``os.environ``: the plain reads.
-_ENV_DATA = getattr(os.environ, "_data", None)
-_ENV_ENCODE = getattr(os.environ, "encodekey", None)
-_FAST_SNAPSHOT = isinstance(_ENV_DATA, dict) and callable(_ENV_ENCODE)
-_SNAPSHOT_KEYS: dict[tuple[str, ...], tuple[object, ...]] = {}
-
-
 def snapshot(names: tuple[str, ...]) -> tuple[object, ...]:
-    """An opaque value of ``names``'s current raw values: equal snapshots mean unchanged values. For change
-    detection only (``raw`` gives the strings). Reads what ``os.environ`` holds, as ``raw`` does."""
-    if not _FAST_SNAPSHOT:
-        return raw(names)
-    keys = _SNAPSHOT_KEYS.get(names)
-    if keys is None:
-        keys = _SNAPSHOT_KEYS[names] = tuple(map(_ENV_ENCODE, names))
-    return tuple(map(_ENV_DATA.get, keys))
+    """An opaque value of ``names``'s current raw values: equal snapshots mean unchanged values (what a settings
+    agreement records, to name a later change). For change detection only (``raw`` gives the strings)."""
+    return raw(names)
 
 
 def read_all() -> tuple[dict[str, Any], list[str]]:
@@ -255,3 +253,47 @@ def override(**values: str | None) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+# ---------------------------------------------------------------------------------------- module attributes
+
+# Read as upstream FastVideo reads it (``envs.LOCAL_RANK``): torchrun's variable, not a FastVideo setting.
+_PROCESS_VARS: dict[str, Callable[[], Any]] = {"LOCAL_RANK": lambda: int(os.environ.get("LOCAL_RANK", "0"))}
+
+ASSIGNMENT_HELP = (
+    "Set {name} in the environment before the SP groups are initialised (initialize_sequence_parallel, or "
+    "maybe_init_distributed_environment_and_model_parallel), where every rank's value is validated and agreed; "
+    "or change it on every rank with `with envs.override({name}=...):` and then call "
+    "fastvideo.distributed.parallel_state.agree_ulysses_settings() (collective) inside the block."
+)
+
+
+class _EnvsModule(types.ModuleType):
+    """This module, with upstream FastVideo's attribute access: ``envs.NAME`` is ``get(NAME)``, read now;
+    assigning or deleting a registered name raises (see the module docstring)."""
+
+    def __getattr__(self, name: str) -> Any:  # only for names the module itself does not define
+        if name in _REGISTRY:
+            return get(name)
+        if name in _PROCESS_VARS:
+            return _PROCESS_VARS[name]()
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}; the FastVideo environment variables "
+                             f"are {', '.join(_REGISTRY)} (and {', '.join(_PROCESS_VARS)})")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _REGISTRY or name in _PROCESS_VARS:
+            raise AttributeError(f"envs.{name} cannot be assigned: it is read from the environment, and assigning "
+                                 "the attribute would change nothing the SP group agreed on. "
+                                 + ASSIGNMENT_HELP.format(name=name))
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in _REGISTRY or name in _PROCESS_VARS:
+            raise AttributeError(f"envs.{name} cannot be deleted. " + ASSIGNMENT_HELP.format(name=name))
+        super().__delattr__(name)
+
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), *_REGISTRY, *_PROCESS_VARS})
+
+
+sys.modules[__name__].__class__ = _EnvsModule

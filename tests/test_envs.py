@@ -64,7 +64,7 @@ def test_numbers_parse_and_reject():
         assert envs.get("FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES") == 4096
     with envs.override(FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES="1GiB"), pytest.raises(ValueError, match="integer"):
         envs.get("FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES")
-    with envs.override(FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S="0"), pytest.raises(ValueError, match=">="):
+    with envs.override(FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S="-1"), pytest.raises(ValueError, match=">="):
         envs.get("FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S")
 
 
@@ -90,21 +90,63 @@ def test_unknown_variable_is_a_clear_error():
 
 
 def test_snapshot_changes_exactly_when_a_value_changes(monkeypatch):
-    """The per-call change check (``envs.snapshot``, read from os.environ's encoded store): equal while nothing
-    changes, different after a set, a change or an unset, through os.environ and envs.override alike; the
-    plain path (any other os.environ) detects the same changes."""
+    """``envs.snapshot`` (what an agreement records, to name a later change): equal while nothing changes,
+    different after a set, a change or an unset, through os.environ and envs.override alike."""
     names = ("FASTVIDEO_ULYSSES_A2A", "FASTVIDEO_ULYSSES_A2A_CHECKED")
     monkeypatch.delenv(names[1], raising=False)
-    for fast in (True, False):
-        monkeypatch.setattr(envs, "_FAST_SNAPSHOT", fast)
-        base = envs.snapshot(names)
-        assert envs.snapshot(names) == base
-        monkeypatch.setenv(names[1], "1")
-        set_once = envs.snapshot(names)
-        assert set_once != base
-        with envs.override(FASTVIDEO_ULYSSES_A2A_CHECKED="0"):
-            assert envs.snapshot(names) not in (base, set_once)
-        assert envs.snapshot(names) == set_once
-        monkeypatch.delenv(names[1])
-        assert envs.snapshot(names) == base
+    base = envs.snapshot(names)
+    assert envs.snapshot(names) == base
+    monkeypatch.setenv(names[1], "1")
+    set_once = envs.snapshot(names)
+    assert set_once != base
+    with envs.override(FASTVIDEO_ULYSSES_A2A_CHECKED="0"):
+        assert envs.snapshot(names) not in (base, set_once)
+    assert envs.snapshot(names) == set_once
+    monkeypatch.delenv(names[1])
+    assert envs.snapshot(names) == base
     assert envs.raw(names) == tuple(map(envs.os.environ.get, names))
+
+
+# ------------------------------------------------------------------------------------- upstream's attribute access
+
+
+def test_module_attributes_read_the_environment_now(monkeypatch):
+    """``envs.FASTVIDEO_ULYSSES_A2A`` as upstream FastVideo reads it: the parsed string, read at each access."""
+    monkeypatch.setenv("FASTVIDEO_ULYSSES_A2A", " AUTO ")
+    assert envs.FASTVIDEO_ULYSSES_A2A == "auto"
+    monkeypatch.setenv("FASTVIDEO_ULYSSES_A2A", "off")
+    assert envs.FASTVIDEO_ULYSSES_A2A == "off"
+    monkeypatch.setenv("FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES", "4096")
+    assert envs.FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES == 4096
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert envs.LOCAL_RANK == 3
+    assert {"FASTVIDEO_ULYSSES_A2A", "LOCAL_RANK"} <= set(dir(envs))
+
+
+def test_module_attribute_of_an_invalid_value_names_the_fix(monkeypatch):
+    monkeypatch.setenv("FASTVIDEO_ULYSSES_A2A", "on")
+    with pytest.raises(ValueError, match="choose one of off, auto"):
+        envs.FASTVIDEO_ULYSSES_A2A  # noqa: B018 - the read is the test
+
+
+@pytest.mark.parametrize("name", ["FASTVIDEO_ULYSSES_A2A", "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING", "LOCAL_RANK"])
+def test_assigning_a_setting_raises_and_says_how_to_change_it(name, monkeypatch):
+    monkeypatch.delenv(name, raising=False)
+    before = getattr(envs, name)
+    with pytest.raises(AttributeError) as info:
+        setattr(envs, name, "auto")
+    message = str(info.value)
+    assert f"envs.{name} cannot be assigned" in message
+    assert "before the SP groups are initialised" in message and f"envs.override({name}=...)" in message
+    assert "agree_ulysses_settings()" in message
+    assert getattr(envs, name) == before and name not in vars(envs)  # nothing was stored
+    with pytest.raises(AttributeError, match="cannot be deleted"):
+        delattr(envs, name)
+
+
+def test_other_module_attributes_stay_assignable_and_unknown_names_are_clear(monkeypatch):
+    """Only the settings are guarded: the module's own names (tests patch them) assign as usual."""
+    monkeypatch.setattr(envs, "ASSIGNMENT_HELP", "patched")
+    assert envs.ASSIGNMENT_HELP == "patched"
+    with pytest.raises(AttributeError, match=r"FASTVIDEO_ULYSSES_A2A_NOPE.*the FastVideo environment variables"):
+        envs.FASTVIDEO_ULYSSES_A2A_NOPE  # noqa: B018

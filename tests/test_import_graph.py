@@ -125,7 +125,8 @@ BELOW_HELPER = [f"{U}.{m}" for m in ("layout", "nccl", "transport", "native", "v
                                      "watchdog", "planner", "stats")]
 ABOVE = {f"{U}.helper", f"{U}.ops", f"{U}.registry", f"{U}.construction", "fastvideo.distributed.communication_op",
          "fastvideo.distributed.parallel_state",
-         "fastvideo.layers.attention", "fastvideo.entrypoints.sp_attention_demo"}
+         "fastvideo.layers.attention", "fastvideo.entrypoints.sp_attention_demo", "fastvideo.attention.layer",
+         "fastvideo.distributed.device_communicators.ulysses_a2a"}
 
 
 def test_the_graph_sees_the_package():

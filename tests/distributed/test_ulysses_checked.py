@@ -1,9 +1,10 @@
 """Checked mode (``FASTVIDEO_ULYSSES_A2A_CHECKED=1`` or ``TORCH_DISTRIBUTED_DEBUG=DETAIL``): every call of the
 public op votes its 12 fields on every route, so cross-rank caller mistakes raise on every rank.
 
-Issue 15's table, two gloo ranks: without checked mode, the ``off`` route and a helper that declined at
-construction never vote, and these mistakes gave silently wrong values, SIGABRT or hangs. Here each one
-raises a clear error on every rank within 10 s, under ``off`` and ``auto`` (the test is marked ambient
+Cross-rank caller mistakes (another dtype, B or S on one rank, B and S swapped, crossed modes, ``requires_grad``
+on one rank only, a meta tensor), on two gloo ranks: without checked mode, the ``off`` route and a helper that
+declined at construction never vote, and these mistakes gave silently wrong values, SIGABRT or hangs. Here each
+one raises a clear error on every rank within 10 s, under ``off`` and ``auto`` (the test is marked ambient
 on the route), and on the CPU fused route; after each mistake a matching call still runs bit-exact (no
 rank was left inside a collective). The negative control runs the mistakes that do not hang with
 checked mode off: no error anywhere, which is what the check is for.
@@ -102,7 +103,7 @@ def _assert_every_rank_raised(results, mistakes):
 @pytest.mark.ambient(A2A)
 def test_checked_mode_raises_every_mistake_on_every_rank(ranks, ulysses_ambient):
     """Under the ambient route (off: the checked-off helper votes; auto on CPU: the helper declined at
-    construction and votes anyway), each of issue 15's mistakes raises on both ranks within 10 s."""
+    construction and votes anyway), each of those mistakes raises on both ranks within 10 s."""
     results = ranks(2, _mistakes, list(MISTAKES), False, env=CHECKED_ON, timeout_s=120)
     _assert_every_rank_raised(results, MISTAKES)
     if envs.registry()[A2A].parse(ulysses_ambient[A2A]) == "off":
@@ -127,6 +128,35 @@ def test_torch_distributed_debug_detail_turns_checked_mode_on(ranks):
     silent = ranks(2, _mistakes, ["B<->S", "mode"], False, env={**detail, CHECKED: "0"}, timeout_s=120)
     for seen, _, votes in silent:
         assert all(seen[m][0] == "ok" for m in ("B<->S", "mode")) and votes == 0
+
+
+def _mistakes_where_group_timeouts_are_fixed(rank, world_size, mistakes, fused):
+    """``_mistakes`` with ``ProcessGroup.set_timeout`` raising, as it does on torch 2.11 under
+    TORCH_DISTRIBUTED_DEBUG=DETAIL ("Backend gloo does not support setting timeout"); returns how often the
+    vote tried it, so the test knows the refusing path ran."""
+    import torch.distributed as dist
+
+    tried = []
+
+    def refuse(self, timeout):
+        tried.append(timeout)
+        raise RuntimeError("Backend gloo does not support setting timeout")
+
+    dist.ProcessGroup.set_timeout = refuse
+    return (*_mistakes(rank, world_size, mistakes, fused), len(tried))
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["off", "fused"])
+def test_detail_checked_mode_where_the_vote_group_timeout_cannot_be_set(ranks, fused):
+    """torch 2.11's DETAIL wrapper refuses set_timeout on the shared vote group: the vote falls back to a
+    per-call timeout instead of crashing the helper's construction, so checked mode through torch's own switch
+    still raises every mistake on every rank (the meta tensor on rank 1 included)."""
+    detail = {DEBUG: "DETAIL", CHECKED: None, A2A: "auto" if fused else "off",
+              "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S": "20"}
+    mistakes = ["B<->S", "mode", "meta"]
+    results = ranks(2, _mistakes_where_group_timeouts_are_fixed, mistakes, fused, env=detail, timeout_s=120)
+    _assert_every_rank_raised(results, mistakes)
+    assert all(r[3] >= 1 for r in results)  # the refusing set_timeout was reached on every rank
 
 
 @pytest.mark.ambient(A2A)

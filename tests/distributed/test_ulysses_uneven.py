@@ -739,8 +739,8 @@ def test_geometry_sizes_by_the_largest_share_and_tuned_rows_keep_applying():
 
 
 def test_the_native_transport_never_offers_uneven_plans(monkeypatch):
-    """Whatever the library build exports, ``NativeTransport.capability()`` drops ``ENTRY_UNEVEN`` (its launches
-    pass no tables yet). A stand-in library; the capability may decline later for this machine's NCCL."""
+    """Whatever a library build offers, ``NativeTransport.capability()`` has no ``ENTRY_UNEVEN`` (its launches pass
+    no tables yet). A stand-in library and probe; the capability declines later for this machine's NCCL."""
     from pathlib import Path
 
     from fastvideo.distributed.ulysses.native import NativeTransport
@@ -749,17 +749,16 @@ def test_the_native_transport_never_offers_uneven_plans(monkeypatch):
     import fastvideo_kernel
 
     class Lib:
-        def fvk_abi_version(self):
-            return 3
-
         def fvk_nccl_build_version(self):
             return 22809
 
         def fvk_nccl_runtime_version(self, out):
-            return 1  # fails: the capability declines here, after the entry points were read
+            return 1  # fails: the capability declines here, after the offerings were read
 
+    offered = frozenset({"original", "tuned", ENTRY_UNEVEN})
     monkeypatch.setattr(fastvideo_kernel, "load", lambda: Lib())
-    monkeypatch.setattr(fastvideo_kernel, "entry_points", lambda lib: frozenset({"original", "tuned", ENTRY_UNEVEN}))
+    monkeypatch.setattr(fastvideo_kernel, "probe", lambda lib: fastvideo_kernel.Probe(fastvideo_kernel.OLDEST_ABI,
+                                                                                     offered, ""))
     monkeypatch.setattr(fastvideo_kernel, "last_error", lambda lib: "stand-in")
     cap = NativeTransport().capability()
-    assert cap.entry_points == frozenset({"original", "tuned"})
+    assert cap.entry_points == frozenset({"original", "tuned"}) and cap.decline is DeclineReason.NCCL_RUNTIME_MISMATCH

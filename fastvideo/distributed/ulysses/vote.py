@@ -3,9 +3,10 @@
 The group is the SP group's vote group (``GroupCoordinator.vote_group``: created once with the SP
 group, shared by every helper built on it, destroyed with it), or, for a standalone ``GlooVote``
 (benchmarks), a group of its own. Buffers are allocated once per helper and reused (no per-call
-allocation on the hot path). The vote's timeout is set on the group, so a vote that never completes
-(a dead peer, a peer that is not calling the helper) raises instead of hanging; a gloo group is
-unusable after that, so the caller must treat any failure as terminal.
+allocation on the hot path). The vote's timeout is set on the group (or, where torch refuses that, carried
+by each exchange), so a vote that never completes (a dead peer, a peer that is not calling the helper)
+raises instead of hanging; a gloo group is unusable after that, so the caller must treat any failure as
+terminal.
 
 ``ShmVote`` is the same-host fast path for the per-call exchange: a POSIX shared-memory segment
 driven by the kernel library's ``fvk_vote_*`` functions (``csrc/ulysses_a2a/shm_vote.cpp``), set up
@@ -23,7 +24,7 @@ import uuid
 import torch
 import torch.distributed as dist
 
-from fastvideo.distributed.host_exchange import all_gather_objects, all_gather_tensor
+from fastvideo.distributed.host_exchange import all_gather_objects, all_gather_tensor, classify_failure
 from fastvideo.distributed.ulysses.contract import NUM_FIELDS
 
 logger = logging.getLogger(__name__)
@@ -31,8 +32,47 @@ logger = logging.getLogger(__name__)
 _all_gather = all_gather_tensor
 
 
-class VoteTimeoutError(RuntimeError):
-    """A vote or construction exchange did not complete in time (or the vote group failed)."""
+class VoteError(RuntimeError):
+    """A vote or construction exchange failed; terminal for the helper (the vote group is unusable after it).
+    ``kind``: ``timeout`` (a peer is stopped, stuck or not calling), ``peer_gone`` (a peer's process or
+    connection is gone) or ``failed``."""
+
+    kind = "failed"
+
+
+class VoteTimeoutError(VoteError):
+    """The exchange did not complete within the vote timeout."""
+
+    kind = "timeout"
+
+
+class PeerGoneError(VoteError):
+    """A peer's process exited, or its connection closed, while this rank waited for it."""
+
+    kind = "peer_gone"
+
+
+_ADVICE = ("A peer is stopped, stuck, or is not calling the op (e.g. FASTVIDEO_ULYSSES_A2A differs between ranks: "
+           "set it identically everywhere).")
+
+
+def gloo_failure(what: str, ranks: list[int], rank: int, exc: BaseException, seconds: float,
+                 timeout_s: float) -> VoteError:
+    """The error for a failed exchange over gloo, saying whether it timed out or a peer's connection closed, and
+    which rank it waited for where that is known (two ranks: the other one)."""
+    kind = classify_failure(exc)
+    peers = [r for r in ranks if r != rank]
+    waiting = f"rank {peers[0]}" if len(peers) == 1 else f"one of ranks {peers} (gloo does not say which)"
+    if kind == "timeout":
+        return VoteTimeoutError(
+            f"{what} over SP ranks {ranks} timed out after {seconds:.1f} s (the vote timeout, {timeout_s:g} s: "
+            f"FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S, 0 = the SP group's timeout) waiting for {waiting}. {_ADVICE} "
+            f"({exc})")
+    if kind == "closed":
+        return PeerGoneError(
+            f"{what} over SP ranks {ranks} failed after {seconds:.3f} s: the connection to {waiting} closed, so "
+            f"that peer's process is gone (see its log: killed, crashed, out of memory). ({exc})")
+    return VoteError(f"{what} over SP ranks {ranks} failed after {seconds:.3f} s: {exc}. {_ADVICE}")
 
 
 class GlooVote:
@@ -41,8 +81,10 @@ class GlooVote:
     def __init__(self, ranks: list[int], timeout_s: float, group: dist.ProcessGroup | None = None) -> None:
         self.ranks = list(ranks)
         self.world_size = len(ranks)
+        self.rank = dist.get_rank()  # global, as ``ranks``
         self.timeout_s = timeout_s
         self.owns_group = group is None
+        self._bound_each_call = False
         if group is None:
             # Standalone (benchmarks): a group of its own. use_local_synchronization: only these ranks
             # take part in creating it, so another SP group never blocks on this one.
@@ -54,12 +96,20 @@ class GlooVote:
             )
         else:
             # A shared group: this vote's timeout applies to its exchanges from now on (one helper
-            # votes on a group at a time; the next one sets its own). A torch without set_timeout keeps
-            # the timeout the group was created with (FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S).
-            set_timeout = getattr(group, "set_timeout", None)
-            if set_timeout is not None:
-                set_timeout(datetime.timedelta(seconds=timeout_s))
+            # votes on a group at a time; the next one sets its own).
+            self._bound_each_call = not _set_group_timeout(group, timeout_s)
         self.group = group
+        # Where the group's timeout could not be set, each exchange carries this vote's timeout itself, so
+        # that what bounds a vote is still timeout_s and not the timeout the group was created with. Under
+        # TORCH_DISTRIBUTED_DEBUG=DETAIL (any torch) the debug wrapper runs a monitored barrier before each
+        # collective, bounded by the group's creation timeout: with a dead peer, the vote then fails after
+        # that one (the SP groups' vote timeout when they were created, which is also the helpers' default).
+        self._gather_opts = _allgather_options(timeout_s) if self._bound_each_call else None
+        if self._bound_each_call and self._gather_opts is None:
+            logger.warning(
+                "Ulysses vote over SP ranks %s: this torch neither sets a process group's timeout nor takes one per "
+                "call; votes are bounded by the timeout the vote group was created with, not by %g s.", self.ranks,
+                timeout_s)
         self._send = torch.zeros(NUM_FIELDS, dtype=torch.int64)
         self._send_np = self._send.numpy()
         self._recv = torch.zeros(self.world_size * NUM_FIELDS, dtype=torch.int64)
@@ -71,25 +121,28 @@ class GlooVote:
         self._send_np[:] = fields
         start = time.perf_counter()
         try:
-            _all_gather(self._recv, self._send, group=self.group)
-            self.last_s = time.perf_counter() - start
+            if self._gather_opts is None:
+                _all_gather(self._recv, self._send, group=self.group)
+            else:
+                self.group._allgather_base(self._recv, self._send, self._gather_opts).wait()
         except RuntimeError as exc:
-            raise VoteTimeoutError(
-                f"Ulysses vote over SP ranks {self.ranks} did not complete within {self.timeout_s:g} s ({exc}). "
-                "A peer is dead, stuck, or is not calling the helper (e.g. FASTVIDEO_ULYSSES_A2A differs between "
-                "ranks: set it identically everywhere)."
-            ) from exc
+            raise gloo_failure("Ulysses vote", self.ranks, self.rank, exc, time.perf_counter() - start,
+                               self.timeout_s) from exc
+        self.last_s = time.perf_counter() - start
         return self._recv_rows
 
     def all_gather_object(self, obj: object) -> list[object]:
         """Construction-time exchange of small Python objects (pickled, length-prefixed, over gloo)."""
+        start = time.perf_counter()
         try:
-            return all_gather_objects(self.group, self.world_size, obj)
+            return all_gather_objects(self.group, self.world_size, obj,
+                                      timeout_s=self.timeout_s if self._bound_each_call else None)
         except RuntimeError as exc:
-            raise VoteTimeoutError(
-                f"Ulysses construction exchange over SP ranks {self.ranks} did not complete within "
-                f"{self.timeout_s:g} s ({exc}). Every SP rank must construct the helper at the same point."
-            ) from exc
+            error = gloo_failure("Ulysses construction exchange", self.ranks, self.rank, exc,
+                                 time.perf_counter() - start, self.timeout_s)
+            if hasattr(error, "add_note"):  # Python 3.11+
+                error.add_note("Every SP rank must construct the helper at the same point.")
+            raise error from exc
 
     def destroy(self) -> None:
         """Local. Never destroys the group: a shared group belongs to its SP group. A group of its own is not
@@ -99,8 +152,39 @@ class GlooVote:
         self.destroyed = True
 
 
+def _set_group_timeout(group: dist.ProcessGroup, timeout_s: float) -> bool:
+    """Set ``group``'s timeout for its later collectives; False where this torch cannot.
+
+    A torch without ``ProcessGroup.set_timeout`` cannot, and neither can torch 2.11 under
+    ``TORCH_DISTRIBUTED_DEBUG=DETAIL``: the group's backend is then a wrapper, whose ``set_timeout`` raises
+    "Backend gloo does not support setting timeout" (torch 2.13 forwards it to the wrapped gloo backend).
+    """
+    set_timeout = getattr(group, "set_timeout", None)
+    if set_timeout is None:
+        return False
+    try:
+        set_timeout(datetime.timedelta(seconds=timeout_s))
+    except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
+        logger.debug("vote group timeout not settable (%s): each exchange carries its own", exc)
+        return False
+    return True
+
+
+def _allgather_options(timeout_s: float):
+    """All-gather options carrying ``timeout_s`` (built once: the vote allocates nothing per call), or None
+    where this torch has no per-call timeout."""
+    try:
+        from torch._C._distributed_c10d import AllgatherOptions
+
+        opts = AllgatherOptions()
+        opts.timeout = datetime.timedelta(seconds=timeout_s)
+    except (ImportError, AttributeError, TypeError):
+        return None
+    return opts
+
+
 VOTE_SYMBOLS = ("fvk_vote_open", "fvk_vote_exchange", "fvk_vote_unlink", "fvk_vote_close")
-_FVK_ERR_TIMEOUT = 7
+_FVK_ERR_TIMEOUT, _FVK_ERR_PEER_GONE = 7, 8
 
 
 def load_vote_library():
@@ -203,15 +287,19 @@ class ShmVote:
         """The reused ``[P, 12]`` receive buffer: the last exchange's votes."""
         return self._recv_rows
 
-    def failure(self, status: int) -> VoteTimeoutError:
-        """The error for a failed exchange (library status ``status``; -1: the vote was destroyed)."""
+    def failure(self, status: int) -> VoteError:
+        """The error for a failed exchange (library status ``status``; -1: the vote was destroyed). The library
+        names the rank it waited for, and how long (ranks by SP rank)."""
         detail = _last_error(self._lib) if self._handle is not None and status != -1 else "the vote was destroyed"
-        what = f"did not complete within {self.timeout_s:g} s" if status == _FVK_ERR_TIMEOUT else "failed"
-        return VoteTimeoutError(
-            f"Ulysses vote over SP ranks {self.ranks} (shared memory) {what} ({detail}). A peer is dead, stuck, "
-            "or is not calling the helper (e.g. FASTVIDEO_ULYSSES_A2A differs between ranks: set it identically "
-            "everywhere)."
-        )
+        where = f"Ulysses vote over SP ranks {self.ranks} (shared memory)"
+        if status == _FVK_ERR_TIMEOUT:
+            return VoteTimeoutError(
+                f"{where} timed out (the vote timeout, {self.timeout_s:g} s: FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S, "
+                f"0 = the SP group's timeout): {detail}. {_ADVICE}")
+        if status == _FVK_ERR_PEER_GONE:
+            return PeerGoneError(f"{where} failed: {detail}; that peer's process is gone (see its log: killed, "
+                                 "crashed, out of memory).")
+        return VoteError(f"{where} failed: {detail}. {_ADVICE}")
 
     def destroy(self) -> None:
         """Unmap the segment (local; the name was unlinked at construction). A second call is a no-op."""
