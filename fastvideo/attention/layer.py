@@ -17,6 +17,7 @@ part of this package: flash-attn and SDPA are (``docs/fastvideo_migration.md``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -80,10 +81,19 @@ class _Attention(nn.Module):
 
 
 AllToAll = Callable[[torch.Tensor, int, int, str], torch.Tensor]
+ROLES = ("qkv", "out")  # the two all-to-alls of one forward: the packed Q, K, V in, the attention output back
 
 
-def _public_all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, name: str) -> torch.Tensor:
-    return sequence_model_parallel_all_to_all_4D(x, scatter_dim=scatter_dim, gather_dim=gather_dim)
+def call_tags(prefix: str) -> dict[str, str | None]:
+    """Each role's call tag for a layer named ``prefix``: ``f"{prefix}.qkv"`` and ``f"{prefix}.out"``, or None for
+    both with an empty prefix (untagged: a per-instance name could differ between ranks that build their models in
+    another order, and a wrong tag raises where nothing is wrong)."""
+    return {role: f"{prefix}.{role}" if prefix else None for role in ROLES}
+
+
+def _public_all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, name: str, *,
+                       tags: dict[str, str | None]) -> torch.Tensor:
+    return sequence_model_parallel_all_to_all_4D(x, scatter_dim=scatter_dim, gather_dim=gather_dim, tag=tags[name])
 
 
 class DistributedAttention(_Attention):
@@ -93,6 +103,13 @@ class DistributedAttention(_Attention):
     Two keyword-only arguments of this package, not upstream's, for benchmarks: ``all_to_all(x, scatter_dim,
     gather_dim, name)`` replaces the public op (``name``: ``"qkv"`` for the packed Q, K, V, ``"out"`` for the
     attention output), ``attend(q, k, v)`` the attention (e.g. a block-sparse one); both default to the package's.
+
+    ``prefix`` (upstream's: the layer's name in the model, e.g. ``"blocks.3.attn"``) tags the two all-to-alls
+    ``f"{prefix}.qkv"`` and ``f"{prefix}.out"`` (``tags``, fixed at construction): wherever the call votes (the
+    fused route, checked mode), a rank that skips or repeats one layer's call raises ``ContractMismatchError`` on
+    every rank naming the tag, where layers of one shape would otherwise pair the wrong calls silently. An empty
+    prefix leaves the calls untagged (``call_tags``). Give every layer of a model its own prefix, the same on
+    every rank.
     """
 
     def __init__(self, num_heads: int, head_size: int, num_kv_heads: int | None = None,
@@ -107,7 +124,9 @@ class DistributedAttention(_Attention):
             raise ValueError(f"DistributedAttention: num_kv_heads={num_kv_heads} must equal num_heads={num_heads}: q, "
                              "k and v travel in one all-to-all packed on the batch dim (repeat K/V heads first).")
         self.prefix = prefix
-        self.all_to_all = all_to_all or _public_all_to_all
+        self.tags = call_tags(prefix)
+        # A partial over the tags, not a bound method: the module holds no reference cycle.
+        self.all_to_all = all_to_all or functools.partial(_public_all_to_all, tags=self.tags)
         self.attend = attend
 
     def forward(

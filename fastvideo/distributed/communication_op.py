@@ -29,6 +29,7 @@ from fastvideo.distributed.parallel_state import get_sp_group
 from fastvideo.distributed.parallel_state import get_tp_group as _get_tp_group
 from fastvideo.distributed.parallel_state import model_parallel_is_initialized as _model_parallel_is_initialized
 from fastvideo.distributed.ulysses import ops as _ops
+from fastvideo.distributed.ulysses.contract import check_tag as _check_tag
 from fastvideo.distributed.ulysses.layout import (
     EVEN,
     MODE_HEAD_GATHER,
@@ -59,7 +60,8 @@ __all__ = [
 
 def sequence_model_parallel_all_to_all_4D(input_: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1, *,
                                           seq_splits: Sequence[int] | None = None,
-                                          head_splits: Sequence[int] | None = None) -> torch.Tensor:
+                                          head_splits: Sequence[int] | None = None,
+                                          tag: str | None = None) -> torch.Tensor:
     """Ulysses all-to-all over the SP group: collective; blocks the host only for a vote (``auto``, checked mode);
     capture-safe; differentiable (twice too).
 
@@ -72,11 +74,17 @@ def sequence_model_parallel_all_to_all_4D(input_: torch.Tensor, scatter_dim: int
 
     Every SP rank must call it with matching tensors and tables, in the same order (checked on every call in
     checked mode, ``FASTVIDEO_ULYSSES_A2A_CHECKED``, and wherever the fused route votes: tables that differ
-    raise ``ContractMismatchError`` on every rank). Raises ValueError for input no route can serve (not 4-D,
-    another dim pair, a bad table or one that does not match ``input_``, heads or sequence not divisible by the
-    SP size without a table, a meta tensor outside tracing) before any collective; in checked mode after one
-    vote, so that every rank raises. A FakeTensor (``torch.compile``, FakeTensorMode) gets a fake output and no
-    collective; ``torch.compile(fullgraph=True)`` traces one opaque op, which votes each time the graph runs.
+    raise ``ContractMismatchError`` on every rank). ``tag``: a non-empty str naming the call site, the same on
+    every rank (e.g. ``"blocks.3.attn.qkv"``; ``DistributedAttention`` passes ``f"{prefix}.qkv"`` and
+    ``f"{prefix}.out"``). Where the call votes, a rank that skipped or repeated a call with this tag then raises
+    ``ContractMismatchError`` on every rank naming the tag; an untagged skip is not seen (every rank's untagged
+    count moves with its own calls, so a rank one call short pairs its next call with the peer's skipped one).
+    Raises ValueError for input no route can serve (not 4-D, another dim pair, a bad table or one that does not
+    match ``input_``, heads or sequence not divisible by the SP size without a table, a meta tensor outside
+    tracing; TypeError/ValueError for a tag that is not a non-empty str) before any collective; in checked mode
+    after one vote, so that every rank raises. A FakeTensor (``torch.compile``, FakeTensorMode) gets a fake output
+    and no collective; ``torch.compile(fullgraph=True)`` traces one opaque op, which votes each time the graph
+    runs.
     Under CUDA-graph capture every rank votes once and the agreed plan (with the tables) is frozen into the
     graph (or the NCCL route is captured); replay graphs in the same order on every rank.
     """
@@ -85,11 +93,13 @@ def sequence_model_parallel_all_to_all_4D(input_: torch.Tensor, scatter_dim: int
     try:
         mode = mode_for_dims(scatter_dim, gather_dim)
         splits = validate_input(input_, mode, sp.world_size, sp.rank_in_group, seq_splits, head_splits)
+        if tag is not None:
+            _check_tag(tag)
     except (TypeError, ValueError, RuntimeError) as exc:
         _ops.fail(input_, mode, exc)  # checked mode: votes first, so every rank raises
     if sp.world_size == 1:
         return input_
-    return _ops.call(input_, mode, 0, splits)
+    return _ops.call(input_, mode, 0, splits, tag)
 
 
 # ---------------------------------------------------------------------- upstream FastVideo's SP collectives

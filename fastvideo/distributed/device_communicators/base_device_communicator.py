@@ -30,6 +30,7 @@ import torch.distributed._functional_collectives as _fc
 import torch.nn.functional as F
 from torch.distributed import ProcessGroup, ReduceOp
 
+from fastvideo.distributed.ulysses.contract import check_tag
 from fastvideo.distributed.ulysses.layout import (
     block_shapes,
     mode_for_dims,
@@ -97,12 +98,15 @@ class DeviceCommunicatorBase:
 
     def all_to_all_4D(self, input_: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1, *,
                       seq_splits: Sequence[int] | None = None,
-                      head_splits: Sequence[int] | None = None) -> torch.Tensor:
+                      head_splits: Sequence[int] | None = None, tag: str | None = None) -> torch.Tensor:
         """The Ulysses all-to-all's NCCL route over this group: ``(2, 1)`` ``[B, S/P, H, D] -> [B, S, H/P, D]``,
         ``(1, 2)`` the inverse; ``seq_splits`` / ``head_splits`` as the public op's. Collective; differentiable;
-        group size 1 returns ``input_``. Raises ValueError, before any collective, for input no route can serve."""
+        group size 1 returns ``input_``. Raises ValueError, before any collective, for input no route can serve.
+        ``tag``: the public op's, checked (a non-empty str or None) and otherwise unused: this route never votes,
+        so nothing compares it across ranks (the public op's checked mode does)."""
         mode = mode_for_dims(scatter_dim, gather_dim)
         splits = validate_input(input_, mode, self.world_size, self.rank_in_group, seq_splits, head_splits)
+        check_tag(tag, "all_to_all_4D")
         if self.world_size == 1:
             return input_
         if not _grad_tracked(input_):

@@ -6,7 +6,8 @@ Wire format (frozen; ``CONTRACT_VERSION`` changes when it does; ``docs/ulysses_c
  #    field           meaning
 ====  ==============  =================================================================
  0    HEADER          ``CONTRACT_VERSION << 32 | helper generation``
- 1    SEQ             call sequence number of this helper (0, 1, 2, ...)
+ 1    SEQ             untagged call: this helper's call count (0, 1, 2, ...); tagged call: ``tag_seq``, bit 62
+                      set, a 62-bit digest of the tag XOR the phase (bits 60-61) XOR the tag's own count
  2    ELIGIBILITY     rank-local decline bits (``1 << DeclineReason``); 0 = eligible
  3    MODE_PHASE      ``mode | phase << 4``: mode 0 scatters heads / gathers sequence, 1 the inverse;
                       phase 0 no-grad forward, 1 grad-tracked forward, 2 backward
@@ -27,7 +28,8 @@ them. Verdict (``decide``), computed identically on every rank from the gathered
   rank (``PeerCallError``), so no rank is left a call ahead of its peers.
 * HEADER, SEQ, MODE_PHASE, DTYPE, B, S, H, D or SPLITS differ: a caller bug (the NCCL route would
   hang or move wrong data too). ``RAISE`` naming the field (MODE or PHASE for MODE_PHASE) and the per-rank
-  values; no rank enters a collective.
+  values; no rank enters a collective. (An untagged call's SEQ moves with the votes, so a rank that skips or
+  repeats an untagged call is not seen there; a tagged call's SEQ is its tag's own count: a skip is.)
 * ELIGIBILITY, WINDOW_BYTES or PLAN differ, or any rank has a decline bit: ``DECLINE`` together.
 * Otherwise ``RUN`` the agreed plan.
 """
@@ -43,7 +45,7 @@ from dataclasses import dataclass
 
 import torch
 
-CONTRACT_VERSION = 2
+CONTRACT_VERSION = 3
 NUM_FIELDS = 12
 # Set in WINDOW_BYTES by a rank whose call is being captured into a CUDA graph with the plan frozen: a rank
 # capturing while a peer runs eagerly differs there, so every rank declines together (PEER_DISAGREEMENT).
@@ -52,6 +54,12 @@ WINDOW_CAPTURED = 1 << 62
 PHASE_SHIFT = 4  # MODE_PHASE = mode | phase << PHASE_SHIFT
 _MODE_MASK = (1 << PHASE_SHIFT) - 1
 _DIGEST_MASK = (1 << 63) - 1
+# A tagged call's SEQ (``tag_seq``): bit 62 set (an untagged count never reaches it), the tag's 62-bit digest XOR
+# the phase in bits 60-61 XOR the tag's own count in bits 0-59.
+TAGGED = 1 << 62
+TAG_PHASE_SHIFT = 60
+TAG_COUNT_MASK = (1 << TAG_PHASE_SHIFT) - 1
+_TAG_DIGEST_MASK = TAGGED - 1
 
 
 class Field(enum.IntEnum):
@@ -163,6 +171,44 @@ def splits_digest(seq: Sequence[int], heads: Sequence[int]) -> int:
     return (digest & _DIGEST_MASK) or 1
 
 
+def tag_digest(tag: str) -> int:
+    """62 bits of BLAKE2b (personalisation ``fv-ulysses-tag``) over the tag's UTF-8 bytes: what a tagged call's
+    SEQ carries of its tag. The helper computes it once per tag (``tag_bases``) and caches it, never per call."""
+    data = tag.encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8, person=b"fv-ulysses-tag").digest(),
+                          "little") & _TAG_DIGEST_MASK
+
+
+def tag_bases(tag: str) -> tuple[int, int, int]:
+    """Per phase (``Phase`` order), the SEQ word of the tag's call 0: ``TAGGED | digest ^ phase << 60``. Call ``n``
+    of that phase is ``base ^ n`` (``tag_seq``): one XOR per call."""
+    digest = tag_digest(tag)
+    return tuple(TAGGED | (digest ^ (int(p) << TAG_PHASE_SHIFT)) for p in Phase)
+
+
+def tag_seq(tag: str, phase: int, count: int) -> int:
+    """The SEQ field of call ``count`` (0, 1, ...) of ``phase`` tagged ``tag``; for one tag, (phase, count) maps to
+    distinct words for every count below 2^60. Why two tags never meet the same word in practice:
+    ``docs/ulysses_contract.md``."""
+    return tag_bases(tag)[phase] ^ (count & TAG_COUNT_MASK)
+
+
+def is_tagged(seq_field: int) -> bool:
+    """Whether a SEQ field is a tagged call's (``tag_seq``) rather than an untagged call's count."""
+    return bool(seq_field & TAGGED)
+
+
+def check_tag(tag: object, where: str = "sequence_model_parallel_all_to_all_4D") -> None:
+    """Raise TypeError/ValueError, before any collective, for a tag that is not a non-empty ``str`` (or None)."""
+    if tag is None:
+        return
+    if type(tag) is not str:
+        raise TypeError(f"{where}: tag={tag!r} must be a str naming the call site (e.g. 'blocks.3.attn.qkv') or "
+                        "None; it is in every vote of the call, so pass the same tag on every rank.")
+    if not tag:
+        raise ValueError(f"{where}: tag='' is empty; pass a non-empty str naming the call site, or None (untagged).")
+
+
 def fields(generation: int, seq: int, bits: int, mode: int, dtype: torch.dtype, shape: tuple[int, int, int, int],
            phase: Phase, window_bytes: int = 0, plan_word: int = 0, capturing: bool = False,
            splits: int = 0) -> list[int]:
@@ -198,7 +244,8 @@ def outcome_reason(code: int) -> DeclineReason:
 
 
 _HINTS = {
-    Field.SEQ: "a rank skipped or repeated a call (every SP rank must issue the same sequence of calls)",
+    Field.SEQ: "the ranks' call counts differ (every SP rank must issue the same sequence of calls; a skipped or "
+               "repeated untagged call moves every rank's count alike and is not seen here: tag the calls)",
     Field.MODE: "ranks passed different (scatter_dim, gather_dim)",
     Field.PHASE: "ranks disagree on requires_grad/backward, which would also hang the NCCL route",
     Field.HEADER: "ranks run different contract versions or helper generations (rebuild collectively)",
@@ -213,15 +260,21 @@ class ContractMismatchError(RuntimeError):
 
     ``field``: the differing field (MODE or PHASE where MODE_PHASE differs); ``values``: each rank's value of it.
     ``per_rank``: each rank's value as text, where more is known than the field holds (a SPLITS mismatch's
-    tables, once the helper has exchanged them)."""
+    tables, once the helper has exchanged them; a SEQ mismatch's tags and counts). ``tags``: for a SEQ mismatch
+    of tagged calls, the tags involved (in rank order, each once), else ``()``; ``hint`` replaces the field's."""
 
-    def __init__(self, field: Field, values: list[int], per_rank: list[str] | None = None):
-        self.field, self.values = field, values
+    def __init__(self, field: Field, values: list[int], per_rank: list[str] | None = None, *,
+                 tags: Sequence[str] = (), hint: str | None = None):
+        self.field, self.values, self.tags = field, values, tuple(tags)
         texts = per_rank if per_rank is not None else [_describe(field, v) for v in values]
         listed = ", ".join(f"rank {r}: {t}" for r, t in enumerate(texts))
-        hint = _HINTS.get(field, "every SP rank must pass the same shape, dtype and mode")
-        if field is Field.SPLITS and per_rank is not None:
-            hint = "ranks passed different seq_splits/head_splits: pass the same tables on every rank"
+        if hint is None:
+            hint = _HINTS.get(field, "every SP rank must pass the same shape, dtype and mode")
+            if field is Field.SPLITS and per_rank is not None:
+                hint = "ranks passed different seq_splits/head_splits: pass the same tables on every rank"
+            elif field is Field.SEQ and any(v & TAGGED for v in values):
+                hint = ("a rank skipped or repeated a tagged call (each rank sees the others' tags as digests only: "
+                        "every SP rank must issue the same sequence of calls)")
         super().__init__(f"Ulysses all-to-all contract mismatch on field {field.name} ({listed}): {hint}.")
 
 
@@ -234,7 +287,16 @@ def _describe(field: Field, value: int) -> str:
         return f"v{value >> 32}/gen{value & 0xFFFFFFFF}"
     if field == Field.SPLITS:
         return "even" if value == 0 else f"digest {value:#018x}"
+    if field == Field.SEQ and value & TAGGED:
+        return f"tagged call {value:#018x}"
     return str(value)
+
+
+def tag_hint(tags: Sequence[str]) -> str:
+    """The hint of a SEQ mismatch between tagged calls: the tags involved, named."""
+    named = " or ".join(repr(t) for t in tags)
+    return (f"a rank skipped or repeated a call tagged {named} (every SP rank must issue the same sequence of "
+            "calls)")
 
 
 def mismatch(field: Field, column: list[int]) -> ContractMismatchError:

@@ -56,6 +56,7 @@ class HelperDisposedError(RuntimeError):
 
 
 _IDS = itertools.count(1)
+TAGS_WARN = 4096  # distinct call tags per helper past which a warning says tags name call sites, not calls
 _LIVE: weakref.WeakValueDictionary[int, UlyssesHelper] = weakref.WeakValueDictionary()
 
 
@@ -145,6 +146,9 @@ class UlyssesHelper:
         self.transport = None if disabled else (transport if transport is not None else default_transport(self.device))
         self._stats = CallStats(history)
         self._seq = 0
+        # Per call-site tag: [count per phase (3), SEQ word of call 0 per phase (3)] (``contract.tag_bases``, hashed
+        # once per tag). A tagged call's SEQ is its tag's own count, so a rank that skips or repeats one differs.
+        self._tags: dict[str, list[int]] = {}
         self._destroyed = False
         self._disposed_error: str | None = None
         self._logged: set[DeclineReason] = set()
@@ -210,7 +214,7 @@ class UlyssesHelper:
     # ------------------------------------------------------------------ the call
 
     def call(self, x: torch.Tensor, mode: int, grad: bool = False, outcome: int | None = None, *,
-             fallback: bool = True, splits: Splits = EVEN) -> tuple[torch.Tensor | None, int]:
+             fallback: bool = True, splits: Splits = EVEN, tag: str | None = None) -> tuple[torch.Tensor | None, int]:
         """One call on validated input: propose, vote, decide, execute, record. Collective; blocks the host for the
         vote; capture-safe (one vote at capture, see the class). Not differentiable (the op is).
 
@@ -218,21 +222,28 @@ class UlyssesHelper:
         backward, its forward's ``contract.outcome_code`` (it runs that plan, never a re-decision). ``splits``: the
         tables ``validate_input`` returned (part of the vote: ranks whose tables differ raise together). Returns
         ``(output, outcome code)``; with ``fallback=False`` a declined call returns ``(None, code)`` instead of
-        running the NCCL route."""
+        running the NCCL route. ``tag`` (a non-empty str, ``contract.check_tag``): the call site; the vote's SEQ is
+        then the tag's own count for this phase, so a rank that skips or repeats a tagged call raises on every rank.
+        A call that raises is not counted for its tag (on every rank alike)."""
         self._check_alive()
         capturing = self._capturing(x)
         phase = Phase.BACKWARD if outcome is not None else Phase.FORWARD_GRAD if grad else Phase.FORWARD_NO_GRAD
-        seq = self._seq
+        seq = word = self._seq
         self._seq += 1
         self._stats.calls += 1
+        if tag is not None:  # one dict lookup; the digest was computed at the tag's first call
+            entry = self._tags.get(tag) or self._new_tag(tag)
+            count = entry[phase]
+            entry[phase] = count + 1
+            word = entry[phase + 3] ^ count
         if not self._votes:  # declined at construction (agreed), unchecked: no call needs a vote
-            return self._declined(x, mode, seq, phase, self.construction_reason, fallback, splits)
+            return self._declined(x, mode, seq, phase, self.construction_reason, fallback, splits, tag=tag)
         # 1. propose: pure, cached per signature
         sig = Signature(x.shape, x.dtype, x.device, mode, phase, outcome, capturing, x.is_contiguous(),
                         x.data_ptr() % x.element_size() == 0, splits)
         proposal = self.planner.cache.get(sig) or self._propose(sig)
         fields = list(proposal.fields)
-        fields[Field.SEQ] = seq
+        fields[Field.SEQ] = word
         # 2. vote (and, where the transport fuses them, launch in the same library call)
         out, error = None, proposal.error
         if proposal.plan is not None and self._fused_vote and not capturing:
@@ -244,21 +255,54 @@ class UlyssesHelper:
             decision = contract.decide(rows)
             if decision.verdict is Verdict.RAISE:
                 self._stats.raised += 1
-                if isinstance(decision.error, ContractMismatchError) and decision.error.field is Field.SPLITS:
-                    raise self._splits_mismatch(decision.error, proposal) from error
+                if tag is not None:
+                    entry[phase] = count  # not counted: every rank raises this call, and each rolls its own back
+                if isinstance(decision.error, ContractMismatchError):
+                    if decision.error.field is Field.SPLITS:
+                        raise self._splits_mismatch(decision.error, proposal) from error
+                    if decision.error.field is Field.SEQ and any(contract.is_tagged(v) for v in decision.error.values):
+                        raise self._tag_mismatch(decision.error, seq, phase, tag,
+                                                 count if tag is not None else 0) from error
                 raise decision.error from error
             if decision.verdict is Verdict.DECLINE:
-                return self._declined(x, mode, seq, phase, decision.reason, fallback, splits, proposal.why)
+                return self._declined(x, mode, seq, phase, decision.reason, fallback, splits, proposal.why, tag)
             # 4. execute: every rank runs (or captures) this plan: the capture bit is in the agreed fields
             out = self._execute(x, proposal, seq, capturing)
         # 5. record
-        self._stats.ran(seq, phase, proposal.geom, proposal.plan, capturing, proposal.fields)
+        self._stats.ran(seq, phase, proposal.geom, proposal.plan, capturing, proposal.fields, tag)
         if not capturing:  # a capture runs nothing: the graph's replays are unseen by the watchdog
             marker = self.transport.completion_marker()
             if marker is not None:
-                self._watch(InFlight(seq, self.generation, lambda: f"{phase.name.lower()}, {proposal.geom}",
+                self._watch(InFlight(seq, self.generation,
+                                     lambda: f"{phase.name.lower()}{f', tag {tag!r}' if tag else ''}, {proposal.geom}",
                                      lambda: proposal.plan.describe(proposal.geom), marker, time.monotonic()))
         return out, proposal.fields[Field.PLAN]
+
+    def _new_tag(self, tag: str) -> list[int]:
+        """The first call tagged ``tag``: its counts and per-phase SEQ words (hashed here, once per tag)."""
+        contract.check_tag(tag, "UlyssesHelper.call")
+        entry = [0, 0, 0, *contract.tag_bases(tag)]
+        self._tags[tag] = entry
+        if len(self._tags) == TAGS_WARN:
+            logger.warning("Ulysses helper gen%d has seen %d distinct call tags: a tag should name a call site "
+                           "(e.g. 'blocks.3.attn.qkv'), not a call; each one is kept for the helper's life.",
+                           self.generation, TAGS_WARN)
+        return entry
+
+    def _tag_mismatch(self, error: ContractMismatchError, seq: int, phase: Phase, tag: str | None,
+                      count: int) -> ContractMismatchError:
+        """Every rank's tag and count for a SEQ mismatch of tagged calls (the vote carries digests only): one more
+        exchange over the construction vote group, which every rank enters (every rank reached this same verdict).
+        Collective; on a failed exchange the helper is disposed and the digests' error stands."""
+        try:
+            calls = self._vote.all_gather_object((tag, int(phase), count, seq))
+        except VoteError as exc:
+            self._dispose(str(exc))
+            return error
+        per_rank = [f"tag {t!r}, {Phase(p).name.lower()} call {n}" if t is not None else f"untagged call {s}"
+                    for t, p, n, s in calls]
+        tags = list(dict.fromkeys(t for t, *_ in calls if t is not None))
+        return ContractMismatchError(Field.SEQ, error.values, per_rank, tags=tags, hint=contract.tag_hint(tags))
 
     def _propose(self, sig: Signature) -> Proposal:
         try:
@@ -321,8 +365,8 @@ class UlyssesHelper:
             raise
 
     def _declined(self, x: torch.Tensor, mode: int, seq: int, phase: Phase, reason: DeclineReason, fallback: bool,
-                  splits: Splits, why: str = "") -> tuple[torch.Tensor | None, int]:
-        self._stats.declined(seq, phase, mode, reason)
+                  splits: Splits, why: str = "", tag: str | None = None) -> tuple[torch.Tensor | None, int]:
+        self._stats.declined(seq, phase, mode, reason, tag)
         if why:
             self._capture_detail = why
         if reason not in self._logged and reason is not DeclineReason.DISABLED:
@@ -378,33 +422,39 @@ class UlyssesHelper:
     # ------------------------------------------------------------------ public calls
 
     def all_to_all(self, x: torch.Tensor, mode: int, *, seq_splits: Sequence[int] | None = None,
-                   head_splits: Sequence[int] | None = None) -> torch.Tensor:
+                   head_splits: Sequence[int] | None = None, tag: str | None = None) -> torch.Tensor:
         """The Ulysses all-to-all through this helper: collective; blocks the host for the vote; capture-safe.
 
         ``seq_splits`` / ``head_splits``: every rank's shares, the same on every rank (None: even; see
-        ``layout``). Not differentiable itself: autograd goes through the one op (the public function, or
-        ``ops.all_to_all(x, mode, helper=this)`` for this helper), whose backward runs the inverse with the plan
-        its forward ran and still votes. A call autograd would record raises instead of losing the gradient."""
+        ``layout``); ``tag``: the call site (``call``). Not differentiable itself: autograd goes through the one op
+        (the public function, or ``ops.all_to_all(x, mode, helper=this)`` for this helper), whose backward runs the
+        inverse with the plan its forward ran and still votes. A call autograd would record raises instead of losing
+        the gradient."""
         splits = validate_input(x, mode, self.world_size, rank=self.sp.rank_in_group, seq_splits=seq_splits,
                                 head_splits=head_splits)
+        if tag is not None:
+            contract.check_tag(tag, "UlyssesHelper.all_to_all")
         if torch.is_grad_enabled() and x.requires_grad:
             raise RuntimeError(
                 "UlyssesHelper.all_to_all is not differentiable and x requires grad: call "
                 "fastvideo.distributed.ulysses.ops.all_to_all(x, mode, helper=helper) (or the public "
                 "sequence_model_parallel_all_to_all_4D), or run it under torch.no_grad()."
             )
-        return self.call(x, mode, splits=splits)[0]
+        return self.call(x, mode, splits=splits, tag=tag)[0]
 
     def try_all_to_all_4D(self, x: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1, *,
-                          seq_splits: Sequence[int] | None = None,
-                          head_splits: Sequence[int] | None = None) -> torch.Tensor | None:
+                          seq_splits: Sequence[int] | None = None, head_splits: Sequence[int] | None = None,
+                          tag: str | None = None) -> torch.Tensor | None:
         """The fused route or nothing: collective; blocks the host for the vote; capture-safe; not differentiable.
         Returns the output, or None on every rank when every rank declined (the caller then runs the NCCL
-        route). Every rank must call it with matching tensors and split tables, in the same order."""
+        route). Every rank must call it with matching tensors, split tables and tags, in the same order."""
         mode = mode_for_dims(scatter_dim, gather_dim)
         splits = validate_input(x, mode, self.world_size, rank=self.sp.rank_in_group, seq_splits=seq_splits,
                                 head_splits=head_splits)
-        return self.call(x, mode, torch.is_grad_enabled() and x.requires_grad, fallback=False, splits=splits)[0]
+        if tag is not None:
+            contract.check_tag(tag, "UlyssesHelper.try_all_to_all_4D")
+        return self.call(x, mode, torch.is_grad_enabled() and x.requires_grad, fallback=False, splits=splits,
+                         tag=tag)[0]
 
     # ------------------------------------------------------------------ configuration (set identically on every rank)
 

@@ -27,6 +27,7 @@ class CallRecord(NamedTuple):
     reason: DeclineReason | None
     chunks: int
     captured: bool = False  # the fused launch was captured into a CUDA graph (its replays are not recorded)
+    tag: str | None = None  # the call site's tag, None for an untagged call
 
 
 class CallStats:
@@ -42,18 +43,20 @@ class CallStats:
         self.vote_s: deque[float] = deque(maxlen=VOTE_SAMPLES)
         self.history: deque[CallRecord] = deque(maxlen=history)
 
-    def ran(self, seq: int, phase: Phase, geom: Geometry, plan: Plan, captured: bool, key: tuple[int, ...]) -> None:
+    def ran(self, seq: int, phase: Phase, geom: Geometry, plan: Plan, captured: bool, key: tuple[int, ...],
+            tag: str | None = None) -> None:
         """A fused call of the proposal whose fields are ``key``."""
         self.fused += 1
         self.captured += captured
         if self.plans[key] == 0:
             self._named[key] = (plan, geom)
         self.plans[key] += 1
-        self.history.append(CallRecord(seq, phase, geom.mode, "fused", plan, None, plan.num_chunks(geom), captured))
+        self.history.append(CallRecord(seq, phase, geom.mode, "fused", plan, None, plan.num_chunks(geom), captured,
+                                       tag))
 
-    def declined(self, seq: int, phase: Phase, mode: int, reason: DeclineReason) -> None:
+    def declined(self, seq: int, phase: Phase, mode: int, reason: DeclineReason, tag: str | None = None) -> None:
         self.declines[reason] += 1
-        self.history.append(CallRecord(seq, phase, mode, "nccl", None, reason, 0))
+        self.history.append(CallRecord(seq, phase, mode, "nccl", None, reason, 0, False, tag))
 
     def report(self) -> dict:
         """The per-call part of ``UlyssesHelper.stats()``."""
@@ -87,6 +90,7 @@ def report(helper) -> dict:
         "vote": type(helper._call_vote).__name__.removesuffix("Vote").lower(),
         "voted_launch": helper.fused_available and helper._fused_vote,  # the vote and the launch in one call
         "checked": helper.checked,
+        "tags": len(helper._tags),  # distinct call tags seen (each with its own per-phase count)
         "long_training": helper.long_training,
         "in_flight": watchdog.in_flight() if watchdog is not None else 0,
         "disposed": helper._disposed_error is not None,
