@@ -13,6 +13,11 @@ Per row: ``host_ms`` (host-to-completion median of ``helper.all_to_all``), ``dev
 transport's ``execute`` with the same plan), ``host_overhead_us`` = their difference, the vote's median, and
 ``sync_us`` (a synchronize of an idle device: the wake-up alone, part of every host-to-completion number). The
 plan that ran is asserted. On CPU it is a dry run on ``GlooPlanTransport`` (timings mean nothing).
+
+``--tag untagged|tagged|both`` (default ``untagged``, the rows as before): ``tagged`` calls
+``helper.all_to_all(x, mode, tag=...)`` with a call-site tag (the vote's SEQ is then the tag's own count: one dict
+lookup and one XOR more per call), its rows labelled ``<plan> tagged``; ``both`` measures the untagged and the
+tagged row of each plan and mode back to back on the same helper, the A/B of what a tag costs the host.
 """
 
 from __future__ import annotations
@@ -27,31 +32,37 @@ from benchmarks.harness import oracle, product, report, timing
 from benchmarks.harness.case import Case, Context
 from benchmarks.harness.cli import divisible, input_shape
 
+TAG_CHOICES = ("untagged", "tagged", "both")
+TAG = "blocks.0.attn.qkv"  # what DistributedAttention(prefix="blocks.0.attn") tags its first call
+
 
 def median_us(seconds: list[float]) -> float:
     return statistics.median(seconds) * 1e6
 
 
-def measure(helper, x: torch.Tensor, mode: int, engine: str, ctas: int, args) -> dict:
-    """One row: the helper's call and the launch alone, for ``x`` in ``mode``; the plan that ran asserted (the
-    row's engine and CTAs, tuned)."""
+def measure(helper, x: torch.Tensor, mode: int, engine: str, ctas: int, args, tag: str | None = None) -> dict:
+    """One row: the helper's call (with ``tag``, None: untagged) and the launch alone, for ``x`` in ``mode``; the
+    plan that ran asserted (the row's engine and CTAs, tuned) and the tag it was recorded with."""
     from fastvideo.distributed.ulysses.policy import Geometry
 
     device = x.device
     geom = Geometry.from_input(x.shape, mode, 1, x.dtype)
     with torch.no_grad():  # the helper is called directly: no route setting
         mark = helper.stats()["calls"]
-        lat = timing.host_latencies(lambda: helper.all_to_all(x, mode), device, args.iters, args.warmup)
-        out = helper.all_to_all(x, mode)
+        lat = timing.host_latencies(lambda: helper.all_to_all(x, mode, tag=tag), device, args.iters, args.warmup)
+        out = helper.all_to_all(x, mode, tag=tag)
         timing.synchronize(device)
         wrong = oracle.count_bitwise_diff(out, x)
         record = helper.history[-1]
         plan = record.plan
         if record.route != "fused" or plan is None or (plan.engine, plan.ctas, plan.tuned) != (engine, ctas, True):
             raise SystemExit(f"mode {mode}: expected the fused tuned {engine} plan of {ctas} CTAs, ran {record}")
+        if record.tag != tag:
+            raise SystemExit(f"mode {mode}: expected a call tagged {tag!r}, ran {record}")
         execute = product.transport(helper).execute
         dev = timing.device_times(lambda: execute(x, geom, plan), device, args.iters, args.warmup)
-    row = {"mode": mode, "engine": engine, "plan": plan.describe(geom), "chunks": plan.num_chunks(geom),
+    row = {"mode": mode, "engine": engine, "tagged": tag is not None, "plan": plan.describe(geom),
+           "chunks": plan.num_chunks(geom),
            "calls": helper.stats()["calls"] - mark, "host_ms": statistics.median(lat) * 1e3,
            "device_ms": statistics.median(dev) * 1e3, "vote_us": median_us(helper.vote_seconds(args.iters)),
            "wrong": wrong, "wrong_oracle": "the input (the all-to-all at P = 1 is the identity)"}
@@ -79,6 +90,9 @@ class FusedHostOverheadCase(Case):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--at-sp", type=int, default=2, help="the geometries' per-rank operands at this SP size")
+        parser.add_argument("--tag", choices=TAG_CHOICES, default="untagged",
+                            help="call the helper untagged (the rows as before), with a call-site tag, or both "
+                                 "(an untagged and a tagged row per plan and mode, back to back: the A/B)")
 
     def run(self, ctx: Context) -> None:
         from fastvideo.distributed.ulysses.helper import UlyssesHelper
@@ -93,7 +107,8 @@ class FusedHostOverheadCase(Case):
             t0 = time.perf_counter()
             timing.synchronize(device)
             sync_s.append(time.perf_counter() - t0)
-        ctx.header.update(sync_us=median_us(sync_s), at_sp=args.at_sp, dry_run=not cuda)
+        ctx.header.update(sync_us=median_us(sync_s), at_sp=args.at_sp, dry_run=not cuda, tag=args.tag)
+        tags = {"untagged": (None,), "tagged": (TAG,), "both": (None, TAG)}[args.tag]
         if not cuda:
             ctx.note("CPU: a dry run on GlooPlanTransport at P = 1 (timings mean nothing)")
         ctx.log(f"synchronize of an idle device: {median_us(sync_s):.1f} us median")
@@ -121,9 +136,10 @@ class FusedHostOverheadCase(Case):
                         if not helper.fused_available:
                             raise SystemExit(f"the one-rank helper declined: {helper.stats()['construction_detail']}")
                         for mode in (0, 1):
-                            row = measure(helper, x, mode, engine, ctas, args)
-                            ctx.add_row({"geometry": name, "label": f"{engine} {ctas} CTAs x{splits}", **row,
-                                         "sync_us": median_us(sync_s)})
+                            for tag in tags:
+                                row = measure(helper, x, mode, engine, ctas, args, tag)
+                                label = f"{engine} {ctas} CTAs x{splits}" + (" tagged" if tag is not None else "")
+                                ctx.add_row({"geometry": name, "label": label, **row, "sync_us": median_us(sync_s)})
                     finally:
                         helper.destroy()
                     ctx.advance(f"{name} {engine} x{splits}")

@@ -5,7 +5,8 @@ the host) build a ``UlyssesHelper`` whose transport moves nothing (its ``execute
 output), so the time per ``helper.all_to_all`` call is the host path alone. ``--vote shm`` is the same-host
 shared-memory vote a single-host GPU job uses (it needs the kernel library: the tree's development build is
 used where one exists), ``gloo`` the fallback. ``--gap-us N --gap-kind sleep|spin`` idles before each call, as a
-GPU call's wait does between two calls. Per rank: median and p90 microseconds per call, the vote's median
+GPU call's wait does between two calls. ``--tag`` tags every call (``helper.all_to_all(x, 0, tag=...)``: the vote's
+SEQ is then the tag's own count). Per rank: median and p90 microseconds per call, the vote's median
 (``helper.vote_seconds``) and the rest. A GPU host adds its launch and allocation on top (``a2a``'s host
 overhead, ``fused_host_overhead``).
 """
@@ -52,6 +53,8 @@ class HostPathCase(Case):
         parser.add_argument("--vote", choices=("shm", "gloo", "auto"), default="auto")
         parser.add_argument("--gap-us", type=float, default=0.0, help="idle time before each call")
         parser.add_argument("--gap-kind", choices=("sleep", "spin"), default="sleep")
+        parser.add_argument("--tag", choices=("untagged", "tagged"), default="untagged",
+                            help="call with a call-site tag (the per-tag count in the vote's SEQ)")
 
     def run(self, ctx: Context) -> None:
         import torch
@@ -81,13 +84,14 @@ class HostPathCase(Case):
         if not helper.fused_available:
             raise SystemExit(f"host_path: the helper declined: {helper.stats()}")
         times = []
+        tag = "blocks.0.attn.qkv" if args.tag == "tagged" else None
         ctx.progress.total = args.warmup + args.iters
         with torch.no_grad():  # the helper is called directly: no route setting
             for i in range(args.warmup + args.iters):
                 if args.gap_us:
                     idle(args.gap_us * 1e-6, args.gap_kind)
                 start = time.perf_counter_ns()
-                helper.all_to_all(x, 0)
+                helper.all_to_all(x, 0, tag=tag)
                 if i >= args.warmup:
                     times.append((time.perf_counter_ns() - start) / 1e3)
                 if (i + 1) % 1000 == 0:
@@ -101,7 +105,7 @@ class HostPathCase(Case):
                 "call_us_p90": stats.quantile(sorted(times), 0.9), "vote_us_median": statistics.median(votes),
                 "rest_us_median": statistics.median(t - v for t, v in zip(times, votes, strict=True)),
                 "fused_calls": info["fused"], "calls": info["calls"]}
-        ctx.header.update(gap_us=args.gap_us, gap_kind=args.gap_kind, vote_request=args.vote)
+        ctx.header.update(gap_us=args.gap_us, gap_kind=args.gap_kind, vote_request=args.vote, tag=args.tag)
         for r in timing.gather(mine):
             ctx.add_row({**r, "wrong": 0, "wrong_oracle": oracle.NO_DATA + ": the transport returns a preallocated "
                          "output"})
