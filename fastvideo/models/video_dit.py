@@ -134,8 +134,10 @@ class VideoDiTBlock(nn.Module):
     """One Wan-style block on this rank's video tokens ``[B, S/P, hidden]`` and the text tokens ``[B, T, hidden]``
     (the same on every SP rank). Collective over the SP group (two all-to-alls, one all-gather)."""
 
-    def __init__(self, cfg: VideoDiTConfig, *, all_to_all=None, attend=None) -> None:
-        """``all_to_all`` / ``attend``: ``DistributedAttention``'s overrides (benchmarks); the package's by default."""
+    def __init__(self, cfg: VideoDiTConfig, *, all_to_all=None, attend=None, prefix: str = "") -> None:
+        """``all_to_all`` / ``attend``: ``DistributedAttention``'s overrides (benchmarks); the package's by default.
+        ``prefix``: the block's name in the model (``"blocks.3"``); its attention's all-to-alls are tagged
+        ``f"{prefix}.attn.qkv"`` and ``f"{prefix}.attn.out"`` (untagged without one)."""
         super().__init__()
         hidden = cfg.hidden
         self.cfg = cfg
@@ -143,7 +145,8 @@ class VideoDiTBlock(nn.Module):
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.norm_q = nn.RMSNorm(hidden, eps=cfg.eps)
         self.norm_k = nn.RMSNorm(hidden, eps=cfg.eps)
-        self.attn = DistributedAttention(cfg.heads, cfg.head_dim, all_to_all=all_to_all, attend=attend)
+        self.attn = DistributedAttention(cfg.heads, cfg.head_dim, all_to_all=all_to_all, attend=attend,
+                                         prefix=f"{prefix}.attn" if prefix else "")
         self.proj = nn.Linear(hidden, hidden)
         self.norm2 = nn.LayerNorm(hidden, eps=cfg.eps, elementwise_affine=False)
         mlp = int(hidden * cfg.mlp_ratio)
@@ -196,7 +199,7 @@ class VideoDiT(nn.Module):
                                         nn.Linear(hidden, hidden))
         self.time_embed = nn.Sequential(nn.Linear(cfg.freq_dim, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
         self.time_proj = nn.Sequential(nn.SiLU(), nn.Linear(hidden, 6 * hidden))
-        self.blocks = nn.ModuleList(VideoDiTBlock(cfg) for _ in range(cfg.depth))
+        self.blocks = nn.ModuleList(VideoDiTBlock(cfg, prefix=f"blocks.{i}") for i in range(cfg.depth))
         self.norm_out = nn.LayerNorm(hidden, eps=cfg.eps, elementwise_affine=False)
         self.head_modulation = nn.Parameter(torch.randn(1, 2, hidden) / hidden ** 0.5)
         self.head = nn.Linear(hidden, cfg.patch_dim)

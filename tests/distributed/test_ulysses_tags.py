@@ -443,3 +443,13 @@ def test_check_tag():
         contract.check_tag(b"x")
     with pytest.raises(ValueError, match="tag='' is empty"):
         contract.check_tag("")
+
+
+def test_the_video_dit_names_every_blocks_attention():
+    """The package's video DiT gives each block's attention its own prefix: every all-to-all of the model is tagged,
+    each tag once."""
+    from fastvideo.models.video_dit import CONFIGS, VideoDiT
+
+    model = VideoDiT(CONFIGS["tiny"])
+    tags = [tag for block in model.blocks for tag in block.attn.tags.values()]
+    assert tags == [f"blocks.{i}.attn.{role}" for i in range(len(model.blocks)) for role in ("qkv", "out")]
