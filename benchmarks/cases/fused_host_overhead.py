@@ -49,15 +49,17 @@ def measure(helper, x: torch.Tensor, mode: int, engine: str, ctas: int, args, ta
     geom = Geometry.from_input(x.shape, mode, 1, x.dtype)
     with torch.no_grad():  # the helper is called directly: no route setting
         mark = helper.stats()["calls"]
-        lat = timing.host_latencies(lambda: helper.all_to_all(x, mode, tag=tag), device, args.iters, args.warmup)
-        out = helper.all_to_all(x, mode, tag=tag)
+        # Untagged rows call without the keyword, so --compare-revs against a tree from before tags runs them.
+        call = (lambda: helper.all_to_all(x, mode)) if tag is None else (lambda: helper.all_to_all(x, mode, tag=tag))
+        lat = timing.host_latencies(call, device, args.iters, args.warmup)
+        out = call()
         timing.synchronize(device)
         wrong = oracle.count_bitwise_diff(out, x)
         record = helper.history[-1]
         plan = record.plan
         if record.route != "fused" or plan is None or (plan.engine, plan.ctas, plan.tuned) != (engine, ctas, True):
             raise SystemExit(f"mode {mode}: expected the fused tuned {engine} plan of {ctas} CTAs, ran {record}")
-        if record.tag != tag:
+        if getattr(record, "tag", None) != tag:
             raise SystemExit(f"mode {mode}: expected a call tagged {tag!r}, ran {record}")
         execute = product.transport(helper).execute
         dev = timing.device_times(lambda: execute(x, geom, plan), device, args.iters, args.warmup)

@@ -85,13 +85,15 @@ class HostPathCase(Case):
             raise SystemExit(f"host_path: the helper declined: {helper.stats()}")
         times = []
         tag = "blocks.0.attn.qkv" if args.tag == "tagged" else None
+        # Untagged: called without the keyword, so --compare-revs against a tree from before tags runs it.
+        call = (lambda: helper.all_to_all(x, 0)) if tag is None else (lambda: helper.all_to_all(x, 0, tag=tag))
         ctx.progress.total = args.warmup + args.iters
         with torch.no_grad():  # the helper is called directly: no route setting
             for i in range(args.warmup + args.iters):
                 if args.gap_us:
                     idle(args.gap_us * 1e-6, args.gap_kind)
                 start = time.perf_counter_ns()
-                helper.all_to_all(x, 0, tag=tag)
+                call()
                 if i >= args.warmup:
                     times.append((time.perf_counter_ns() - start) / 1e3)
                 if (i + 1) % 1000 == 0:
