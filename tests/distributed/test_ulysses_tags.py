@@ -453,3 +453,29 @@ def test_the_video_dit_names_every_blocks_attention():
     model = VideoDiT(CONFIGS["tiny"])
     tags = [tag for block in model.blocks for tag in block.attn.tags.values()]
     assert tags == [f"blocks.{i}.attn.{role}" for i in range(len(model.blocks)) for role in ("qkv", "out")]
+
+
+def _caller_error(rank, world, route):
+    from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as op
+
+    helper = _route(route)
+    x = rank_input(rank, SHAPE)
+    bad = x.to("meta") if rank == 1 else x  # rank 1's call fails before any collective: voted LOCAL_ERROR
+    try:
+        op(bad, 2, 1, tag="e.qkv")
+        got = None
+    except Exception as exc:  # noqa: BLE001 - the test asserts on what came back
+        got = type(exc).__name__
+    y = op(x, 2, 1, tag="e.qkv")  # the same tag again: every rank's count of it is still 0
+    return got, bit_equal(y, _expected(lambda r: rank_input(r, SHAPE))), helper.history[-1].tag, list(
+        helper._tags["e.qkv"][:3])
+
+
+def test_a_tagged_call_that_fails_on_one_rank_is_not_counted_on_any(ranks):
+    """Checked mode: rank 1's tagged call fails before any collective (a meta tensor; it votes LOCAL_ERROR and
+    raises ValueError, rank 0 raises PeerCallError). Neither rank counts the call for its tag, so the next call
+    with that tag matches and runs exactly."""
+    results = ranks(2, _caller_error, "checked", env=ROUTES["checked"], timeout_s=60)
+    assert [r[0] for r in results] == ["PeerCallError", "ValueError"]
+    for _, exact, tag, counts in results:
+        assert exact and tag == "e.qkv" and counts == [1, 0, 0]
