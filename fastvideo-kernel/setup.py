@@ -20,6 +20,7 @@ class BuildPyWithKernel(build_py):
     def run(self) -> None:
         super().run()
         if not self.dry_run:
+            # The product library only: the test library (build_lib.py --testing) never ships.
             build_lib.build(Path(self.build_lib) / "fastvideo_kernel" / "lib")
 
 

@@ -1,7 +1,8 @@
 """Typed registry of FastVideo's environment variables.
 
-Values are read from ``os.environ`` every time they are asked for (never frozen at import), so a
-recipe, a test or a launcher can change them between calls. ``docs/env_vars.md`` lists the same
+Values are read from ``os.environ`` every time they are asked for (never frozen at import). The settings that
+decide collectives are then agreed across the SP group at set points (``fastvideo/distributed/settings.py``),
+never re-read per call. ``docs/env_vars.md`` lists the same
 variables; ``tests/test_envs.py`` fails when the two drift apart.
 
 Choices are case- and whitespace-insensitive (``" AUTO "`` reads as ``auto``); anything else outside
@@ -127,10 +128,12 @@ _register(
     EnvVar(
         "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S",
         "float",
-        300.0,
-        "Seconds a construction step or per-call vote may wait for peers before the helper disposes "
-        "itself and raises instead of hanging.",
-        minimum=0.1,
+        0.0,
+        "Seconds a settings agreement, a construction step or a per-call vote may wait for peers before it raises "
+        "(the helper then disposes itself) instead of hanging; `0` follows the SP group's timeout, which is the "
+        "default process group's (`init_process_group(timeout=...)`) unless `initialize_sequence_parallel` was given "
+        "one.",
+        minimum=0.0,
     )
 )
 _register(
@@ -181,24 +184,10 @@ def raw(names: tuple[str, ...]) -> tuple[str | None, ...]:
     return tuple(map(os.environ.get, names))
 
 
-# ``os.environ`` keeps the process environment in ``_data``, keyed and valued by the encoded strings (bytes on
-# POSIX). Reading it there skips ``os.environ.get``'s encode/decode (0.7 us a name on the CI VM): the public
-# op compares a snapshot of the agreed variables on every call. Any other ``os.environ``: the plain reads.
-_ENV_DATA = getattr(os.environ, "_data", None)
-_ENV_ENCODE = getattr(os.environ, "encodekey", None)
-_FAST_SNAPSHOT = isinstance(_ENV_DATA, dict) and callable(_ENV_ENCODE)
-_SNAPSHOT_KEYS: dict[tuple[str, ...], tuple[object, ...]] = {}
-
-
 def snapshot(names: tuple[str, ...]) -> tuple[object, ...]:
-    """An opaque value of ``names``'s current raw values: equal snapshots mean unchanged values. For change
-    detection only (``raw`` gives the strings). Reads what ``os.environ`` holds, as ``raw`` does."""
-    if not _FAST_SNAPSHOT:
-        return raw(names)
-    keys = _SNAPSHOT_KEYS.get(names)
-    if keys is None:
-        keys = _SNAPSHOT_KEYS[names] = tuple(map(_ENV_ENCODE, names))
-    return tuple(map(_ENV_DATA.get, keys))
+    """An opaque value of ``names``'s current raw values: equal snapshots mean unchanged values (what a settings
+    agreement records, to name a later change). For change detection only (``raw`` gives the strings)."""
+    return raw(names)
 
 
 def read_all() -> tuple[dict[str, Any], list[str]]:

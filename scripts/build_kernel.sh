@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Build the fastvideo-kernel library standalone against a pinned NCCL release and check its exports.
+# Build the fastvideo-kernel libraries standalone against a pinned NCCL release and check their exports: the
+# product library (what the wheel ships) and the test library beside it (the product plus csrc/ulysses_a2a/
+# testing/: the simulated ranks, the host property checks, the epoch-checked launch, the fabric copy).
 #
-#   scripts/build_kernel.sh 2.28.9            # -> build/kernel/libfastvideo_ulysses_a2a.so
+#   scripts/build_kernel.sh 2.28.9            # -> build/kernel/libfastvideo_ulysses_a2a{,_testing}.so
 #   scripts/build_kernel.sh 2.30.7 build/k230 # another output dir
 #   NCCL_HOME=/path/to/nccl scripts/build_kernel.sh   # an NCCL tree (include/, lib/) instead of a wheel
 #
@@ -38,24 +40,41 @@ if [[ -z "${NCCL_HOME:-}" ]]; then
 fi
 
 start=$(date +%s)
-"$python" "$repo/fastvideo-kernel/build_lib.py" --out "$out_dir" --nccl-home "$NCCL_HOME"
+"$python" "$repo/fastvideo-kernel/build_lib.py" --out "$out_dir" --nccl-home "$NCCL_HOME" --testing
 lib="$out_dir/libfastvideo_ulysses_a2a.so"
+testing_lib="$out_dir/libfastvideo_ulysses_a2a_testing.so"
 
-# CPU-side check: the C ABI is exported, and nothing else (built with -fvisibility=hidden).
-expected=(fvk_abi_version fvk_nccl_build_version fvk_nccl_runtime_version fvk_last_error fvk_max_ctas
-  fvk_coresident_ctas fvk_relax_capture_mode fvk_pci_bus_id fvk_nvlink_p2p fvk_unique_id_bytes fvk_get_unique_id fvk_create
-  fvk_comm_init fvk_window_alloc fvk_window_register fvk_devcomm_create fvk_lsa_info fvk_a2a_original
-  fvk_a2a_tuned fvk_a2a_ce fvk_fabric_copy fvk_a2a_captured fvk_a2a_ce_captured fvk_a2a_debug fvk_sim_a2a fvk_check_window_sync
-  fvk_check_ce_sync fvk_check_ce_addressing fvk_destroy fvk_abort fvk_vote_open fvk_vote_exchange fvk_vote_unlink fvk_vote_close
-  fvk_vote_would_run fvk_voted_launch)
-exported="$(nm -D --defined-only "$lib" | awk '$2 == "T" {print $3}')"
-missing=0
-for sym in "${expected[@]}"; do
-  grep -qx "$sym" <<<"$exported" || { echo "MISSING export: $sym" >&2; missing=1; }
-done
-extra="$(grep -v '^fvk_' <<<"$exported" || true)"
-[[ -z "$extra" ]] || { echo "unexpected exports: $extra" >&2; missing=1; }
+# CPU-side check: each library exports its C ABI and nothing else (built with -fvisibility=hidden), and the
+# product library holds no test code at all (no simulation, epoch checker, host model or fabric copy symbol,
+# local ones included). tests/kernel/test_kernel_host.py checks the same from Python.
+product=(fvk_abi_version fvk_nccl_build_version fvk_nccl_runtime_version fvk_last_error fvk_max_ctas
+  fvk_coresident_ctas fvk_relax_capture_mode fvk_pci_bus_id fvk_nvlink_p2p fvk_unique_id_bytes fvk_get_unique_id
+  fvk_create fvk_comm_init fvk_window_alloc fvk_window_register fvk_devcomm_create fvk_lsa_info fvk_launch
+  fvk_a2a_original fvk_destroy fvk_abort fvk_vote_open fvk_vote_exchange fvk_vote_unlink fvk_vote_close
+  fvk_vote_would_run)
+testing=(fvk_testing_abi_version fvk_sim_a2a fvk_check_window_sync fvk_check_ce_sync fvk_check_ce_addressing
+  fvk_fabric_copy)
+test_code='sim_kernel|SimEnv|epoch_|checked_a2a|CheckedLsaEnv|flat_push|fabric|Checker|ce_sync|addressing'
+bad=0
+check_exports() {  # LIBRARY SYMBOL...: exactly these fvk_ symbols exported
+  local so=$1
+  shift
+  local exported want
+  exported="$(nm -D --defined-only "$so" | awk '$2 == "T" {print $3}' | sort)"
+  want="$(printf '%s\n' "$@" | sort)"
+  if [[ "$exported" != "$want" ]]; then
+    echo "$so exports differ from its ABI (< missing, > unexpected):" >&2
+    diff <(echo "$want") <(echo "$exported") >&2 || true
+    bad=1
+  fi
+}
+check_exports "$lib" "${product[@]}"
+check_exports "$testing_lib" "${product[@]}" "${testing[@]}"
+if nm -C "$lib" | grep -E "$test_code" >&2; then echo "test code in the product library $lib" >&2; bad=1; fi
+# The same pattern finds the test code in the test library (the check above can fail).
+nm -C "$testing_lib" | grep -E "$test_code" >/dev/null || { echo "pattern finds no test code in $testing_lib" >&2; bad=1; }
 needed="$(readelf -d "$lib" | grep -E 'NEEDED|RUNPATH|RPATH' || true)"
 echo "$needed"
-[[ $missing == 0 ]] || exit 1
-echo "build_kernel: OK $lib (${#expected[@]} symbols, NCCL ${version:-from $NCCL_HOME}) in $(( $(date +%s) - start )) s"
+[[ $bad == 0 ]] || exit 1
+echo "build_kernel: OK $lib (${#product[@]} symbols) and $testing_lib (+${#testing[@]}), NCCL ${version:-from $NCCL_HOME}" \
+  "in $(( $(date +%s) - start )) s"

@@ -3,9 +3,10 @@
 #
 #   OUT=/tmp/kernel-check bash scripts/gpu_kernel_check.sh
 #
-# Versions, the kernel wheel built and installed (a development build where the install fails), the library's
-# info, the simulated-peers check, a 1-rank NCCL smoke (construction, P = 1 executes, destroy) and the kernel
-# pytest files. Every step runs under a time limit (the whole script well inside 10 minutes) and a failing step
+# Versions, the kernel wheel built and installed (a development build where the install fails), the test library
+# built beside it, both libraries' info, the simulated-peers check (the test library's fvk_sim_a2a), a 1-rank
+# NCCL smoke on the test library (construction, P = 1 executes, the epoch-checked launch and the fabric copy,
+# destroy) and on the product library (its refusal of the test launches), and tests/kernel. Every step runs under a time limit (the whole script well inside 10 minutes) and a failing step
 # does not stop the later ones; the exit status is non-zero if any failed. Logs in $OUT/logs.tar.gz, the
 # simulation's JSON beside it (scripts/gpu_lib.sh). Run by other scripts with KEEP_WORK=1 it adds its steps to
 # theirs and leaves the finishing to them.
@@ -16,7 +17,8 @@ if [[ -z "${KEEP_WORK:-}" ]]; then
 fi
 
 info() {
-  (cd /tmp && "$python" -c 'import fastvideo_kernel, json; i = fastvideo_kernel.info(); print(json.dumps(i, indent=1)); assert "error" not in i')
+  (cd /tmp && "$python" -c 'import fastvideo_kernel, json; i = fastvideo_kernel.info(); print(json.dumps(i, indent=1)); assert "error" not in i and "problem" not in i')
+  (cd /tmp && "$python" -c 'from fastvideo_kernel import testing; import json; i = testing.info(); print(json.dumps(i, indent=1)); assert "error" not in i and "problem" not in i')
 }
 versions() {
   gpu_versions
@@ -36,12 +38,13 @@ PY
 export -f info versions gpu_versions
 step versions 60 versions.log bash -c versions
 gpu_kernel_wheel
+gpu_testing_library
 step "fastvideo_kernel.info()" 60 versions.log bash -c info
 step "simulated peers" 200 sim_peers.log "$python" tests/kernel/check_sim_peers.py --json "$WORK/logs/sim_peers.json"
-step "1-rank NCCL smoke" 120 smoke_native.log "$python" tests/kernel/smoke_native_single_rank.py
-step "pytest tests/kernel" 200 pytest_kernel.log \
-  "$python" -m pytest -q -p no:cacheprovider tests/kernel/test_sim_peers_gpu.py tests/kernel/test_kernel_host.py \
-  tests/kernel/test_native_capture_gpu.py
+step "1-rank smoke (test library)" 120 smoke_native.log \
+  env FASTVIDEO_KERNEL_LIBRARY="$FASTVIDEO_KERNEL_TESTING_LIBRARY" "$python" tests/kernel/smoke_native_single_rank.py
+step "1-rank smoke (product)" 120 smoke_native.log "$python" tests/kernel/smoke_native_single_rank.py
+step "pytest tests/kernel" 300 pytest_kernel.log "$python" -m pytest -q -p no:cacheprovider tests/kernel
 if [[ -z "${KEEP_WORK:-}" ]]; then
   gpu_finish logs/sim_peers.json
 fi

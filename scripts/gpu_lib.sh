@@ -77,6 +77,15 @@ gpu_kernel_wheel() {
   fi
 }
 
+# gpu_testing_library: the test library (the product sources plus csrc/ulysses_a2a/testing/: the epoch-checked
+# launch, the simulated ranks, the fabric copy) built into $WORK/kernel-testing; FASTVIDEO_KERNEL_TESTING_LIBRARY
+# names it, and FASTVIDEO_KERNEL_TEST_BUILD the product library built beside it (tests/kernel's CPU tests).
+gpu_testing_library() {
+  step "build test library" 300 build.log "$python" fastvideo-kernel/build_lib.py --out "$WORK/kernel-testing" --testing
+  export FASTVIDEO_KERNEL_TESTING_LIBRARY="$WORK/kernel-testing/libfastvideo_ulysses_a2a_testing.so"
+  export FASTVIDEO_KERNEL_TEST_BUILD="$WORK/kernel-testing/libfastvideo_ulysses_a2a.so"
+}
+
 # gpu_finish FILE...: summary.txt, commit.txt, logs.tar.gz and up to 5 of the named files (paths under $WORK) into
 # $OUT; prints the summary; exits with the script's status.
 gpu_finish() {

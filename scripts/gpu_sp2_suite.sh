@@ -36,6 +36,11 @@ if ! "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.device_count() >=
   gpu_finish
 fi
 gpu_kernel_wheel
+# The test library (the product sources plus the epoch-checked launch and the fabric copy) for the stages that
+# use them: the gate's --epoch-check and the benchmarks' fabric references. The product wheel stays installed.
+case "$stage" in
+  gate | floor | a2a | compare) gpu_testing_library && export FASTVIDEO_KERNEL_LIBRARY="$FASTVIDEO_KERNEL_TESTING_LIBRARY" ;;
+esac
 L="$WORK/logs"
 TORCHRUN=("$python" -m torch.distributed.run --standalone --nproc_per_node=2)
 case "$stage" in

@@ -12,7 +12,8 @@ phase "ruff"
 "$PY" -m ruff check .
 phase "clang-format (csrc/)"
 "$(dirname "$PY")/clang-format" --dry-run --Werror csrc/ulysses_a2a/*.cu csrc/ulysses_a2a/*.cuh csrc/ulysses_a2a/*.cpp \
-  csrc/ulysses_a2a/*.h
+  csrc/ulysses_a2a/*.h csrc/ulysses_a2a/testing/*.cu csrc/ulysses_a2a/testing/*.cuh csrc/ulysses_a2a/testing/*.cpp \
+  csrc/ulysses_a2a/testing/*.h
 run_pytest() {
   local rc=0
   "$PY" -m pytest "$@" || rc=$?
@@ -20,8 +21,9 @@ run_pytest() {
   if [ "$rc" -ne 0 ]; then exit "$rc"; fi
 }
 if command -v nvcc >/dev/null 2>&1; then
-  # The kernel must compile against both pinned NCCL releases (the GPU hosts' and a newer one); the
-  # 2.28.9 build stays in build/kernel for the host-side tests in tests/kernel.
+  # Both kernel libraries (product and test) must compile against both pinned NCCL releases (the GPU hosts'
+  # and a newer one); the 2.28.9 builds stay in build/kernel for the host-side tests in tests/kernel (the
+  # property checks run on the test library, the ABI and vote tests on the product one).
   phase "kernel build against NCCL 2.30.7 and 2.28.9"
   PYTHON="$PY" bash scripts/build_kernel.sh 2.30.7 build/kernel-2.30.7
   PYTHON="$PY" bash scripts/build_kernel.sh 2.28.9 build/kernel

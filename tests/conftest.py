@@ -19,7 +19,7 @@ pinned off for every test (``ALWAYS_PINNED``), in its ranks and subprocesses too
 mode set them.
 
 Why pinned and not an invalid sentinel (as until 2026-11-29): ``initialize_sequence_parallel`` now
-validates and agrees every ``FASTVIDEO_*`` setting across the SP group (issue 13), so every test that
+validates and agrees every ``FASTVIDEO_*`` setting across the SP group, so every test that
 builds SP groups reads both variables; a sentinel would fail all of them, and "reads it" no longer
 tells which tests' behaviour depends on the value. That is now the marker's job: mark a test whose
 result is meant to hold under each value.

@@ -85,19 +85,39 @@ def library_candidates(helper) -> list[str]:
     return out
 
 
+def _native_testing():
+    """The test library's Python side (``tests/kernel/native_testing.py``), or None where it is not importable."""
+    try:
+        from tests.kernel import native_testing
+    except ImportError:
+        return None
+    return native_testing
+
+
 def can_fabric_copy(helper) -> bool:
-    """Whether ``fabric_copy`` can run: a constructed native transport whose library has ``fvk_fabric_copy``."""
-    return (helper is not None and helper.fused_available and "fabric" in entry_points(helper)
-            and hasattr(transport(helper), "fabric_copy"))
+    """Whether ``fabric_copy`` can run: a constructed native transport on the test library (this tree), or one
+    with its own ``fabric_copy`` (older trees under ``--compare-revs``). The same answer on every rank: every
+    rank loads the same library."""
+    if helper is None or not helper.fused_available:
+        return False
+    t = transport(helper)
+    if hasattr(t, "fabric_copy"):
+        return "fabric" in entry_points(helper)
+    testing = _native_testing()
+    return testing is not None and testing.available(t)
 
 
 def fabric_copy(helper, nbytes: int, *, engine: int, ctas: int) -> None:
-    """``fvk_fabric_copy`` through the helper's native transport: barrier, every rank pushes ``nbytes`` into
-    every peer's window at once (``engine`` 0: copy engines, 1: SM stores with ``ctas`` CTAs), barrier.
+    """``fvk_fabric_copy`` on the helper's communicator: barrier, every rank pushes ``nbytes`` into every peer's
+    window at once (``engine`` 0: copy engines, 1: SM stores with ``ctas`` CTAs), barrier.
 
     Collective (every rank with the same arguments), enqueued on the current stream, not capture-safe; bypasses
     the vote. The only call site of this measurement-only entry point."""
-    transport(helper).fabric_copy(nbytes, engine=engine, ctas=ctas)
+    t = transport(helper)
+    if hasattr(t, "fabric_copy"):  # an older tree's transport
+        t.fabric_copy(nbytes, engine=engine, ctas=ctas)
+        return
+    _native_testing().fabric_copy(t, nbytes, engine=engine, ctas=ctas)
 
 
 @contextlib.contextmanager

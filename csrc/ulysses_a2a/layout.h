@@ -1,7 +1,7 @@
 // Where the Ulysses fused all-to-all puts every byte: chunks, CTA slices and window regions.
 //
 // Plain C++ usable on the host and the device (FVK_HD): the kernels (movement.cuh) and the host-side
-// property check of the synchronisation argument (sync_model.cpp) call exactly these functions, so
+// property check of the synchronisation argument (testing/sync_model.cpp) call exactly these functions, so
 // the check tests the layout the kernel runs, not a restatement of it. (The barrier schedule the
 // check assumes, two syncs per chunk, is restated there from run_call.)
 //
@@ -21,7 +21,7 @@
 // (every CTA stays busy): split() guarantees CTA i's slice of a smaller chunk is never larger than
 // its slice of the full one, so it fits its region.
 //
-// The layout before 2026-11-29 (kLegacy, kept for negative controls only) put src blocks at the
+// The layout before 2026-11-29 (kMoving, kept for negative controls only) put src blocks at the
 // CURRENT chunk's stride and sliced it by floor(n*i/ctas): when a chunk's size changed, region i moved
 // onto bytes another CTA index of the peer was still copying out (wrong results on 2x H200).
 #pragma once
@@ -42,7 +42,7 @@ constexpr int kMaxCtas = 144;  // LSA barrier slots: one per CTA of the largest 
 
 enum Layout : int {
   kStatic = 0,  // the kernel's layout: region i fixed for the whole call
-  kLegacy = 1,  // negative control only: regions that move with the chunk size (the 8912e8a bug)
+  kMoving = 1,  // negative control only: regions that move with the chunk size (docs/kernel.md)
 };
 
 // One rank's view of one call. Everything except x, out, rank and the vector width chosen by the
@@ -123,7 +123,7 @@ FVK_HD inline Slice cta_slice_static(const Problem& p, const Chunk& c, int src, 
 // Either layout, by p.layout: the host model, the simulation and the debug kernels. The production
 // kernel calls cta_slice_static directly (a runtime layout branch there cost registers and spills).
 FVK_HD inline Slice cta_slice(const Problem& p, const Chunk& c, int src, int cta, int ctas) {
-  if (p.layout == kLegacy) {
+  if (p.layout == kMoving) {
     const int64_t granules = block_bytes(p, c) / p.granule;
     const int64_t g0 = granules * cta / ctas, g1 = granules * (cta + 1) / ctas;
     return Slice{g0 * p.granule, (g1 - g0) * p.granule, src * block_bytes(p, c) + g0 * p.granule};
@@ -156,14 +156,16 @@ FVK_HD inline Problem plan_problem(int world, int mode, int itemsize, int64_t B,
   return p;
 }
 
-#if !defined(__CUDA_ARCH__)
-// Host (ulysses_a2a.cu): bytes per element of a dtype wire code (0 if unknown), and the checks every
-// entry point applies to a call's geometry and plan before filling `p` with plan_problem.
+// Host only (ulysses_a2a.cu): bytes per element of a dtype wire code (0 if unknown), and the checks every
+// launcher, the simulation and the host checks apply to a call's geometry and plan before filling `p` with
+// plan_problem.
 int itemsize_of(int dtype);
 int make_problem(int world, int mode, int dtype, int64_t B, int64_t S, int64_t H, int64_t D, int ctas, int max_ctas,
                  int64_t planes_per_chunk, int64_t rows_per_chunk, size_t window_bytes, Problem& p,
                  int64_t& operand_bytes, int layout = kStatic);
-#endif
+// The widest vector (<= the partition granule) every pointer a rank moves data through allows: p.x, p.out
+// and `extra` (its windows).
+int vector_bytes(const Problem& p, const void* const* extra, int n_extra);
 
 // Region `cta` of source `src`'s block in the window: every byte CTA `cta` may touch there in a call
 // (the host model checks every kStatic slice lies inside it).

@@ -2,11 +2,13 @@
 //
 // `run_call` is the only implementation of a call. It is templated on an Env that says how a CTA
 // finds the ranks' windows and how it waits at a barrier:
-//   * LsaEnv (ulysses_a2a.cu): LSA pointers into peers' symmetric windows, ncclLsaBarrierSession;
-//   * SimEnv (ulysses_a2a.cu): P ranks simulated as CTA groups of ONE co-resident launch on one
-//     device, with a same-device barrier that has the LSA barrier's per-CTA semantics.
+//   * LsaEnv (lsa_env.cuh): LSA pointers into peers' symmetric windows, ncclLsaBarrierSession;
+//   * in the test library: CheckedLsaEnv (testing/checked_launch.cu), LsaEnv stamping every window
+//     granule (the epoch checker, `kCheck`), and SimEnv (testing/sim_ranks.cu), P ranks simulated as
+//     CTA groups of ONE co-resident launch on one device, with a same-device barrier that has the LSA
+//     barrier's per-CTA semantics.
 // So the one-GPU check runs the real chunk loop and the real barrier points, not launch-separated
-// phases. An Env may also stamp window granules (the epoch checker, `kCheck`).
+// phases.
 //
 // Addressing (layout.h): rank `me` sends block q (its rows for peer q); it lands in q's output as
 // block `me`. Two tensor layouts of [B, S, H, D]-shaped data, as rows of `run` bytes:
@@ -159,7 +161,7 @@ __device__ void copy_out_chunk(const Problem& p, const Chunk& c, int64_t ci, Env
 }
 
 // One call as CTA `cta` of `ctas` runs it: per chunk, barrier / store / barrier / copy-out.
-// ulysses_a2a.cu's header argues why per-CTA barriers suffice; sync_model.cpp checks that argument
+// ulysses_a2a.cu's header argues why per-CTA barriers suffice; testing/sync_model.cpp checks that argument
 // as a property over the plan space, on the same layout functions.
 template <typename V, typename Env>
 __device__ void run_call(const Problem& p, Env& env, int cta, int ctas) {

@@ -6,8 +6,8 @@
  * all-gather on the call path (construction stays on gloo).
  *
  * Layout: a header (magic, layout version, world size, slot size, attached-ranks mask), then one
- * slot per rank, each on its own cache lines: an atomic uint64 sequence (alone on its line) and two
- * 12-field buffers, used by call parity.
+ * slot per rank, each on its own cache lines: an atomic uint64 sequence and the rank's pid (alone on
+ * their line) and two 12-field buffers, used by call parity.
  *
  * Protocol for this handle's call n (n = 1, 2, ...):
  *   1. write my fields into slot[me].buf[n & 1];
@@ -26,13 +26,16 @@
  *
  * Back-off while waiting: a bounded spin with a CPU pause/yield hint, then sched_yield() for a short
  * while, then nanosleep() in short steps, so four ranks on two cores do not thrash. A CLOCK_MONOTONIC
- * deadline ends the wait with FVK_ERR_TIMEOUT; a timeout leaves the peers out of step, so the handle
- * refuses further exchanges (the caller treats it as terminal). Errors never abort; messages go to
+ * deadline ends the wait with FVK_ERR_TIMEOUT; a peer whose process no longer exists (its pid, checked
+ * every few milliseconds once sleeping, gives ESRCH) ends it at once with FVK_ERR_PEER_GONE: a dead peer is
+ * told from a stopped or slow one. Either leaves the peers out of step, so the handle refuses further
+ * exchanges (the caller treats it as terminal). Errors never abort; messages go to
  * fvk_last_error().
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -47,18 +50,15 @@
 #include <new>
 #include <unordered_set>
 
+#include "error.h"
 #include "ulysses_a2a.h"
-
-namespace fvk {
-int set_error(int code, const char* fmt, ...);  // ulysses_a2a.cu: the library's thread-local error text
-}
 
 namespace {
 
 using fvk::set_error;
 
 constexpr uint64_t kMagic = 0x65746F7646564B31ull;  // "1KVFvote"
-constexpr uint32_t kLayoutVersion = 1;
+constexpr uint32_t kLayoutVersion = 2;              // 2: each slot holds its rank's pid
 constexpr int kFields = 12;
 constexpr int kMaxVoteWorld = 64;  // the attached mask is one uint64
 constexpr size_t kLine = 64;
@@ -73,7 +73,8 @@ struct alignas(kLine) Header {
 
 struct alignas(kLine) Slot {
   std::atomic<uint64_t> seq;  // the last call whose fields are in buf[seq & 1]
-  char pad[kLine - sizeof(std::atomic<uint64_t>)];
+  std::atomic<int32_t> pid;   // the rank's process, set at open: a waiting peer tells "gone" from "late"
+  char pad[kLine - sizeof(std::atomic<uint64_t>) - sizeof(std::atomic<int32_t>)];
   int64_t buf[2][kFields];
 };
 
@@ -125,25 +126,38 @@ constexpr int kSpins = 256;               // pause-hint iterations before yieldi
 constexpr int64_t kYieldNs = 200 * 1000;  // then sched_yield for up to 200 us
 constexpr long kSleepNs = 50 * 1000;      // then sleep in 50 us steps
 
-// Waits until slot->seq >= n. Returns the value seen, or 0 on timeout.
-uint64_t wait_for(const Slot* slot, uint64_t n, int64_t start, int64_t deadline) {
-  uint64_t seen = slot->seq.load(std::memory_order_acquire);
+constexpr int kSleepsPerLivenessCheck = 100;  // once sleeping: is the peer's process still there (5 ms)?
+
+enum WaitResult { kArrived, kTimedOut, kPeerGone };
+
+// Whether the process `pid` no longer exists (ESRCH; EPERM means it exists under another user).
+bool gone(int32_t pid) {
+  return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+// Waits until slot->seq >= n; `seen` gets the value seen.
+WaitResult wait_for(const Slot* slot, uint64_t n, int64_t start, int64_t deadline, uint64_t& seen) {
+  seen = slot->seq.load(std::memory_order_acquire);
   for (int i = 0; seen < n && i < kSpins; ++i) {
     cpu_relax();
     seen = slot->seq.load(std::memory_order_acquire);
   }
-  while (seen < n) {
+  for (int sleeps = 0; seen < n;) {
     int64_t t = now_ns();
-    if (t >= deadline) return 0;
+    if (t >= deadline) return kTimedOut;
     if (t - start < kYieldNs) {
       sched_yield();
     } else {
       timespec ts{0, kSleepNs};
       nanosleep(&ts, nullptr);
+      if (++sleeps % kSleepsPerLivenessCheck == 0 && gone(slot->pid.load(std::memory_order_relaxed))) {
+        seen = slot->seq.load(std::memory_order_acquire);
+        return seen >= n ? kArrived : kPeerGone;
+      }
     }
     seen = slot->seq.load(std::memory_order_acquire);
   }
-  return seen;
+  return kArrived;
 }
 
 }  // namespace
@@ -212,6 +226,8 @@ int fvk_vote_open(const char* name, int world, int rank, int create, void** hand
     return set_error(FVK_ERR_STATE, "vote: rank %d already attached to %s (duplicate rank or stale segment)", rank,
                      name);
   }
+  Slot* own = reinterpret_cast<Slot*>(static_cast<char*>(base) + sizeof(Header)) + rank;
+  own->pid.store(static_cast<int32_t>(getpid()), std::memory_order_relaxed);
   Vote* v = new (std::nothrow) Vote;
   if (!v) {
     munmap(base, bytes);
@@ -246,14 +262,23 @@ int fvk_vote_exchange(void* handle, const int64_t* fields, int64_t* out, int64_t
   for (int p = 0; p < v->world; ++p) {
     if (p == v->rank) continue;
     const Slot* peer = v->slot(p);
-    uint64_t seen = wait_for(peer, n, start, deadline);
-    if (seen == 0) {
+    uint64_t seen = 0;
+    const WaitResult waited = wait_for(peer, n, start, deadline, seen);
+    if (waited == kTimedOut) {
       v->broken = true;
       return set_error(FVK_ERR_TIMEOUT,
-                       "shared-memory vote %s: rank %d waited %.3f s for rank %d at call %llu "
-                       "(rank %d is at call %llu)",
+                       "shared-memory vote %s: rank %d timed out after %.3f s waiting for rank %d at call %llu "
+                       "(rank %d is at call %llu: stopped, stuck, or not calling)",
                        v->name, v->rank, (now_ns() - start) * 1e-9, p, static_cast<unsigned long long>(n), p,
-                       static_cast<unsigned long long>(peer->seq.load(std::memory_order_relaxed)));
+                       static_cast<unsigned long long>(seen));
+    }
+    if (waited == kPeerGone) {
+      v->broken = true;
+      return set_error(FVK_ERR_PEER_GONE,
+                       "shared-memory vote %s: rank %d (pid %d) exited while rank %d waited for it at call %llu, "
+                       "after %.3f s",
+                       v->name, p, static_cast<int>(peer->pid.load(std::memory_order_relaxed)), v->rank,
+                       static_cast<unsigned long long>(n), (now_ns() - start) * 1e-9);
     }
     if (seen > n + 1) {
       v->broken = true;

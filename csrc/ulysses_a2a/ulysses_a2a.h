@@ -1,6 +1,11 @@
 /*
  * fastvideo-kernel: the Ulysses fused all-to-all, plain C ABI (loaded from Python with ctypes).
  *
+ * This is the product library's ABI (libfastvideo_ulysses_a2a.so, the one the wheel ships). The test
+ * library (libfastvideo_ulysses_a2a_testing.so: these sources plus csrc/ulysses_a2a/testing/) exports all
+ * of it too, and adds the simulated ranks, the host property checks and the fabric copy
+ * (testing/ulysses_a2a_testing.h).
+ *
  * Every function returns FVK_OK (0) or an FVK_ERR_* code; fvk_last_error() then returns a message
  * (thread-local, valid until the next call on the same thread) naming the failing CUDA/NCCL call,
  * its code and its text. Nothing here aborts the process.
@@ -10,12 +15,12 @@
  *   mode 1: input [B, P*S, H/P, D] -> output [B, S, H, D]     (the inverse)
  *   S = S_local (rows per rank), H = global head count, P = world size of the communicator.
  * dtype codes are the contract's wire codes: 1 = float32, 2 = float16, 3 = bfloat16.
- * A plan is (ctas, planes_per_chunk, rows_per_chunk); chunks run planes-major, then S_local row
+ * A plan is (kind, ctas, planes_per_chunk, rows_per_chunk); chunks run planes-major, then S_local row
  * ranges taken from every peer's block (policy.Plan.chunks).
  *
  * Construction is split into the steps the helper votes between. Local: fvk_create,
  * fvk_window_alloc. Collective over the communicator's ranks, entered by every rank in the same
- * order: fvk_comm_init, fvk_window_register, fvk_devcomm_create, fvk_destroy, and every execute.
+ * order: fvk_comm_init, fvk_window_register, fvk_devcomm_create, fvk_destroy, and every launch.
  */
 #ifndef FASTVIDEO_ULYSSES_A2A_H_
 #define FASTVIDEO_ULYSSES_A2A_H_
@@ -27,10 +32,13 @@
 extern "C" {
 #endif
 
-/* 2: static window regions (layout.h), the one-launch simulated ranks (fvk_sim_a2a with calls and
-   flags), fvk_a2a_debug and fvk_check_window_sync.
-   3: the copy-engine plan kind (fvk_a2a_ce, ce_plan.h), fvk_fabric_copy and fvk_check_ce_sync. */
-#define FVK_ABI_VERSION 3
+/* 2: static window regions (layout.h), the one-launch simulated ranks, the epoch checker, the host check.
+   3: the copy-engine plan kind (ce_plan.h), the fabric copy and the copy-engine host checks.
+   4: one launch entry, fvk_launch, taking a call description (fvk_call) for every plan kind and flag, and
+      the voted form (fvk_vote); it replaces fvk_a2a_tuned, _ce, _captured, _ce_captured, _debug and
+      fvk_voted_launch. The simulated ranks, the epoch-checked launch, the host checks and the fabric copy
+      moved to the test library. fvk_a2a_original stays (older callers). */
+#define FVK_ABI_VERSION 4
 
 /* The library is built with -fvisibility=hidden: only these functions are exported. */
 #define FVK_API __attribute__((visibility("default")))
@@ -43,7 +51,8 @@ enum {
   FVK_ERR_NOT_CORESIDENT = 4, /* the CTA count cannot be co-resident: launching would risk deadlock */
   FVK_ERR_STATE = 5,          /* step called out of order (e.g. execute before the device comm) */
   FVK_ERR_UNAVAILABLE = 6,    /* an optional facility (NVML, POSIX shared memory) is missing */
-  FVK_ERR_TIMEOUT = 7         /* the shared-memory vote's deadline passed */
+  FVK_ERR_TIMEOUT = 7,        /* the shared-memory vote's deadline passed (a peer is stopped, stuck or elsewhere) */
+  FVK_ERR_PEER_GONE = 8       /* the shared-memory vote's peer process no longer exists */
 };
 
 typedef struct fvk_ctx fvk_ctx;
@@ -78,109 +87,85 @@ FVK_API int fvk_devcomm_create(fvk_ctx* ctx);
 /* LSA coverage: the fused route needs lsa_size == nranks (every SP peer load/store addressable). */
 FVK_API int fvk_lsa_info(fvk_ctx* ctx, int* nranks, int* rank, int* lsa_size, int* lsa_rank);
 
-/* ---- execution (collective; enqueued on `stream`, a cudaStream_t; returns once enqueued) ---- */
-/* The original entry point: 36 CTAs, the whole operand as one chunk. */
+/* ---- execution: one entry, fvk_launch, and its call description ---- */
+
+/* fvk_call.kind, the plan kind. SM: the fused kernel, `ctas` CTAs store every share straight into the peers'
+   windows. CE: the copy-engine kind (ce_plan.h), the fabric crossed by the copy engines, `ctas` CTAs for the
+   on-device copies; the window holds two chunk buffers (each chunk fits half). */
+#define FVK_KIND_SM 0
+#define FVK_KIND_CE 1
+
+/* fvk_call.flags. */
+#define FVK_CALL_CAPTURE 1u /* into the CUDA graph `stream` is capturing (below) */
+/* The SM kind with the epoch checker, and its negative control (the pre-fix window layout): the test
+   library only (testing/ulysses_a2a_testing.h); the product library refuses them, naming it. */
+#define FVK_CALL_DEBUG 2u
+#define FVK_CALL_DEBUG_MOVING_LAYOUT 4u
+
+/* One call, described once per signature and reused (the caller caches it): the plan kind, flags,
+   geometry and plan. `size` versions it: the caller sets sizeof(fvk_call) as it was compiled; a library
+   reads the fields it knows (an older caller's missing fields read as zero) and refuses a newer caller's
+   fields it does not know unless they are zero. New fields are appended. */
+typedef struct fvk_call {
+  uint32_t size;  /* sizeof(fvk_call) */
+  uint32_t flags; /* FVK_CALL_* */
+  int32_t kind;   /* FVK_KIND_* */
+  int32_t mode;   /* 0 or 1 (see the header comment) */
+  int32_t dtype;  /* 1 f32, 2 f16, 3 bf16 */
+  int32_t ctas;   /* 1..fvk_max_ctas() */
+  int64_t B, S, H, D;
+  int64_t planes_per_chunk, rows_per_chunk; /* clamped to B and S */
+  /* Uneven splits, for what comes next: P int64 each, every rank's S_local and every rank's head count
+     (null = even: S and H / P). ABI 4 supports even splits only and refuses non-null tables. */
+  const int64_t* seq_split;
+  const int64_t* head_split;
+  /* FVK_CALL_DEBUG: device memory of 5 uint64 zeroed by the caller, the epoch checker's report. */
+  void* debug_report;
+} fvk_call;
+
+/* The voted form's vote (fvk_launch with a non-null `vote`): the same-host shared-memory vote's handle
+   and buffers in, the stage reached and the exchange's duration out. Built once per vote, reused. */
+#define FVK_STAGE_REFUSED (-1)      /* refused before the exchange: this rank has not voted */
+#define FVK_STAGE_EXCHANGE_FAILED 0 /* the exchange failed (the return code is the vote's) */
+#define FVK_STAGE_NOT_LAUNCHED 1    /* exchanged, not launched: the caller decides from `votes` */
+#define FVK_STAGE_LAUNCHED 2        /* launched (the return code is the launch's) */
+typedef struct fvk_vote {
+  uint32_t size;         /* sizeof(fvk_vote) */
+  int32_t stage;         /* out: FVK_STAGE_* */
+  void* handle;          /* fvk_vote_open's */
+  const int64_t* fields; /* this rank's FVK_VOTE_FIELDS fields */
+  int64_t* votes;        /* out: world x FVK_VOTE_FIELDS gathered fields, row r = rank r */
+  int64_t timeout_ns;    /* the exchange's deadline */
+  int64_t vote_ns;       /* out: the exchange's duration */
+} fvk_vote;
+
+/* Enqueues one call on `stream` (a cudaStream_t) and returns. Collective: every rank launches the same
+   calls in the same order (the per-call vote guarantees it). x and out are this rank's operands; out
+   never aliases x or the window.
+   Checks of the call description and of agreed values (geometry, plan, window) fail alike on every rank
+   and leave the context usable; a failure after them (local pointers, co-residency, a CUDA error) poisons
+   the context (every later launch returns FVK_ERR_STATE): its peers may be waiting at its barriers.
+   Calls are ordered on each rank: the library keeps its last stream and a completion event, and a call on
+   another stream waits for the previous one.
+   FVK_CALL_CAPTURE: `stream` must be capturing. Nothing runs and no host state changes; the call's ops go
+   into the graph (the copy-engine kind's fork onto the context's copy stream and join back, its per-chunk
+   events as graph edges) with graph-legal ordering: each replay waits for the last fused call before it
+   (eager, or another replay: an external event-wait node on the completion event) and for the previous
+   captured call of the same capture, and records that event when it completes; after a capture every
+   eager call waits on it. Replays are collective like any launch: every rank replays the same graphs in
+   the same order, and only while the context lives. Without the flag, the copy-engine kind refuses a
+   capturing stream.
+   vote (nullable): the voted form. fvk_vote_exchange, then, where fvk_vote_would_run, the launch. vote->stage
+   says how far it went (FVK_STAGE_*): REFUSED for a bad call description or vote (a closed vote, a vote
+   and a communicator of different sizes, a capture or debug flag: the voted form is eager and unchecked);
+   a null `ctx` fails at LAUNCHED, so the decision can be tested without a GPU. Host-blocking for the
+   exchange. */
+FVK_API int fvk_launch(fvk_ctx* ctx, const fvk_call* call, const void* x, void* out, void* stream, fvk_vote* vote);
+
+/* The original entry point (kept for older callers): fvk_launch of the SM kind with 36 CTAs, the whole
+   operand as one chunk. */
 FVK_API int fvk_a2a_original(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S,
                              int64_t H, int64_t D, void* stream);
-/* The tuned entry point: CTA count and chunk shape as arguments. */
-FVK_API int fvk_a2a_tuned(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H,
-                          int64_t D, int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, void* stream);
-
-/* The copy-engine plan kind (ce_plan.h): the same geometry and chunks, the fabric crossed by the copy
-   engines into the peers' windows, `ctas` CTAs for the on-device copies (own block, copy-out). The
-   window holds two chunk buffers, so each chunk must fit half of it. Ends on `stream` (internally it
-   forks onto the context's copy stream and joins back). */
-FVK_API int fvk_a2a_ce(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H,
-                       int64_t D, int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, void* stream);
-
-/* The benchmark's fabric limit (collective, like an execute): barrier, every rank copies `bytes` (a
-   multiple of 16, (P + 1) x bytes <= window) from its window into every peer's window at once,
-   barrier. engine 0: the copy engines (one cudaMemcpyAsync per peer); 1: `ctas` CTAs of SM stores. */
-FVK_API int fvk_fabric_copy(fvk_ctx* ctx, int64_t bytes, int engine, int ctas, void* stream);
-/* The tuned entry point for CUDA-graph capture: `stream` must be capturing. It records no host-side state
-   (nothing runs at capture) and only graph-legal ordering: each replay waits for the last fused launch
-   before it (eager, or another replay: an external event-wait node on the context's completion event) and
-   for the previous captured launch of the same capture, and records that event when it completes. After
-   a capture, every eager launch waits on that event (so it is ordered after replays issued before it).
-   Replays are collective like any launch: every rank must replay the same graphs in the same order, and
-   only while the context lives. Absent from older builds (the caller then declines under capture). */
-FVK_API int fvk_a2a_captured(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S,
-                             int64_t H, int64_t D, int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk,
-                             void* stream);
-
-/* The copy-engine kind for CUDA-graph capture (ABI 3, absent from older builds): `stream` must be capturing.
-   The call's ops (fork onto the context's copy stream, entry barrier, per chunk the pushes, barrier, own
-   block and copy-out, join) go into the graph with the schedule's ordering as graph edges, and the call is
-   ordered against eager calls and other replays as fvk_a2a_captured's launch is. The same replay rules. */
-FVK_API int fvk_a2a_ce_captured(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S,
-                                int64_t H, int64_t D, int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk,
-                                void* stream);
-
-/* ---- debug: the fused kernel with the epoch checker (collective, like an execute) ---- */
-#define FVK_DEBUG_EPOCH_CHECK 1u   /* stamp window granules; report any access another CTA index could race */
-#define FVK_DEBUG_LEGACY_LAYOUT 2u /* negative control: the pre-fix window layout (wrong with uneven chunks) */
-/* report: device memory of 5 uint64 (zeroed by the caller): violations, then the first one's
-   kind | rank << 8 | peer << 16, granule, stamp found, stamp written. The window must hold the plan's
-   bytes plus 8 bytes of stamps per granule. */
-FVK_API int fvk_a2a_debug(fvk_ctx* ctx, const void* x, void* out, int mode, int dtype, int64_t B, int64_t S, int64_t H,
-                          int64_t D, int ctas, int64_t planes_per_chunk, int64_t rows_per_chunk, unsigned flags,
-                          void* report, void* stream);
-
-/* ---- simulated ranks on one device (no NCCL): the fused kernel's own chunk loop ---- */
-/* One call of a simulated sequence: geometry, plan, and each simulated rank's input and output. */
-typedef struct fvk_sim_call {
-  int mode, dtype, ctas, reserved;
-  int64_t B, S, H, D, planes_per_chunk, rows_per_chunk;
-  const void* x[8];
-  void* out[8];
-} fvk_sim_call;
-#define FVK_SIM_SKEW 1u          /* random delays around every barrier (skew_ns max; 0 = 20 us) */
-#define FVK_SIM_EPOCH_CHECK 2u   /* the epoch checker (report as for fvk_a2a_debug) */
-#define FVK_SIM_LEGACY_LAYOUT 4u /* negative control: the pre-fix window layout */
-/* `ncalls` (1..4) consecutive calls as ONE launch of world x max(ctas) co-resident CTAs, each group
-   of CTAs playing one rank: the real chunk loop and barrier points, a same-device barrier with the
-   LSA barrier's per-CTA semantics, and each rank's call boundary as its stream would order it.
-   windows: `world` device pointers of `window_bytes` each. Blocking (synchronises `stream`); report:
-   host array of 5 uint64. FVK_ERR_NOT_CORESIDENT when the device cannot hold the launch. */
-FVK_API int fvk_sim_a2a(int world, int ncalls, const fvk_sim_call* calls, void* const* windows, size_t window_bytes,
-                        unsigned flags, unsigned skew_ns, uint64_t seed, uint64_t* report, void* stream);
-
-/* ---- host property check of the synchronisation argument (sync_model.cpp; no GPU) ---- */
-/* Models `ncalls` consecutive calls on `world` ranks (per-CTA barriers, stream order between calls)
-   over the window layout of layout.h, and counts window accesses that conflict without a
-   happens-before order, CTA slices that do not tile their block or leave their region, and accesses
-   outside `window_bytes`. (That a copy-out reads the bytes its store wrote is the simulation's job.)
-   calls: ncalls x 8 int64 (dtype, B, S, H, D, ctas, planes_per_chunk, rows_per_chunk). layout: 0 the
-   kernel's, 1 legacy (negative control). schedule: FVK_SYNC_KERNEL (run_call's two barriers per
-   chunk), or a negative control with barriers removed. *violations gets the count; msg (len bytes)
-   describes the first. */
-#define FVK_SYNC_NO_FIRST_ENTRY 0 /* no barrier before chunk 0's stores (the cross-call argument) */
-#define FVK_SYNC_KERNEL 1         /* as the kernel runs */
-#define FVK_SYNC_NO_ENTRY 2       /* no barrier before any chunk's stores (write-after-read in a call) */
-#define FVK_SYNC_NO_MIDDLE 3      /* no barrier between stores and copy-out (read-after-write) */
-FVK_API int fvk_check_window_sync(int world, int ncalls, const int64_t* calls, size_t window_bytes, int layout,
-                                  int schedule, int64_t* violations, char* msg, int len);
-
-/* The same kind of check for the copy-engine schedule (ce_plan.h's ce_schedule, as the launcher runs
-   it): `ncalls` consecutive calls of chunks[n] chunks on `world` ranks, two streams per rank, event
-   records/waits with reuse as issued, barriers pairing by order. Counts conflicting window accesses
-   (push into a buffer block vs its copy-out) without happens-before, and copy-stream work outside its
-   call (before the caller's stream reached it, or after the call's end). chunks[n] = kCeSmCall (-1):
-   an SM-kind call there instead. drop: 0 as built, or ce_plan.h's kCeDrop* bits (negative controls)
-   and kCeModelStreamPerCall (every call on streams of its own, ordered through the completion event). */
-FVK_API int fvk_check_ce_sync(int world, int ncalls, const int64_t* chunks, unsigned drop, int64_t* violations,
-                              char* msg, int len);
-
-/* The copy-engine kind's addressing on the host (no GPU): P ranks' inputs, outputs and windows in host
-   memory, the data movement of one call as the launcher and the kernels address it (ce_push_copies,
-   tensor_rows, ce_block_offset), every push of a chunk before its copy-outs; then every output byte
-   against the all-to-all's definition. *wrong counts differing bytes (and out-of-bounds pushes); msg
-   describes the first. Operands up to 256 MiB. flags: FVK_CE_CHECK_SWAP_BUFFERS (negative control:
-   copy-outs read the other buffer). */
-#define FVK_CE_CHECK_SWAP_BUFFERS 1u
-FVK_API int fvk_check_ce_addressing(int world, int mode, int dtype, int64_t B, int64_t S, int64_t H, int64_t D,
-                                    int64_t planes_per_chunk, int64_t rows_per_chunk, unsigned flags, int64_t* wrong,
-                                    char* msg, int len);
 
 /* ---- teardown ---- */
 /* Collective: device comm, window deregistration, ncclMemFree, ncclCommDestroy; frees ctx. */
@@ -192,15 +177,15 @@ FVK_API int fvk_abort(fvk_ctx* ctx);
 /* Open (create = 1: the one creating rank, O_EXCL) the POSIX shm segment `name` ("/x") for `world` ranks. */
 FVK_API int fvk_vote_open(const char* name, int world, int rank, int create, void** handle);
 /* One call: publish 12 int64 `fields`, gather every rank's into out[world * 12] (row r = rank r).
-   FVK_ERR_TIMEOUT after `timeout_ns`; any failure leaves the handle unusable for further exchanges. */
+   FVK_ERR_TIMEOUT after `timeout_ns`; FVK_ERR_PEER_GONE as soon as a waited-for peer's process no longer exists
+   (every rank's pid is in the segment); any failure leaves the handle unusable for further exchanges. */
 FVK_API int fvk_vote_exchange(void* handle, const int64_t* fields, int64_t* out, int64_t timeout_ns);
 /* shm_unlink the segment's name (existing mappings stay valid): nothing leaks if the job dies. */
 FVK_API int fvk_vote_unlink(void* handle);
 /* Unmap and free the handle (unlink = 1 also unlinks the name); a closed handle is an error, not a crash. */
 FVK_API int fvk_vote_close(void* handle, int unlink);
 
-/* ---- the vote and the launch in one call (the fused route's hot path; ABI 3, absent from older builds) ---- */
-/* The vote's wire format (docs/ulysses_contract.md): fields per rank, and the two this call reads. */
+/* The vote's wire format (docs/ulysses_contract.md): fields per rank, and the two the verdict reads. */
 #define FVK_VOTE_FIELDS 12
 #define FVK_FIELD_ELIGIBILITY 2
 #define FVK_FIELD_PLAN 11
@@ -209,17 +194,6 @@ FVK_API int fvk_vote_close(void* handle, int unlink);
    a plan (contract.decide; every other table declines or raises on every rank), so a launch decided here
    is the launch the Python verdict would order. Host only. */
 FVK_API int fvk_vote_would_run(const int64_t* votes, int world, const int64_t* mine);
-/* fvk_vote_exchange, then, where fvk_vote_would_run, the launch of `entry` (0 fvk_a2a_original, 1
-   fvk_a2a_tuned, 2 fvk_a2a_ce; the original ignores ctas, planes and rows) with the plan the fields carry.
-   *stage: -1 refused before the exchange (bad entry, a closed vote, a vote and a communicator of different
-   sizes: this rank has not voted), 0 the exchange failed (the return code is the vote's), 1 exchanged and
-   not launched (the caller decides from `votes`: a decline or an error, on every rank alike), 2 launched (the
-   return code is the launch's; a null `ctx` fails here, so the decision can be tested without a GPU).
-   *vote_ns: the exchange's duration. Collective, host-blocking for the vote; eager only. */
-FVK_API int fvk_voted_launch(void* vote, const int64_t* fields, int64_t* votes, int64_t timeout_ns, int* stage,
-                             int64_t* vote_ns, fvk_ctx* ctx, int entry, const void* x, void* out, int mode, int dtype,
-                             int64_t B, int64_t S, int64_t H, int64_t D, int ctas, int64_t planes_per_chunk,
-                             int64_t rows_per_chunk, void* stream);
 
 #ifdef __cplusplus
 }

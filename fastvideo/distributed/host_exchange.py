@@ -1,4 +1,5 @@
-"""Host-side exchange of small Python objects over a gloo group (construction and settings agreement).
+"""Host-side exchange of small Python objects over a gloo group (construction and settings agreement), and what
+the job's groups time out after.
 
 Pickled and length-prefixed: one all-gather of a fixed slot (a second, padded one only for an
 object larger than the slot). ``timeout_s`` bounds this one exchange
@@ -63,3 +64,35 @@ def all_gather_objects(
     _gather(gathered, padded, group, timeout_s)
     wide = gathered.view(world_size, width)
     return [pickle.loads(wide[r, : sizes[r]].numpy().tobytes()) for r in range(world_size)]
+
+
+def group_timeout_s(group: dist.ProcessGroup | None = None) -> float | None:
+    """Local: the timeout ``group``'s collectives run under (the default group when None), in seconds, or None
+    where this torch does not say. It is what ``init_process_group(timeout=...)`` / ``new_group(timeout=...)``
+    set, or torch's default for the backend."""
+    group = group if group is not None else dist.group.WORLD
+    try:
+        device = torch.device("cuda") if dist.get_backend(group) == "nccl" else torch.device("cpu")
+        return group._get_backend(device).options._timeout.total_seconds()
+    except Exception:  # noqa: BLE001 - private API that differs across torch builds: None says "unknown"
+        return None
+
+
+def job_timeout_s() -> float:
+    """Local: the default process group's timeout in seconds (torch's default for its backend when it cannot
+    be read). The SP groups and the Ulysses vote follow it unless told otherwise."""
+    timeout = group_timeout_s()
+    if timeout is not None:
+        return timeout
+    return dist.distributed_c10d.default_pg_timeout.total_seconds()
+
+
+def classify_failure(exc: BaseException) -> str:
+    """``timeout``, ``closed`` (the connection to a peer closed or reset: the peer is gone) or ``failed``, from
+    the message a gloo collective raised."""
+    text = str(exc).lower()
+    if "timed out" in text or "timeout" in text:
+        return "timeout"
+    if any(k in text for k in ("connection closed", "connection reset", "broken pipe", "closed by peer", "eof")):
+        return "closed"
+    return "failed"

@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from fastvideo import envs
 from fastvideo.distributed import settings as _settings
+from fastvideo.distributed.host_exchange import job_timeout_s
 from fastvideo.distributed.settings import AgreedSettings
 
 
@@ -47,6 +48,7 @@ class GroupCoordinator:
     vote_group: dist.ProcessGroup | None = None
     settings: AgreedSettings | None = None
     vote_failure: str | None = None  # set when an exchange on the vote group failed: the group is dead
+    timeout_s: float | None = None  # what the group's collectives time out after
     _generation: int = 0
     _teardown: dict[str, Callable[[], None]] = field(default_factory=dict)
     _on_settings: dict[str, Callable[[AgreedSettings, AgreedSettings], None]] = field(default_factory=dict)
@@ -96,8 +98,11 @@ def initialize_sequence_parallel(sp_size: int, *, timeout: datetime.timedelta | 
     """Create the SP and DP groups and agree the settings. Collective over the world; call once after
     ``init_process_group``.
 
-    ``sp_size`` must divide the world size. ``timeout`` bounds every collective of the new groups
-    (gloo and NCCL), so tests can keep a hang short. Raises on every rank, before any later
+    ``sp_size`` must divide the world size. ``timeout`` bounds every collective of the new groups (device, CPU and
+    vote groups, gloo and NCCL); by default they take the default process group's timeout
+    (``init_process_group(timeout=...)``), and so does the Ulysses vote unless
+    ``FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S`` says otherwise (``docs/env_vars.md``, "Timeouts"). Raises on every rank,
+    before any later
     collective, when some rank holds an invalid ``FASTVIDEO_*`` value or the ranks of an SP group
     disagree on a setting (``settings.SettingsError`` / ``SettingsMismatchError``).
     """
@@ -116,20 +121,24 @@ def initialize_sequence_parallel(sp_size: int, *, timeout: datetime.timedelta | 
         )
     backend = dist.get_backend()
     device = _device_for_backend(backend)
-    kwargs = {"timeout": timeout} if timeout is not None else {}
-    agree_s = timeout.total_seconds() if timeout is not None else _settings.agreement_timeout_s()
-    vote_timeout = datetime.timedelta(seconds=_settings.agreement_timeout_s())
+    # The job's timeout unless told otherwise: a stopped peer then ends this rank's collectives within it.
+    if timeout is None:
+        timeout = datetime.timedelta(seconds=job_timeout_s())
+    kwargs = {"timeout": timeout}
+    agree_s = _settings.agreement_timeout_s(timeout.total_seconds())
+    vote_timeout = datetime.timedelta(seconds=agree_s)
     created: list[dist.ProcessGroup] = []
     sp: GroupCoordinator | None = None
     for start in range(0, world, sp_size):
         ranks = list(range(start, start + sp_size))
         dev_group = dist.new_group(ranks, backend=backend, **kwargs)
         cpu_group = dist.new_group(ranks, backend="gloo", **kwargs)
-        # Helpers set their own vote timeout on it; this one bounds nothing until a helper exists.
+        # The vote timeout (helpers may set their own on it).
         vote_group = dist.new_group(ranks, backend="gloo", timeout=vote_timeout)
         created += [dev_group, cpu_group, vote_group]
         if rank in ranks:
-            sp = GroupCoordinator(ranks, ranks.index(rank), dev_group, cpu_group, device, vote_group=vote_group)
+            sp = GroupCoordinator(ranks, ranks.index(rank), dev_group, cpu_group, device, vote_group=vote_group,
+                                  timeout_s=timeout.total_seconds())
     dp: GroupCoordinator | None = None
     for offset in range(sp_size):
         ranks = list(range(offset, world, sp_size))
@@ -137,7 +146,8 @@ def initialize_sequence_parallel(sp_size: int, *, timeout: datetime.timedelta | 
         cpu_group = dist.new_group(ranks, backend="gloo", **kwargs)
         created += [dev_group, cpu_group]
         if rank in ranks:
-            dp = GroupCoordinator(ranks, ranks.index(rank), dev_group, cpu_group, device)
+            dp = GroupCoordinator(ranks, ranks.index(rank), dev_group, cpu_group, device,
+                                  timeout_s=timeout.total_seconds())
     assert sp is not None and dp is not None
     try:
         sp.settings = _settings.agree(
@@ -164,7 +174,7 @@ def agree_ulysses_settings() -> AgreedSettings:
         sp.ranks,
         sp.rank_in_group,
         where="agree_ulysses_settings",
-        timeout_s=_settings.agreement_timeout_s(),
+        timeout_s=_settings.agreement_timeout_s(sp.timeout_s),
         previous=sp.settings,
     )
     previous, sp.settings = sp.settings, agreed

@@ -7,12 +7,11 @@ What is agreed, and when (``docs/env_vars.md``, "Agreement"):
   and agrees the ``agreed`` ones (``envs.agreed_names()``: the route, the long-training policy, the
   window) in one exchange over the SP group's CPU group. The snapshot lives on the SP coordinator.
 * The helper's construction exchange carries the same report (no extra round) and refreshes it.
-* Every call compares this rank's raw environment strings of the agreed variables with the snapshot
-  (one tuple compare, no parsing). Unchanged: the snapshot decides. Changed: the call re-agrees before
-  any other collective. Every rank changed the same way (``envs.override`` on every rank): the new
-  values apply. Ranks now differ: ``SettingsMismatchError`` on every rank. Only this rank changed: its
-  peers never join the exchange, and after the timeout this rank raises ``SettingsAgreementError``
-  saying its settings changed after agreement (its peers' own collectives then fail or time out).
+* Nothing reads the environment per call. A change takes effect at the next explicit agreement,
+  ``parallel_state.agree_ulysses_settings()`` (or ``override_ulysses_settings``), collective: every rank
+  changed the same way, the new values apply; ranks now differ, ``SettingsMismatchError`` on every rank;
+  a rank that re-agrees alone raises ``SettingsAgreementError`` after the timeout, saying its settings
+  changed after agreement.
 
 Invalid values are exchanged as errors and raised on every rank, so a typo on one rank never leaves
 its peers waiting inside a collective.
@@ -28,7 +27,7 @@ from typing import Any
 import torch.distributed as dist
 
 from fastvideo import envs
-from fastvideo.distributed.host_exchange import all_gather_objects
+from fastvideo.distributed.host_exchange import all_gather_objects, job_timeout_s
 
 logger = logging.getLogger(__name__)
 
@@ -182,10 +181,14 @@ def checked_mode(value: str | None = None) -> bool:
     return value == "1"
 
 
-def agreement_timeout_s() -> float:
-    """The bound on one settings exchange: the vote timeout (its default when the variable itself is invalid,
-    which the exchange then reports on every rank)."""
+def agreement_timeout_s(group_timeout_s: float | None = None) -> float:
+    """The bound on one settings exchange, and the vote timeout: ``FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S`` when set
+    above 0, else ``group_timeout_s`` (the SP group's), else the default process group's timeout. An invalid value
+    counts as unset here (the exchange then reports it on every rank)."""
     try:
-        return float(envs.get("FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S"))
+        value = float(envs.get("FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S"))
     except ValueError:
-        return float(envs.registry()["FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S"].default)
+        value = 0.0
+    if value > 0:
+        return value
+    return group_timeout_s if group_timeout_s is not None else job_timeout_s()

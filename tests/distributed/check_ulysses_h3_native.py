@@ -18,9 +18,11 @@ Checks (each prints PASS/FAIL on rank 0; the summary line is ``N passed, N faile
   not just the plans the policy picks for this GPU: each bit-exact with its plan asserted;
 * stress: 100 rounds of random shapes, dtypes, modes and windows (down to 256 KiB), bit-exact, plan
   asserted;
-* epoch checker (``--epoch-check``, native only): uneven plans through ``fvk_a2a_debug``, which stamps
-  every window granule; 0 violations with the kernel's layout, and violations reported with the
-  pre-fix layout (the negative control on real hardware);
+* epoch checker (``--epoch-check``, native only, on the test library: run with
+  ``FASTVIDEO_KERNEL_LIBRARY=.../libfastvideo_ulysses_a2a_testing.so``): uneven plans through the test
+  library's epoch-checked launch (``tests/kernel/native_testing.debug_execute``), which stamps every window
+  granule; 0 violations with the kernel's layout, and violations reported with the pre-fix layout (the
+  negative control on real hardware);
 * negative control: with tuning disabled the plan assertions of a parity case must fail.
 
 Fail fast and together: every check's verdict, and every round of the sweep and the stress, is agreed
@@ -454,11 +456,11 @@ class Gate:
                 f"different sizes), e.g. {ran[-1][0].describe(ran[-1][1])}")
 
     def epoch_check(self, h) -> str:
-        """The real kernel with the epoch checker (fvk_a2a_debug): uneven plans report 0 violations, and the
-        pre-fix layout (the negative control) reports violations on real hardware."""
+        """The real kernel with the epoch checker (the test library's, on the helper's communicator): uneven plans
+        report 0 violations, and the pre-fix layout (the negative control) reports violations on real hardware."""
+        from tests.kernel.native_testing import debug_execute
+
         transport = h.transport
-        if not hasattr(transport, "debug_execute"):
-            raise AssertionError("the transport has no debug_execute (native only)")
         shape = (3, self.tokens(H3["32k"]) // self.p, self.h3_heads, 128)
         x = torch.randn(shape, dtype=torch.bfloat16, device=self.device)
         geom = Geometry.from_input(shape, 0, self.p, torch.bfloat16)
@@ -466,18 +468,18 @@ class Gate:
         lines, error = [], ""
         for plan in (Plan(36, 2, geom.S, tuned=True), Plan(144, 1, even_rows(geom.S, geom.S // 3 + 1), tuned=True),
                      Plan(72, 2, geom.S // 2 + 7, tuned=True)):
-            out, report = transport.debug_execute(x, geom, plan, legacy=False)
+            out, report = debug_execute(transport, x, geom, plan, moving=False)
             wrong = _wrong(out, ref)
-            _, legacy = transport.debug_execute(x, geom, plan, legacy=True)
+            _, moving = debug_execute(transport, x, geom, plan, moving=True)
             # A violation is reported on the rank that saw it (often only the sender into the window
             # the bad layout overlaps): the pre-fix layout must be reported somewhere, summed over ranks.
-            legacy_total = torch.tensor([legacy[0]], dtype=torch.int64)
-            dist.all_reduce(legacy_total, group=self.sp.cpu_group)
+            moving_total = torch.tensor([moving[0]], dtype=torch.int64)
+            dist.all_reduce(moving_total, group=self.sp.cpu_group)
             lines.append(f"{plan.describe(geom)}: {report[0]} violations, {wrong} wrong; pre-fix layout "
-                         f"{int(legacy_total)} violations over the ranks")
+                         f"{int(moving_total)} violations over the ranks")
             if report[0] or wrong:
                 error += f" {plan}: {report[0]} violations, {wrong} wrong;"
-            if not int(legacy_total):
+            if not int(moving_total):
                 error += f" {plan}: the pre-fix layout was NOT reported on any rank;"
         self.agree(error)
         return "; ".join(lines)
@@ -549,7 +551,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="32k only and a 20-round stress")
     parser.add_argument("--json", type=pathlib.Path, help="write the results here (rank 0)")
     parser.add_argument("--epoch-check", action="store_true",
-                        help="also run uneven plans through fvk_a2a_debug (native only; needs the window headroom)")
+                        help="also run uneven plans through the epoch-checked launch (native only, on the test "
+                             "library: FASTVIDEO_KERNEL_LIBRARY=.../libfastvideo_ulysses_a2a_testing.so; needs the "
+                             "window headroom)")
     parser.add_argument("--cpu-dry-run", action="store_true",
                         help="test the gate logic over gloo, CPU transport, 1/512 scale (not a gate result)")
     parser.add_argument("--inject-wrong-round", type=int, default=-1, help=argparse.SUPPRESS)  # fail-fast test

@@ -204,3 +204,38 @@ def catch(fn, *args, **kw):
     except Exception as exc:  # noqa: BLE001 - the test asserts on what came back
         field = getattr(exc, "field", None)
         return (type(exc).__name__, str(exc), field.name if field is not None else None)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The built kernel library the shared-memory vote tests load (scripts/build_kernel.sh 2.28.9 build/kernel;
+# FASTVIDEO_KERNEL_TEST_BUILD overrides), or why they skip.
+
+def _built_vote_library():
+    import ctypes
+    import os
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    try:
+        import fastvideo_kernel
+    except ImportError:  # the loader is pure Python: use it from the source tree (sys.path reaches the ranks)
+        sys.path.insert(0, str(repo / "fastvideo-kernel"))
+        import fastvideo_kernel
+
+    from fastvideo.distributed.ulysses.vote import VOTE_SYMBOLS
+
+    built = Path(os.environ.get("FASTVIDEO_KERNEL_TEST_BUILD")
+                 or repo / "build" / "kernel" / fastvideo_kernel.LIBRARY_NAME)
+    if not built.is_file():
+        return built, f"no built kernel library at {built} (run scripts/build_kernel.sh 2.28.9 build/kernel)"
+    try:
+        lib = ctypes.CDLL(str(built))
+    except OSError as exc:
+        return built, f"built library {built} cannot be loaded here: {exc}"
+    missing = [name for name in VOTE_SYMBOLS if not hasattr(lib, name)]
+    return built, (f"built library {built} predates the shared-memory vote (lacks {missing})" if missing else None)
+
+
+BUILT_LIBRARY, SHM_VOTE_SKIP = _built_vote_library()
+SHM_VOTE_ENV = {"FASTVIDEO_KERNEL_LIBRARY": str(BUILT_LIBRARY)}  # how the ranks load it, as in production

@@ -52,7 +52,7 @@ def _store_server():
     return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout)
 
 
-def _entry(rank, world_size, port, sp_size, module, name, args, env, paths, out) -> None:
+def _entry(rank, world_size, port, sp_size, module, name, args, env, paths, out, job_timeout_s) -> None:
     try:
         sys.path[:0] = [p for p in paths if p not in sys.path]
         os.environ.update({k: v for k, v in env.items() if v is not None})
@@ -71,10 +71,15 @@ def _entry(rank, world_size, port, sp_size, module, name, args, env, paths, out)
         dist.set_debug_level_from_env()
         timeout = datetime.timedelta(seconds=GLOO_TIMEOUT_S)
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
         from fastvideo.distributed import parallel_state
 
-        parallel_state.initialize_sequence_parallel(sp_size or world_size, timeout=timeout)
+        if job_timeout_s is None:
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
+            parallel_state.initialize_sequence_parallel(sp_size or world_size, timeout=timeout)
+        else:  # the job's timeout, which the SP groups must follow on their own
+            job = datetime.timedelta(seconds=job_timeout_s)
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=job)
+            parallel_state.initialize_sequence_parallel(sp_size or world_size)
         fn = getattr(importlib.import_module(module), name)
         try:
             result = fn(rank, world_size, *args)
@@ -97,11 +102,15 @@ def run_ranks(
     env: dict[str, str | None] | None = None,
     rank_env: dict[int, dict[str, str | None]] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    job_timeout_s: float | None = None,
+    results_from: set[int] | None = None,
 ) -> list:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return results by rank.
 
     ``env`` applies to every rank; ``rank_env[r]`` is applied on top of it on rank ``r`` only (settings
-    that differ between ranks).
+    that differ between ranks). ``job_timeout_s``: ``init_process_group``'s timeout, with the SP groups left
+    to follow it (default: both a fixed 30 s). ``results_from``: the ranks whose results to wait for (default
+    all); the others may stop or exit without reporting (their result is None) and are killed at the end.
     """
     # The forkserver keeps the environment it started with (some earlier test's): pass this test's
     # transport settings explicitly unless the caller sets them.
@@ -113,7 +122,7 @@ def run_ranks(
         _CTX.Process(
             target=_entry,
             args=(r, world_size, port, sp_size, fn.__module__, fn.__qualname__, args,
-                  {**env, **(rank_env or {}).get(r, {})}, list(sys.path), out),
+                  {**env, **(rank_env or {}).get(r, {})}, list(sys.path), out, job_timeout_s),
             daemon=True,
         )
         for r in range(world_size)
@@ -124,8 +133,9 @@ def run_ranks(
     import time
 
     deadline = time.monotonic() + timeout_s
+    wanted = set(range(world_size)) if results_from is None else set(results_from)
     try:
-        while len(results) < world_size:
+        while not wanted <= set(results):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(
@@ -135,7 +145,8 @@ def run_ranks(
             try:
                 rank, status, value = out.get(timeout=min(remaining, 1.0))
             except queue.Empty:
-                dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0) and i not in results]
+                dead = [i for i, p in enumerate(procs)
+                        if p.exitcode not in (None, 0) and i not in results and i in wanted]
                 if dead:
                     raise RuntimeError(
                         f"{fn.__qualname__}: ranks {dead} died (exit codes "
@@ -144,12 +155,12 @@ def run_ranks(
                 continue
             results[rank] = (status, value)
     finally:
-        for p in procs:
-            p.join(timeout=5)
+        for i, p in enumerate(procs):
+            p.join(timeout=5 if i in wanted else 0)
             if p.is_alive():
-                p.kill()
+                p.kill()  # SIGKILL ends a stopped process too
                 p.join()
     errors = {r: v for r, (s, v) in results.items() if s == "err"}
     if errors:
         raise RankError(errors)
-    return [results[r][1] for r in range(world_size)]
+    return [results[r][1] if r in results else None for r in range(world_size)]

@@ -48,7 +48,7 @@ def test_gate_logic_cpu_dry_run(nproc):
 def test_gate_fails_fast_and_together_cpu_dry_run():
     """One rank alone sees a wrong result in stress round 3: every rank reports the failure at once (the
     verdict is agreed before the next round), the gate goes on to its next check and exits 1; on 2x H200
-    at 8912e8a the other rank waited out the 300 s vote instead."""
+    before the gate agreed its failures, the other rank waited out the 300 s vote instead."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(GATE),
            "--cpu-dry-run", "--quick", "--inject-wrong-round", "3"]
     start = time.monotonic()

@@ -1,9 +1,10 @@
 """Checked mode (``FASTVIDEO_ULYSSES_A2A_CHECKED=1`` or ``TORCH_DISTRIBUTED_DEBUG=DETAIL``): every call of the
 public op votes its 12 fields on every route, so cross-rank caller mistakes raise on every rank.
 
-Issue 15's table, two gloo ranks: without checked mode, the ``off`` route and a helper that declined at
-construction never vote, and these mistakes gave silently wrong values, SIGABRT or hangs. Here each one
-raises a clear error on every rank within 10 s, under ``off`` and ``auto`` (the test is marked ambient
+Cross-rank caller mistakes (another dtype, B or S on one rank, B and S swapped, crossed modes, ``requires_grad``
+on one rank only, a meta tensor), on two gloo ranks: without checked mode, the ``off`` route and a helper that
+declined at construction never vote, and these mistakes gave silently wrong values, SIGABRT or hangs. Here each
+one raises a clear error on every rank within 10 s, under ``off`` and ``auto`` (the test is marked ambient
 on the route), and on the CPU fused route; after each mistake a matching call still runs bit-exact (no
 rank was left inside a collective). The negative control runs the mistakes that do not hang with
 checked mode off: no error anywhere, which is what the check is for.
@@ -102,7 +103,7 @@ def _assert_every_rank_raised(results, mistakes):
 @pytest.mark.ambient(A2A)
 def test_checked_mode_raises_every_mistake_on_every_rank(ranks, ulysses_ambient):
     """Under the ambient route (off: the checked-off helper votes; auto on CPU: the helper declined at
-    construction and votes anyway), each of issue 15's mistakes raises on both ranks within 10 s."""
+    construction and votes anyway), each of those mistakes raises on both ranks within 10 s."""
     results = ranks(2, _mistakes, list(MISTAKES), False, env=CHECKED_ON, timeout_s=120)
     _assert_every_rank_raised(results, MISTAKES)
     if envs.registry()[A2A].parse(ulysses_ambient[A2A]) == "off":

@@ -1,6 +1,6 @@
 """The same-host shared-memory vote (``ShmVote``, ``csrc/ulysses_a2a/shm_vote.cpp``) on gloo ranks.
 
-Needs a built kernel library: ``build/kernel/libfastvideo_ulysses_a2a.so`` (``scripts/build_kernel.sh``;
+Needs a built kernel library: the product ``build/kernel/libfastvideo_ulysses_a2a.so`` (``scripts/build_kernel.sh``;
 ``FASTVIDEO_KERNEL_TEST_BUILD`` overrides), the same discovery as ``tests/kernel/test_kernel_host.py``.
 Skips, saying why, when it is absent, cannot be loaded here, or predates the vote. The ranks load it
 through ``FASTVIDEO_KERNEL_LIBRARY``, as the helper does in production.
@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import ctypes
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
 from tests.distributed.conftest import (
+    BUILT_LIBRARY,
     READS_LONG_TRAINING,
+    SHM_VOTE_ENV,
+    SHM_VOTE_SKIP,
     a2a,
     bit_equal,
     build_helper,
@@ -27,32 +28,9 @@ from tests.distributed.conftest import (
     rank_input,
 )
 
-REPO = Path(__file__).resolve().parents[2]
-try:
-    import fastvideo_kernel
-except ImportError:  # the loader is pure Python: use it from the source tree (sys.path reaches the ranks)
-    sys.path.insert(0, str(REPO / "fastvideo-kernel"))
-    import fastvideo_kernel
-
-from fastvideo.distributed.ulysses.vote import VOTE_SYMBOLS  # noqa: E402
-
-BUILT = Path(os.environ.get("FASTVIDEO_KERNEL_TEST_BUILD") or REPO / "build" / "kernel" / fastvideo_kernel.LIBRARY_NAME)
-
-
-def _skip_reason() -> str | None:
-    if not BUILT.is_file():
-        return f"no built kernel library at {BUILT} (run scripts/build_kernel.sh 2.28.9 build/kernel)"
-    try:
-        lib = ctypes.CDLL(str(BUILT))
-    except OSError as exc:
-        return f"built library {BUILT} cannot be loaded here: {exc}"
-    missing = [s for s in VOTE_SYMBOLS if not hasattr(lib, s)]
-    return f"built library {BUILT} predates the shared-memory vote (lacks {missing})" if missing else None
-
-
-SKIP = _skip_reason()
+SKIP = SHM_VOTE_SKIP
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
-ENV = {"FASTVIDEO_KERNEL_LIBRARY": str(BUILT)}
+ENV = SHM_VOTE_ENV
 SHAPE = (3, 16, 12, 8)
 
 
@@ -108,7 +86,7 @@ def test_every_rank_sees_every_peers_exact_fields_every_round(ranks, world_size)
 
 
 def voted_transport():
-    """The CPU plan transport with the voted launch the native transport has (``fvk_voted_launch``): the
+    """The CPU plan transport with the voted launch the native transport has (the voted form of ``fvk_launch``): the
     exchange over the vote's native arguments and the library's own verdict (``fvk_vote_would_run``), then
     the CPU plan's data movement where it says run. Counts voted calls and launches, so a test can assert
     which path ran. It fuses the vote only over the shared-memory vote, as the native one does."""
@@ -255,7 +233,8 @@ def test_a_launch_that_fails_after_the_voted_exchange_disposes_the_helper(ranks)
 
 
 def _library_voted_launch(rank, world_size, case):
-    """fvk_voted_launch itself on a real two-rank vote, without a GPU (a null context fails only at launch)."""
+    """The voted form of fvk_launch itself on a real two-rank vote, without a GPU (a null context fails only at
+    launch)."""
     from fastvideo.distributed.parallel_state import get_sp_group
     from fastvideo.distributed.ulysses.vote import GlooVote, ShmVote, load_vote_library
 
@@ -266,18 +245,22 @@ def _library_voted_launch(rank, world_size, case):
     fields[2] = 0  # eligible
     if case == "decline" and rank == 1:
         fields[6] += 1  # another S on one rank: no rank may launch
-    stage, ns = ctypes.c_int(9), ctypes.c_int64(-1)
     handle, send, recv, timeout = vote.native_args(fields)
-    entry = 7 if case == "bad_entry" else 1
-    status = lib.fvk_voted_launch(handle, send, recv, timeout, ctypes.byref(stage), ctypes.byref(ns), None, entry,
-                                  None, None, 0, 3, 1, 8, 8, 8, 144, 1, 8, None)
+    import fastvideo_kernel  # on sys.path: installed, or put there by tests/distributed/conftest.py
+
+    k = fastvideo_kernel
+    voted = k.Vote(size=ctypes.sizeof(k.Vote), stage=9, handle=handle.value, fields=send.value, votes=recv.value,
+                   timeout_ns=timeout.value, vote_ns=-1)
+    call = k.Call(size=ctypes.sizeof(k.Call), kind=7 if case == "bad_kind" else k.KIND_SM, mode=0, dtype=3, ctas=144,
+                  B=1, S=8, H=8, D=8, planes_per_chunk=1, rows_per_chunk=8)
+    status = lib.fvk_launch(None, ctypes.byref(call), None, None, None, ctypes.byref(voted))
     error = fastvideo_kernel.last_error(lib) if status else ""
-    rows = vote.rows.tolist() if stage.value >= 1 else None
+    rows = vote.rows.tolist() if voted.stage >= k.STAGE_NOT_LAUNCHED else None
     vote.destroy()
-    return status, stage.value, ns.value, error, rows, fields
+    return status, voted.stage, voted.vote_ns, error, rows, fields
 
 
-@pytest.mark.parametrize("case", ["run", "decline", "bad_entry"])
+@pytest.mark.parametrize("case", ["run", "decline", "bad_kind"])
 def test_the_library_voted_launch_decides_on_a_real_exchange(ranks, case):
     results = ranks(2, _library_voted_launch, case, env=ENV, timeout_s=60)
     fields = [r[5] for r in results]
@@ -287,7 +270,7 @@ def test_the_library_voted_launch_decides_on_a_real_exchange(ranks, case):
         elif case == "decline":  # exchanged, no launch on any rank, the gathered rows returned
             assert (stage, status, error) == (1, 0, "") and ns > 0 and rows == fields
         else:  # refused before the exchange: no rank voted, none waits
-            assert (stage, ns) == (-1, 0) and status == 1 and "entry 7" in error and rows is None
+            assert (stage, ns) == (-1, 0) and status == 1 and "kind 7" in error and rows is None
 
 
 def _decline_through_the_voted_launch(rank, world_size):
@@ -360,8 +343,9 @@ def _timeout(rank, world_size, kind="plain"):
 def test_shm_vote_timeout_raises_and_disposes_the_helper(ranks, transport):
     kind, message, waited, later, disposed, available, vote = ranks(2, _timeout, transport, env=ENV,
                                                                     timeout_s=60)[0]
-    assert kind == "VoteTimeoutError" and "(shared memory) did not complete within 2 s" in message, message
-    assert "waited" in message and "for rank 1 at call 1" in message
+    assert kind == "VoteTimeoutError", message
+    assert "(shared memory) timed out (the vote timeout, 2 s" in message and "waiting for rank 1" in message, message
+    assert "timed out after" in message and "for rank 1 at call 1" in message
     assert 1.9 < waited < 4.0
     assert later == "HelperDisposedError" and disposed and not available and vote == "shm"
 
@@ -428,7 +412,7 @@ def test_checked_mode_votes_over_shared_memory_on_one_host(ranks, route):
 def test_c_level_errors_are_statuses_not_crashes():
     import uuid
 
-    lib = ctypes.CDLL(str(BUILT))
+    lib = ctypes.CDLL(str(BUILT_LIBRARY))
     lib.fvk_vote_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                   ctypes.POINTER(ctypes.c_void_p)]
     lib.fvk_vote_exchange.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]

@@ -685,17 +685,15 @@ def test_the_native_transport_never_offers_uneven_plans(monkeypatch):
     import fastvideo_kernel
 
     class Lib:
-        def fvk_abi_version(self):
-            return 3
-
         def fvk_nccl_build_version(self):
             return 22809
 
         def fvk_nccl_runtime_version(self, out):
-            return 1  # fails: the capability declines here, after the entry points were read
+            return 1  # fails: the capability declines here, after the offerings were read
 
     monkeypatch.setattr(fastvideo_kernel, "load", lambda: Lib())
-    monkeypatch.setattr(fastvideo_kernel, "entry_points", lambda lib: frozenset({"original", "tuned", ENTRY_UNEVEN}))
+    monkeypatch.setattr(fastvideo_kernel, "probe",
+                        lambda lib: fastvideo_kernel.Probe(4, frozenset({"original", "tuned", ENTRY_UNEVEN}), ""))
     monkeypatch.setattr(fastvideo_kernel, "last_error", lambda lib: "stand-in")
     cap = NativeTransport().capability()
     assert cap.entry_points == frozenset({"original", "tuned"})

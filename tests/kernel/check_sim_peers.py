@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """One-GPU faithful check of the fused all-to-all: the real chunk loop, P ranks in ONE launch.
 
-``fvk_sim_a2a`` runs the fused kernel's own body (``run_call`` in movement.cuh) with P simulated
-ranks as CTA groups of a single launch of P x ctas co-resident CTAs on one GPU. Each group has its
-own input, window and output; the barrier between them is a same-device barrier with the LSA
-barrier's per-CTA semantics (slot i synchronises CTA i of every rank, nothing else, epochs persist
-across chunks and calls), and consecutive calls are ordered per rank as its stream would order them.
+``fvk_sim_a2a`` (the test library's: ``fastvideo_kernel.testing.load``, the test library beside the product
+library, or ``$FASTVIDEO_KERNEL_TESTING_LIBRARY``) runs the fused kernel's own body (``run_call`` in
+movement.cuh) with P simulated ranks as CTA groups of a single launch of P x ctas co-resident CTAs on one
+GPU. Each group has its own input, window and output; the barrier between them is a same-device barrier
+with the LSA barrier's per-CTA semantics (slot i synchronises CTA i of every rank, nothing else, epochs
+persist across chunks and calls), and consecutive calls are ordered per rank as its stream would order them.
 So a missing or too-weak barrier argument shows up here; the pre-2026-11-29 check separated every
 phase with a kernel launch, a full barrier that hid exactly the bug 2x H200 found.
 
@@ -24,7 +25,7 @@ counts 1..144 (as many as P x ctas co-resident CTAs allow), 16-byte aligned rows
 only 2/4/8-byte aligned, a rank whose input pointer is misaligned (narrower vectors through the same
 partition), and sequences of consecutive calls whose CTA counts and plans differ.
 
-Negative controls: the pre-fix window layout (``FVK_SIM_LEGACY_LAYOUT``) must be reported by the
+Negative controls: the pre-fix window layout (``FVK_SIM_MOVING_LAYOUT``) must be reported by the
 epoch checker on every uneven plan and every seed; a flipped reference bit and a wrong peer order
 must be caught; a window one byte short, ctas=0 and a launch too large to be co-resident are refused.
 
@@ -53,8 +54,8 @@ try:
 except ImportError:  # a checkout without the wheel installed: use the loader from the source tree
     sys.path.insert(0, str(REPO / "fastvideo-kernel"))
     import fastvideo_kernel
-
 import torch  # noqa: E402
+from fastvideo_kernel import testing as kernel_testing  # noqa: E402
 
 from fastvideo.distributed.communication_op import reference_all_to_all  # noqa: E402
 from fastvideo.distributed.ulysses.contract import dtype_code  # noqa: E402
@@ -64,8 +65,7 @@ BITS = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 GUARD_BYTES = 256  # past the plan's window: must stay poisoned (no chunk writes beyond its size)
 POISON = 0xFF
-SKEW, EPOCH, LEGACY = (fastvideo_kernel.SIM_SKEW, fastvideo_kernel.SIM_EPOCH_CHECK,
-                       fastvideo_kernel.SIM_LEGACY_LAYOUT)
+SKEW, EPOCH, MOVING = kernel_testing.SIM_SKEW, kernel_testing.SIM_EPOCH_CHECK, kernel_testing.SIM_MOVING_LAYOUT
 
 
 @dataclass(frozen=True)
@@ -264,7 +264,7 @@ class SimRunner:
         windows = [torch.full((max(need, 0) + GUARD_BYTES,), POISON, dtype=torch.uint8, device=self.device)
                    for _ in range(world)]
         outs = []
-        calls = (fastvideo_kernel.SimCall * len(case.calls))()
+        calls = (kernel_testing.SimCall * len(case.calls))()
         for n, call in enumerate(case.calls):
             op, geom = call.operand, call.operand.geometry()
             per_rank = [torch.empty(op.output_shape(), dtype=op.dtype, device=self.device) for _ in range(world)]
@@ -336,26 +336,26 @@ def negative_controls(runner: SimRunner, device: torch.device, gen: torch.Genera
 
     # The pre-fix layout: 2x H200 gave wrong data on uneven plans. The epoch checker must report it
     # on every seed (it flags the shared bytes whichever access comes first).
-    legacy_cases = [
+    moving_cases = [
         Case((Call(Operand(torch.bfloat16, 0, 2, 3, 64, 28, 128), Plan(36, 2, 64, tuned=True), "planes2"),)),
         Case((Call(Operand(torch.bfloat16, 1, 2, 1, 250, 28, 128), Plan(144, 1, 150, tuned=True), "rows"),)),
         Case((Call(Operand(torch.float32, 0, 4, 4, 7, 1, 3), Plan(72, 1, 3, tuned=True), "rows"),)),
     ]
     corrupted_runs = 0
-    for case in legacy_cases:
+    for case in moving_cases:
         assert all(c.uneven() for c in case.calls)
         inputs, refs = data(case, gen, device)
         flagged = 0
         for seed in range(seeds):
-            run = runner.run(case, inputs, SKEW | EPOCH | LEGACY, seed=seed)
+            run = runner.run(case, inputs, SKEW | EPOCH | MOVING, seed=seed)
             flagged += run.status == 0 and run.violations > 0
-            plain = runner.run(case, inputs, SKEW | LEGACY, seed=seed)
+            plain = runner.run(case, inputs, SKEW | MOVING, seed=seed)
             corrupted_runs += plain.status == 0 and bool(compare(plain.outs[0], refs[0], case.calls[0].operand.dtype))
         expect(f"pre-fix layout reported by the epoch checker on {flagged}/{seeds} seeds: {case.label()}",
                f"flagged on {flagged}/{seeds} seeds" if flagged == seeds else "")
     # Informational: how often the pre-fix layout actually corrupted data in this simulation.
     results.append(Result("info: pre-fix layout corrupted outputs (skew, no checker)", True,
-                          f"{corrupted_runs} of {len(legacy_cases) * seeds} runs", 0.0))
+                          f"{corrupted_runs} of {len(moving_cases) * seeds} runs", 0.0))
 
     case = Case((Call(Operand(torch.bfloat16, 0, 4, 2, 5, 2, 128), Plan(144, 1, 3, tuned=True), "rows"),))
     inputs, refs = data(case, gen, device)
@@ -426,11 +426,12 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("check_sim_peers: no CUDA device", file=sys.stderr)
         return 2
-    info = fastvideo_kernel.info()
+    info = kernel_testing.info()
     print("library:", json.dumps(info))
-    lib = fastvideo_kernel.load()
-    if "sim" not in fastvideo_kernel.entry_points(lib):
-        print("check_sim_peers: this library has no one-launch fvk_sim_a2a (ABI >= 2)", file=sys.stderr)
+    try:
+        lib = kernel_testing.load()
+    except fastvideo_kernel.KernelUnavailable as exc:
+        print(f"check_sim_peers: the simulated ranks are in the test library: {exc}", file=sys.stderr)
         return 2
     device = torch.device("cuda", torch.cuda.current_device())
     coresident = coresident_sim_ctas(lib)

@@ -5,9 +5,15 @@ Runs every construction step (comm init with nranks=1, ncclMemAlloc window, symm
 registration, device communicator with 144 LSA barriers), reports LSA coverage and topology,
 executes the fused kernel with P=1 (every share is the rank's own, so the output equals the input;
 the kernel still opens its LSA barrier sessions and syncs them for every chunk) through the
-original and the tuned entry points and across a stream change, checks that bad plans are refused
-with a message, exercises abort after a partial construction, and destroys collectively.
-Exits non-zero on any failure. Multi-rank LSA needs 2+ GPUs: tests/distributed/check_ulysses_h3_native.py.
+original and tuned plans and across a stream change, checks that bad plans are refused with a message,
+exercises abort after a partial construction, and destroys collectively.
+
+Run it on the test library (``FASTVIDEO_KERNEL_LIBRARY=.../libfastvideo_ulysses_a2a_testing.so``, what
+scripts/device_kernel_check.sh does): the communicator then also runs the test library's launches, the
+epoch-checked launch on uneven plans (no violation, output exact) and the fabric copy of both engines
+(followed by an exact call: it is ordered with the calls). On the product library those are reported as not
+run, and the product library's refusal of the epoch-checked launch, naming the test library, is checked
+instead. Exits non-zero on any failure. Multi-rank LSA needs 2+ GPUs: tests/distributed/check_ulysses_h3_native.py.
 """
 
 from __future__ import annotations
@@ -25,12 +31,13 @@ try:
 except ImportError:
     sys.path.insert(0, str(REPO / "fastvideo-kernel"))
     import fastvideo_kernel
-
 import torch  # noqa: E402
+from fastvideo_kernel import testing as kernel_testing  # noqa: E402
 
 from fastvideo.distributed.ulysses.native import NativeKernelError, NativeTransport  # noqa: E402
 from fastvideo.distributed.ulysses.policy import ORIGINAL_CTAS, Geometry, Plan  # noqa: E402
 from fastvideo.distributed.ulysses.transport import ConstructionContext  # noqa: E402
+from tests.kernel import native_testing  # noqa: E402
 
 failures: list[str] = []
 
@@ -75,6 +82,35 @@ def report_local_throughput(transport: NativeTransport, device: torch.device, wi
     print("local copy throughput (informational):", "; ".join(lines), flush=True)
 
 
+def test_library_launches(transport: NativeTransport, lib, device: torch.device, gen: torch.Generator) -> None:
+    """The test library's launches on this communicator, or (on the product library) its refusal of them."""
+    if not kernel_testing.is_testing_library(lib):
+        print("not run: the epoch-checked launch and the fabric copy (the transport runs the product library; "
+              "run this on the test library for them)", flush=True)
+        try:
+            native_testing.debug_execute(transport, torch.zeros(1, 8, 4, 8, device=device),
+                                         Geometry.from_input((1, 8, 4, 8), 0, 1, torch.float32), Plan(36, 1, 3, True))
+            check(False, "the product transport refuses the epoch-checked launch")
+        except native_testing.TestingUnavailable as exc:
+            check(kernel_testing.TESTING_LIBRARY_NAME in str(exc), f"the product library refuses it: {exc}")
+        return
+    for dtype, shape, plan in ((torch.bfloat16, (3, 257, 8, 128), Plan(36, 2, 100, tuned=True)),
+                               (torch.float32, (2, 99, 4, 3), Plan(7, 1, 40, tuned=True))):
+        x = torch.randn(shape, generator=gen, device=device).to(dtype)
+        geom = Geometry.from_input(x.shape, 0, 1, dtype)
+        out, report = native_testing.debug_execute(transport, x, geom, plan)
+        torch.cuda.synchronize()
+        check(report[0] == 0 and torch.equal(out.view(torch.uint8), x.view(torch.uint8)),
+              f"epoch-checked {dtype} {plan.describe(geom)}: {report[0]} violations, P=1 output equals input")
+    x = torch.randn(2, 64, 8, 128, generator=gen, device=device).to(torch.bfloat16)
+    geom = Geometry.from_input(x.shape, 0, 1, x.dtype)
+    for engine in (kernel_testing.FABRIC_COPY_ENGINE, kernel_testing.FABRIC_SM):
+        native_testing.fabric_copy(transport, 1 << 20, engine=engine, ctas=132)
+        out = transport.execute(x, geom, Plan(144, 1, 20, tuned=True))  # ordered after the fabric copy
+        torch.cuda.synchronize()
+        check(torch.equal(out.view(torch.uint8), x.view(torch.uint8)), f"fabric copy engine {engine}, then a call")
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("smoke_native_single_rank: no CUDA device", file=sys.stderr)
@@ -82,13 +118,14 @@ def main() -> int:
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
     print("library:", json.dumps(fastvideo_kernel.info()))
+    print("test library:", json.dumps(kernel_testing.info()))
     transport = NativeTransport()
     cap = transport.capability()
     print("capability:", cap)
     check(cap.present, f"capability present ({cap.detail})")
     if not cap.present:
         return 1
-    lib = fastvideo_kernel.load()
+    lib = fastvideo_kernel.load()  # the library the transport loaded (the same path, opened once)
     coresident = ctypes.c_int(0)
     check(lib.fvk_coresident_ctas(0, ctypes.byref(coresident)) == 0 and coresident.value >= 144,
           f"144 CTAs co-resident (device holds {coresident.value})")
@@ -152,10 +189,13 @@ def main() -> int:
                             Plan(144, 4, 8192, tuned=True))
     torch.cuda.synchronize()
     check(bool((out == 1).all()), "a chunk of exactly the window size")
-    status = lib.fvk_a2a_tuned(transport._handle, odd.data_ptr(), out.data_ptr(), 0, 3, 2, 9, 4, 3, 145, 1, 9,
-                               torch.cuda.current_stream().cuda_stream)
+    bad = fastvideo_kernel.Call(size=ctypes.sizeof(fastvideo_kernel.Call), kind=fastvideo_kernel.KIND_SM, mode=0,
+                                dtype=3, ctas=145, B=2, S=9, H=4, D=3, planes_per_chunk=1, rows_per_chunk=9)
+    status = lib.fvk_launch(transport._handle, ctypes.byref(bad), odd.data_ptr(), out.data_ptr(),
+                            torch.cuda.current_stream().cuda_stream, None)
     check(status != 0 and "ctas" in fastvideo_kernel.last_error(lib),
           f"ctas=145 refused: {fastvideo_kernel.last_error(lib)}")
+    test_library_launches(transport, lib, device, gen)
 
     report_local_throughput(transport, device, window)
 

@@ -1,8 +1,8 @@
 """GPU test: the native transport's captured launches (``execute(..., capture=True)``) on one GPU, both plan kinds.
 
 A one-rank communicator (P = 1: the all-to-all is the identity, so every output must equal its input)
-runs the real library: the fused kernel's ``fvk_a2a_captured`` and the copy-engine kind's
-``fvk_a2a_ce_captured`` (its fork onto the context's copy stream, entry barrier, per chunk the barrier,
+runs the real library: ``fvk_launch`` with ``FVK_CALL_CAPTURE``, for the fused kernel and for the
+copy-engine kind (its fork onto the context's copy stream, entry barrier, per chunk the barrier,
 own-block and copy-out kernels, join) are captured with ``torch.cuda.graph`` and replayed with fresh
 inputs, alone, two calls in one graph, and interleaved with eager calls on another stream without host
 synchronisation. At P = 1 a call pushes nothing and replays and eager calls share no window bytes, so the
@@ -13,7 +13,7 @@ the library's completion event is the host property check's (``CE_MODEL_STREAM_P
 enqueued (the context stays usable): the eager copy-engine entry on a capturing stream, a captured entry on a
 stream that is not capturing, and a copy-engine call while the context's copy stream is still inside an open
 capture. The output check flags a perturbed replay output (its negative control).
-Skips without CUDA or without a library that has both capturable entry points.
+Skips without CUDA or without a library that offers both captures.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def transport(gpu_lib):
     if not cap.present:
         pytest.skip(f"kernel library unusable here: {cap.detail}")
     if not {ENTRY_CAPTURE, ENTRY_CE_CAPTURE} <= cap.entry_points:
-        pytest.skip("kernel library without fvk_a2a_captured and fvk_a2a_ce_captured")
+        pytest.skip(f"kernel library offers no capture of both kinds ({sorted(cap.entry_points)})")
     device = torch.device("cuda", 0)
     ctx = ConstructionContext(rank=0, world_size=1, device=device, window_bytes=64 << 20, max_ctas=144,
                               device_group=None, all_gather_object=lambda obj: [obj])

@@ -1,13 +1,18 @@
-"""``NativeTransport.execute`` on the CPU, against a stand-in library: which entry point a plan reaches, with
-which arguments, and that the per-signature launch cache (``_launch_for``) and the per-stream cache
+"""``NativeTransport.execute`` on the CPU, against a stand-in library: the one library call a plan makes, with
+which call description, and that the per-signature launch cache (``_launch_for``) and the per-stream cache
 (``_current_stream``) change neither.
 
-The arguments are checked against the formula ``execute`` used before the caches (every argument built on
-every call), so a cached launch cannot drift from what the library expects. A GPU runs the real library
-through the same method (``tests/kernel/smoke_native_single_rank.py``, ``benchmarks/measure_launch_host.py``).
+Every call must reach ``fvk_launch`` once, with a call description equal to the one the per-call formula
+gives (plan kind, flags, geometry, plan; the original plan as 36 CTAs over (B, S)), eager and captured, for
+both kinds and modes, from a fresh cache and from a warm one, so a cached description cannot drift from what
+the library expects; the voted form passes the vote's handle and buffers and acts on the stage the library
+reports. A GPU runs the real library through the same method (``tests/kernel/smoke_native_single_rank.py``,
+``benchmarks/measure_launch_host.py``); a build older than ``fvk_launch`` is ``tests/kernel/test_oldest_abi.py``.
 """
 
 from __future__ import annotations
+
+import ctypes
 
 import pytest
 import torch
@@ -15,30 +20,36 @@ import torch
 from fastvideo.distributed.ulysses.contract import dtype_code
 from fastvideo.distributed.ulysses.native import EVENT_RING, NativeKernelError, NativeTransport
 from fastvideo.distributed.ulysses.policy import ENGINE_CE, MAX_CTAS, ORIGINAL_CTAS, Geometry, Plan
-from fastvideo.distributed.ulysses.transport import (
-    ENTRY_CE,
-    ENTRY_ORIGINAL,
-    ENTRY_TUNED,
-    ConstructionContext,
-    output_shape,
-)
+from fastvideo.distributed.ulysses.transport import ConstructionContext, VoteNotStarted, output_shape
+from tests.kernel.built import fastvideo_kernel as fvk
 
 HANDLE, RAW_STREAM = 0x5EED, 0xC0DE
+ALL = fvk.OFFERINGS[fvk.ABI_VERSION]
+FIELDS = ("size", "flags", "kind", "mode", "dtype", "ctas", "B", "S", "H", "D", "planes_per_chunk", "rows_per_chunk",
+          "seq_split", "head_split", "debug_report")
 
 
 class FakeLib:
-    """Records each entry point's arguments and succeeds."""
+    """Records what each ``fvk_launch`` received (the call description read through its pointer, as the C
+    library reads it) and answers as the test sets: a status, and for the voted form the stage."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple]] = []
-        for name in ("fvk_a2a_original", "fvk_a2a_tuned", "fvk_a2a_ce", "fvk_a2a_captured", "fvk_a2a_ce_captured"):
-            setattr(self, name, self._entry(name))
+        self.calls: list[tuple] = []
+        self.status, self.stage, self.vote_ns = 0, fvk.STAGE_LAUNCHED, 1500
 
-    def _entry(self, name: str):
-        def call(*args):
-            self.calls.append((name, args))
-            return 0
-        return call
+    def fvk_launch(self, ctx, call, x, out, stream, vote):
+        desc = call._obj  # what the pointer points at (ctypes.byref's object)
+        seen = {"ctx": ctx.value, "x": x, "out": out, "stream": stream, "vote": None,
+                "call": {name: getattr(desc, name) for name in FIELDS}}
+        if vote is not None:
+            v = vote._obj
+            seen["vote"] = (v.size, v.handle, v.fields, v.votes, v.timeout_ns)
+            v.stage, v.vote_ns = self.stage, self.vote_ns
+        self.calls.append(seen)
+        return self.status
+
+    def fvk_last_error(self):
+        return b"the stand-in's error"
 
 
 class FakeEvent:
@@ -49,10 +60,12 @@ class FakeEvent:
         self.recorded_on.append(stream)
 
 
-def transport(world: int = 2, entries=(ENTRY_ORIGINAL, ENTRY_TUNED, ENTRY_CE)) -> tuple[NativeTransport, FakeLib]:
+def transport(world: int = 2, offerings=ALL) -> tuple[NativeTransport, FakeLib]:
     t = NativeTransport()
     lib = FakeLib()
-    t._lib, t._entries, t._handle = lib, frozenset(entries), HANDLE
+    t._lib, t._fvk, t._handle = lib, fvk, ctypes.c_void_p(HANDLE)
+    t._offerings = frozenset(offerings)
+    t._entries = t._offerings & {"original", "tuned", "ce", "capture", "ce_capture"}
     t._ctx = ConstructionContext(rank=0, world_size=world, device=torch.device("cpu"), window_bytes=1 << 20,
                                  max_ctas=MAX_CTAS, device_group=None, all_gather_object=lambda o: [o])
     t._events = [FakeEvent() for _ in range(EVENT_RING)]
@@ -61,16 +74,19 @@ def transport(world: int = 2, entries=(ENTRY_ORIGINAL, ENTRY_TUNED, ENTRY_CE)) -
     return t, lib
 
 
-def expected(x: torch.Tensor, out: torch.Tensor, geom: Geometry, plan: Plan) -> tuple[str, tuple]:
-    """The entry point and arguments as ``execute`` built them per call before the caches (its old body)."""
-    whole = plan.planes_per_chunk >= geom.B and plan.rows_per_chunk >= geom.S
-    args = (HANDLE, x.data_ptr(), out.data_ptr(), geom.mode, dtype_code(x.dtype), geom.B, geom.S, geom.H, geom.D)
-    chunking = (plan.ctas, plan.planes_per_chunk, plan.rows_per_chunk)
-    if plan.engine == ENGINE_CE:
-        return "fvk_a2a_ce", (*args, *chunking, RAW_STREAM)
-    if plan.ctas == ORIGINAL_CTAS and whole:
-        return "fvk_a2a_original", (*args, RAW_STREAM)
-    return "fvk_a2a_tuned", (*args, *chunking, RAW_STREAM)
+def expected(x: torch.Tensor, out: torch.Tensor, geom: Geometry, plan: Plan, capture: bool = False) -> dict:
+    """What ``fvk_launch`` must receive for ``plan``: the per-call formula, written out."""
+    ce = plan.engine == ENGINE_CE
+    original = not ce and plan.ctas == ORIGINAL_CTAS and plan.planes_per_chunk >= geom.B \
+        and plan.rows_per_chunk >= geom.S
+    ctas, planes, rows = (ORIGINAL_CTAS, geom.B, geom.S) if original else (plan.ctas, plan.planes_per_chunk,
+                                                                          plan.rows_per_chunk)
+    call = {"size": ctypes.sizeof(fvk.Call), "flags": fvk.CALL_CAPTURE if capture else 0,
+            "kind": fvk.KIND_CE if ce else fvk.KIND_SM, "mode": geom.mode, "dtype": dtype_code(x.dtype),
+            "ctas": ctas, "B": geom.B, "S": geom.S, "H": geom.H, "D": geom.D, "planes_per_chunk": planes,
+            "rows_per_chunk": rows, "seq_split": None, "head_split": None, "debug_report": None}
+    return {"ctx": HANDLE, "x": x.data_ptr(), "out": out.data_ptr(), "stream": RAW_STREAM, "vote": None,
+            "call": call}
 
 
 def plans(geom: Geometry) -> list[Plan]:
@@ -79,20 +95,34 @@ def plans(geom: Geometry) -> list[Plan]:
             Plan(132, 2, geom.S, tuned=True, engine=ENGINE_CE)]
 
 
+@pytest.mark.parametrize("capture", [False, True], ids=["eager", "captured"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("mode", [0, 1])
-def test_execute_reaches_the_entry_point_with_the_per_call_arguments(mode: int, dtype: torch.dtype) -> None:
+def test_execute_makes_one_library_call_with_the_per_call_description(mode: int, dtype: torch.dtype, capture: bool):
     t, lib = transport()
     x = torch.randn(3, 8, 4, 16).to(dtype) if mode == 0 else torch.randn(3, 16, 2, 16).to(dtype)
     geom = Geometry.from_input(x.shape, mode, 2, dtype)
     for round_ in range(2):  # the second round runs from the caches
         for plan in plans(geom):
-            out = t.execute(x, geom, plan)
+            out = t.execute(x, geom, plan, capture=capture)
             assert tuple(out.shape) == output_shape(geom) and out.dtype == dtype
-            assert lib.calls[-1] == expected(x, out, geom, plan), (round_, plan)
-    assert len(t._launches) == len(plans(geom))
+            assert lib.calls[-1] == expected(x, out, geom, plan, capture), (round_, plan)
+    assert len(lib.calls) == 2 * len(plans(geom)) and len(t._launches) == len(plans(geom))
     recorded = [s for e in t._events for s in e.recorded_on]
-    assert recorded == ["the-stream"] * (2 * len(plans(geom)))  # one completion event per call, on its stream
+    # One completion event per eager call, on its stream; a capture runs nothing, so it records none.
+    assert recorded == ([] if capture else ["the-stream"] * (2 * len(plans(geom))))
+
+
+def test_the_cached_description_is_the_formula_s_negative_control():
+    """The comparison sees a description that drifted: the cached call of one signature altered in place."""
+    t, lib = transport()
+    x = torch.randn(1, 8, 4, 16)
+    geom = Geometry.from_input(x.shape, 0, 2, x.dtype)
+    plan = Plan(144, 1, 3, tuned=True)
+    t.execute(x, geom, plan)
+    next(iter(t._launches.values())).desc.rows_per_chunk = 4
+    out = t.execute(x, geom, plan)
+    assert lib.calls[-1] != expected(x, out, geom, plan) and lib.calls[-1]["call"]["rows_per_chunk"] == 4
 
 
 def test_a_new_signature_gets_its_own_launch() -> None:
@@ -107,23 +137,104 @@ def test_a_new_signature_gets_its_own_launch() -> None:
 
 
 def test_refusals_name_the_problem_and_are_not_cached() -> None:
-    t, _ = transport(entries=(ENTRY_ORIGINAL, ENTRY_TUNED))
+    t, lib = transport(offerings=ALL - {"ce", "ce_capture"})
     x = torch.randn(1, 8, 4, 16)
     geom = Geometry.from_input(x.shape, 0, 2, x.dtype)
-    with pytest.raises(NativeKernelError, match="copy-engine entry point"):
+    with pytest.raises(NativeKernelError, match="needs the 'ce' offering"):
         t.execute(x, geom, Plan(66, 1, 8, tuned=True, engine=ENGINE_CE))
+    with pytest.raises(NativeKernelError, match="needs the 'ce_capture' offering"):
+        t.execute(x, geom, Plan(66, 1, 8, tuned=True, engine=ENGINE_CE), capture=True)
     with pytest.raises(NativeKernelError, match="communicator has 2"):
         t.execute(x, Geometry.from_input(x.shape, 0, 4, x.dtype), Plan(144, 1, 8, tuned=True))
-    original_only, _ = transport(entries=(ENTRY_ORIGINAL,))
-    with pytest.raises(NativeKernelError, match="tuned entry point"):
+    original_only, _ = transport(offerings={"original"})
+    with pytest.raises(NativeKernelError, match="needs the 'tuned' offering"):
         original_only.execute(x, geom, Plan(144, 1, 8, tuned=True))
-    assert not t._launches and not original_only._launches
+    assert not t._launches and not original_only._launches and not lib.calls
+
+
+def test_a_failed_library_call_raises_with_its_message() -> None:
+    t, lib = transport()
+    lib.status = 5
+    x = torch.randn(1, 8, 4, 16)
+    with pytest.raises(NativeKernelError, match="the stand-in's error"):
+        t.execute(x, Geometry.from_input(x.shape, 0, 2, x.dtype), Plan(144, 1, 8, tuned=True))
+    assert not any(e.recorded_on for e in t._events)  # no completion recorded for a call that failed
 
 
 def test_execute_before_construction_raises() -> None:
     with pytest.raises(NativeKernelError, match="before construction"):
         NativeTransport().execute(torch.randn(1, 8, 4, 16), Geometry.from_input((1, 8, 4, 16), 0, 2, torch.float32),
                                   Plan(144, 1, 8, tuned=True))
+
+
+class FakeVote:
+    """The shared-memory vote's side of the voted form: ``native_args`` writes the fields and returns the same
+    (handle, send, receive, timeout) every call, as ``ShmVote`` does."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[int]] = []
+        self.args = (ctypes.c_void_p(0xA0), ctypes.c_void_p(0xB0), ctypes.c_void_p(0xC0), ctypes.c_int64(7 * 10**9))
+        self.last_s = 0.0
+
+    def native_args(self, fields):
+        self.sent.append(list(fields))
+        return self.args
+
+    def failure(self, status: int) -> RuntimeError:
+        return RuntimeError(f"vote failed with {status}")
+
+
+@pytest.mark.parametrize("stage", [fvk.STAGE_LAUNCHED, fvk.STAGE_NOT_LAUNCHED, fvk.STAGE_EXCHANGE_FAILED,
+                                   fvk.STAGE_REFUSED])
+def test_the_voted_form_passes_the_vote_and_acts_on_the_stage(stage):
+    t, lib = transport()
+    vote = FakeVote()
+    assert t.fuses_vote(vote) and not t.fuses_vote(object())
+    x = torch.randn(1, 8, 4, 16)
+    geom = Geometry.from_input(x.shape, 0, 2, x.dtype)
+    plan = Plan(144, 1, 3, tuned=True)
+    lib.stage = stage
+    fields = list(range(12))
+    if stage == fvk.STAGE_LAUNCHED:
+        out = t.execute(x, geom, plan, vote=vote, fields=fields)
+        assert lib.calls[-1] == {**expected(x, out, geom, plan), "vote": (ctypes.sizeof(fvk.Vote), 0xA0, 0xB0, 0xC0,
+                                                                          7 * 10**9)}
+        assert t._events[0].recorded_on == ["the-stream"]
+    elif stage == fvk.STAGE_NOT_LAUNCHED:
+        assert t.execute(x, geom, plan, vote=vote, fields=fields) is None  # the helper decides from vote.rows
+    else:
+        error = VoteNotStarted if stage == fvk.STAGE_REFUSED else RuntimeError
+        with pytest.raises(error, match="refused before the vote" if stage == fvk.STAGE_REFUSED else "vote failed"):
+            t.execute(x, geom, plan, vote=vote, fields=fields)
+    assert vote.sent == [fields] and vote.last_s == pytest.approx(1.5e-6)
+    first, lib.stage = t._vote, fvk.STAGE_LAUNCHED
+    t.execute(x, geom, plan, vote=vote, fields=fields[::-1])
+    assert t._vote is first and vote.sent[-1] == fields[::-1]  # one fvk_vote per vote channel, reused
+    assert lib.calls[-1]["vote"] == (ctypes.sizeof(fvk.Vote), 0xA0, 0xB0, 0xC0, 7 * 10**9)
+
+
+def test_a_failure_before_the_voted_exchange_is_vote_not_started():
+    """With a vote, anything that fails before the library call (here a plan this build does not offer) leaves
+    this rank unvoted: VoteNotStarted, and the library is not called."""
+    t, lib = transport(offerings=ALL - {"ce"})
+    x = torch.randn(1, 8, 4, 16)
+    with pytest.raises(VoteNotStarted, match="needs the 'ce' offering"):
+        t.execute(x, Geometry.from_input(x.shape, 0, 2, x.dtype), Plan(66, 1, 8, tuned=True, engine=ENGINE_CE),
+                  vote=FakeVote(), fields=[0] * 12)
+    assert not lib.calls
+
+
+def test_the_voted_form_needs_the_shared_memory_vote_and_the_offering():
+    """Offered only over the shared-memory vote (whose exchange the library runs) and by a build that offers
+    it; over the gloo vote the helper votes and launches as before."""
+    from fastvideo.distributed.ulysses.vote import GlooVote, ShmVote
+
+    shm, gloo = ShmVote.__new__(ShmVote), GlooVote.__new__(GlooVote)  # the type is what matters here
+    full, _ = transport()
+    assert full.fuses_vote(shm) and not full.fuses_vote(gloo)
+    older, _ = transport(offerings=ALL - {"voted"})
+    assert not older.fuses_vote(shm)
+    assert not NativeTransport().fuses_vote(shm)  # no library loaded
 
 
 def test_current_stream_is_looked_up_once_per_device_and_handle(monkeypatch):
@@ -154,39 +265,3 @@ def test_current_stream_is_looked_up_once_per_device_and_handle(monkeypatch):
     raw, s2 = t._current_stream(dev0)
     assert raw == 0xABC and s2.cuda_stream == 0xABC and lookups == [0, 1, 0]
     assert t._current_stream(dev0)[1] is s2 and t._current_stream(dev1)[1] is s1 and lookups == [0, 1, 0]
-
-
-def test_voted_launch_needs_the_shared_memory_vote_and_the_library_entry():
-    """The voted launch is offered only over the shared-memory vote (whose exchange the library runs) and by a
-    build with ``fvk_voted_launch``; over the gloo vote the helper votes and launches as before."""
-    from fastvideo.distributed.ulysses.vote import GlooVote, ShmVote
-
-    t, lib = transport()
-    shm, gloo = ShmVote.__new__(ShmVote), GlooVote.__new__(GlooVote)  # the type is what matters here
-    assert not t.fuses_vote(shm)  # this build (the stand-in) has no fvk_voted_launch
-    lib.fvk_voted_launch = lambda *args: 0
-    assert t.fuses_vote(shm) and not t.fuses_vote(gloo)
-    assert not NativeTransport().fuses_vote(shm)  # no library loaded
-
-
-@pytest.mark.parametrize("mode", [0, 1])
-def test_a_captured_execute_takes_the_tuned_form_of_each_plan(monkeypatch, mode):
-    """The captured entries get what the captured execute built per call before it shared ``_launch_for``:
-    the tuned form, with the original plan as 36 CTAs over (B, S), the copy-engine kind its own entry."""
-    class Stream:
-        cuda_stream = RAW_STREAM
-
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
-    t, lib = transport(entries=(ENTRY_ORIGINAL, ENTRY_TUNED, ENTRY_CE, "capture", "ce_capture"))
-    x = torch.randn(3, 8, 4, 16) if mode == 0 else torch.randn(3, 16, 2, 16)
-    geom = Geometry.from_input(x.shape, mode, 2, x.dtype)
-    for plan in plans(geom):
-        out = t.execute(x, geom, plan, capture=True)
-        whole = plan.planes_per_chunk >= geom.B and plan.rows_per_chunk >= geom.S
-        ctas, planes, rows = (ORIGINAL_CTAS, geom.B, geom.S) if (
-            plan.engine != ENGINE_CE and plan.ctas == ORIGINAL_CTAS and whole) else (
-            plan.ctas, plan.planes_per_chunk, plan.rows_per_chunk)
-        name = "fvk_a2a_ce_captured" if plan.engine == ENGINE_CE else "fvk_a2a_captured"
-        assert lib.calls[-1] == (name, (HANDLE, x.data_ptr(), out.data_ptr(), geom.mode, dtype_code(x.dtype), geom.B,
-                                        geom.S, geom.H, geom.D, ctas, planes, rows, RAW_STREAM)), plan
-        assert tuple(out.shape) == output_shape(geom)

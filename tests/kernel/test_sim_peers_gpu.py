@@ -1,7 +1,8 @@
 """GPU pytest of check_sim_peers.py: the faithful one-launch check's quick matrix and its negative controls.
 
-Skips cleanly without CUDA or without a loadable kernel library of ABI >= 2 (installed wheel or
-``FASTVIDEO_KERNEL_LIBRARY``). The full matrix is ``python tests/kernel/check_sim_peers.py``.
+Skips cleanly without CUDA or without a loadable test library (``fastvideo_kernel.testing.load``:
+``$FASTVIDEO_KERNEL_TESTING_LIBRARY``, or the one beside the product library). The full matrix is
+``python tests/kernel/check_sim_peers.py``.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ def test_epoch_checker_flags_the_pre_fix_layout_and_passes_the_fix(lib):
     call = sim.Call(sim.Operand(torch.bfloat16, 0, 2, 3, 64, 28, 128), sim.Plan(36, 2, 64, tuned=True), "planes2")
     case = sim.Case((call,))
     inputs, refs = sim.data(case, torch.Generator().manual_seed(7), device)
-    legacy = runner.run(case, inputs, sim.SKEW | sim.EPOCH | sim.LEGACY, seed=3)
-    assert legacy.status == 0 and legacy.violations > 0, "the pre-fix layout must be reported"
+    moving = runner.run(case, inputs, sim.SKEW | sim.EPOCH | sim.MOVING, seed=3)
+    assert moving.status == 0 and moving.violations > 0, "the pre-fix layout must be reported"
     fixed = runner.run(case, inputs, sim.SKEW | sim.EPOCH, seed=3)
     assert fixed.status == 0 and fixed.violations == 0, fixed.first_violation()
     assert not sim.compare(fixed.outs[0], refs[0], torch.bfloat16)

@@ -1,12 +1,14 @@
 """The library's verdict for the voted launch (``fvk_vote_would_run``) against the contract's (CPU, in CI).
 
-``fvk_voted_launch`` exchanges a call's 12 fields and launches at once where ``fvk_vote_would_run`` says
-so, skipping the Python verdict (``contract.decide``). That is right only if the two agree: the library
-must say "run" exactly when ``decide`` runs a plan, for every rank's view of every table, and the same on
-every rank (or one rank would launch while its peers decline). Checked here over random vote tables built
-to sit near the boundary (identical rows with one field changed on one rank, eligibility bits, no plan),
-P 1..8, with the contract's field indices. The argument checks of ``fvk_voted_launch`` that run before any
-CUDA call are checked too; its launch needs a GPU (``benchmarks/measure_fused_host_overhead.py``).
+The voted form of ``fvk_launch`` (a non-null ``fvk_vote``) exchanges a call's 12 fields and launches at once
+where ``fvk_vote_would_run`` says so, skipping the Python verdict (``contract.decide``). That is right only if
+the two agree: the library must say "run" exactly when ``decide`` runs a plan, for every rank's view of every
+table, and the same on every rank (or one rank would launch while its peers decline). Checked here over random
+vote tables built to sit near the boundary (identical rows with one field changed on one rank, eligibility
+bits, no plan), P 1..8, with the contract's field indices, on the product library. The voted form's refusals
+before the exchange (stage ``STAGE_REFUSED``: this rank has not voted) are checked too; its exchange over a real
+two-rank vote is ``tests/distributed/test_ulysses_shm_vote.py``'s, its launch needs a GPU
+(``benchmarks/measure_fused_host_overhead.py``).
 """
 
 from __future__ import annotations
@@ -19,12 +21,17 @@ import torch
 
 from fastvideo.distributed.ulysses import contract
 from fastvideo.distributed.ulysses.contract import NUM_FIELDS, DeclineReason, Field, Verdict
-from tests.kernel.test_window_sync import fastvideo_kernel, lib  # noqa: F401  - the built library, or skip/fail
+from tests.kernel.built import fastvideo_kernel
 
 I64 = ctypes.c_int64
 
 
-def would_run(lib, table: list[list[int]], rank: int) -> bool:  # noqa: F811
+@pytest.fixture(scope="module")
+def lib(product_lib):
+    return product_lib
+
+
+def would_run(lib, table: list[list[int]], rank: int) -> bool:
     flat = (I64 * (len(table) * NUM_FIELDS))(*(v for row in table for v in row))
     mine = (I64 * NUM_FIELDS)(*table[rank])
     return bool(lib.fvk_vote_would_run(flat, len(table), mine))
@@ -61,7 +68,7 @@ def table_near_the_boundary(rng: random.Random, world: int) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("world", range(1, 9))
-def test_the_library_runs_exactly_where_the_contract_runs(lib, world):  # noqa: F811
+def test_the_library_runs_exactly_where_the_contract_runs(lib, world):
     rng = random.Random(1000 + world)
     runs = 0
     for case in range(1500):
@@ -76,7 +83,7 @@ def test_the_library_runs_exactly_where_the_contract_runs(lib, world):  # noqa: 
     assert 0 < runs < 1500  # both sides of the boundary were exercised
 
 
-def test_the_library_reads_the_contracts_eligibility_and_plan_fields(lib):  # noqa: F811
+def test_the_library_reads_the_contracts_eligibility_and_plan_fields(lib):
     """Negative controls at the two fields the library reads: a bit in ELIGIBILITY, a zero PLAN."""
     row = base_row(random.Random(7))
     assert would_run(lib, [row, list(row)], 0)
@@ -86,16 +93,43 @@ def test_the_library_reads_the_contracts_eligibility_and_plan_fields(lib):  # no
         assert not would_run(lib, [changed, list(changed)], 0), field
 
 
-def test_voted_launch_refuses_bad_arguments_before_any_exchange(lib):  # noqa: F811
-    stage, ns = ctypes.c_int(-1), I64(-1)
+def voted(lib, vote, **call) -> tuple[int, str]:
+    """(status, error) of the voted form of fvk_launch with a null context and the given call fields."""
+    desc = fastvideo_kernel.Call(size=ctypes.sizeof(fastvideo_kernel.Call), kind=fastvideo_kernel.KIND_SM, mode=0,
+                                 dtype=3, ctas=144, B=1, S=8, H=8, D=8, planes_per_chunk=1, rows_per_chunk=8)
+    for name, value in call.items():
+        setattr(desc, name, value)
+    status = lib.fvk_launch(None, ctypes.byref(desc), None, None, None, ctypes.byref(vote))
+    return status, fastvideo_kernel.last_error(lib) if status else ""
+
+
+def test_the_voted_launch_refuses_before_any_exchange(lib):
+    """Each refusal leaves stage REFUSED (this rank has not voted) and no exchange time: a closed vote, then the
+    call description's own errors, which the voted form checks before the vote; the voted form is eager and
+    unchecked, so the capture and debug flags are refused too."""
     fields = (I64 * NUM_FIELDS)()
     votes = (I64 * (2 * NUM_FIELDS))()
-    args = (0, 1, 1, 8, 8, 8, 144, 1, 8, None)  # mode, dtype, B, S, H, D, ctas, planes, rows, stream
-    status = lib.fvk_voted_launch(None, fields, votes, 10**9, ctypes.byref(stage), ctypes.byref(ns), None, 1, None,
-                                  None, *args)
-    assert status == 5 and "is not open" in fastvideo_kernel.last_error(lib) and stage.value == -1
-    status = lib.fvk_voted_launch(None, fields, votes, 10**9, ctypes.byref(stage), ctypes.byref(ns), None, 3, None,
-                                  None, *args)
-    assert status == 1 and "entry 3" in fastvideo_kernel.last_error(lib) and stage.value == -1
-    status = lib.fvk_voted_launch(None, fields, votes, 10**9, None, ctypes.byref(ns), None, 1, None, None, *args)
-    assert status == 1 and "null stage" in fastvideo_kernel.last_error(lib)
+
+    def fresh() -> fastvideo_kernel.Vote:
+        return fastvideo_kernel.Vote(size=ctypes.sizeof(fastvideo_kernel.Vote), stage=9, handle=None,
+                                     fields=ctypes.addressof(fields), votes=ctypes.addressof(votes),
+                                     timeout_ns=10**9, vote_ns=-1)
+
+    cases = [
+        ({}, 5, "is not open"),
+        ({"kind": 3}, 1, "kind 3"),
+        ({"flags": fastvideo_kernel.CALL_CAPTURE}, 1, "eager and unchecked"),
+        ({"flags": fastvideo_kernel.CALL_DEBUG}, 1, "eager and unchecked"),
+        ({"flags": 64}, 1, "unknown bits"),
+        ({"seq_split": ctypes.addressof(fields)}, 1, "uneven splits"),
+        ({"size": 8}, 1, "fvk_call.size 8"),
+    ]
+    for call, code, message in cases:
+        vote = fresh()
+        status, error = voted(lib, vote, **call)
+        assert (status, vote.stage, vote.vote_ns) == (code, fastvideo_kernel.STAGE_REFUSED, 0), (call, error)
+        assert message in error, (call, error)
+    short = fresh()
+    short.size = 8  # a vote of another layout is refused without being written to
+    status, error = voted(lib, short)
+    assert status == 1 and "fvk_vote.size 8" in error and short.stage == 9

@@ -9,40 +9,34 @@ that the CTA slices tile every block and that nothing leaves the window.
   policy (whole operand, planes per chunk, window-limited sub-plane rows) and by hand (uneven planes,
   uneven rows, one row per chunk), single calls and consecutive calls whose CTA counts and plans
   differ.
-* Negative controls: the pre-fix layout (regions at the current chunk's stride, the 8912e8a bug) must
-  be flagged on the plans 2x H200 found wrong, and on most uneven multi-CTA plans; schedules with a
-  barrier removed must be flagged: without chunk 0's entry barrier between consecutive calls, without
-  any entry barrier between the chunks of one call, without the barrier between stores and copy-out.
+* Negative controls: the pre-fix layout (regions at the current chunk's stride: the race the first 2-GPU
+  run found, docs/kernel.md) must be flagged on the plans 2x H200 found wrong, and on most uneven multi-CTA
+  plans; schedules with a barrier removed must be flagged: without chunk 0's entry barrier between consecutive
+  calls, without any entry barrier between the chunks of one call, without the barrier between stores and
+  copy-out.
 
-The library comes from ``scripts/build_kernel.sh 2.28.9`` (the test command builds it wherever nvcc
-exists, as on CI); without it the tests skip, except under ``CI=true`` where they fail.
+The check is in the test library (``libfastvideo_ulysses_a2a_testing.so``, csrc/ulysses_a2a/testing/), which
+``scripts/build_kernel.sh 2.28.9`` builds (the test command builds it wherever nvcc exists, as on CI); without
+it the tests skip, except under ``CI=true`` where they fail.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import random
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from fastvideo.distributed.ulysses.contract import dtype_code
 from fastvideo.distributed.ulysses.policy import Geometry, Plan, TunedRow, choose_plan
+from tests.kernel.built import fastvideo_kernel, kernel_testing
 
-REPO = Path(__file__).resolve().parents[2]
-try:
-    import fastvideo_kernel
-except ImportError:  # the loader is pure Python: use it from the source tree
-    sys.path.insert(0, str(REPO / "fastvideo-kernel"))
-    import fastvideo_kernel
-
-BUILT = Path(os.environ.get("FASTVIDEO_KERNEL_TEST_BUILD") or REPO / "build" / "kernel" / fastvideo_kernel.LIBRARY_NAME)
-STATIC, LEGACY = 0, 1
-# fvk_check_window_sync schedules (ulysses_a2a.h): the kernel's, and negative controls without a barrier.
-NO_FIRST_ENTRY, KERNEL, NO_ENTRY, NO_MIDDLE = 0, 1, 2, 3
+STATIC, MOVING = kernel_testing.LAYOUT_STATIC, kernel_testing.LAYOUT_MOVING
+# fvk_check_window_sync schedules (testing/ulysses_a2a_testing.h): the kernel's, and negative controls without a
+# barrier.
+NO_FIRST_ENTRY, KERNEL, NO_ENTRY, NO_MIDDLE = (kernel_testing.SYNC_NO_FIRST_ENTRY, kernel_testing.SYNC_KERNEL,
+                                               kernel_testing.SYNC_NO_ENTRY, kernel_testing.SYNC_NO_MIDDLE)
 MIB, GIB = 1 << 20, 1 << 30
 WINDOWS = (MIB, 3 * MIB + 4096, 64 * MIB, GIB)
 CTAS = (1, 2, 3, 5, 7, 36, 64, 97, 131, 144)
@@ -50,23 +44,8 @@ MAX_CHUNKS = 40  # per plan: the check costs O(chunks x CTAs x P^2); many-chunk 
 
 
 @pytest.fixture(scope="module")
-def lib():
-    if not BUILT.is_file():
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must build the kernel library ({BUILT}) before the property test")
-        pytest.skip(f"no built library at {BUILT} (run scripts/build_kernel.sh 2.28.9)")
-    saved = os.environ.get(fastvideo_kernel.ENV_LIBRARY)
-    os.environ[fastvideo_kernel.ENV_LIBRARY] = str(BUILT)
-    try:
-        library = fastvideo_kernel.load()
-    finally:
-        if saved is None:
-            os.environ.pop(fastvideo_kernel.ENV_LIBRARY)
-        else:
-            os.environ[fastvideo_kernel.ENV_LIBRARY] = saved
-    if "sync_check" not in fastvideo_kernel.entry_points(library):
-        pytest.fail(f"{BUILT} has no fvk_check_window_sync: rebuild it")
-    return library
+def lib(testing_lib):
+    return testing_lib
 
 
 def check(lib, geom: Geometry, plans: list[Plan], window: int, *, layout: int = STATIC,
@@ -145,7 +124,7 @@ def test_plan_space_is_race_free(lib):
     assert not failures, f"{len(failures)} of {len(cases)} cases race:\n" + "\n".join(failures[:5])
 
 
-# The plans 2x H200 found wrong at 8912e8a (bf16, SP2): h3-32k QKV at 2 planes per chunk, and
+# The plans the first 2x H200 run found wrong (bf16, SP2; docs/kernel.md): h3-32k QKV at 2 planes per chunk, and
 # 250k with window-limited rows (74898, then 50102), at 36, 72 and 144 CTAs.
 H200_WRONG = [
     (Geometry(0, torch.bfloat16, 3, 16384, 56, 128, 2), Plan(ctas, 2, 16384, tuned=True)) for ctas in (36, 72, 144)
@@ -153,28 +132,28 @@ H200_WRONG = [
 
 
 @pytest.mark.parametrize("geom,plan", H200_WRONG, ids=lambda v: str(v.ctas) if isinstance(v, Plan) else "")
-def test_negative_control_legacy_layout_is_flagged_where_h200_was_wrong(lib, geom, plan):
+def test_negative_control_moving_layout_is_flagged_where_h200_was_wrong(lib, geom, plan):
     assert uneven(geom, plan)
-    legacy, first = check(lib, geom, [plan], GIB, layout=LEGACY)
-    assert legacy > 0 and "race" in first, "the pre-fix layout must be flagged"
+    moving, first = check(lib, geom, [plan], GIB, layout=MOVING)
+    assert moving > 0 and "race" in first, "the pre-fix layout must be flagged"
     fixed, first = check(lib, geom, [plan], GIB)
     assert fixed == 0, first
 
 
-def test_negative_control_legacy_layout_is_flagged_across_the_space(lib):
+def test_negative_control_moving_layout_is_flagged_across_the_space(lib):
     """The pre-fix layout races on most uneven multi-CTA plans (not on even ones, nor with one CTA)."""
     flagged = total = even_flagged = 0
     for geom, window, seq in plan_space():
         if len(seq) != 1:
             continue
         plan = seq[0]
-        violations, _ = check(lib, geom, seq, window, layout=LEGACY)
+        violations, _ = check(lib, geom, seq, window, layout=MOVING)
         if uneven(geom, plan) and plan.ctas > 1:
             total += 1
             flagged += violations > 0
         elif not uneven(geom, plan):
             even_flagged += violations > 0
-    assert total > 500 and flagged > 0.8 * total, f"legacy flagged on {flagged}/{total} uneven plans"
+    assert total > 500 and flagged > 0.8 * total, f"moving flagged on {flagged}/{total} uneven plans"
     assert even_flagged == 0, "with chunks of one size the pre-fix layout was right (as 2x H200 showed)"
 
 

@@ -77,15 +77,17 @@ def env_or_default(name: str):
         return envs.registry()[name].default
 
 
-def limits(window_bytes: int | None, vote_timeout_s: float | None,
-           watchdog_timeout_s: float | None) -> tuple[int, float, float]:
-    """(window bytes, vote timeout, watchdog timeout) of a helper: the arguments, else the settings' values (the
-    watchdog's 0 means the vote timeout). Local; raises ValueError naming the argument for a bad one."""
+def limits(window_bytes: int | None, vote_timeout_s: float | None, watchdog_timeout_s: float | None,
+           group_timeout_s: float | None = None) -> tuple[int, float, float]:
+    """(window bytes, vote timeout, watchdog timeout) of a helper: the arguments, else the settings' values. A vote
+    timeout of 0 follows the SP group's timeout (``group_timeout_s``, the job's by default), a watchdog timeout of
+    0 the vote timeout. Local; raises ValueError naming the argument for a bad one."""
     window = int(window_bytes if window_bytes is not None else env_or_default("FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES"))
     if window < 1:
         raise ValueError(f"UlyssesHelper: window_bytes={window} must be positive.")
-    vote = float(vote_timeout_s if vote_timeout_s is not None
-                 else env_or_default("FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S"))
+    if vote_timeout_s is not None and vote_timeout_s <= 0:
+        raise ValueError(f"UlyssesHelper: vote_timeout_s={vote_timeout_s!r} must be positive (or None: the settings').")
+    vote = float(vote_timeout_s) if vote_timeout_s is not None else _settings.agreement_timeout_s(group_timeout_s)
     if watchdog_timeout_s is None:
         watchdog_timeout_s = float(env_or_default("FASTVIDEO_ULYSSES_A2A_WATCHDOG_TIMEOUT_S")) or vote
     if watchdog_timeout_s <= 0:

@@ -43,7 +43,7 @@ from fastvideo.distributed.ulysses.planner import PlanConfig, Planner, Proposal,
 from fastvideo.distributed.ulysses.policy import CAPTURE_ENGINES, TUNED_TABLE, Choice, Geometry, TunedRow
 from fastvideo.distributed.ulysses.stats import CallRecord, CallStats, report
 from fastvideo.distributed.ulysses.transport import Transport, VoteNotStarted
-from fastvideo.distributed.ulysses.vote import GlooVote, VoteTimeoutError
+from fastvideo.distributed.ulysses.vote import GlooVote, VoteError
 from fastvideo.distributed.ulysses.watchdog import FusedCallWatchdog, InFlight, end_process
 
 logger = logging.getLogger(__name__)
@@ -138,7 +138,8 @@ class UlyssesHelper:
         # Per SP group, so identical on every rank; in every vote's HEADER: a stale helper is a loud mismatch.
         self.generation = self.sp.next_generation()
         self._window_from_settings = window_bytes is None
-        self.window_bytes, timeout, self.watchdog_timeout_s = limits(window_bytes, vote_timeout_s, watchdog_timeout_s)
+        self.window_bytes, timeout, self.watchdog_timeout_s = limits(window_bytes, vote_timeout_s, watchdog_timeout_s,
+                                                                     self.sp.timeout_s)
         self.gpu_name = gpu_name if gpu_name is not None else (
             torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu")
         self.transport = None if disabled else (transport if transport is not None else default_transport(self.device))
@@ -162,7 +163,7 @@ class UlyssesHelper:
                 built = construct(self.sp, self.transport, self._vote, disabled=disabled,
                                   window_bytes=self.window_bytes, gpu_name=self.gpu_name,
                                   generation=self.generation, identity=identity, vote_request=vote)
-            except VoteTimeoutError as exc:
+            except VoteError as exc:
                 self._dispose(str(exc))
                 raise
         self._adopt(built)
@@ -251,13 +252,13 @@ class UlyssesHelper:
             # 4. execute: every rank runs (or captures) this plan: the capture bit is in the agreed fields
             out = self._execute(x, proposal, seq, capturing)
         # 5. record
-        self._stats.ran(seq, phase, proposal.geom, proposal.plan, capturing)
+        self._stats.ran(seq, phase, proposal.geom, proposal.plan, capturing, proposal.fields)
         if not capturing:  # a capture runs nothing: the graph's replays are unseen by the watchdog
             marker = self.transport.completion_marker()
             if marker is not None:
                 self._watch(InFlight(seq, self.generation, lambda: f"{phase.name.lower()}, {proposal.geom}",
                                      lambda: proposal.plan.describe(proposal.geom), marker, time.monotonic()))
-        return out, proposal.plan.word
+        return out, proposal.fields[Field.PLAN]
 
     def _propose(self, sig: Signature) -> Proposal:
         try:
@@ -275,7 +276,7 @@ class UlyssesHelper:
         mine = (geom.seq_table, geom.head_table) if geom is not None else None
         try:
             tables = self._vote.all_gather_object(mine)
-        except VoteTimeoutError as exc:
+        except VoteError as exc:
             self._dispose(str(exc))
             return error
         per_rank = [f"seq_splits={list(t[0])}, head_splits={list(t[1])}" if t is not None else "unknown"
@@ -286,7 +287,7 @@ class UlyssesHelper:
         """Gather every rank's fields (collective); a failed vote disposes the helper and raises."""
         try:
             rows = self._call_vote.exchange(fields)
-        except VoteTimeoutError as exc:
+        except VoteError as exc:
             self._dispose(str(exc))
             raise
         self._stats.vote_s.append(self._call_vote.last_s)
@@ -303,7 +304,7 @@ class UlyssesHelper:
             fields[Field.ELIGIBILITY] = DeclineReason.LOCAL_ERROR.bit
             fields[Field.WINDOW_BYTES] = fields[Field.PLAN] = 0
             return None, self._exchange(fields), exc
-        except VoteTimeoutError as exc:
+        except VoteError as exc:
             self._dispose(str(exc))
             raise
         except Exception as exc:
@@ -358,7 +359,7 @@ class UlyssesHelper:
         fields[Field.DTYPE] = 0  # nothing is known of the input but the mode and the grad flag
         try:
             self._exchange(fields)
-        except VoteTimeoutError as exc:
+        except VoteError as exc:
             raise error from exc
         if hasattr(error, "add_note"):  # Python 3.11+
             error.add_note(f"Ulysses checked mode: voted on SP ranks {self.sp.ranks}; every peer raises "

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -32,12 +33,12 @@ import torch
 from fastvideo.distributed.ulysses.contract import DeclineReason, dtype_code
 from fastvideo.distributed.ulysses.policy import ENGINE_CE, KERNEL_DTYPES, MAX_CTAS, ORIGINAL_CTAS, Geometry, Plan
 from fastvideo.distributed.ulysses.transport import (
+    ENTRIES,
     ENTRY_CAPTURE,
     ENTRY_CE,
     ENTRY_CE_CAPTURE,
     ENTRY_ORIGINAL,
     ENTRY_TUNED,
-    ENTRY_UNEVEN,
     Capability,
     ConstructionContext,
     Step,
@@ -47,9 +48,6 @@ from fastvideo.distributed.ulysses.transport import (
     output_shape,
 )
 
-# ABI 1 (before 2026-11-29) laid chunks out in the window at the current chunk's stride: wrong data
-# whenever a plan's chunks differ in size (found on 2x H200). Such a build must never run.
-MIN_ABI_VERSION = 2
 # Completion events recorded round-robin, one per call, for the helper's watchdog (created once, so
 # the hot path allocates none). Reusing one re-records it for a later call, which completes no earlier:
 # the watchdog then sees the older call late, never early.
@@ -62,16 +60,15 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 class _Launch(NamedTuple):
-    """One signature's launch: the entry point's name and function, its fixed arguments, the output shape,
-    its entry number for ``fvk_voted_launch``, and every argument of the tuned form (what ``fvk_voted_launch``
-    and the captured entry points take after the pointers)."""
+    """One signature's launch, built once (``_launch_for``): the library call every call of the signature makes,
+    ``fn(ctx, call, x, out, stream, vote)``, with its call description (an ``fvk_call``, passed by reference),
+    the output shape, and the offering it runs on (for messages)."""
 
-    name: str
-    fn: Any
-    args: tuple[int, ...]
+    fn: Callable[..., int]
+    call: Any  # ctypes.byref of ``desc``
+    desc: Any  # the fvk_call (None for a build older than the one entry)
     out_shape: tuple[int, ...]
-    entry: int  # fvk_voted_launch: 0 original, 1 tuned, 2 copy engine
-    tuned_args: tuple[int, ...]
+    entry: str
 
 
 class NativeKernelError(RuntimeError):
@@ -106,7 +103,9 @@ class NativeTransport(Transport):
 
     def __init__(self) -> None:
         self._lib: Any = None
-        self._entries: frozenset[str] = frozenset()
+        self._fvk: Any = None  # the fastvideo_kernel loader module, once capability() imported it
+        self._offerings: frozenset[str] = frozenset()  # what the loaded build offers (fastvideo_kernel.probe)
+        self._entries: frozenset[str] = frozenset()  # the launch offerings among them (transport.ENTRIES)
         self._handle: ctypes.c_void_p | None = None
         self._ctx: ConstructionContext | None = None
         self._unique_id: bytes | None = None
@@ -115,14 +114,18 @@ class NativeTransport(Transport):
         self._event: torch.cuda.Event | None = None  # the last call's completion event
         self._events: list[torch.cuda.Event] = []
         self._calls = 0
-        self._launches: dict[tuple, _Launch] = {}  # per (geometry, plan, dtype): see _launch_for
-        self._stage, self._vote_ns = ctypes.c_int(0), ctypes.c_int64(0)  # fvk_voted_launch's outputs
-        self._stage_ref, self._vote_ns_ref = ctypes.byref(self._stage), ctypes.byref(self._vote_ns)
+        self._launches: dict[tuple, _Launch] = {}  # per (geometry, plan, dtype, capture): see _launch_for
+        self._vote: Any = None  # the fvk_vote of the voted form, built once per vote channel (_vote_for)
+        self._vote_ref: Any = None
+        self._vote_args: tuple | None = None  # the vote channel's native_args it was built from
         self._streams: dict[tuple[int, int], torch.cuda.Stream] = {}  # (device, raw handle) -> Stream
 
     # ------------------------------------------------------------------ probing (local)
 
     def capability(self) -> Capability:
+        """Local (no collective), host-only, never raises: what this rank's kernel build offers. The loader's probe
+        (``fastvideo_kernel.probe``: the offerings of its ABI), then the NCCL runtime checks; a missing or
+        unusable build is a decline with its reason."""
         def declined(reason: DeclineReason, detail: str, **known: Any) -> Capability:
             return Capability(self.name, False, decline=reason, detail=detail, **known)
 
@@ -134,16 +137,13 @@ class NativeTransport(Transport):
             lib = fastvideo_kernel.load()
         except fastvideo_kernel.KernelUnavailable as exc:
             return declined(DeclineReason.TRANSPORT_MISSING, str(exc))
-        abi = lib.fvk_abi_version()
-        # Never offered uneven plans: the launches here pass no split tables (their kernels move even shares only),
-        # so calls with uneven splits decline uneven_splits on every rank, whatever a build exports.
-        entries = fastvideo_kernel.entry_points(lib) - {ENTRY_UNEVEN}
-        known: dict[str, Any] = {"abi_version": abi, "entry_points": entries}
-        if abi < MIN_ABI_VERSION or ENTRY_ORIGINAL not in entries:
-            return declined(DeclineReason.TRANSPORT_TOO_OLD,
-                            f"kernel ABI {abi} with entry points {sorted(entries)}; need ABI >= {MIN_ABI_VERSION} "
-                            f"with '{ENTRY_ORIGINAL}' (ABI 1 builds move wrong data with uneven chunks: rebuild)",
-                            **known)
+        found = fastvideo_kernel.probe(lib)
+        entries = found.offerings & ENTRIES
+        known: dict[str, Any] = {"abi_version": found.abi, "entry_points": entries}
+        if found.abi < fastvideo_kernel.OLDEST_ABI:
+            return declined(DeclineReason.TRANSPORT_TOO_OLD, found.problem, **known)
+        if found.problem:
+            return declined(DeclineReason.TRANSPORT_MISSING, found.problem, **known)
         build = lib.fvk_nccl_build_version()
         runtime = ctypes.c_int(0)
         if lib.fvk_nccl_runtime_version(ctypes.byref(runtime)) != 0:
@@ -161,8 +161,8 @@ class NativeTransport(Transport):
         if len(copies) != 1:
             return declined(DeclineReason.NCCL_RUNTIME_MISMATCH,
                             f"expected exactly one libnccl.so mapped, found {sorted(copies)}", **known)
-        self._lib, self._entries = lib, entries
-        return Capability(self.name, True, abi_version=abi, entry_points=entries, nccl_build=build,
+        self._lib, self._fvk, self._offerings, self._entries = lib, fastvideo_kernel, found.offerings, entries
+        return Capability(self.name, True, abi_version=found.abi, entry_points=entries, nccl_build=build,
                           nccl_runtime=runtime.value, dtypes=KERNEL_DTYPES, supports_unaligned=True,
                           detail=f"{fastvideo_kernel.library_path()}")
 
@@ -261,32 +261,45 @@ class NativeTransport(Transport):
 
     # ------------------------------------------------------------------ per call
 
-    def _launch_for(self, geom: Geometry, plan: Plan, dtype: torch.dtype) -> _Launch:
-        """The entry point and the fixed arguments of ``plan`` on ``geom`` (everything but the pointers and
-        the stream), built once per signature: a DiT's layers repeat a few signatures."""
-        key = (geom, plan, dtype)
+    def _launch_for(self, geom: Geometry, plan: Plan, dtype: torch.dtype, capture: bool) -> _Launch:
+        """The library call and call description of ``plan`` on ``geom`` (everything but the pointers, the stream
+        and the vote), built once per signature: a DiT's layers repeat a few signatures. Raises
+        ``NativeKernelError`` (nothing cached) for a plan this build does not offer."""
+        key = (geom, plan, dtype, capture)
         launch = self._launches.get(key)
         if launch is not None:
             return launch
         if geom.world_size != self._ctx.world_size:
             raise NativeKernelError(f"geometry for SP size {geom.world_size}, communicator has {self._ctx.world_size}")
-        whole = plan.planes_per_chunk >= geom.B and plan.rows_per_chunk >= geom.S
-        fixed = (geom.mode, dtype_code(dtype), geom.B, geom.S, geom.H, geom.D)
-        chunking = (plan.ctas, plan.planes_per_chunk, plan.rows_per_chunk)
-        shape = output_shape(geom)
-        if plan.engine == ENGINE_CE:
-            if ENTRY_CE not in self._entries:
-                raise NativeKernelError(f"plan {plan} needs the copy-engine entry point, which this kernel build lacks")
-            launch = _Launch("fvk_a2a_ce", self._lib.fvk_a2a_ce, fixed + chunking, shape, 2, fixed + chunking)
-        elif plan.ctas == ORIGINAL_CTAS and whole and ENTRY_ORIGINAL in self._entries:
-            launch = _Launch("fvk_a2a_original", self._lib.fvk_a2a_original, fixed, shape, 0,
-                             (*fixed, ORIGINAL_CTAS, geom.B, geom.S))
-        elif ENTRY_TUNED in self._entries:
-            if plan.ctas > MAX_CTAS:
-                raise NativeKernelError(f"plan asks for {plan.ctas} CTAs, at most {MAX_CTAS}")
-            launch = _Launch("fvk_a2a_tuned", self._lib.fvk_a2a_tuned, fixed + chunking, shape, 1, fixed + chunking)
+        ce = plan.engine == ENGINE_CE
+        original = not ce and plan.ctas == ORIGINAL_CTAS and plan.planes_per_chunk >= geom.B \
+            and plan.rows_per_chunk >= geom.S
+        if capture:
+            entry = ENTRY_CE_CAPTURE if ce else ENTRY_CAPTURE
         else:
-            raise NativeKernelError(f"plan {plan} needs the tuned entry point, which this kernel build lacks")
+            entry = ENTRY_CE if ce else ENTRY_ORIGINAL if original else ENTRY_TUNED
+        if entry not in self._entries:
+            raise NativeKernelError(f"plan {plan} needs the {entry!r} offering, which this kernel build lacks "
+                                    f"(it offers {sorted(self._entries)}): rebuild fastvideo-kernel")
+        if plan.ctas > MAX_CTAS:
+            raise NativeKernelError(f"plan asks for {plan.ctas} CTAs, at most {MAX_CTAS}")
+        ctas, planes, rows = ((ORIGINAL_CTAS, geom.B, geom.S) if original
+                              else (plan.ctas, plan.planes_per_chunk, plan.rows_per_chunk))
+        fvk, lib = self._fvk, self._lib
+        if fvk.LAUNCH in self._offerings:
+            desc = fvk.Call(size=ctypes.sizeof(fvk.Call), flags=fvk.CALL_CAPTURE if capture else 0,
+                            kind=fvk.KIND_CE if ce else fvk.KIND_SM, mode=geom.mode, dtype=dtype_code(dtype),
+                            ctas=ctas, B=geom.B, S=geom.S, H=geom.H, D=geom.D, planes_per_chunk=planes,
+                            rows_per_chunk=rows)
+            launch = _Launch(lib.fvk_launch, ctypes.byref(desc), desc, output_shape(geom), entry)
+        else:  # a build older than the one entry offers the original plan alone (its entry has no call description)
+            fixed = (geom.mode, dtype_code(dtype), geom.B, geom.S, geom.H, geom.D)
+            original_entry = lib.fvk_a2a_original
+
+            def fn(handle, call, x, out, stream, vote, fixed=fixed) -> int:
+                return original_entry(handle, x, out, *fixed, stream)
+
+            launch = _Launch(fn, None, None, output_shape(geom), entry)
         if len(self._launches) >= 1024:  # bounded: a pathological job re-builds
             self._launches.clear()
         self._launches[key] = launch
@@ -294,9 +307,9 @@ class NativeTransport(Transport):
 
     def _current_stream(self, device: torch.device) -> tuple[int, torch.cuda.Stream]:
         """(raw cudaStream_t, its torch Stream) of ``device``'s current stream. ``torch.cuda.current_stream``
-        builds a Stream object per call (about 3 us on the H200 host, measure_launch_host.py); the raw handle
-        is one call, and a Stream object per handle is kept (a Stream resolves to its handle, so the one kept
-        for a handle records on that same CUDA stream)."""
+        builds a Stream object per call (the launch_host case measures it, docs/benchmarks.md); the raw handle
+        is one call, and a Stream object per handle is kept (a Stream resolves to its handle, so the one kept for a
+        handle records on that same CUDA stream)."""
         index = device.index if device.index is not None else torch.cuda.current_device()
         raw = _raw_stream(index) if _raw_stream is not None else None
         # Keyed by device too: every device's default stream has the raw handle 0.
@@ -309,113 +322,84 @@ class NativeTransport(Transport):
             self._streams[(index, raw)] = stream
         return raw, stream
 
+    def _vote_for(self, vote, fields: list[int]) -> Any:
+        """``fields`` written into ``vote``'s send buffer, and the ``fvk_vote`` (by reference) that points the
+        library at the vote's handle and buffers: built once per vote channel, reused every call."""
+        args = vote.native_args(fields)  # (handle, send buffer, receive buffer, timeout in ns)
+        if args is not self._vote_args:
+            handle, send, recv, timeout = args
+            fvk = self._fvk
+            self._vote = fvk.Vote(size=ctypes.sizeof(fvk.Vote), stage=fvk.STAGE_REFUSED, handle=handle.value,
+                                  fields=send.value, votes=recv.value, timeout_ns=timeout.value)
+            self._vote_ref, self._vote_args = ctypes.byref(self._vote), args
+        return self._vote_ref
+
     def fuses_vote(self, vote) -> bool:
-        """The library runs the exchange and the launch in one call (``fvk_voted_launch``) where the per-call
-        vote is the same-host shared-memory one (an object with ``native_args``) and this build has it."""
-        return self._lib is not None and hasattr(self._lib, "fvk_voted_launch") and hasattr(vote, "native_args")
+        """Local, host-only. Whether ``execute`` can run the exchange and the launch in one library call (the voted
+        form of ``fvk_launch``): where the per-call vote is the same-host shared-memory one (an object with
+        ``native_args``) and this build offers it."""
+        return self._fvk is not None and self._fvk.VOTED in self._offerings and hasattr(vote, "native_args")
 
     def execute(self, x: torch.Tensor, geom: Geometry, plan: Plan, *, capture: bool = False, vote=None,
                 fields: list[int] | None = None) -> torch.Tensor | None:
-        """``Transport.execute`` on the kernel library. Eager calls share one window and one set of barrier
-        slots; the library orders a call after the previous one when the stream changes (its own completion
-        event), so nothing is waited for here. A captured call freezes the launch arguments (pointers, geometry,
-        plan) into the graph and allocates the output from the graph's pool; the library orders replays against
-        eager calls and each other through its completion event (ulysses_a2a.h). With ``vote``, one library
-        call exchanges ``fields`` and launches where every rank's fields equal these (``fvk_vote_would_run``)."""
+        """Collective; host-blocking only for a vote; capture-safe with ``capture`` (``Transport.execute``).
+
+        One library call (``fvk_launch`` with the signature's cached call description; ``fvk_a2a_original`` on
+        a build older than it). Eager calls share one window and one set of barrier slots; the library orders
+        a call after the previous one when the stream changes (its own completion event), so nothing is waited
+        for here. A captured call freezes the launch arguments (pointers, geometry, plan) into the graph and
+        allocates the output from the graph's pool; the library orders replays against eager calls and each
+        other through its completion event (ulysses_a2a.h). With ``vote``, the same call exchanges ``fields``
+        and launches where every rank's fields equal these (``fvk_vote_would_run``)."""
         try:  # everything before the exchange: with a vote, a failure here leaves this rank unvoted
             if self._handle is None or self._event is None or self._ctx is None:
                 raise NativeKernelError("execute before construction (or after destroy)")
-            launch = self._launch_for(geom, plan, x.dtype)
+            launch = self._launch_for(geom, plan, x.dtype, capture)
             out = torch.empty(launch.out_shape, dtype=x.dtype, device=x.device)
-            if capture:
-                name = "fvk_a2a_ce_captured" if launch.entry == 2 else "fvk_a2a_captured"
-                stream = torch.cuda.current_stream(x.device)
-                self._check(getattr(self._lib, name)(self._handle, x.data_ptr(), out.data_ptr(), *launch.tuned_args,
-                                                     stream.cuda_stream), name)
-                return out  # nothing runs at capture: no completion to watch
             raw, stream = self._current_stream(x.device)
-            if vote is not None:
-                handle, send, recv, timeout = vote.native_args(fields)
+            vote_ref = self._vote_for(vote, fields) if vote is not None else None
         except Exception as exc:
             if vote is None:
                 raise
             raise VoteNotStarted(f"before the vote: {type(exc).__name__}: {exc}") from exc
-        if vote is None:
-            self._check(launch.fn(self._handle, x.data_ptr(), out.data_ptr(), *launch.args, raw), launch.name)
-        else:
-            status = self._lib.fvk_voted_launch(handle, send, recv, timeout, self._stage_ref, self._vote_ns_ref,
-                                                self._handle, launch.entry, x.data_ptr(), out.data_ptr(),
-                                                *launch.tuned_args, raw)
-            stage = self._stage.value
-            vote.last_s = self._vote_ns.value * 1e-9
-            if stage < 0:
-                import fastvideo_kernel
-
-                raise VoteNotStarted(f"fvk_voted_launch refused before the vote: "
-                                     f"{fastvideo_kernel.last_error(self._lib)}")
-            if stage == 0:
+        status = launch.fn(self._handle, launch.call, x.data_ptr(), out.data_ptr(), raw, vote_ref)
+        if vote is not None:
+            stage = self._vote.stage
+            vote.last_s = self._vote.vote_ns * 1e-9
+            if stage == self._fvk.STAGE_REFUSED:
+                raise VoteNotStarted(f"the voted launch refused before the vote: {self._fvk.last_error(self._lib)}")
+            if stage == self._fvk.STAGE_EXCHANGE_FAILED:
                 raise vote.failure(status)
-            if stage == 1:
+            if stage == self._fvk.STAGE_NOT_LAUNCHED:
                 return None  # exchanged, not launched: the helper decides from vote.rows
-            self._check(status, f"fvk_voted_launch ({launch.name})")
-        self._record_completion(stream)
+        if status != 0:  # the message is built only on failure: the hot path formats nothing
+            self._check(status, f"fvk_launch ({launch.entry} plan {plan})")
+        if not capture:  # nothing runs at capture: no completion to watch
+            self._record_completion(stream)
         return out
 
     def capture_decline(self, geom: Geometry, plan: Plan) -> str | None:
-        """None when ``plan`` can be frozen into the graph being captured: a plan word this code knows (CTAs,
-        planes and rows per chunk, tuned, engine: any other plan kind is refused until it is shown to need
-        no host work per call), and this build's capturable entry point for its engine (``fvk_a2a_captured``
-        for the fused kernel, ``fvk_a2a_ce_captured`` for the copy-engine kind)."""
-        entry, symbol = ((ENTRY_CE_CAPTURE, "fvk_a2a_ce_captured") if plan.engine == ENGINE_CE
-                         else (ENTRY_CAPTURE, "fvk_a2a_captured"))
+        """Local, host-only. None when ``plan`` can be frozen into the graph being captured: a plan word this code
+        knows (CTAs, planes and rows per chunk, tuned, engine: any other plan kind is refused until it is shown
+        to need no host work per call), and this build's capture offering for its engine (``capture`` for the
+        fused kernel, ``ce_capture`` for the copy-engine kind)."""
+        entry = ENTRY_CE_CAPTURE if plan.engine == ENGINE_CE else ENTRY_CAPTURE
         if entry not in self._entries:
-            return (f"this kernel build has no {symbol} (older than the capturable {plan.engine} kind): rebuild "
-                    "fastvideo-kernel to capture it")
+            return (f"this kernel build does not offer {entry!r} (it offers {sorted(self._entries)}): rebuild "
+                    f"fastvideo-kernel to capture the {plan.engine} kind")
         if Plan(plan.ctas, plan.planes_per_chunk, plan.rows_per_chunk, plan.tuned, plan.engine).word != plan.word:
             return f"plan word {plan.word:#x} is not one this transport can freeze"
         if plan.ctas > MAX_CTAS:
             return f"plan asks for {plan.ctas} CTAs, at most {MAX_CTAS}"
         return None
 
-    def debug_execute(self, x: torch.Tensor, geom: Geometry, plan: Plan, *, legacy: bool = False
-                      ) -> tuple[torch.Tensor, list[int]]:
-        """The fused kernel with the epoch checker (``fvk_a2a_debug``): collective, blocking, for gates only.
-
-        Returns the output and the report (violations, then the first violation's kind | rank << 8 |
-        peer << 16, granule, stamp found, stamp written). ``legacy`` runs the pre-fix window layout (a
-        negative control: expect violations on uneven plans). The window must hold the plan's bytes
-        plus 8 bytes of stamps per partition granule. Bypasses the vote: every rank must call it with
-        the same geometry and plan, in the same order.
-        """
-        if self._handle is None or self._event is None:
-            raise NativeKernelError("debug_execute before construction (or after destroy)")
-        if "debug" not in self._entries:
-            raise NativeKernelError("this kernel build has no fvk_a2a_debug")
-        import fastvideo_kernel
-
-        out = torch.empty(output_shape(geom), dtype=x.dtype, device=x.device)
-        report = torch.zeros(5, dtype=torch.int64, device=x.device)
-        stream = torch.cuda.current_stream(x.device)
-        flags = fastvideo_kernel.DEBUG_EPOCH_CHECK | (fastvideo_kernel.DEBUG_LEGACY_LAYOUT if legacy else 0)
-        status = self._lib.fvk_a2a_debug(self._handle, x.data_ptr(), out.data_ptr(), geom.mode, dtype_code(x.dtype),
-                                         geom.B, geom.S, geom.H, geom.D, plan.ctas, plan.planes_per_chunk,
-                                         plan.rows_per_chunk, flags, report.data_ptr(), stream.cuda_stream)
-        self._check(status, "fvk_a2a_debug")
-        self._record_completion(stream)
-        return out, [int(v) for v in report.cpu().tolist()]
-
-    def fabric_copy(self, nbytes: int, *, engine: int, ctas: int = 132) -> None:
-        """The benchmark's fabric limit (``fvk_fabric_copy``): barrier, every rank copies ``nbytes`` into every
-        peer's window at once, barrier; ``engine`` 0 the copy engines, 1 SM stores. Collective, enqueued on
-        the current stream; every rank must call it with the same arguments. Bypasses the vote."""
-        if self._handle is None or self._event is None:
-            raise NativeKernelError("fabric_copy before construction (or after destroy)")
-        if "fabric" not in self._entries:
-            raise NativeKernelError("this kernel build has no fvk_fabric_copy")
-        stream = torch.cuda.current_stream()
-        self._check(self._lib.fvk_fabric_copy(self._handle, nbytes, engine, ctas, stream.cuda_stream),
-                    "fvk_fabric_copy")
-        self._record_completion(stream)
+    def native_context(self) -> tuple[Any, ctypes.c_void_p]:
+        """Local. The loaded library and this transport's context handle, for launches the product transport does
+        not make on the same communicator (the test library's epoch-checked launch and fabric copy:
+        tests/kernel/native_testing.py). Raises before construction or after destroy."""
+        if self._handle is None or self._ctx is None:
+            raise NativeKernelError("no context: before construction (or after destroy)")
+        return self._lib, self._handle
 
     def _record_completion(self, stream: torch.cuda.Stream) -> None:
         """After every launch: the call's completion event, round-robin from the ring, for the watchdog."""
@@ -427,8 +411,8 @@ class NativeTransport(Transport):
     def watchdog_thread_setup(self) -> None:
         """Run in the helper's watchdog thread: relax that thread's CUDA stream-capture mode, so its event
         queries never invalidate a graph capture begun in another thread (torch's NCCL watchdog does the
-        same). A build without ``fvk_relax_capture_mode`` leaves the mode as it is."""
-        if self._lib is not None and hasattr(self._lib, "fvk_relax_capture_mode"):
+        same). A build that does not offer it (ABI 2) leaves the mode as it is."""
+        if self._fvk is not None and self._fvk.RELAX_CAPTURE in self._offerings:
             self._check(self._lib.fvk_relax_capture_mode(), "fvk_relax_capture_mode")
 
     def completion_marker(self) -> torch.cuda.Event | None:
@@ -455,6 +439,7 @@ class NativeTransport(Transport):
         self._ctx = None
         self._launches.clear()
         self._streams.clear()
+        self._vote = self._vote_ref = self._vote_args = None
         self._event = None
         self._events = []
         self._unique_id = None

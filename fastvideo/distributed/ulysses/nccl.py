@@ -7,11 +7,23 @@ layouts): differentiability comes from the op above it, whose one autograd formu
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 import torch.distributed as dist
 
+from fastvideo.distributed.host_exchange import classify_failure, group_timeout_s
 from fastvideo.distributed.ulysses.layout import EVEN, Splits, block_shapes, recv_layout, send_layout
+
+
+class CollectiveError(RuntimeError):
+    """The NCCL route's collective failed on this rank (a synchronous backend, gloo on CPU): it timed out (a peer is
+    stopped, stuck or not calling) or the connection to a peer closed (the peer is gone). ``kind``: ``timeout``,
+    ``closed`` or ``failed``. On NCCL (CUDA) a failure surfaces through torch's NCCL watchdog instead."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 def _split_sizes(shapes: list[tuple[int, ...]], itemsize: int) -> tuple[int, list[int] | None]:
@@ -32,5 +44,24 @@ def nccl_route(x: torch.Tensor, mode: int, group: dist.ProcessGroup, *, splits: 
     _, send_sizes = _split_sizes(sent, x.element_size())
     recv = torch.empty(total, dtype=torch.uint8, device=x.device)
     send = send_layout(x, mode, world_size, splits=splits).view(torch.uint8)
-    dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=group)
+    start = time.perf_counter()
+    try:
+        dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=group)
+    except RuntimeError as exc:
+        raise _failure(group, exc, time.perf_counter() - start) from exc
     return recv_layout(recv.view(x.dtype), mode, received)
+
+
+def _failure(group: dist.ProcessGroup, exc: RuntimeError, seconds: float) -> CollectiveError:
+    ranks = dist.get_process_group_ranks(group)
+    timeout = group_timeout_s(group)
+    limit = f"{timeout:g} s" if timeout is not None else "its timeout"
+    kind = classify_failure(exc)
+    if kind == "timeout":
+        what = (f"timed out after {seconds:.1f} s (the SP group's timeout, {limit}: the default process group's "
+                "unless initialize_sequence_parallel was given one): a peer is stopped, stuck, or not calling the op")
+    elif kind == "closed":
+        what = f"failed after {seconds:.3f} s: the connection to a peer closed, so that peer's process is gone"
+    else:
+        what = f"failed after {seconds:.3f} s"
+    return CollectiveError(f"Ulysses all-to-all (NCCL route) over SP ranks {ranks} {what} ({exc}).", kind)

@@ -47,7 +47,7 @@ _TUNED_BIT = _CTA_BITS + _PLANE_BITS + _ROW_BITS
 _CE_BIT = _TUNED_BIT + 1  # bit 62: the word stays a positive int64
 
 # The plan kinds a CUDA-graph capture may freeze, by engine (``UlyssesHelper.capture_engines``). The
-# copy-engine kind has a capturable entry point (fvk_a2a_ce_captured), but its captured form has run only
+# copy-engine kind can be captured (``fvk_launch`` with ``FVK_CALL_CAPTURE``), but its captured form has run only
 # on one GPU (P = 1: no peers, so no push): until a 2-GPU run of
 # ``tests/distributed/check_ulysses_graphs.py --capture-engines ce,sm`` shows it exact, a capture plans
 # from the table's SM rows, as before.
@@ -247,12 +247,9 @@ TUNED_TABLE: tuple[TunedRow, ...] = (
         planes_per_chunk=1,
         source="upstream H3 measurements, 4x GB200, NCCL 2.29.7 (docs/ulysses_performance.md)",
     ),
-    # 2x H200 (NV18), bf16: the tuner over both engines at 080c619 (one barrier per chunk), the rows the
-    # benchmark then ran (docs/ulysses_performance.md). The copy-engine plans won both keys, transfer
-    # only: wan720p 0.681/0.663 ms (modes 0/1, 2 row chunks) against the SM kernel's best ~0.69; h3-32k
-    # 1.126/1.124 against ~1.25. CTA counts (66 or 132, for the on-device copies) trade places between
-    # runs within noise. They also leave the SMs to concurrent work (a GEMM chain slowed <= 9% beside
-    # them, 10-54% beside the NCCL route). Every swept plan of both engines was bit-exact.
+    # 2x H200 (NV18), bf16: the tuner's winners over both engines, then the SM kernel's best for the same keys
+    # (where the copy-engine kind does not apply: a build without it, CUDA-graph capture). Where each was
+    # measured, with the figures: the table of tuned rows in docs/ulysses_policy.md.
     TunedRow(
         "H200",
         2,
@@ -263,7 +260,7 @@ TUNED_TABLE: tuple[TunedRow, ...] = (
         planes_per_chunk=1,
         row_chunks=2,
         engine="ce",
-        source="2x H200 tuner sweep at 080c619, wan720p modes 0/1 (docs/ulysses_performance.md)",
+        source="2x H200 tuner sweep, copy-engine and SM plans, wan720p modes 0/1 (docs/ulysses_policy.md)",
     ),
     TunedRow(
         "H200",
@@ -274,11 +271,8 @@ TUNED_TABLE: tuple[TunedRow, ...] = (
         ctas=132,
         planes_per_chunk=2,
         engine="ce",
-        source="2x H200 tuner sweep at 080c619, h3-32k QKV modes 0/1 (docs/ulysses_performance.md)",
+        source="2x H200 tuner sweep, copy-engine and SM plans, h3-32k QKV modes 0/1 (docs/ulysses_policy.md)",
     ),
-    # The SM kernel's rows for the same keys, used where the copy-engine kind is not (a build without it,
-    # CUDA-graph capture): 2x H200 tuner sweep at 8912e8a, confirmed best among SM plans at 44abd10 for
-    # wan720p (0.698/0.686 ms) and h3-32k mode 0 (1.218 ms).
     TunedRow(
         "H200",
         2,
@@ -288,7 +282,7 @@ TUNED_TABLE: tuple[TunedRow, ...] = (
         ctas=144,
         planes_per_chunk=1,
         row_chunks=4,
-        source="2x H200 tuner sweep at 8912e8a, wan720p (docs/ulysses_performance.md)",
+        source="2x H200 tuner sweep, SM plans, wan720p (docs/ulysses_policy.md)",
     ),
     TunedRow(
         "H200",
@@ -299,7 +293,7 @@ TUNED_TABLE: tuple[TunedRow, ...] = (
         ctas=144,
         planes_per_chunk=1,
         row_chunks=2,
-        source="2x H200 tuner sweep at 8912e8a, h3-32k QKV (docs/ulysses_performance.md)",
+        source="2x H200 tuner sweep, SM plans, h3-32k QKV (docs/ulysses_policy.md)",
     ),
 )
 

@@ -35,14 +35,20 @@ class CallStats:
     def __init__(self, history: int) -> None:
         self.calls = self.fused = self.raised = self.captured = 0
         self.declines: Counter[DeclineReason] = Counter()
-        self.plans: Counter[tuple[int, Geometry]] = Counter()  # (plan word, geometry): described in report()
+        # Fused calls per proposal, keyed by its fields (a tuple of ints: cheap to hash per call; the plan and the
+        # geometry it names are kept beside it for report()).
+        self.plans: Counter[tuple[int, ...]] = Counter()
+        self._named: dict[tuple[int, ...], tuple[Plan, Geometry]] = {}
         self.vote_s: deque[float] = deque(maxlen=VOTE_SAMPLES)
         self.history: deque[CallRecord] = deque(maxlen=history)
 
-    def ran(self, seq: int, phase: Phase, geom: Geometry, plan: Plan, captured: bool) -> None:
+    def ran(self, seq: int, phase: Phase, geom: Geometry, plan: Plan, captured: bool, key: tuple[int, ...]) -> None:
+        """A fused call of the proposal whose fields are ``key``."""
         self.fused += 1
         self.captured += captured
-        self.plans[(plan.word, geom)] += 1
+        if self.plans[key] == 0:
+            self._named[key] = (plan, geom)
+        self.plans[key] += 1
         self.history.append(CallRecord(seq, phase, geom.mode, "fused", plan, None, plan.num_chunks(geom), captured))
 
     def declined(self, seq: int, phase: Phase, mode: int, reason: DeclineReason) -> None:
@@ -58,7 +64,8 @@ class CallStats:
             "captured": self.captured,  # fused launches captured into CUDA graphs (counted in "fused")
             "raised": self.raised,
             "declines": {r.label: n for r, n in sorted(self.declines.items())},
-            "plans": dict(Counter({Plan.from_word(w).describe(g): n for (w, g), n in self.plans.items()})),
+            "plans": dict(sum((Counter({self._named[k][0].describe(self._named[k][1]): n})
+                               for k, n in self.plans.items()), Counter())),
             "vote_us_median": statistics.median(votes) * 1e6 if votes else None,
             "vote_us_p90": votes[int(0.9 * (len(votes) - 1))] * 1e6 if votes else None,
         }

@@ -26,12 +26,15 @@ import torch.distributed as dist
 from fastvideo.distributed.ulysses.contract import DeclineReason
 from fastvideo.distributed.ulysses.policy import Geometry, Plan
 
-ENTRY_ORIGINAL = "original"  # the 36-CTA whole-operand entry point
-ENTRY_TUNED = "tuned"  # CTA count and chunking as arguments
-ENTRY_CE = "ce"  # the copy-engine plan kind (same arguments as tuned)
-ENTRY_CAPTURE = "capture"  # the tuned entry point for CUDA-graph capture (fvk_a2a_captured)
-ENTRY_CE_CAPTURE = "ce_capture"  # the copy-engine kind for CUDA-graph capture (fvk_a2a_ce_captured)
+# What a transport can launch (``Capability.entry_points``, what the planner reads). The native transport's are
+# the kernel build's offerings of these names (fastvideo_kernel.OFFERINGS, by the library's ABI).
+ENTRY_ORIGINAL = "original"  # the 36-CTA whole-operand SM plan
+ENTRY_TUNED = "tuned"  # SM plans of any CTA count and chunking
+ENTRY_CE = "ce"  # the copy-engine plan kind
+ENTRY_CAPTURE = "capture"  # SM plans captured into a CUDA graph
+ENTRY_CE_CAPTURE = "ce_capture"  # copy-engine plans captured into a CUDA graph
 ENTRY_UNEVEN = "uneven"  # plans of calls with uneven seq_splits / head_splits (the planner requires it for them)
+ENTRIES = frozenset({ENTRY_ORIGINAL, ENTRY_TUNED, ENTRY_CE, ENTRY_CAPTURE, ENTRY_CE_CAPTURE})
 
 
 class VoteNotStarted(RuntimeError):

@@ -23,7 +23,7 @@ import uuid
 import torch
 import torch.distributed as dist
 
-from fastvideo.distributed.host_exchange import all_gather_objects, all_gather_tensor
+from fastvideo.distributed.host_exchange import all_gather_objects, all_gather_tensor, classify_failure
 from fastvideo.distributed.ulysses.contract import NUM_FIELDS
 
 logger = logging.getLogger(__name__)
@@ -31,8 +31,47 @@ logger = logging.getLogger(__name__)
 _all_gather = all_gather_tensor
 
 
-class VoteTimeoutError(RuntimeError):
-    """A vote or construction exchange did not complete in time (or the vote group failed)."""
+class VoteError(RuntimeError):
+    """A vote or construction exchange failed; terminal for the helper (the vote group is unusable after it).
+    ``kind``: ``timeout`` (a peer is stopped, stuck or not calling), ``peer_gone`` (a peer's process or
+    connection is gone) or ``failed``."""
+
+    kind = "failed"
+
+
+class VoteTimeoutError(VoteError):
+    """The exchange did not complete within the vote timeout."""
+
+    kind = "timeout"
+
+
+class PeerGoneError(VoteError):
+    """A peer's process exited, or its connection closed, while this rank waited for it."""
+
+    kind = "peer_gone"
+
+
+_ADVICE = ("A peer is stopped, stuck, or is not calling the op (e.g. FASTVIDEO_ULYSSES_A2A differs between ranks: "
+           "set it identically everywhere).")
+
+
+def gloo_failure(what: str, ranks: list[int], rank: int, exc: BaseException, seconds: float,
+                 timeout_s: float) -> VoteError:
+    """The error for a failed exchange over gloo, saying whether it timed out or a peer's connection closed, and
+    which rank it waited for where that is known (two ranks: the other one)."""
+    kind = classify_failure(exc)
+    peers = [r for r in ranks if r != rank]
+    waiting = f"rank {peers[0]}" if len(peers) == 1 else f"one of ranks {peers} (gloo does not say which)"
+    if kind == "timeout":
+        return VoteTimeoutError(
+            f"{what} over SP ranks {ranks} timed out after {seconds:.1f} s (the vote timeout, {timeout_s:g} s: "
+            f"FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S, 0 = the SP group's timeout) waiting for {waiting}. {_ADVICE} "
+            f"({exc})")
+    if kind == "closed":
+        return PeerGoneError(
+            f"{what} over SP ranks {ranks} failed after {seconds:.3f} s: the connection to {waiting} closed, so "
+            f"that peer's process is gone (see its log: killed, crashed, out of memory). ({exc})")
+    return VoteError(f"{what} over SP ranks {ranks} failed after {seconds:.3f} s: {exc}. {_ADVICE}")
 
 
 class GlooVote:
@@ -41,6 +80,7 @@ class GlooVote:
     def __init__(self, ranks: list[int], timeout_s: float, group: dist.ProcessGroup | None = None) -> None:
         self.ranks = list(ranks)
         self.world_size = len(ranks)
+        self.rank = dist.get_rank()  # global, as ``ranks``
         self.timeout_s = timeout_s
         self.owns_group = group is None
         if group is None:
@@ -72,24 +112,23 @@ class GlooVote:
         start = time.perf_counter()
         try:
             _all_gather(self._recv, self._send, group=self.group)
-            self.last_s = time.perf_counter() - start
         except RuntimeError as exc:
-            raise VoteTimeoutError(
-                f"Ulysses vote over SP ranks {self.ranks} did not complete within {self.timeout_s:g} s ({exc}). "
-                "A peer is dead, stuck, or is not calling the helper (e.g. FASTVIDEO_ULYSSES_A2A differs between "
-                "ranks: set it identically everywhere)."
-            ) from exc
+            raise gloo_failure("Ulysses vote", self.ranks, self.rank, exc, time.perf_counter() - start,
+                               self.timeout_s) from exc
+        self.last_s = time.perf_counter() - start
         return self._recv_rows
 
     def all_gather_object(self, obj: object) -> list[object]:
         """Construction-time exchange of small Python objects (pickled, length-prefixed, over gloo)."""
+        start = time.perf_counter()
         try:
             return all_gather_objects(self.group, self.world_size, obj)
         except RuntimeError as exc:
-            raise VoteTimeoutError(
-                f"Ulysses construction exchange over SP ranks {self.ranks} did not complete within "
-                f"{self.timeout_s:g} s ({exc}). Every SP rank must construct the helper at the same point."
-            ) from exc
+            error = gloo_failure("Ulysses construction exchange", self.ranks, self.rank, exc,
+                                 time.perf_counter() - start, self.timeout_s)
+            if hasattr(error, "add_note"):  # Python 3.11+
+                error.add_note("Every SP rank must construct the helper at the same point.")
+            raise error from exc
 
     def destroy(self) -> None:
         """Local. Never destroys the group: a shared group belongs to its SP group. A group of its own is not
@@ -100,7 +139,7 @@ class GlooVote:
 
 
 VOTE_SYMBOLS = ("fvk_vote_open", "fvk_vote_exchange", "fvk_vote_unlink", "fvk_vote_close")
-_FVK_ERR_TIMEOUT = 7
+_FVK_ERR_TIMEOUT, _FVK_ERR_PEER_GONE = 7, 8
 
 
 def load_vote_library():
@@ -203,15 +242,19 @@ class ShmVote:
         """The reused ``[P, 12]`` receive buffer: the last exchange's votes."""
         return self._recv_rows
 
-    def failure(self, status: int) -> VoteTimeoutError:
-        """The error for a failed exchange (library status ``status``; -1: the vote was destroyed)."""
+    def failure(self, status: int) -> VoteError:
+        """The error for a failed exchange (library status ``status``; -1: the vote was destroyed). The library
+        names the rank it waited for, and how long (ranks by SP rank)."""
         detail = _last_error(self._lib) if self._handle is not None and status != -1 else "the vote was destroyed"
-        what = f"did not complete within {self.timeout_s:g} s" if status == _FVK_ERR_TIMEOUT else "failed"
-        return VoteTimeoutError(
-            f"Ulysses vote over SP ranks {self.ranks} (shared memory) {what} ({detail}). A peer is dead, stuck, "
-            "or is not calling the helper (e.g. FASTVIDEO_ULYSSES_A2A differs between ranks: set it identically "
-            "everywhere)."
-        )
+        where = f"Ulysses vote over SP ranks {self.ranks} (shared memory)"
+        if status == _FVK_ERR_TIMEOUT:
+            return VoteTimeoutError(
+                f"{where} timed out (the vote timeout, {self.timeout_s:g} s: FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S, "
+                f"0 = the SP group's timeout): {detail}. {_ADVICE}")
+        if status == _FVK_ERR_PEER_GONE:
+            return PeerGoneError(f"{where} failed: {detail}; that peer's process is gone (see its log: killed, "
+                                 "crashed, out of memory).")
+        return VoteError(f"{where} failed: {detail}. {_ADVICE}")
 
     def destroy(self) -> None:
         """Unmap the segment (local; the name was unlinked at construction). A second call is a no-op."""

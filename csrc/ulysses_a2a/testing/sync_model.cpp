@@ -22,12 +22,11 @@
 #include <string>
 #include <vector>
 
-#include "layout.h"
-#include "ulysses_a2a.h"
+#include "../error.h"
+#include "../layout.h"
+#include "ulysses_a2a_testing.h"
 
 namespace fvk {
-
-int set_error(int code, const char* fmt, ...);
 
 namespace {
 
@@ -198,7 +197,7 @@ extern "C" int fvk_check_window_sync(int world, int ncalls, const int64_t* calls
                                      int schedule, int64_t* violations, char* msg, int len) {
   if (!calls || !violations) return set_error(FVK_ERR_INVALID, "null calls or violations");
   if (ncalls < 1) return set_error(FVK_ERR_INVALID, "ncalls=%d must be >= 1", ncalls);
-  if (layout != kStatic && layout != kLegacy) return set_error(FVK_ERR_INVALID, "layout %d is not 0 or 1", layout);
+  if (layout != kStatic && layout != kMoving) return set_error(FVK_ERR_INVALID, "layout %d is not 0 or 1", layout);
   if (schedule < FVK_SYNC_NO_FIRST_ENTRY || schedule > FVK_SYNC_NO_MIDDLE)
     return set_error(FVK_ERR_INVALID, "schedule %d is not one of FVK_SYNC_*", schedule);
   std::vector<Problem> problems;

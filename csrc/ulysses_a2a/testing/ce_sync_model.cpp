@@ -31,12 +31,11 @@
 #include <string>
 #include <vector>
 
-#include "ce_plan.h"
-#include "ulysses_a2a.h"
+#include "../ce_plan.h"
+#include "../error.h"
+#include "ulysses_a2a_testing.h"
 
 namespace fvk {
-
-int set_error(int code, const char* fmt, ...);
 
 namespace {
 
