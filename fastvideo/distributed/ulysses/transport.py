@@ -34,7 +34,7 @@ ENTRY_CE = "ce"  # the copy-engine plan kind
 ENTRY_CAPTURE = "capture"  # SM plans captured into a CUDA graph
 ENTRY_CE_CAPTURE = "ce_capture"  # copy-engine plans captured into a CUDA graph
 ENTRY_UNEVEN = "uneven"  # plans of calls with uneven seq_splits / head_splits (the planner requires it for them)
-ENTRIES = frozenset({ENTRY_ORIGINAL, ENTRY_TUNED, ENTRY_CE, ENTRY_CAPTURE, ENTRY_CE_CAPTURE})
+ENTRIES = frozenset({ENTRY_ORIGINAL, ENTRY_TUNED, ENTRY_CE, ENTRY_CAPTURE, ENTRY_CE_CAPTURE, ENTRY_UNEVEN})
 
 
 class VoteNotStarted(RuntimeError):
