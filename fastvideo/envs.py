@@ -16,12 +16,21 @@ validates every variable and agrees those across the group, raising on every ran
     >>> with envs.override(FASTVIDEO_ULYSSES_A2A="auto"):
     ...     envs.get("FASTVIDEO_ULYSSES_A2A")
     'auto'
+    >>> envs.FASTVIDEO_ULYSSES_A2A      # upstream FastVideo's spelling: the same parsed value, read now
+    'off'
+
+Assigning one (``envs.FASTVIDEO_ULYSSES_A2A = "auto"``) raises: upstream FastVideo reads the environment
+on every use, so an assignment there is silently ignored by most readers; here the settings are validated
+and agreed across the SP group when it is initialised, and an assignment cannot reach that agreement. The
+error says how to change a setting (``ASSIGNMENT_HELP``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
+import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -118,7 +127,8 @@ _register(
         "auto",
         "Checked mode: every call of the Ulysses all-to-all votes its 12-field contract whatever the route "
         "(`off`, a helper that declined at construction, fused, compiled), so ranks that pass different shapes, "
-        "dtypes, modes or grad flags all raise instead of hanging or returning wrong data; one vote per call. "
+        "dtypes, modes, split tables or grad flags all raise instead of hanging or returning wrong data; one vote "
+        "per call. "
         "`1` on, `0` off, `auto` on when torch's distributed debug level is DETAIL (TORCH_DISTRIBUTED_DEBUG=DETAIL).",
         choices=("auto", "0", "1"),
         agreed=True,
@@ -243,3 +253,47 @@ def override(**values: str | None) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+# ---------------------------------------------------------------------------------------- module attributes
+
+# Read as upstream FastVideo reads it (``envs.LOCAL_RANK``): torchrun's variable, not a FastVideo setting.
+_PROCESS_VARS: dict[str, Callable[[], Any]] = {"LOCAL_RANK": lambda: int(os.environ.get("LOCAL_RANK", "0"))}
+
+ASSIGNMENT_HELP = (
+    "Set {name} in the environment before the SP groups are initialised (initialize_sequence_parallel, or "
+    "maybe_init_distributed_environment_and_model_parallel), where every rank's value is validated and agreed; "
+    "or change it on every rank with `with envs.override({name}=...):` and then call "
+    "fastvideo.distributed.parallel_state.agree_ulysses_settings() (collective) inside the block."
+)
+
+
+class _EnvsModule(types.ModuleType):
+    """This module, with upstream FastVideo's attribute access: ``envs.NAME`` is ``get(NAME)``, read now;
+    assigning or deleting a registered name raises (see the module docstring)."""
+
+    def __getattr__(self, name: str) -> Any:  # only for names the module itself does not define
+        if name in _REGISTRY:
+            return get(name)
+        if name in _PROCESS_VARS:
+            return _PROCESS_VARS[name]()
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}; the FastVideo environment variables "
+                             f"are {', '.join(_REGISTRY)} (and {', '.join(_PROCESS_VARS)})")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _REGISTRY or name in _PROCESS_VARS:
+            raise AttributeError(f"envs.{name} cannot be assigned: it is read from the environment, and assigning "
+                                 "the attribute would change nothing the SP group agreed on. "
+                                 + ASSIGNMENT_HELP.format(name=name))
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in _REGISTRY or name in _PROCESS_VARS:
+            raise AttributeError(f"envs.{name} cannot be deleted. " + ASSIGNMENT_HELP.format(name=name))
+        super().__delattr__(name)
+
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), *_REGISTRY, *_PROCESS_VARS})
+
+
+sys.modules[__name__].__class__ = _EnvsModule

@@ -1,12 +1,8 @@
 #!/usr/bin/env bash
-# The main job: the SP attention block forward + backward against its single-device reference.
-# 2+ GPUs: one rank per GPU over NCCL (bf16). Otherwise: 2 ranks over gloo on CPU (float32).
+# The main job: the video DiT training recipe (examples/training/video_dit/compare_routes.sh) on both all-to-all
+# routes, with the closing table (off against auto: identical losses, asserted), a resumed checkpoint and the plot.
+# 2+ GPUs: one rank per GPU over NCCL. Otherwise (a CPU machine, or a host with one GPU): 2 ranks over gloo on
+# the CPU, the tiny embedded config. Arguments go to every training run (e.g. --steps 10).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
-export NCCL_NVLS_ENABLE=0  # never NVLink multicast on shared hosts
-if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.device_count() >= 2 else 1)' 2>/dev/null; then
-  NPROC=$("$PY" -c 'import torch; print(min(torch.cuda.device_count(), 8))')
-else
-  NPROC=2
-fi
-exec "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" -m fastvideo.entrypoints.sp_attention_demo "$@"
+exec bash "$ROOT/examples/training/video_dit/compare_routes.sh" "$@"

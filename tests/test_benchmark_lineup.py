@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.distributed import mp
-from tests.distributed.test_ulysses_shm_vote import BUILT, SKIP
+from tests.distributed.conftest import BUILT_LIBRARY as BUILT
+from tests.distributed.conftest import SHM_VOTE_SKIP as SKIP
 
 REPO = Path(__file__).resolve().parents[1]
 LATE_S = 0.05  # the late rank's delay: far above any scheduling noise of the 2-core CI VM

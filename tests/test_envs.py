@@ -105,3 +105,48 @@ def test_snapshot_changes_exactly_when_a_value_changes(monkeypatch):
     monkeypatch.delenv(names[1])
     assert envs.snapshot(names) == base
     assert envs.raw(names) == tuple(map(envs.os.environ.get, names))
+
+
+# ------------------------------------------------------------------------------------- upstream's attribute access
+
+
+def test_module_attributes_read_the_environment_now(monkeypatch):
+    """``envs.FASTVIDEO_ULYSSES_A2A`` as upstream FastVideo reads it: the parsed string, read at each access."""
+    monkeypatch.setenv("FASTVIDEO_ULYSSES_A2A", " AUTO ")
+    assert envs.FASTVIDEO_ULYSSES_A2A == "auto"
+    monkeypatch.setenv("FASTVIDEO_ULYSSES_A2A", "off")
+    assert envs.FASTVIDEO_ULYSSES_A2A == "off"
+    monkeypatch.setenv("FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES", "4096")
+    assert envs.FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES == 4096
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert envs.LOCAL_RANK == 3
+    assert {"FASTVIDEO_ULYSSES_A2A", "LOCAL_RANK"} <= set(dir(envs))
+
+
+def test_module_attribute_of_an_invalid_value_names_the_fix(monkeypatch):
+    monkeypatch.setenv("FASTVIDEO_ULYSSES_A2A", "on")
+    with pytest.raises(ValueError, match="choose one of off, auto"):
+        envs.FASTVIDEO_ULYSSES_A2A  # noqa: B018 - the read is the test
+
+
+@pytest.mark.parametrize("name", ["FASTVIDEO_ULYSSES_A2A", "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING", "LOCAL_RANK"])
+def test_assigning_a_setting_raises_and_says_how_to_change_it(name, monkeypatch):
+    monkeypatch.delenv(name, raising=False)
+    before = getattr(envs, name)
+    with pytest.raises(AttributeError) as info:
+        setattr(envs, name, "auto")
+    message = str(info.value)
+    assert f"envs.{name} cannot be assigned" in message
+    assert "before the SP groups are initialised" in message and f"envs.override({name}=...)" in message
+    assert "agree_ulysses_settings()" in message
+    assert getattr(envs, name) == before and name not in vars(envs)  # nothing was stored
+    with pytest.raises(AttributeError, match="cannot be deleted"):
+        delattr(envs, name)
+
+
+def test_other_module_attributes_stay_assignable_and_unknown_names_are_clear(monkeypatch):
+    """Only the settings are guarded: the module's own names (tests patch them) assign as usual."""
+    monkeypatch.setattr(envs, "ASSIGNMENT_HELP", "patched")
+    assert envs.ASSIGNMENT_HELP == "patched"
+    with pytest.raises(AttributeError, match=r"FASTVIDEO_ULYSSES_A2A_NOPE.*the FastVideo environment variables"):
+        envs.FASTVIDEO_ULYSSES_A2A_NOPE  # noqa: B018

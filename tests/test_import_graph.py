@@ -125,7 +125,8 @@ BELOW_HELPER = [f"{U}.{m}" for m in ("layout", "nccl", "transport", "native", "v
                                      "watchdog", "planner", "stats")]
 ABOVE = {f"{U}.helper", f"{U}.ops", f"{U}.registry", f"{U}.construction", "fastvideo.distributed.communication_op",
          "fastvideo.distributed.parallel_state",
-         "fastvideo.layers.attention", "fastvideo.entrypoints.sp_attention_demo"}
+         "fastvideo.layers.attention", "fastvideo.entrypoints.sp_attention_demo", "fastvideo.attention.layer",
+         "fastvideo.distributed.device_communicators.ulysses_a2a"}
 
 
 def test_the_graph_sees_the_package():
@@ -161,10 +162,12 @@ def test_validation_lives_in_one_place():
     assert defining == [f"{U}.layout"]
 
 
-# Functions that take split tables without validating them: validate_input itself, and what runs after it (the op
-# on validated input, its converter, the geometry, the op's fake impl for a FakeTensor).
+# Functions that take split tables without validating them: validate_input itself, what runs after it (the op on
+# validated input, its converter, the geometry, the op's fake impl for a FakeTensor), and a model block that hands
+# them to the public op.
 _TABLES_UNVALIDATED = {f"{U}.layout.validate_input", f"{U}.ops._splits", f"{U}.ops.all_to_all",
-                       f"{U}.policy.Geometry.from_input", f"{U}.ops._op_fake"}
+                       f"{U}.policy.Geometry.from_input", f"{U}.ops._op_fake",
+                       "fastvideo.layers.attention.SPSelfAttention.forward"}
 
 
 def _functions(tree: ast.AST, prefix: str):

@@ -1,20 +1,24 @@
-"""The model the DiT step benchmark runs: sequence-parallel DiT blocks under FSDP2.
+"""The model the DiT step benchmark runs: the product's video DiT blocks (``fastvideo/models/video_dit.py``) on
+video tokens alone, under FSDP2 (``fastvideo/training/fsdp.py``).
 
-This module is the one to replace with the product model (``fastvideo/models/``). What the runner needs from it:
+What the runner needs from it:
 
 * ``build_model(config, device, attention, all_to_all) -> nn.Module``: collective (FSDP sharding over the world);
   ``config`` has ``hidden``, ``heads``, ``blocks``, ``dtype`` (the compute dtype name), ``seed``,
   ``no_checkpointing``; the module maps this rank's ``[B, S/P, hidden]`` shard to the same shape;
 * every Ulysses all-to-all of the model goes through ``all_to_all(x, scatter_dim, gather_dim, name)`` with
   ``name`` ``qkv`` (the packed Q, K, V, mode 0) or ``out`` (the attention output, mode 1): the runner swaps the op
-  (the communication-free stand-in) and times each call in the check pass through it;
+  (the communication-free stand-in) and times each call in the check pass through it (``DistributedAttention``'s
+  ``all_to_all`` argument);
 * ``SparseAttention`` (the block-sparse attention of ``--attention sparse``) and ``dense_attention``.
 
-The model: ``blocks`` DiT blocks (LayerNorm -> QKV -> all-to-all (packed QKV, mode 0) -> attention on the local
-heads -> all-to-all back (mode 1) -> proj, residual; LayerNorm -> 4x GELU MLP, residual). Every block and the root
-are ``fully_shard``-ed (FSDP2) over the same ranks, with explicit forward/backward prefetch of the neighbouring
-block; fp32 master weights, compute in ``config.dtype`` (``MixedPrecisionPolicy(param_dtype, reduce_dtype=fp32)``);
-full activation checkpointing of every block unless ``no_checkpointing``.
+The model: ``blocks`` ``VideoDiTBlock``s (Wan-style: adaptive LayerNorm from a learned modulation in place of the
+timestep's, QKV with RMSNorm on q and k, ``DistributedAttention`` (packed QKV, mode 0; attention on the local
+heads; mode 1 back), output projection and gated residual; a modulated 4x GELU MLP and gated residual), without
+text tokens or rotary, and a final LayerNorm. Per token and block the same multiply-adds as before (QKV 3h^2, proj
+h^2, MLP 8h^2: ``estimate.forward_flops``) plus elementwise modulation. Every block and the root are
+``fully_shard``-ed over the same ranks with forward/backward prefetch of the neighbouring block; fp32 master
+weights, compute in ``config.dtype``; full activation checkpointing of every block unless ``no_checkpointing``.
 """
 
 from __future__ import annotations
@@ -22,12 +26,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-import torch.utils.checkpoint
 from torch import nn
 
 from benchmarks.harness.cli import DTYPES
+from fastvideo.models.video_dit import VideoDiTBlock, VideoDiTConfig
+from fastvideo.training.fsdp import shard_dit, world_mesh
 
 SPARSE_BLOCK = 128
 SPARSE_KEEP_EVERY = 10  # keep 1 key block in 10: 90% block sparsity
@@ -87,69 +90,30 @@ class SparseAttention:
         return out.transpose(1, 2)
 
 
-class DiTBlock(nn.Module):
-    """One sequence-parallel DiT block on this rank's ``[B, S/P, hidden]`` shard."""
+class TokenDiT(nn.Module):
+    """The product's blocks on this rank's ``[B, S/P, hidden]`` video tokens; a learned modulation stands in for
+    the timestep's (the benchmark has no diffusion timestep)."""
 
-    def __init__(self, hidden: int, heads: int, attn, checkpointing: bool, all_to_all: AllToAll) -> None:
+    def __init__(self, cfg: VideoDiTConfig, attn, all_to_all: AllToAll) -> None:
         super().__init__()
-        self.heads, self.head_dim = heads, hidden // heads
-        self.norm1 = nn.LayerNorm(hidden)
-        self.qkv = nn.Linear(hidden, 3 * hidden)
-        self.proj = nn.Linear(hidden, hidden)
-        self.norm2 = nn.LayerNorm(hidden)
-        self.fc1 = nn.Linear(hidden, 4 * hidden)
-        self.fc2 = nn.Linear(4 * hidden, hidden)
-        self.attn = attn
-        self.checkpointing = checkpointing
-        self.all_to_all = all_to_all
-
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, hidden = x.shape
-        qkv = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, self.head_dim)
-        # Packed Q, K, V planes. contiguous(): with B = 1 the reshape is a strided view, which the fused
-        # route declines (NON_CONTIGUOUS) while the NCCL route copies it silently.
-        qkv = qkv.permute(2, 0, 1, 3, 4).reshape(3 * b, s, self.heads, self.head_dim).contiguous()
-        qkv = self.all_to_all(qkv, 2, 1, "qkv")  # [3B, S, H/P, D]
-        q, k, v = qkv.split(b, dim=0)
-        out = self.all_to_all(self.attn(q, k, v).contiguous(), 1, 2, "out")  # [B, S/P, H, D]
-        x = x + self.proj(out.reshape(b, s, hidden))
-        return x + self.fc2(F.gelu(self.fc1(self.norm2(x)), approximate="tanh"))
+        attend = None if attn is dense_attention else attn  # the product's own attention unless it is another
+        self.blocks = nn.ModuleList(VideoDiTBlock(cfg, all_to_all=all_to_all, attend=attend)
+                                    for _ in range(cfg.depth))
+        self.modulation = nn.Parameter(torch.randn(1, 6, cfg.hidden) / cfg.hidden ** 0.5)
+        self.norm = nn.LayerNorm(cfg.hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.checkpointing and torch.is_grad_enabled():
-            return torch.utils.checkpoint.checkpoint(self._forward, x, use_reentrant=False)
-        return self._forward(x)
-
-
-class DiT(nn.Module):
-    def __init__(self, hidden: int, heads: int, blocks: int, attn, checkpointing: bool, all_to_all: AllToAll) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(DiTBlock(hidden, heads, attn, checkpointing, all_to_all) for _ in range(blocks))
-        self.norm = nn.LayerNorm(hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        e = self.modulation.expand(x.shape[0], -1, -1)
         for block in self.blocks:
-            x = block(x)
+            x, _ = block(x, None, e)
         return self.norm(x)
 
 
 def build_model(config, device: torch.device, attn, all_to_all: AllToAll) -> nn.Module:
     """The model, FSDP2-sharded over the world (module docstring). Collective."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
+    cfg = VideoDiTConfig(hidden=config.hidden, heads=config.heads, depth=config.blocks,
+                         checkpointing=not config.no_checkpointing)
     torch.manual_seed(config.seed)  # identical initial weights on every rank before sharding
     with torch.device(device):
-        model = DiT(config.hidden, config.heads, config.blocks, attn, not config.no_checkpointing, all_to_all)
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    mp = MixedPrecisionPolicy(param_dtype=DTYPES[config.dtype], reduce_dtype=torch.float32)
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
-    blocks = list(model.blocks)
-    for i, block in enumerate(blocks):  # prefetch the neighbouring block's parameters
-        if i + 1 < len(blocks):
-            block.set_modules_to_forward_prefetch([blocks[i + 1]])
-        if i > 0:
-            block.set_modules_to_backward_prefetch([blocks[i - 1]])
-    return model
+        model = TokenDiT(cfg, attn, all_to_all)
+    return shard_dit(model, world_mesh(device), blocks=model.blocks, param_dtype=DTYPES[config.dtype])

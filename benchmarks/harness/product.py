@@ -209,6 +209,7 @@ def stub_sp_group(world_size: int = 2) -> Iterator[None]:
 
     class StubGroup:
         device_group = None
+        rank_in_group = 0
 
         def __init__(self) -> None:
             self.world_size = world_size

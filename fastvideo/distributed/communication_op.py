@@ -23,13 +23,18 @@ from collections.abc import Sequence
 
 import torch
 
+from fastvideo.distributed import utils as _utils
+from fastvideo.distributed.device_communicators import ulysses_a2a as _ulysses_a2a  # noqa: F401 - registers
 from fastvideo.distributed.parallel_state import get_sp_group
+from fastvideo.distributed.parallel_state import get_tp_group as _get_tp_group
+from fastvideo.distributed.parallel_state import model_parallel_is_initialized as _model_parallel_is_initialized
 from fastvideo.distributed.ulysses import ops as _ops
 from fastvideo.distributed.ulysses.layout import (
     EVEN,
     MODE_HEAD_GATHER,
     MODE_SEQ_GATHER,
     Splits,
+    balanced_splits,
     mode_for_dims,
     output_shape,
     reference_all_to_all,
@@ -42,6 +47,7 @@ __all__ = [
     "MODE_HEAD_GATHER",
     "MODE_SEQ_GATHER",
     "Splits",
+    "balanced_splits",
     "mode_for_dims",
     "nccl_route",
     "output_shape",
@@ -78,10 +84,98 @@ def sequence_model_parallel_all_to_all_4D(input_: torch.Tensor, scatter_dim: int
     mode = -1  # in the vote of an invalid dim pair
     try:
         mode = mode_for_dims(scatter_dim, gather_dim)
-        splits = validate_input(input_, mode, sp.world_size, rank=sp.rank_in_group, seq_splits=seq_splits,
-                                head_splits=head_splits)
+        splits = validate_input(input_, mode, sp.world_size, sp.rank_in_group, seq_splits, head_splits)
     except (TypeError, ValueError, RuntimeError) as exc:
         _ops.fail(input_, mode, exc)  # checked mode: votes first, so every rank raises
     if sp.world_size == 1:
         return input_
-    return _ops.all_to_all(input_, mode, seq_splits=splits.seq, head_splits=splits.heads)
+    return _ops.call(input_, mode, 0, splits)
+
+
+# ---------------------------------------------------------------------- upstream FastVideo's SP collectives
+#
+# What upstream's models call besides the all-to-all, with upstream's names, signatures and gradients. They
+# run over the SP group's device communicator (``device_communicators/base_device_communicator.py``).
+
+__all__ += [
+    "sequence_model_parallel_all_gather",
+    "sequence_model_parallel_all_gather_with_unpad",
+    "sequence_model_parallel_shard",
+    "tensor_model_parallel_all_gather",
+    "tensor_model_parallel_all_reduce",
+    "warmup_sequence_parallel_communication",
+]
+
+
+def sequence_model_parallel_all_gather(input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Every SP rank's ``input_`` concatenated along ``dim``. Collective; does not block the host; traceable by
+    ``torch.compile`` (torch's functional all-gather). Differentiable: each rank's gradient is the sum over SP
+    ranks of the output gradient's slice it contributed (a reduce-scatter). SP size 1 returns ``input_``."""
+    return get_sp_group().all_gather(input_, dim)
+
+
+def sequence_model_parallel_all_gather_with_unpad(input_: torch.Tensor, original_seq_len: int,
+                                                  dim: int = -1) -> torch.Tensor:
+    """``sequence_model_parallel_all_gather``, then the first ``original_seq_len`` rows of ``dim``: undoes
+    ``sequence_model_parallel_shard``'s padding. Collective; differentiable."""
+    gathered = get_sp_group().all_gather(input_, dim)
+    return _utils.unpad_sequence_tensor(gathered, original_seq_len, seq_dim=dim)
+
+
+def sequence_model_parallel_shard(input_: torch.Tensor, dim: int = 1) -> tuple[torch.Tensor, int]:
+    """``(this rank's shard, original length)``: ``input_`` (the same on every SP rank) padded with zeros along
+    ``dim`` to a multiple of the SP size, and this rank's contiguous chunk of it. Local in the forward; the
+    backward all-gathers every rank's gradient and divides it by the SP size (upstream's ``scale_grad=True``),
+    so it is collective. SP size 1: ``(input_, its length)``."""
+    sp = get_sp_group()
+    original = input_.shape[dim]
+    padded, padding = _utils.compute_padding_for_sp(original, sp.world_size)
+    if padding:
+        input_ = _utils.pad_sequence_tensor(input_, padded, seq_dim=dim)
+    return sp.shard(input_, dim, scale_grad=True), original
+
+
+_WARMED_UP: object | None = None  # the SP coordinator the warm-up last ran on (new groups: warm up again)
+
+
+def warmup_sequence_parallel_communication(device: torch.device | None = None) -> None:
+    """Run the SP collectives once on small tensors (both all-to-all modes, an all-gather), so that lazy
+    communicator set-up (and under ``auto`` the Ulysses helper's construction) happens before the first real
+    step. Collective over the SP group; blocks the host until done. Once per set of SP groups; a no-op before
+    they exist or at SP size 1, as upstream's. ``device``: the SP group's device by default."""
+    global _WARMED_UP
+    if not _model_parallel_is_initialized():
+        return
+    sp = get_sp_group()
+    if _WARMED_UP is sp or sp.world_size == 1:
+        _WARMED_UP = sp
+        return
+    device = torch.device(device) if device is not None else sp.device
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    p = sp.world_size
+    x = torch.zeros(1, 16, 4 * p, 64, device=device, dtype=dtype)  # [B, S/P, H, D]: both modes' shapes
+    y = sequence_model_parallel_all_to_all_4D(x, scatter_dim=2, gather_dim=1)
+    sequence_model_parallel_all_to_all_4D(y, scatter_dim=1, gather_dim=2)
+    sequence_model_parallel_all_gather(y[:, :8], dim=2)  # as for replicated tokens: heads gathered
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    _WARMED_UP = sp
+
+
+def _tp_size_one(what: str) -> None:
+    size = _get_tp_group().world_size
+    if size != 1:
+        raise NotImplementedError(f"{what}: TP collectives are not part of this package (TP size {size}); it "
+                                  "serves sequence parallelism (docs/fastvideo_migration.md).")
+
+
+def tensor_model_parallel_all_reduce(input_: torch.Tensor) -> torch.Tensor:
+    """Upstream's TP all-reduce at TP size 1: ``input_`` itself; raises NotImplementedError at TP size > 1."""
+    _tp_size_one("tensor_model_parallel_all_reduce")
+    return input_
+
+
+def tensor_model_parallel_all_gather(input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Upstream's TP all-gather at TP size 1: ``input_`` itself; raises NotImplementedError at TP size > 1."""
+    _tp_size_one("tensor_model_parallel_all_gather")
+    return input_

@@ -15,20 +15,31 @@ environment per call (``agree_ulysses_settings()`` re-agrees after a change on e
 
 This module knows nothing of the layers above it: whoever builds something on a group that must be
 torn down before the group (the Ulysses helper) registers a hook with ``add_teardown``.
+
+Upstream FastVideo's entry points (the end of this module) build on the same SP groups:
+``maybe_init_distributed_environment_and_model_parallel(tp_size, sp_size)`` initialises the default group
+from torchrun's environment, a world group, the SP and DP groups (``initialize_sequence_parallel``) and the
+TP groups; ``cleanup_dist_env_and_memory()`` tears all of it down, helpers first. TP groups exist and answer
+``get_tp_group()`` / ``get_tp_world_size()`` / ``get_tp_rank()``; TP collectives are not part of this package
+(``docs/fastvideo_migration.md``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from fastvideo import envs
 from fastvideo.distributed import settings as _settings
+from fastvideo.distributed.device_communicators.base_device_communicator import DeviceCommunicatorBase
 from fastvideo.distributed.host_exchange import job_timeout_s
 from fastvideo.distributed.settings import AgreedSettings
 
@@ -52,10 +63,74 @@ class GroupCoordinator:
     _generation: int = 0
     _teardown: dict[str, Callable[[], None]] = field(default_factory=dict)
     _on_settings: dict[str, Callable[[AgreedSettings, AgreedSettings], None]] = field(default_factory=dict)
+    # Upstream FastVideo's coordinator attributes (``device_communicator`` is built on first use).
+    local_rank: int = 0
+    unique_name: str = ""
+    _communicator: DeviceCommunicatorBase | None = field(default=None, repr=False)
 
     @property
     def world_size(self) -> int:
         return len(self.ranks)
+
+    # ---------------------------------------------------------------- upstream FastVideo's coordinator surface
+
+    @property
+    def rank(self) -> int:
+        """This process's global rank."""
+        return self.ranks[self.rank_in_group]
+
+    @property
+    def first_rank(self) -> int:
+        return self.ranks[0]
+
+    @property
+    def last_rank(self) -> int:
+        return self.ranks[-1]
+
+    @property
+    def is_first_rank(self) -> bool:
+        return self.rank_in_group == 0
+
+    @property
+    def is_last_rank(self) -> bool:
+        return self.rank_in_group == self.world_size - 1
+
+    @property
+    def next_rank(self) -> int:
+        return self.ranks[(self.rank_in_group + 1) % self.world_size]
+
+    @property
+    def prev_rank(self) -> int:
+        return self.ranks[(self.rank_in_group - 1) % self.world_size]
+
+    @property
+    def device_communicator(self) -> DeviceCommunicatorBase:
+        """This group's collectives (``DeviceCommunicatorBase``: the all-to-all's NCCL route, all-gather, slice,
+        all-reduce, gather, and ``ulysses_a2a`` on the SP group). Built on first use, locally."""
+        if self._communicator is None:
+            self._communicator = DeviceCommunicatorBase(self.cpu_group, self.device, self.device_group,
+                                                        self.unique_name)
+        return self._communicator
+
+    def all_gather(self, input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """Collective: every rank's ``input_`` concatenated along ``dim``; differentiable. Size 1: ``input_``."""
+        return input_ if self.world_size == 1 else self.device_communicator.all_gather(input_, dim)
+
+    def shard(self, input_: torch.Tensor, dim: int = -1, *, scale_grad: bool) -> torch.Tensor:
+        """This rank's chunk along ``dim``; the backward all-gathers (collective). Size 1: ``input_``."""
+        return input_ if self.world_size == 1 else self.device_communicator.slice(input_, dim, scale_grad=scale_grad)
+
+    def all_reduce(self, input_: torch.Tensor, op: dist.ReduceOp | None = dist.ReduceOp.SUM) -> torch.Tensor:
+        """Collective, out of place; differentiable for SUM. Size 1: ``input_``."""
+        return input_ if self.world_size == 1 else self.device_communicator.all_reduce(input_, op)
+
+    def gather(self, input_: torch.Tensor, dst: int = 0, dim: int = -1) -> torch.Tensor | None:
+        """Collective: the concatenation on the group's rank ``dst``, None elsewhere. Size 1: ``input_``."""
+        return input_ if self.world_size == 1 else self.device_communicator.gather(input_, dst, dim)
+
+    def barrier(self) -> None:
+        """Collective over the CPU group; blocks the host until every rank of the group reaches it."""
+        dist.barrier(group=self.cpu_group)
 
     def next_generation(self) -> int:
         """The next helper generation on this group. Identical on every rank because helpers are built
@@ -247,3 +322,237 @@ def destroy_sequence_parallel() -> None:
             if coordinator is not None:
                 _destroy_groups([coordinator.device_group, coordinator.cpu_group, coordinator.vote_group])
         _SP = _DP = None
+
+
+# ---------------------------------------------------------------------- upstream FastVideo's entry points
+#
+# The world group and the TP groups, and the functions upstream's models, pipelines and tests call. The SP
+# and DP groups are the ones above (``initialize_sequence_parallel``); nothing here changes how they are built.
+
+_WORLD: GroupCoordinator | None = None
+_TP: GroupCoordinator | None = None
+_TP_GROUPS: list[dist.ProcessGroup] = []  # every TP group this rank created (each rank creates all of them)
+
+
+def _local_rank_from_env() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def get_world_group() -> GroupCoordinator:
+    if _WORLD is None:
+        raise RuntimeError("The world group is not initialised: call maybe_init_distributed_environment_and_"
+                           "model_parallel(tp_size, sp_size) or init_distributed_environment() first.")
+    return _WORLD
+
+
+def get_tp_group() -> GroupCoordinator:
+    if _TP is None:
+        raise RuntimeError("TP groups are not initialised: call maybe_init_distributed_environment_and_model_parallel"
+                           "(tp_size, sp_size) or initialize_model_parallel() first.")
+    return _TP
+
+
+def get_world_size() -> int:
+    return get_world_group().world_size
+
+
+def get_world_rank() -> int:
+    return get_world_group().rank_in_group
+
+
+def get_tp_world_size() -> int:
+    return get_tp_group().world_size
+
+
+def get_tp_rank() -> int:
+    return get_tp_group().rank_in_group
+
+
+def get_sp_parallel_rank() -> int:
+    """This rank's rank in its SP group (upstream's name for ``get_sp_rank``)."""
+    return get_sp_rank()
+
+
+def get_dp_world_size() -> int:
+    return get_dp_group().world_size
+
+
+def get_dp_rank() -> int:
+    return get_dp_group().rank_in_group
+
+
+def get_local_torch_device() -> torch.device:
+    """The device this rank computes on: the world group's once it exists (``cuda:LOCAL_RANK`` over NCCL, the
+    CPU over gloo), before that ``cuda:LOCAL_RANK`` where CUDA is available, else the CPU. Local."""
+    if _WORLD is not None:
+        return _WORLD.device
+    if torch.cuda.is_available():
+        return torch.device("cuda", _local_rank_from_env())
+    return torch.device("cpu")
+
+
+def init_distributed_environment(
+    world_size: int = 1,
+    rank: int = 0,
+    distributed_init_method: str = "env://",
+    local_rank: int = 0,
+    backend: str = "nccl",
+    device_id: torch.device | None = None,
+) -> GroupCoordinator:
+    """Initialise the default process group if needed, and the world group. Collective over the world.
+
+    ``backend``: ``"nccl"`` (the default) where CUDA is available, after ``torch.cuda.set_device(local_rank)``;
+    gloo on a machine without CUDA (as upstream picks by platform) or when asked for ``"gloo"`` (the CPU, also
+    on a GPU host). ``local_rank=-1`` reads ``LOCAL_RANK``. An existing default group is kept, with its backend.
+    ``device_id`` is accepted for upstream's signature; the device is ``cuda:local_rank`` over NCCL.
+    """
+    global _WORLD
+    if local_rank == -1:
+        local_rank = _local_rank_from_env() if distributed_init_method == "env://" else rank
+    if dist.is_initialized():
+        backend = dist.get_backend()
+    else:
+        if backend not in ("nccl", "gloo"):
+            raise ValueError(f"init_distributed_environment: backend={backend!r} must be 'nccl' or 'gloo'.")
+        if backend == "nccl" and not torch.cuda.is_available():
+            backend = "gloo"
+    if backend == "nccl":
+        count = torch.cuda.device_count()
+        if not 0 <= local_rank < count:
+            raise ValueError(f"init_distributed_environment: local_rank={local_rank} but this host has {count} "
+                             "CUDA device(s); launch one process per GPU (torchrun --nproc_per_node=<GPUs>).")
+        torch.cuda.set_device(local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, init_method=distributed_init_method, world_size=world_size,
+                                rank=rank)
+    if _WORLD is None:
+        world = dist.get_world_size()
+        default = dist.group.WORLD
+        assert default is not None
+        # The default group carries the world group's device collectives; gloo for its host side.
+        cpu_group = default if backend == "gloo" else dist.new_group(list(range(world)), backend="gloo")
+        _WORLD = GroupCoordinator(list(range(world)), dist.get_rank(), default, cpu_group,
+                                  _device_for_backend(backend), local_rank=local_rank, unique_name="world")
+    elif _WORLD.world_size != dist.get_world_size():
+        raise RuntimeError(f"init_distributed_environment: the world group has {_WORLD.world_size} ranks but the "
+                           f"default group {dist.get_world_size()}; call cleanup_dist_env_and_memory() first.")
+    return _WORLD
+
+
+def initialize_model_parallel(
+    tensor_model_parallel_size: int = 1,
+    sequence_model_parallel_size: int = 1,
+    data_parallel_size: int = 1,
+    backend: str | None = None,
+) -> None:
+    """Build the SP, DP and TP groups over the world group. Collective over the world.
+
+    SP groups: ``initialize_sequence_parallel(sequence_model_parallel_size)`` (which validates and agrees the
+    settings), or the existing ones when they were built with that size. DP groups run across them (size
+    ``world / sp``; ``data_parallel_size`` is 1, meaning that, or must equal it). TP groups: consecutive ranks,
+    ``tensor_model_parallel_size`` each (it must divide the world size). Raises if TP groups already exist.
+    """
+    global _TP
+    world = get_world_group()
+    n = world.world_size
+    for name, size in (("tensor_model_parallel_size", tensor_model_parallel_size),
+                       ("sequence_model_parallel_size", sequence_model_parallel_size)):
+        if not isinstance(size, int) or size < 1 or n % size:
+            raise ValueError(f"initialize_model_parallel: {name}={size!r} must be a positive integer dividing the "
+                             f"world size {n}; pick one of {[d for d in range(1, n + 1) if n % d == 0]}.")
+    dp = n // sequence_model_parallel_size
+    if data_parallel_size not in (1, dp):
+        raise ValueError(f"initialize_model_parallel: data_parallel_size={data_parallel_size!r}, but the DP groups "
+                         f"of {n} ranks at SP size {sequence_model_parallel_size} have {dp} ranks; pass 1 or {dp}.")
+    if backend is not None and backend != dist.get_backend():
+        raise ValueError(f"initialize_model_parallel: backend={backend!r} differs from the default group's "
+                         f"{dist.get_backend()!r}; the groups use the default group's backend.")
+    if _TP is not None:
+        raise RuntimeError("initialize_model_parallel: TP groups already exist; call cleanup_dist_env_and_memory() "
+                           "first (maybe_init_distributed_environment_and_model_parallel returns when they match).")
+    if _SP is None:
+        initialize_sequence_parallel(sequence_model_parallel_size)
+    elif _SP.world_size != sequence_model_parallel_size:
+        raise ValueError(f"initialize_model_parallel: SP groups of size {_SP.world_size} already exist, not "
+                         f"{sequence_model_parallel_size}; call destroy_sequence_parallel() first.")
+    assert _SP is not None and _DP is not None
+    for coordinator, name in ((_SP, "sp"), (_DP, "dp")):
+        coordinator.local_rank, coordinator.unique_name = world.local_rank, name
+    rank, dev_backend = dist.get_rank(), dist.get_backend()
+    tp: GroupCoordinator | None = None
+    for start in range(0, n, tensor_model_parallel_size):
+        ranks = list(range(start, start + tensor_model_parallel_size))
+        dev_group = dist.new_group(ranks, backend=dev_backend)
+        cpu_group = dist.new_group(ranks, backend="gloo")
+        _TP_GROUPS.extend([dev_group, cpu_group])
+        if rank in ranks:
+            tp = GroupCoordinator(ranks, ranks.index(rank), dev_group, cpu_group, world.device,
+                                  local_rank=world.local_rank, unique_name="tp")
+    _TP = tp
+
+
+def maybe_init_distributed_environment_and_model_parallel(tp_size: int, sp_size: int,
+                                                          distributed_init_method: str = "env://") -> None:
+    """Initialise everything from torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``): the default
+    group (NCCL and ``torch.cuda.set_device(LOCAL_RANK)`` on GPUs, gloo on CPU), the world, SP, DP and TP groups.
+    Collective over the world. Safe to call again: with the same sizes it returns at once; with others it raises
+    ValueError (call ``cleanup_dist_env_and_memory()`` first to rebuild)."""
+    if _WORLD is not None and _TP is not None and _SP is not None:
+        if (_TP.world_size, _SP.world_size) != (tp_size, sp_size):
+            raise ValueError(f"maybe_init_distributed_environment_and_model_parallel: tp_size={tp_size}, "
+                             f"sp_size={sp_size}, but the groups exist with tp_size={_TP.world_size}, "
+                             f"sp_size={_SP.world_size}; call cleanup_dist_env_and_memory() first to rebuild them.")
+        return
+    init_distributed_environment(world_size=int(os.environ.get("WORLD_SIZE", "1")),
+                                 rank=int(os.environ.get("RANK", "0")),
+                                 distributed_init_method=distributed_init_method,
+                                 local_rank=_local_rank_from_env())
+    initialize_model_parallel(tensor_model_parallel_size=tp_size, sequence_model_parallel_size=sp_size)
+
+
+def destroy_model_parallel() -> None:
+    """Tear down the SP and DP groups (their helpers first, collectively) and the TP groups. Collective."""
+    global _TP
+    try:
+        destroy_sequence_parallel()
+    finally:
+        _destroy_groups(list(_TP_GROUPS))
+        _TP_GROUPS.clear()
+        _TP = None
+
+
+def destroy_distributed_environment() -> None:
+    """Tear down the world group and then the default process group. Collective."""
+    global _WORLD
+    world, _WORLD = _WORLD, None
+    if world is not None and world.cpu_group is not world.device_group:
+        _destroy_groups([world.cpu_group])
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def cleanup_dist_env_and_memory(shutdown_ray: bool = False) -> None:
+    """Undo ``maybe_init_distributed_environment_and_model_parallel``, in order: the Ulysses helpers (collective),
+    the SP, DP and TP groups, the world group, the default process group; then free cached memory. Collective over
+    the world; safe to call when nothing is initialised, and twice. ``shutdown_ray`` shuts Ray down if it is
+    installed (this package starts none)."""
+    try:
+        destroy_model_parallel()
+    finally:
+        destroy_distributed_environment()
+    if shutdown_ray:
+        try:
+            import ray
+        except ImportError:
+            pass  # no Ray, so no Ray runtime to shut down
+        else:
+            ray.shutdown()
+    gc.collect()  # FSDP modules sit in reference cycles: their parameters go only at a collection
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def state() -> dict[str, Any]:
+    """What exists now (for tests and diagnostics): which groups, and how many TP process groups."""
+    return {"world": _WORLD is not None, "sp": _SP is not None, "dp": _DP is not None, "tp": _TP is not None,
+            "tp_process_groups": len(_TP_GROUPS), "default_group": dist.is_initialized()}

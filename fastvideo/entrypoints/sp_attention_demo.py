@@ -1,6 +1,6 @@
-"""The main job: a sequence-parallel DiT attention block, forward and backward, against its reference.
+"""The SP attention block check: a sequence-parallel DiT attention block, forward and backward, against its reference.
 
-Launched by ``scripts/run_demo.sh`` (the README's first command) as
+Launched by ``scripts/run_sp_attention_check.sh`` (the correctness command beside the README's main job) as
 ``torchrun --standalone --nproc_per_node=N -m fastvideo.entrypoints.sp_attention_demo``. With 2+
 GPUs it runs over NCCL (bf16), otherwise over gloo on CPU (float32) on an embedded default
 geometry. For each route (``FASTVIDEO_ULYSSES_A2A=off`` and ``auto``) every rank runs the SP block

@@ -2,19 +2,23 @@
 
 Q, K and V are packed on the batch dim so one all-to-all carries all three (``[3B, S/P, H, D] ->
 [3B, S, H/P, D]``); attention runs on the local heads over the whole sequence; a second all-to-all
-returns ``[B, S/P, H, D]``. The reference is the same module run on the whole sequence with no
-collective, so ``forward_sp(x_shard)`` must equal ``forward_reference(x)[shard]`` up to rounding.
+returns ``[B, S/P, H, D]``. A sequence or a head count the SP size does not divide is split unevenly
+(``seq_splits``; heads by ``balanced_splits``), never padded. The reference is the same module run on the
+whole sequence with no collective, so ``forward(x_shard)`` must equal ``forward_reference(x)[shard]`` up to
+rounding.
 """
 
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D
+from fastvideo.distributed.communication_op import balanced_splits, sequence_model_parallel_all_to_all_4D
+from fastvideo.distributed.parallel_state import get_sp_group
 
 
 def _flash_attn_usable(q: torch.Tensor) -> bool:
@@ -23,13 +27,20 @@ def _flash_attn_usable(q: torch.Tensor) -> bool:
     )
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Non-causal attention on ``[B, S, H, D]``: flash-attn when installed and applicable, SDPA otherwise."""
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float | None = None,
+              causal: bool = False, deterministic: bool = False) -> torch.Tensor:
+    """Attention on ``[B, S, H, D]`` (``k``, ``v``: ``[B, S_kv, H_kv, D]``, ``H_kv`` dividing ``H``): flash-attn when
+    installed and applicable (bf16/fp16 on CUDA), SDPA otherwise. ``softmax_scale`` defaults to ``D ** -0.5``.
+    ``causal`` masks key j > query i (q and k of one length, where both backends agree). ``deterministic``:
+    flash-attn's deterministic backward (its default accumulates dQ with atomics, so two identical steps can
+    differ in the last bits)."""
     if _flash_attn_usable(q):
         from flash_attn import flash_attn_func
 
-        return flash_attn_func(q, k, v)
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal, deterministic=deterministic)
+    extra = {"enable_gqa": True} if k.shape[2] != q.shape[2] else {}
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal,
+                                         scale=softmax_scale, **extra)
     return out.transpose(1, 2)
 
 
@@ -55,13 +66,19 @@ class SPSelfAttention(nn.Module):
         # contiguous(): with B = 1 the reshape is a strided view, which the fused route would decline.
         return qkv.permute(2, 0, 1, 3, 4).reshape(3 * b, s, self.heads, self.head_dim).contiguous()
 
-    def forward(self, x_local: torch.Tensor) -> torch.Tensor:
-        """``x_local``: this rank's ``[B, S/P, hidden]`` shard. Collective over the SP group."""
+    def forward(self, x_local: torch.Tensor, *, seq_splits: Sequence[int] | None = None) -> torch.Tensor:
+        """``x_local``: this rank's ``[B, S_local, hidden]`` shard. Collective over the SP group. ``seq_splits``:
+        every rank's ``S_local`` where they differ (None: equal shards); heads the SP size does not divide are
+        split by ``balanced_splits``."""
         b = x_local.shape[0]
-        packed = sequence_model_parallel_all_to_all_4D(self._qkv(x_local), scatter_dim=2, gather_dim=1)
+        world = get_sp_group().world_size
+        heads = balanced_splits(self.heads, world) if self.heads % world else None
+        packed = sequence_model_parallel_all_to_all_4D(self._qkv(x_local), scatter_dim=2, gather_dim=1,
+                                                       seq_splits=seq_splits, head_splits=heads)
         q, k, v = packed.split(b, dim=0)
-        out = attention(q, k, v)  # [B, S, H/P, D]
-        out = sequence_model_parallel_all_to_all_4D(out.contiguous(), scatter_dim=1, gather_dim=2)
+        out = attention(q, k, v)  # [B, S, this rank's heads, D]
+        out = sequence_model_parallel_all_to_all_4D(out.contiguous(), scatter_dim=1, gather_dim=2,
+                                                    seq_splits=seq_splits, head_splits=heads)
         return self.proj(out.reshape(b, out.shape[1], -1))
 
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:

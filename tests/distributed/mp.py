@@ -3,7 +3,11 @@
     results = run_ranks(4, my_module_level_fn, arg, sp_size=4)
 
 ``fn(rank, world_size, *args)`` runs after ``init_process_group("gloo")`` and
-``initialize_sequence_parallel(sp_size)``; its return values come back as a list by rank. An
+``initialize_sequence_parallel(sp_size)``; its return values come back as a list by rank. With
+``initialize=False`` it runs before either, in torchrun's environment (``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` naming this harness's store), so that ``env://``
+initialisation (upstream FastVideo's ``maybe_init_distributed_environment_and_model_parallel``) is what
+the test exercises; ``fn`` then cleans up itself (what it leaves is torn down after it). An
 exception on any rank is re-raised in the parent as ``RankError`` carrying every failed rank's
 traceback. Processes are forked from a forkserver that has torch preloaded, so a rank starts in
 well under a second.
@@ -52,7 +56,8 @@ def _store_server():
     return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout)
 
 
-def _entry(rank, world_size, port, sp_size, module, name, args, env, paths, out, job_timeout_s) -> None:
+def _entry(rank, world_size, port, sp_size, module, name, args, env, paths, out, job_timeout_s,
+           initialize=True) -> None:
     try:
         sys.path[:0] = [p for p in paths if p not in sys.path]
         os.environ.update({k: v for k, v in env.items() if v is not None})
@@ -70,6 +75,9 @@ def _entry(rank, world_size, port, sp_size, module, name, args, env, paths, out,
         # checked mode's `auto`).
         dist.set_debug_level_from_env()
         timeout = datetime.timedelta(seconds=GLOO_TIMEOUT_S)
+        if not initialize:
+            _run_uninitialized(rank, world_size, port, module, name, args, out)
+            return
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
         from fastvideo.distributed import parallel_state
 
@@ -94,6 +102,28 @@ def _entry(rank, world_size, port, sp_size, module, name, args, env, paths, out,
         out.put((rank, "err", (type(exc).__name__, str(exc), traceback.format_exc())))
 
 
+def _run_uninitialized(rank, world_size, port, module, name, args, out) -> None:
+    """``fn`` under torchrun's variables. The agent-store flag makes ``env://`` connect to this harness's store
+    as a client (as torchrun's workers connect to its agent's) instead of rank 0 starting one."""
+    import torch.distributed as dist
+
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+                       "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "TORCHELASTIC_USE_AGENT_STORE": "True"})
+    fn = getattr(importlib.import_module(module), name)
+    try:
+        result = fn(rank, world_size, *args)
+    finally:
+        try:
+            from fastvideo.distributed import parallel_state
+
+            parallel_state.cleanup_dist_env_and_memory()
+        except Exception:  # noqa: BLE001 - teardown after a failure must not mask it
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    out.put((rank, "ok", result))
+
+
 def run_ranks(
     world_size: int,
     fn: Callable,
@@ -104,6 +134,7 @@ def run_ranks(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     job_timeout_s: float | None = None,
     results_from: set[int] | None = None,
+    initialize: bool = True,
 ) -> list:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return results by rank.
 
@@ -122,7 +153,7 @@ def run_ranks(
         _CTX.Process(
             target=_entry,
             args=(r, world_size, port, sp_size, fn.__module__, fn.__qualname__, args,
-                  {**env, **(rank_env or {}).get(r, {})}, list(sys.path), out, job_timeout_s),
+                  {**env, **(rank_env or {}).get(r, {})}, list(sys.path), out, job_timeout_s, initialize),
             daemon=True,
         )
         for r in range(world_size)

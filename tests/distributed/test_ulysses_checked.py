@@ -130,6 +130,35 @@ def test_torch_distributed_debug_detail_turns_checked_mode_on(ranks):
         assert all(seen[m][0] == "ok" for m in ("B<->S", "mode")) and votes == 0
 
 
+def _mistakes_where_group_timeouts_are_fixed(rank, world_size, mistakes, fused):
+    """``_mistakes`` with ``ProcessGroup.set_timeout`` raising, as it does on torch 2.11 under
+    TORCH_DISTRIBUTED_DEBUG=DETAIL ("Backend gloo does not support setting timeout"); returns how often the
+    vote tried it, so the test knows the refusing path ran."""
+    import torch.distributed as dist
+
+    tried = []
+
+    def refuse(self, timeout):
+        tried.append(timeout)
+        raise RuntimeError("Backend gloo does not support setting timeout")
+
+    dist.ProcessGroup.set_timeout = refuse
+    return (*_mistakes(rank, world_size, mistakes, fused), len(tried))
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["off", "fused"])
+def test_detail_checked_mode_where_the_vote_group_timeout_cannot_be_set(ranks, fused):
+    """torch 2.11's DETAIL wrapper refuses set_timeout on the shared vote group: the vote falls back to a
+    per-call timeout instead of crashing the helper's construction, so checked mode through torch's own switch
+    still raises every mistake on every rank (the meta tensor on rank 1 included)."""
+    detail = {DEBUG: "DETAIL", CHECKED: None, A2A: "auto" if fused else "off",
+              "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S": "20"}
+    mistakes = ["B<->S", "mode", "meta"]
+    results = ranks(2, _mistakes_where_group_timeouts_are_fixed, mistakes, fused, env=detail, timeout_s=120)
+    _assert_every_rank_raised(results, mistakes)
+    assert all(r[3] >= 1 for r in results)  # the refusing set_timeout was reached on every rank
+
+
 @pytest.mark.ambient(A2A)
 def test_negative_control_without_checked_mode_the_same_size_mistakes_pass_silently(ranks):
     """Checked mode off: B and S swapped, H and D swapped, or the modes crossed move the same byte count, and

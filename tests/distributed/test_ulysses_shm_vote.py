@@ -343,8 +343,8 @@ def _timeout(rank, world_size, kind="plain"):
 def test_shm_vote_timeout_raises_and_disposes_the_helper(ranks, transport):
     kind, message, waited, later, disposed, available, vote = ranks(2, _timeout, transport, env=ENV,
                                                                     timeout_s=60)[0]
-    assert kind == "VoteTimeoutError", message
-    assert "(shared memory) timed out (the vote timeout, 2 s" in message and "waiting for rank 1" in message, message
+    assert kind == "VoteTimeoutError" and "(shared memory) timed out (the vote timeout, 2 s" in message, message
+    assert "waiting for rank 1" in message, message
     assert "timed out after" in message and "for rank 1 at call 1" in message
     assert 1.9 < waited < 4.0
     assert later == "HelperDisposedError" and disposed and not available and vote == "shm"

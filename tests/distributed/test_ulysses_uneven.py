@@ -289,6 +289,60 @@ def test_backward_runs_the_inverse_with_the_same_tables_and_the_forwards_plan(ra
         assert now != tuned and not now.tuned and grad_ok
 
 
+def _attention_block(rank, world, route):
+    from fastvideo.distributed.communication_op import balanced_splits
+    from fastvideo.distributed.parallel_state import get_sp_group
+    from fastvideo.distributed.ulysses import registry
+    from fastvideo.layers.attention import SPSelfAttention
+
+    if route == "fused":
+        registry.install_default_helper(build_helper(table=()))
+    torch.manual_seed(0)
+    heads, seq_len = 4, 10  # neither divisible by 3: heads (2, 1, 1), tokens (4, 3, 3), nothing padded
+    # The CPU fused route moves float32 (float64 declines dtype there), the NCCL route anything.
+    dtype, rtol, atol = (torch.float32, 1e-5, 1e-6) if route == "fused" else (torch.float64, 1e-10, 1e-12)
+    block = SPSelfAttention(4 * heads, heads, dtype=dtype)
+    x = torch.randn(2, seq_len, 4 * heads, dtype=dtype)
+    seq = balanced_splits(seq_len, world)
+    x_local = x[:, _at(seq, rank)].clone().requires_grad_()
+    y = block(x_local, seq_splits=seq)
+    y.square().sum().backward()
+    grads = [p.grad.clone() for p in block.parameters()]
+    for g in grads:
+        torch.distributed.all_reduce(g, group=get_sp_group().device_group)
+    block.zero_grad()
+    x_ref = x.clone().requires_grad_()
+    y_ref = block.forward_reference(x_ref)
+    y_ref.square().sum().backward()
+    helper = registry.current_default_helper()
+    routes = sorted({r.route for r in helper.history}) if helper is not None else []
+    close = [torch.allclose(a, b, rtol=rtol, atol=atol) for a, b in
+             [(y, y_ref[:, _at(seq, rank)]), (x_local.grad, x_ref.grad[:, _at(seq, rank)]),
+              *zip(grads, [p.grad for p in block.parameters()])]]
+    return close, tuple(y.shape), routes
+
+
+@pytest.mark.parametrize("route", ["off", "fused"])
+def test_the_sp_attention_block_at_a_length_and_head_count_p_does_not_divide(ranks, route):
+    """SP3, 10 tokens and 4 heads: the block's output, input gradient and parameter gradients equal the
+    single-device reference's (float64 on the NCCL route, float32 on the CPU fused route, where every call ran
+    fused), with no padding: each rank's output has its own share's rows."""
+    results = ranks(3, _attention_block, route, env={A2A: "auto" if route == "fused" else "off"}, timeout_s=120)
+    for rank, (close, shape, routes) in enumerate(results):
+        assert all(close) and shape == (2, (4, 3, 3)[rank], 16)
+        assert routes == (["fused"] if route == "fused" else [])
+
+
+def test_balanced_splits():
+    from fastvideo.distributed.communication_op import balanced_splits
+
+    assert balanced_splits(10, 3) == (4, 3, 3) and balanced_splits(32760, 16)[-1] == 2047
+    assert balanced_splits(12, 8) == (2, 2, 2, 2, 1, 1, 1, 1) and balanced_splits(2, 3) == (1, 1, 0)
+    assert sum(balanced_splits(32760, 16)) == 32760 and balanced_splits(12, 4) == (3,) * 4
+    with pytest.raises(ValueError, match="world_size=0"):
+        balanced_splits(4, 0)
+
+
 # ------------------------------------------------------------------------------------- tables that differ
 
 
@@ -367,6 +421,7 @@ BAD = [
     ("length", dict(seq_splits=[4]), "seq_splits has 1 entries for SP size 2; pass one non-negative int per SP rank"),
     ("negative", dict(seq_splits=[9, -1], head_splits=[2, 2]), "seq_splits[1] = -1 is negative"),
     ("not an int", dict(head_splits=[2.0, 2]), "head_splits[0] = 2.0 is not an int"),
+    ("a bool", dict(seq_splits=[4, True]), "seq_splits[1] = True is not an int"),
     ("a string", dict(head_splits="22"), "head_splits must be a list or tuple"),
     ("own share", dict(seq_splits=[3, 5]), "seq_splits[0] = 3 but this rank's x has 4 sequence rows (dim 1"),
     ("sum", dict(head_splits=[3, 3]), "head_splits sums to 6 but x has 4 heads (dim 2"),
@@ -379,6 +434,15 @@ def test_bad_tables_are_value_errors_naming_the_argument_and_the_fix(case, split
     with pytest.raises(ValueError) as info:
         validate_input(torch.zeros(1, 4, 4, 2), 0, 2, rank=0, **splits)
     assert needle in str(info.value) and str(info.value).startswith("sequence_model_parallel_all_to_all_4D: ")
+
+
+def test_tables_of_any_integer_type_become_int_tuples():
+    """A numpy integer (anything with ``__index__``) is a share; a bool is not (BAD above)."""
+    import numpy as np
+
+    splits = validate_input(torch.zeros(1, 5, 4, 2), 0, 2, rank=0, seq_splits=list(np.array([5, 3])),
+                            head_splits=[np.int64(1), 3])
+    assert splits == Splits((5, 3), (1, 3)) and all(type(v) is int for v in (*splits.seq, *splits.heads))
 
 
 def test_mode_one_checks_the_other_way_round():
@@ -701,6 +765,7 @@ def test_the_native_transport_offers_uneven_plans_where_its_build_does(monkeypat
         monkeypatch.setattr(fastvideo_kernel, "probe", lambda lib, o=offered, a=abi: fastvideo_kernel.Probe(a, o, ""))
         cap = NativeTransport().capability()
         assert (ENTRY_UNEVEN in cap.entry_points) == (abi >= 5) and {"original", "tuned"} <= cap.entry_points
+        assert cap.decline is DeclineReason.NCCL_RUNTIME_MISMATCH
         planner = Planner(PlanConfig(2, 1, "T100", 1 << 20, "auto", (), (), ("sm",), (torch.float32,),
                                      torch.device("cpu"), None, None), (), cap.entry_points)
         proposal = planner.propose(_sig((1, 5, 4, 2), Splits((5, 3), (1, 3))))

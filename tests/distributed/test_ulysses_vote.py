@@ -248,3 +248,50 @@ def test_helpers_rebuilt_in_sequence_each_construct_and_run(ranks):
     peers connected to stale addresses, timing out)."""
     for routes in ranks(3, _rebuild_many, 5):
         assert routes == ["fused"] * 5
+
+
+# ------------------------------------------------------------------------------------- what bounds a vote
+
+
+def _timeout_without_set_timeout(rank, world_size, per_call):
+    """rank 0 votes alone with set_timeout refused (torch 2.11 under DETAIL); ``per_call`` False also takes
+    away the per-call timeout, leaving the vote group's own. Returns (error type, seconds) on rank 0."""
+    import time
+
+    import torch.distributed as dist
+
+    from fastvideo.distributed.ulysses import vote
+
+    def refuse(self, timeout):
+        raise RuntimeError("Backend gloo does not support setting timeout")
+
+    dist.ProcessGroup.set_timeout = refuse
+    if not per_call:
+        vote._allgather_options = lambda timeout_s: None
+    # The gloo vote pinned: where the kernel library loads, "auto" votes over shared memory, which this is not about.
+    h = build_helper(vote_timeout_s=1.5, vote="gloo")
+    result = None
+    if rank == 0:  # rank 1 never calls
+        start = time.monotonic()
+        kind = catch(h.all_to_all, rank_input(rank, (B, S, H, D)), 0)[0]
+        result = (kind, time.monotonic() - start)
+    dist.barrier()
+    h.destroy()
+    return result
+
+
+GROUP_TIMEOUT_S = "8"  # the vote group's own timeout (FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S when it was created)
+
+
+def test_a_vote_is_bounded_by_the_helpers_timeout_where_the_group_timeout_cannot_be_set(ranks):
+    """The helper asks for 1.5 s; the group was created with 8 s and refuses set_timeout: the vote still
+    times out after about 1.5 s, because each exchange carries the helper's timeout."""
+    kind, seconds = ranks(2, _timeout_without_set_timeout, True,
+                          env={"FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S": GROUP_TIMEOUT_S}, timeout_s=60)[0]
+    assert kind == "VoteTimeoutError" and seconds < 5, seconds
+
+
+def test_negative_control_without_the_per_call_timeout_the_group_timeout_bounds_the_vote(ranks):
+    kind, seconds = ranks(2, _timeout_without_set_timeout, False,
+                          env={"FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S": GROUP_TIMEOUT_S}, timeout_s=60)[0]
+    assert kind == "VoteTimeoutError" and seconds >= float(GROUP_TIMEOUT_S) - 1, seconds

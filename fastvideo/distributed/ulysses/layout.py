@@ -16,6 +16,7 @@ same layouts, with every block the same size. A share of 0 is an idle rank (zero
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -58,20 +59,27 @@ def _table(name: str, value: Sequence[int] | None, world_size: int) -> tuple[int
     what = f"one non-negative int per SP rank ({world_size}), the same on every rank"
     if isinstance(value, (str, bytes, torch.Tensor)) or not isinstance(value, Sequence):
         raise ValueError(f"{_OP}: {name} must be a list or tuple of {what}; got {type(value).__name__} {value!r}.")
-    table = tuple(value)
-    if len(table) != world_size:
-        raise ValueError(f"{_OP}: {name} has {len(table)} entries for SP size {world_size}; pass {what}.")
-    for r, share in enumerate(table):
-        # SymInt: a share derived from a dynamic size under torch.compile (compared symbolically below).
+    if len(value) != world_size:
+        raise ValueError(f"{_OP}: {name} has {len(value)} entries for SP size {world_size}; pass {what}.")
+    table = []
+    for r, share in enumerate(value):
+        # An int, or a SymInt: a share derived from a dynamic size under torch.compile (kept symbolic, compared
+        # symbolically below); any other integer (a numpy one, say) becomes an int.
         if isinstance(share, bool) or not isinstance(share, (int, torch.SymInt)):
-            raise ValueError(f"{_OP}: {name}[{r}] = {share!r} is not an int; pass {what}.")
+            try:
+                if isinstance(share, bool):
+                    raise TypeError
+                share = operator.index(share)
+            except TypeError:
+                raise ValueError(f"{_OP}: {name}[{r}] = {share!r} is not an int; pass {what}.") from None
         if share < 0:
             raise ValueError(f"{_OP}: {name}[{r}] = {share} is negative; pass {what} (0: an idle rank).")
-    return table
+        table.append(share)
+    return tuple(table)
 
 
-def validate_input(x: torch.Tensor, mode: int, world_size: int, *, rank: int = 0,
-                   seq_splits: Sequence[int] | None = None, head_splits: Sequence[int] | None = None,
+def validate_input(x: torch.Tensor, mode: int, world_size: int, rank: int = 0,
+                   seq_splits: Sequence[int] | None = None, head_splits: Sequence[int] | None = None, *,
                    allow_meta: bool = False) -> Splits:
     """Raise for input that no route can serve, before any collective; return the split tables.
 
@@ -102,9 +110,14 @@ def validate_input(x: torch.Tensor, mode: int, world_size: int, *, rank: int = 0
             f"{_OP} does not support torch.func.vmap: it would run one collective per batch element and ranks that "
             "disagree on the batch size hang. Fold the batch into dim 0 instead."
         )
-    seq = _table("seq_splits", seq_splits, world_size)
-    heads = _table("head_splits", head_splits, world_size)
-    if (seq is not None or heads is not None) and not 0 <= rank < world_size:
+    seq = None if seq_splits is None else _table("seq_splits", seq_splits, world_size)
+    heads = None if head_splits is None else _table("head_splits", head_splits, world_size)
+    if seq is None and heads is None:  # the even tables (every call without splits): the scattered dim divides
+        dim = 2 if mode == MODE_SEQ_GATHER else 1
+        if x.shape[dim] % world_size:
+            raise _not_divisible(dim, x.shape[dim], world_size)
+        return EVEN
+    if not 0 <= rank < world_size:
         raise ValueError(f"{_OP}: rank={rank} is outside the SP group of size {world_size}.")
     _, s, h, _ = x.shape
     dims = "(2, 1)" if mode == MODE_SEQ_GATHER else "(1, 2)"
@@ -120,16 +133,30 @@ def validate_input(x: torch.Tensor, mode: int, world_size: int, *, rank: int = 0
         )
     table, name, dim, size = whole
     if table is None and size % world_size:
-        raise ValueError(
-            f"{_OP}: {_DIM_NAMES[dim]} (dim {dim}) = {size} is not divisible by the SP size {world_size}; pass "
-            f"{name} (every rank's share, the same on every rank) or choose an SP size that divides it."
-        )
+        raise _not_divisible(dim, size, world_size)
     if table is not None and sum(table) != size:
         raise ValueError(
             f"{_OP}: {name} sums to {sum(table)} but x has {size} {_COUNTED[dim]} (dim {dim}, shape "
             f"{tuple(x.shape)}); with {dims} dim {dim} holds every rank's share, so sum({name}) must equal it."
         )
-    return EVEN if seq is None and heads is None else Splits(seq, heads)
+    return Splits(seq, heads)
+
+
+def _not_divisible(dim: int, size: int, world_size: int) -> ValueError:
+    name = "head_splits" if dim == 2 else "seq_splits"
+    return ValueError(
+        f"{_OP}: {_DIM_NAMES[dim]} (dim {dim}) = {size} is not divisible by the SP size {world_size}; pass {name} "
+        "(every rank's share, the same on every rank) or choose an SP size that divides it."
+    )
+
+
+def balanced_splits(total: int, world_size: int) -> tuple[int, ...]:
+    """``total`` cut into ``world_size`` shares as even as possible, the larger ones first: ``(4, 3, 3)`` for 10
+    over 3 (a table for ``seq_splits`` or ``head_splits`` where the SP size does not divide the dim)."""
+    if total < 0 or world_size < 1:
+        raise ValueError(f"balanced_splits: total={total} must be >= 0 and world_size={world_size} >= 1.")
+    base, extra = divmod(total, world_size)
+    return tuple(base + (r < extra) for r in range(world_size))
 
 
 def tables(shape: Sequence[int], mode: int, world_size: int,

@@ -156,6 +156,7 @@ class NativeTransport(Transport):
         except fastvideo_kernel.KernelUnavailable as exc:
             return declined(DeclineReason.TRANSPORT_MISSING, str(exc))
         found = fastvideo_kernel.probe(lib)
+        # ENTRY_UNEVEN where the build offers it (ABI 5 and later); without it uneven calls decline uneven_splits.
         entries = found.offerings & ENTRIES
         known: dict[str, Any] = {"abi_version": found.abi, "entry_points": entries}
         if found.abi < fastvideo_kernel.OLDEST_ABI:

@@ -38,7 +38,7 @@ def nccl_route(x: torch.Tensor, mode: int, group: dist.ProcessGroup, *, splits: 
     does; capture-safe on NCCL. ``x`` and ``splits`` must be what ``validate_input`` accepted.
 
     The exchange moves bytes, so every dtype goes (NCCL and gloo have no int16, and NCCL no complex types)."""
-    world_size, rank = dist.get_world_size(group), dist.get_rank(group)
+    world_size, rank = group.size(), group.rank()  # the group's own: dist.get_rank(group) walks c10d's maps
     sent, received = block_shapes(x.shape, mode, world_size, rank, splits)
     total, recv_sizes = _split_sizes(received, x.element_size())
     _, send_sizes = _split_sizes(sent, x.element_size())

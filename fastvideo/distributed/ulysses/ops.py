@@ -91,12 +91,17 @@ def all_to_all(x: torch.Tensor, mode: int, helper: UlyssesHelper | None = None, 
     """The op on validated input (SP size > 1; the split tables ``validate_input`` accepted): collective; blocks
     the host for the vote; capture-safe; differentiable. ``helper`` None: the route the agreed settings select;
     else that helper (same on every rank: one built collectively)."""
+    return call(x, mode, 0 if helper is None else helper.id, _splits(seq_splits, head_splits))
+
+
+def call(x: torch.Tensor, mode: int, helper_id: int, splits: Splits) -> torch.Tensor:
+    """``all_to_all`` with a helper id (0: the agreed route) and ``validate_input``'s tables: the public function's
+    path (positional arguments, no conversion: it runs on every call)."""
     grad = torch.is_grad_enabled() and x.requires_grad
-    helper_id = 0 if helper is None else helper.id
     if not torch.compiler.is_compiling() and not grad and is_plain(x):
-        return run(x, mode, False, None, helper_id, _splits(seq_splits, head_splits))[0]
-    return torch.ops.fastvideo.ulysses_all_to_all_4d(x, mode, grad, None, helper_id, seq_splits=_listed(seq_splits),
-                                                     head_splits=_listed(head_splits))[0]
+        return run(x, mode, False, None, helper_id, splits)[0]
+    return torch.ops.fastvideo.ulysses_all_to_all_4d(x, mode, grad, None, helper_id, seq_splits=_listed(splits.seq),
+                                                     head_splits=_listed(splits.heads))[0]
 
 
 def fail(x: object, mode: int, error: BaseException) -> NoReturn:

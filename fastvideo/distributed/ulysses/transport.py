@@ -33,7 +33,9 @@ ENTRY_TUNED = "tuned"  # SM plans of any CTA count and chunking
 ENTRY_CE = "ce"  # the copy-engine plan kind
 ENTRY_CAPTURE = "capture"  # SM plans captured into a CUDA graph
 ENTRY_CE_CAPTURE = "ce_capture"  # copy-engine plans captured into a CUDA graph
-ENTRY_UNEVEN = "uneven"  # plans of calls with uneven seq_splits / head_splits (the planner requires it for them)
+# Plans of calls with uneven seq_splits / head_splits: the planner requires this offering for them. The native
+# transport offers it where its build does (ABI 5 and later: the launches pass the split tables).
+ENTRY_UNEVEN = "uneven"
 ENTRIES = frozenset({ENTRY_ORIGINAL, ENTRY_TUNED, ENTRY_CE, ENTRY_CAPTURE, ENTRY_CE_CAPTURE, ENTRY_UNEVEN})
 
 

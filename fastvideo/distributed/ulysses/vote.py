@@ -3,9 +3,10 @@
 The group is the SP group's vote group (``GroupCoordinator.vote_group``: created once with the SP
 group, shared by every helper built on it, destroyed with it), or, for a standalone ``GlooVote``
 (benchmarks), a group of its own. Buffers are allocated once per helper and reused (no per-call
-allocation on the hot path). The vote's timeout is set on the group, so a vote that never completes
-(a dead peer, a peer that is not calling the helper) raises instead of hanging; a gloo group is
-unusable after that, so the caller must treat any failure as terminal.
+allocation on the hot path). The vote's timeout is set on the group (or, where torch refuses that, carried
+by each exchange), so a vote that never completes (a dead peer, a peer that is not calling the helper)
+raises instead of hanging; a gloo group is unusable after that, so the caller must treat any failure as
+terminal.
 
 ``ShmVote`` is the same-host fast path for the per-call exchange: a POSIX shared-memory segment
 driven by the kernel library's ``fvk_vote_*`` functions (``csrc/ulysses_a2a/shm_vote.cpp``), set up
@@ -83,6 +84,7 @@ class GlooVote:
         self.rank = dist.get_rank()  # global, as ``ranks``
         self.timeout_s = timeout_s
         self.owns_group = group is None
+        self._bound_each_call = False
         if group is None:
             # Standalone (benchmarks): a group of its own. use_local_synchronization: only these ranks
             # take part in creating it, so another SP group never blocks on this one.
@@ -94,12 +96,20 @@ class GlooVote:
             )
         else:
             # A shared group: this vote's timeout applies to its exchanges from now on (one helper
-            # votes on a group at a time; the next one sets its own). A torch without set_timeout keeps
-            # the timeout the group was created with (FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S).
-            set_timeout = getattr(group, "set_timeout", None)
-            if set_timeout is not None:
-                set_timeout(datetime.timedelta(seconds=timeout_s))
+            # votes on a group at a time; the next one sets its own).
+            self._bound_each_call = not _set_group_timeout(group, timeout_s)
         self.group = group
+        # Where the group's timeout could not be set, each exchange carries this vote's timeout itself, so
+        # that what bounds a vote is still timeout_s and not the timeout the group was created with. Under
+        # TORCH_DISTRIBUTED_DEBUG=DETAIL (any torch) the debug wrapper runs a monitored barrier before each
+        # collective, bounded by the group's creation timeout: with a dead peer, the vote then fails after
+        # that one (the SP groups' vote timeout when they were created, which is also the helpers' default).
+        self._gather_opts = _allgather_options(timeout_s) if self._bound_each_call else None
+        if self._bound_each_call and self._gather_opts is None:
+            logger.warning(
+                "Ulysses vote over SP ranks %s: this torch neither sets a process group's timeout nor takes one per "
+                "call; votes are bounded by the timeout the vote group was created with, not by %g s.", self.ranks,
+                timeout_s)
         self._send = torch.zeros(NUM_FIELDS, dtype=torch.int64)
         self._send_np = self._send.numpy()
         self._recv = torch.zeros(self.world_size * NUM_FIELDS, dtype=torch.int64)
@@ -111,7 +121,10 @@ class GlooVote:
         self._send_np[:] = fields
         start = time.perf_counter()
         try:
-            _all_gather(self._recv, self._send, group=self.group)
+            if self._gather_opts is None:
+                _all_gather(self._recv, self._send, group=self.group)
+            else:
+                self.group._allgather_base(self._recv, self._send, self._gather_opts).wait()
         except RuntimeError as exc:
             raise gloo_failure("Ulysses vote", self.ranks, self.rank, exc, time.perf_counter() - start,
                                self.timeout_s) from exc
@@ -122,7 +135,8 @@ class GlooVote:
         """Construction-time exchange of small Python objects (pickled, length-prefixed, over gloo)."""
         start = time.perf_counter()
         try:
-            return all_gather_objects(self.group, self.world_size, obj)
+            return all_gather_objects(self.group, self.world_size, obj,
+                                      timeout_s=self.timeout_s if self._bound_each_call else None)
         except RuntimeError as exc:
             error = gloo_failure("Ulysses construction exchange", self.ranks, self.rank, exc,
                                  time.perf_counter() - start, self.timeout_s)
@@ -136,6 +150,37 @@ class GlooVote:
         len(_world.pg_names), so deregistering it makes the next GlooVote on the same ranks reuse its name
         and store keys, and peers then connect to stale addresses. It goes with the default process group."""
         self.destroyed = True
+
+
+def _set_group_timeout(group: dist.ProcessGroup, timeout_s: float) -> bool:
+    """Set ``group``'s timeout for its later collectives; False where this torch cannot.
+
+    A torch without ``ProcessGroup.set_timeout`` cannot, and neither can torch 2.11 under
+    ``TORCH_DISTRIBUTED_DEBUG=DETAIL``: the group's backend is then a wrapper, whose ``set_timeout`` raises
+    "Backend gloo does not support setting timeout" (torch 2.13 forwards it to the wrapped gloo backend).
+    """
+    set_timeout = getattr(group, "set_timeout", None)
+    if set_timeout is None:
+        return False
+    try:
+        set_timeout(datetime.timedelta(seconds=timeout_s))
+    except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
+        logger.debug("vote group timeout not settable (%s): each exchange carries its own", exc)
+        return False
+    return True
+
+
+def _allgather_options(timeout_s: float):
+    """All-gather options carrying ``timeout_s`` (built once: the vote allocates nothing per call), or None
+    where this torch has no per-call timeout."""
+    try:
+        from torch._C._distributed_c10d import AllgatherOptions
+
+        opts = AllgatherOptions()
+        opts.timeout = datetime.timedelta(seconds=timeout_s)
+    except (ImportError, AttributeError, TypeError):
+        return None
+    return opts
 
 
 VOTE_SYMBOLS = ("fvk_vote_open", "fvk_vote_exchange", "fvk_vote_unlink", "fvk_vote_close")

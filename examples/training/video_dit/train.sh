@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One training run of the video DiT recipe (fastvideo/entrypoints/train_video_dit.py): exports the two Ulysses
+# switches, then launches one rank per GPU with torchrun (2 gloo ranks on the CPU where there is no GPU to use).
+#
+#   FASTVIDEO_ULYSSES_A2A=auto bash examples/training/video_dit/train.sh --out-dir build/video_dit/auto
+#   FASTVIDEO_RECIPE_DEVICE=cpu NPROC=3 bash examples/training/video_dit/train.sh --out-dir /tmp/r --steps 10
+#
+# Every argument goes to `train_video_dit train`. The switches are agreed across the SP group when it is
+# initialised, so they are exported before the launch, never changed inside the job:
+#   FASTVIDEO_ULYSSES_A2A               auto (fused route where every rank agrees) or off (the NCCL route)
+#   FASTVIDEO_ULYSSES_A2A_LONG_TRAINING chunked (grad-tracked planes over 512 MiB may use tuned chunks) or auto
+# FASTVIDEO_RECIPE_DEVICE: auto (default: every GPU, one rank each, on a host with 2+; else 2 gloo ranks on the
+# CPU), cuda (every GPU, also one: SP1), cpu. NPROC overrides the rank count. PY: the Python to use.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)
+PY="${PY:-python3}"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export FASTVIDEO_ULYSSES_A2A="${FASTVIDEO_ULYSSES_A2A:-auto}"
+export FASTVIDEO_ULYSSES_A2A_LONG_TRAINING="${FASTVIDEO_ULYSSES_A2A_LONG_TRAINING:-chunked}"
+export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"  # never NVLink multicast on shared hosts
+# Deterministic cuBLAS, so that the two routes' runs can be compared bit for bit on GPUs too.
+export CUBLAS_WORKSPACE_CONFIG="${CUBLAS_WORKSPACE_CONFIG:-:4096:8}"
+device="${FASTVIDEO_RECIPE_DEVICE:-auto}"
+gpus=$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null || echo 0)
+case "$device" in
+  auto) if (( gpus >= 2 )); then device=cuda; else device=cpu; fi ;;
+  cuda) if (( gpus < 1 )); then echo "train.sh: FASTVIDEO_RECIPE_DEVICE=cuda but no GPU is visible" >&2; exit 2; fi ;;
+  cpu) ;;
+  *) echo "train.sh: FASTVIDEO_RECIPE_DEVICE=$device must be auto, cuda or cpu" >&2; exit 2 ;;
+esac
+if [[ $device == cuda ]]; then nproc="${NPROC:-$gpus}"; else nproc="${NPROC:-2}"; fi
+echo "recipe: FASTVIDEO_ULYSSES_A2A=$FASTVIDEO_ULYSSES_A2A FASTVIDEO_ULYSSES_A2A_LONG_TRAINING=$FASTVIDEO_ULYSSES_A2A_LONG_TRAINING, $nproc rank(s) on $device" >&2
+exec "$PY" -m torch.distributed.run --standalone --nproc_per_node="$nproc" -m fastvideo.entrypoints.train_video_dit \
+  train --device "$device" "$@"

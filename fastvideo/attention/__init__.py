@@ -1,0 +1,1 @@
+"""Upstream FastVideo's attention layers: ``layer.DistributedAttention`` (Ulysses SP) and ``layer.LocalAttention``."""

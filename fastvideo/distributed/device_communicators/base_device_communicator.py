@@ -1,0 +1,177 @@
+"""The collectives of one process group, as upstream FastVideo's ``DeviceCommunicatorBase`` offers them.
+
+Every ``GroupCoordinator`` (``parallel_state``) builds one on first use of ``device_communicator``:
+
+* ``all_to_all_4D(x, scatter_dim=2, gather_dim=1)``: the NCCL route of the Ulysses all-to-all over this
+  group's device group (``ulysses/nccl.py``; gloo on CPU), differentiable. It is the oracle upstream's tests
+  call unbound, ``DeviceCommunicatorBase.all_to_all_4D(comm, x, 2, 1)``, and it never takes the fused
+  route: models call ``communication_op.sequence_model_parallel_all_to_all_4D``, the one entry that votes,
+  validates, compiles and takes the fused route under ``FASTVIDEO_ULYSSES_A2A=auto``.
+* ``all_gather`` (backward: reduce-scatter, i.e. each rank gets the sum over ranks of its slice's gradient),
+  ``slice`` (backward: all-gather, divided by the group size when ``scale_grad``), ``all_reduce`` (SUM is
+  differentiable) and ``gather``, with upstream's semantics. ``all_gather`` is torch's functional
+  collective, so it traces under ``torch.compile(fullgraph=True)``.
+* ``ulysses_a2a``: the SP group's Ulysses helper, or None (``device_communicators/ulysses_a2a.py``).
+
+This module sits below the Ulysses helper (``parallel_state`` imports it, and the helper imports
+``parallel_state``): it reaches the helper only through the provider that ``ulysses_a2a.py`` registers
+when it is imported (``fastvideo.distributed`` and ``communication_op`` import it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as _fc
+import torch.nn.functional as F
+from torch.distributed import ProcessGroup, ReduceOp
+
+from fastvideo.distributed.ulysses.layout import (
+    block_shapes,
+    mode_for_dims,
+    recv_layout,
+    send_layout,
+    validate_input,
+)
+from fastvideo.distributed.ulysses.nccl import nccl_route
+
+# The gradients here are torch's: its differentiable functional collectives (torch 2.13 renamed two of them; the
+# GPU hosts run 2.11). The all-gather's backward is a reduce-scatter (sum), the reduce-scatter's an all-gather,
+# the all-to-all's the inverse all-to-all: upstream's DistributedAutograd formulas, without a Function of ours
+# (the Ulysses op's is the package's one autograd formula).
+_all_gather_autograd = getattr(_fc, "all_gather_single_autograd", None) or _fc.all_gather_tensor_autograd
+_reduce_scatter_autograd = getattr(_fc, "reduce_scatter_single_autograd", None) or _fc.reduce_scatter_tensor_autograd
+
+_ULYSSES_PROVIDER: Callable[[DeviceCommunicatorBase], Any] | None = None
+
+
+def register_ulysses_a2a_provider(provider: Callable[[DeviceCommunicatorBase], Any]) -> None:
+    """Install what ``DeviceCommunicatorBase.ulysses_a2a`` returns (``ulysses_a2a.py`` does, when imported)."""
+    global _ULYSSES_PROVIDER
+    _ULYSSES_PROVIDER = provider
+
+
+def _check_dim(x: torch.Tensor, dim: int, what: str) -> int:
+    if not -x.dim() <= dim < x.dim():
+        raise ValueError(f"{what}: dim={dim} is out of range for a tensor of shape {tuple(x.shape)}.")
+    return dim % x.dim()
+
+
+def _grad_tracked(x: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and x.requires_grad
+
+
+class DeviceCommunicatorBase:
+    """Collectives over one group: ``device_group`` carries data (NCCL on CUDA, gloo on CPU), ``cpu_group``
+    (gloo) host-side coordination. Every method is collective over the group and, on CUDA, enqueues on the
+    current stream without blocking the host (``gather``: on the destination rank only, the others return None)."""
+
+    def __init__(self, cpu_group: ProcessGroup, device: torch.device | None = None,
+                 device_group: ProcessGroup | None = None, unique_name: str = "") -> None:
+        self.device = device or torch.device("cpu")
+        self.cpu_group = cpu_group
+        self.device_group = device_group if device_group is not None else cpu_group
+        self.unique_name = unique_name
+        self.rank = dist.get_rank(cpu_group)
+        self.world_size = dist.get_world_size(cpu_group)
+        self.ranks = dist.get_process_group_ranks(cpu_group)
+        self.global_rank = dist.get_rank()
+        self.global_world_size = dist.get_world_size()
+        self.rank_in_group = self.rank
+
+    @property
+    def ulysses_a2a(self) -> Any:
+        """The SP group's Ulysses helper (with ``try_all_to_all_4D`` and ``close``) when this is the SP group's
+        communicator, its size is > 1 and the agreed route is ``auto``; None otherwise. Collective the first
+        time under ``auto``: it builds the op's helper, as the op's first call would."""
+        if _ULYSSES_PROVIDER is None:
+            raise RuntimeError(
+                "device_communicator.ulysses_a2a: the Ulysses layer is not loaded. Import fastvideo.distributed "
+                "(or fastvideo.distributed.communication_op) before using it; both load it."
+            )
+        return _ULYSSES_PROVIDER(self)
+
+    def all_to_all_4D(self, input_: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1, *,
+                      seq_splits: Sequence[int] | None = None,
+                      head_splits: Sequence[int] | None = None) -> torch.Tensor:
+        """The Ulysses all-to-all's NCCL route over this group: ``(2, 1)`` ``[B, S/P, H, D] -> [B, S, H/P, D]``,
+        ``(1, 2)`` the inverse; ``seq_splits`` / ``head_splits`` as the public op's. Collective; differentiable;
+        group size 1 returns ``input_``. Raises ValueError, before any collective, for input no route can serve."""
+        mode = mode_for_dims(scatter_dim, gather_dim)
+        splits = validate_input(input_, mode, self.world_size, self.rank_in_group, seq_splits, head_splits)
+        if self.world_size == 1:
+            return input_
+        if not _grad_tracked(input_):
+            return nccl_route(input_, mode, self.device_group, splits=splits)
+        # The same layouts and exchange, through torch's differentiable all_to_all_single (its backward is the
+        # inverse exchange, so the gradient is the inverse all-to-all).
+        sent, received = block_shapes(input_.shape, mode, self.world_size, self.rank_in_group, splits)
+        send = send_layout(input_, mode, self.world_size, splits=splits)
+        recv = _fc.all_to_all_single_autograd(send, [math.prod(s) for s in received], [math.prod(s) for s in sent],
+                                              self.device_group)
+        return recv_layout(recv, mode, received)
+
+    def all_gather(self, input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """Every rank's ``input_`` concatenated along ``dim``, in group order. Collective; differentiable (the
+        gradient is reduce-scattered: summed over ranks, each rank keeping its own slice)."""
+        dim = _check_dim(input_, dim, "all_gather")
+        if self.world_size == 1:
+            return input_
+        return _all_gather_autograd(input_.contiguous(), dim, self.device_group)
+
+    def slice(self, input_: torch.Tensor, dim: int = -1, *, scale_grad: bool) -> torch.Tensor:
+        """This rank's chunk of ``input_`` along ``dim`` (which must divide by the group size), contiguous.
+
+        Local in the forward. The backward is collective: ``input_``'s gradient is every rank's chunk gradient
+        all-gathered (divided by the group size when ``scale_grad``), upstream's formula for an input that every
+        rank holds whole. A gradient hook on a private alias of ``input_`` applies it, so gradients that reach
+        ``input_`` from its other uses are left as they are."""
+        dim = _check_dim(input_, dim, "slice")
+        if input_.shape[dim] % self.world_size:
+            raise ValueError(f"slice: dim {dim} has {input_.shape[dim]} rows, not divisible by the group size "
+                             f"{self.world_size}; pad it first (sequence_model_parallel_shard does).")
+        rows = input_.shape[dim] // self.world_size
+        start, group, scale = self.rank_in_group * rows, self.device_group, self.world_size if scale_grad else 1
+        if not _grad_tracked(input_):
+            return input_.narrow(dim, start, rows).contiguous()
+        alias = input_.view_as(input_)
+
+        def gathered(grad: torch.Tensor) -> torch.Tensor:
+            full = _all_gather_autograd(grad.narrow(dim, start, rows).contiguous(), dim, group)
+            return full / scale if scale != 1 else full
+
+        alias.register_hook(gathered)
+        return alias.narrow(dim, start, rows).contiguous()
+
+    def all_reduce(self, input_: torch.Tensor, op: ReduceOp | None = ReduceOp.SUM) -> torch.Tensor:
+        """Out-of-place all-reduce. Collective; differentiable for SUM (the default), whose gradient is the
+        all-reduced gradient (here a reduce-scatter and an all-gather, torch's differentiable pair)."""
+        op = ReduceOp.SUM if op is None else op
+        if op == ReduceOp.SUM and _grad_tracked(input_):
+            flat = input_.reshape(-1)
+            pad = -flat.numel() % self.world_size
+            flat = F.pad(flat, (0, pad)) if pad else flat
+            summed = _all_gather_autograd(_reduce_scatter_autograd(flat, "sum", 0, self.device_group), 0,
+                                          self.device_group)
+            return summed[: input_.numel()].view_as(input_)
+        if _grad_tracked(input_):
+            raise ValueError(f"all_reduce: op={op} has no gradient here; only SUM is differentiable (detach first).")
+        out = input_.clone()
+        dist.all_reduce(out, op=op, group=self.device_group)
+        return out
+
+    def gather(self, input_: torch.Tensor, dst: int = 0, dim: int = -1) -> torch.Tensor | None:
+        """Collective: every rank's ``input_`` joined along ``dim`` on the group's rank ``dst``, None elsewhere."""
+        dim = _check_dim(input_, dim, "gather")
+        if not 0 <= dst < self.world_size:
+            raise ValueError(f"gather: dst={dst} must be a rank of the group (0..{self.world_size - 1}).")
+        parts = [torch.empty_like(input_) for _ in range(self.world_size)] if self.rank_in_group == dst else None
+        dist.gather(input_.contiguous(), parts, dst=self.ranks[dst], group=self.device_group)
+        return torch.cat(parts, dim=dim) if parts is not None else None
+
+    def destroy(self) -> None:
+        """Nothing to release: the Ulysses helper is destroyed with its SP group (``destroy_sequence_parallel``)."""

@@ -1,0 +1,190 @@
+"""``fastvideo.attention.layer.DistributedAttention`` against a single-device reference, on gloo ranks.
+
+Each rank builds the same global q, k, v (a sequence that does not divide by P, so it is padded), replicated
+text tokens and rotary tables; the reference attends the whole sequence plus the text tokens on one device
+(no collective). Each rank then runs the layer on its shard and checks its output rows, the replicated
+output, its input gradients, and the replicated inputs' gradients summed over ranks (each rank's covers its
+own heads) against the reference: float64, so only rounding separates them. Under ``auto`` with the CPU
+plan transport the all-to-alls are asserted to have taken the fused route. ``torch.compile(fullgraph=True)``
+of the layer matches eager bit for bit.
+
+Negative control: the same check with ``original_seq_len`` left out (the padding rows then take part in
+attention) fails, so the check sees padding mistakes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.distributed.conftest import build_helper
+
+B, H, D = 2, 6, 8  # H divides by 2 and 3
+
+
+def _globals(seq: int, text: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seq * 31 + text)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
+
+    angles = torch.rand(seq, D // 2, generator=g, dtype=torch.float64) * 6.0
+    t = {name: rand(B, seq, H, D) for name in ("q", "k", "v", "g")}
+    if text:
+        t.update({name: rand(B, text, H, D) for name in ("rq", "rk", "rv", "rg")})
+    t["cos"], t["sin"] = angles.cos().to(dtype), angles.sin().to(dtype)
+    return t
+
+
+def _reference(t: dict, text: int, causal: bool, rotary: bool) -> dict[str, torch.Tensor]:
+    from fastvideo.layers.attention import attention
+    from fastvideo.layers.rotary_embedding import apply_rotary_emb
+
+    leaves = {n: t[n].clone().requires_grad_() for n in ("q", "k", "v", *(("rq", "rk", "rv") if text else ()))}
+    q, k, v = leaves["q"], leaves["k"], leaves["v"]
+    if rotary:
+        q, k = apply_rotary_emb(q, t["cos"], t["sin"]), apply_rotary_emb(k, t["cos"], t["sin"])
+    if text:
+        q, k, v = (torch.cat([a, leaves[r]], dim=1) for a, r in ((q, "rq"), (k, "rk"), (v, "rv")))
+    out = attention(q, k, v, causal=causal)
+    seq = t["q"].shape[1]
+    loss = (out[:, :seq] * t["g"]).sum()
+    if text:
+        loss = loss + (out[:, seq:] * t["rg"]).sum()
+    loss.backward()
+    return {"out": out[:, :seq].detach(), "rep": out[:, seq:].detach() if text else None,
+            **{f"d{n}": leaf.grad for n, leaf in leaves.items()}}
+
+
+def _attention_parity(rank, world_size, seq, text, causal, rotary, fused, compiled, give_seq_len=True):
+    import torch.distributed as dist
+
+    from fastvideo.attention.layer import DistributedAttention
+    from fastvideo.distributed.device_communicators import ulysses_a2a
+    from fastvideo.distributed.parallel_state import get_sp_group
+
+    dtype = torch.float32 if fused else torch.float64  # the CPU plan transport takes fp32/bf16/fp16
+    helper = None
+    if fused:
+        helper = build_helper()
+        ulysses_a2a.install_default_helper(helper)
+    t = _globals(seq, text, dtype)
+    ref = _reference(t, text, causal, rotary)
+    p = world_size
+    rows = -(-seq // p)
+    padded = rows * p
+
+    def shard(x):
+        x = torch.cat([x, x.new_zeros(B, padded - seq, H, D)], dim=1)
+        return x[:, rank * rows:(rank + 1) * rows].clone()
+
+    local = {n: shard(t[n]).requires_grad_() for n in ("q", "k", "v")}
+    rep = {n: t[n].clone().requires_grad_() for n in ("rq", "rk", "rv")} if text else {}
+    layer = DistributedAttention(H, D, causal=causal)
+    call = torch.compile(layer, fullgraph=True, backend="aot_eager", dynamic=False) if compiled else layer
+    mark = len(helper.history) if helper is not None else 0
+    out, rep_out = call(local["q"], local["k"], local["v"], original_seq_len=seq if give_seq_len else None,
+                        replicated_q=rep.get("rq"), replicated_k=rep.get("rk"), replicated_v=rep.get("rv"),
+                        freqs_cis=(t["cos"], t["sin"]) if rotary else None)
+    loss = (out * shard(t["g"])).sum()
+    if text:
+        loss = loss + (rep_out * t["rg"]).sum() / p  # every rank holds it: count it once over the group
+    loss.backward()
+    routes = [r.route for r in list(helper.history)[mark:]] if helper is not None else []
+
+    def err(a, b):
+        return (a.double() - b.double()).abs().max().item() / max(b.double().abs().max().item(), 1e-30)
+
+    mine = slice(rank * rows, min((rank + 1) * rows, seq))
+    n_mine = mine.stop - mine.start
+    errs = {"out": err(out[:, :n_mine], ref["out"][:, mine]),
+            "pad rows out": out[:, n_mine:].abs().max().item() if n_mine < rows else 0.0}
+    for n in ("q", "k", "v"):
+        errs[f"d{n}"] = err(local[n].grad[:, :n_mine], ref[f"d{n}"][:, mine])
+        errs[f"pad rows d{n}"] = local[n].grad[:, n_mine:].abs().max().item() if n_mine < rows else 0.0
+    if text:
+        errs["replicated out"] = err(rep_out, ref["rep"])
+        for n in ("rq", "rk", "rv"):
+            total = rep[n].grad.clone()
+            dist.all_reduce(total, group=get_sp_group().device_group)
+            errs[f"d{n} (sum over ranks)"] = err(total, ref[f"d{n}"])
+    eager = None
+    if compiled:  # the same call eagerly: the compiled graph must match it bit for bit
+        again = {n: shard(t[n]) for n in ("q", "k", "v")}
+        e_out, e_rep = layer(again["q"], again["k"], again["v"], original_seq_len=seq,
+                             replicated_q=t.get("rq"), replicated_k=t.get("rk"), replicated_v=t.get("rv"),
+                             freqs_cis=(t["cos"], t["sin"]) if rotary else None)
+        eager = torch.equal(e_out, out.detach()) and (not text or torch.equal(e_rep, rep_out.detach()))
+    return errs, routes, tuple(out.shape), tuple(rep_out.shape) if rep_out is not None else None, eager
+
+
+CASES = {  # (seq, text tokens, causal, rotary)
+    "padded+text+rotary": (13, 5, False, True),
+    "padded+causal": (11, 0, True, True),
+    "even, no text": (12, 0, False, False),
+}
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("case", list(CASES))
+def test_distributed_attention_matches_the_single_device_reference(ranks, world_size, case):
+    seq, text, causal, rotary = CASES[case]
+    for errs, routes, shape, rep_shape, _ in ranks(world_size, _attention_parity, seq, text, causal, rotary, False,
+                                                   False):
+        assert all(e < 1e-10 for e in errs.values()), errs
+        assert shape == (B, -(-seq // world_size), H, D)
+        assert rep_shape == ((B, text, H, D) if text else None)
+        assert routes == []  # off: no helper
+
+
+def test_fused_route_underneath_under_auto(ranks):
+    """auto with the CPU plan transport: the packed QKV all-to-all and the output's, forward and backward (4
+    calls), all fused; results as the reference (float32)."""
+    for errs, routes, *_ in ranks(2, _attention_parity, 13, 5, False, True, True, False,
+                                  env={"FASTVIDEO_ULYSSES_A2A": "auto"}):
+        assert all(e < 1e-5 for e in errs.values()), errs
+        assert routes == ["fused"] * 4, routes
+
+
+def test_compiles_with_fullgraph_and_matches_eager(ranks):
+    """torch.compile(fullgraph=True) (aot_eager): no graph break (fullgraph raises on one), forward and backward
+    as the reference, and the compiled output bit-exact against eager."""
+    for errs, _, _, _, eager in ranks(2, _attention_parity, 13, 5, False, True, False, True, timeout_s=240):
+        assert all(e < 1e-10 for e in errs.values()), errs
+        assert eager is True
+
+
+def test_negative_control_without_original_seq_len_the_padding_is_attended(ranks):
+    errs = [r[0] for r in ranks(2, _attention_parity, 13, 5, False, False, False, False, False)]
+    assert max(e["out"] for e in errs) > 1e-3, errs
+
+
+def _bad_calls(rank, world_size):
+    from fastvideo.attention.layer import DistributedAttention, LocalAttention
+    from tests.distributed.conftest import catch
+
+    layer = DistributedAttention(H, D)
+    x = torch.zeros(B, 4, H, D)
+    wide = torch.zeros(B, 4, H + 2, D)
+    return {
+        "kv heads": catch(DistributedAttention, H, D, num_kv_heads=2)[:2],
+        "extra": catch(DistributedAttention, H, D, dropout_rate=0.1)[:2],
+        "backends": catch(DistributedAttention, H, D, supported_attention_backends=("VIDEO_SPARSE_ATTN",))[:2],
+        "shapes": catch(layer, x, x[:, :2], x)[:2],
+        "heads": catch(layer, wide, wide, wide)[:2],
+        "partial replicated": catch(layer, x, x, x, replicated_q=x)[:2],
+        "seq len": catch(layer, x, x, x, original_seq_len=4 * world_size + 1)[:2],
+        "local gqa": tuple(LocalAttention(H, D, num_kv_heads=3)(x, x[:, :, :3], x[:, :, :3]).shape),
+    }
+
+
+def test_bad_arguments_raise_clearly(ranks):
+    for r in ranks(2, _bad_calls):
+        assert r["kv heads"][0] == "ValueError" and "num_kv_heads=2 must equal num_heads=6" in r["kv heads"][1]
+        assert r["extra"][0] == "TypeError" and "dropout_rate" in r["extra"][1]
+        assert r["backends"][0] == "ValueError" and "VIDEO_SPARSE_ATTN" in r["backends"][1]
+        assert r["shapes"][0] == "ValueError" and "one shape" in r["shapes"][1]
+        assert r["heads"][0] == "ValueError" and "num_heads, head_size" in r["heads"][1]
+        assert r["partial replicated"][0] == "ValueError" and "together" in r["partial replicated"][1]
+        assert r["seq len"][0] == "ValueError" and "original_seq_len=9 must be in 1..8" in r["seq len"][1]
+        assert r["local gqa"] == (B, 4, H, D)
