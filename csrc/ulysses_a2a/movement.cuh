@@ -8,7 +8,7 @@
 //     granule (the epoch checker, `kCheck`), and SimEnv (testing/sim_ranks.cu), P ranks simulated as
 //     CTA groups of ONE co-resident launch on one device, with a same-device barrier that has the LSA
 //     barrier's per-CTA semantics;
-//   * host Envs (`kHost`) of the test library's host checks (testing/sync_model.cpp records every window
+//   * host Envs (`kHost`) of the test library's host checks (testing/sync_model.cu records every window
 //     access and barrier of run_call; testing/addressing.cu moves host bytes through store_chunk and
 //     copy_out_chunk): the same functions, compiled for the host too (FVK_HD).
 // So the one-GPU check runs the real chunk loop and the real barrier points, not launch-separated
@@ -187,7 +187,7 @@ FVK_HD void copy_out_chunk(const Problem& p, const Chunk& c, int64_t ci, Env& en
 
 // One call as CTA `cta` of `ctas` runs it: per chunk, barrier / store / barrier / copy-out. Every rank runs the
 // same chunks (layout.h's num_chunks), whatever its shares, so an idle rank meets every barrier too.
-// ulysses_a2a.cu's header argues why per-CTA barriers suffice; testing/sync_model.cpp checks that argument
+// ulysses_a2a.cu's header argues why per-CTA barriers suffice; testing/sync_model.cu checks that argument
 // as a property over the plan space, on this function's own accesses and barrier points.
 #pragma nv_exec_check_disable
 template <typename V, typename Env>

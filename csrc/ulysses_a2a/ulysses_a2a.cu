@@ -23,15 +23,19 @@
 // adds an event wait when the caller's stream changes): a CTA of call n+1 stores only after its
 // first barrier, which needs the same CTA index of every rank to have STARTED call n+1, i.e. every
 // rank to have finished call n entirely, whatever either call's CTA count or chunking.
+// Uneven shares change none of it: every rank runs the same chunks and barriers (num_chunks depends on B, S
+// and the plan alone), so a rank with a share of 0 meets every barrier; regions are sized by the full block of
+// the largest shares, which bounds every pair's block, so a pair's slices stay in their regions.
 // Preconditions the argument needs: (a) every rank issues the same sequence of launches on this
 // context (the vote guarantees it; a launch that fails on one rank after its checks poisons the
 // context, so that rank never launches again and its peers' watchdog ends them); (b) a rank's
 // launches run in issue order (one stream, or order_call's event wait when the stream changes; with
 // captured graphs, the completion event's external wait and record nodes: FVK_CALL_CAPTURE);
 // (c) no programmatic dependent launch.
-// testing/sync_model.cpp checks this argument as a happens-before property over the plan space, on the
-// functions the kernel runs (layout.h); its negative controls are the pre-fix layout (regions that
-// moved with the chunk size: wrong on the first 2-GPU run, docs/kernel.md) and a loop without the entry barrier.
+// testing/sync_model.cu checks this argument as a happens-before property over the plan space, on run_call
+// itself (movement.cuh, compiled for the host); its negative controls are the pre-fix layout (regions that
+// moved with the chunk size: wrong on the first 2-GPU run, docs/kernel.md), the even-only layout (the split
+// tables ignored) and loops without one of the barriers.
 #include <cstring>
 #include <ctime>
 #include <initializer_list>

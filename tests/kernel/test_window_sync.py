@@ -315,3 +315,22 @@ def test_bad_split_tables_are_refused(lib):
         geom = Geometry(0, torch.bfloat16, 1, 10, 8, 8, 2, seq, heads)
         with pytest.raises(AssertionError, match=message):
             check(lib, geom, [plan], GIB)
+
+
+def test_the_policy_s_window_is_exactly_what_an_uneven_call_needs(lib):
+    """``Plan.window_bytes`` (the policy's sizing by the largest shares) is what the library requires of an uneven
+    call: that window passes, one byte less is refused; the policy's own plan for a window of exactly that size
+    runs in it."""
+    rng = random.Random(5)
+    for world in (2, 3, 5, 8):
+        for mode in (0, 1):
+            geom = uneven_geometry(rng, mode, torch.bfloat16, world, 2, 37, 3 * world + 1, 8, zero=True)
+            for plan in (Plan(36, 2, 37, tuned=True), Plan(5, 1, 10, tuned=True), Plan(144, 1, 1, tuned=True)):
+                need = plan.window_bytes(geom)
+                assert check(lib, geom, [plan], need) == (0, ""), (geom, plan)
+                with pytest.raises(AssertionError, match="window"):
+                    check(lib, geom, [plan], need - 1)
+                choice = choose_plan(geom, gpu="H200", window_bytes=need, table=(
+                    TunedRow("H200", world, geom.dtype, geom.H, geom.D, ctas=plan.ctas,
+                             planes_per_chunk=plan.planes_per_chunk, source="property test"),))
+                assert choice.plan is not None and check(lib, geom, [choice.plan], need) == (0, "")
