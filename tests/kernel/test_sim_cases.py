@@ -13,7 +13,9 @@ The simulation itself needs a GPU (``tests/kernel/check_sim_peers.py``); what it
   window the simulation gives it, while one byte less is refused;
 * the simulation's oracle (concatenate and slice) equals the NCCL route's exchange computed locally
   (``layout.reference_all_to_all``), on even and uneven cases;
-* its negative controls: every pre-fix-layout case is flagged by the host check as well.
+* its negative controls: every pre-fix-layout case is flagged by the host check as well;
+* the runner itself (``SimRunner``: marshalling, poisoning, comparison, window guards) against a CPU stand-in
+  for ``fvk_sim_a2a`` that writes the definition's outputs, or nothing (the control).
 """
 
 from __future__ import annotations
@@ -152,3 +154,45 @@ def test_the_pre_fix_layout_cases_are_flagged_on_the_host(lib):
         assert window_sync(lib, case, case.window_bytes(), kernel_testing.LAYOUT_MOVING)[0] > 0, case.label()
     uneven_tables = [case for case in sim.MOVING_CASES if case.calls[0].operand.uneven_splits]
     assert len(uneven_tables) == 2 and not uneven_tables[0].calls[0].uneven()
+
+
+class StandIn:
+    """``fvk_sim_a2a`` on the CPU, for the runner's own code: checks what ``SimRunner.run`` marshalled (every call's
+    description with readable split tables, every rank's pointers, null for an empty operand) and writes the
+    definition's outputs (``refs``), or nothing with ``write=False``."""
+
+    def __init__(self, case: sim.Case, inputs, refs, *, write: bool = True) -> None:
+        self.case, self.inputs, self.refs, self.write = case, inputs, refs, write
+
+    def fvk_sim_a2a(self, world, ncalls, calls, windows, need, flags, skew, seed, report, stream) -> int:
+        assert ncalls == len(self.case.calls) and need == self.case.window_bytes() and flags == sim.SKEW
+        for n, call in enumerate(self.case.calls):
+            got, op = calls[n], call.operand
+            assert (got.call.kind, got.call.ctas, got.call.mode, got.call.S, got.call.H) == (
+                fastvideo_kernel.KIND_SM, call.plan.ctas, op.mode, op.S, op.H)
+            tables = [None if not p else tuple(ctypes.cast(p, ctypes.POINTER(ctypes.c_int64))[:world])
+                      for p in (got.call.seq_split, got.call.head_split)]
+            assert tables == [op.seq_splits, op.head_splits]
+            for r in range(world):
+                x = self.inputs[n][r]
+                assert got.x[r] == (x.data_ptr() if x.numel() else None)
+                assert (got.out[r] is None) == (self.refs[n][r].numel() == 0)
+                if self.write and got.out[r] is not None:
+                    ref = self.refs[n][r]
+                    ctypes.memmove(got.out[r], ref.data_ptr(), ref.numel() * ref.element_size())
+        return 0
+
+
+def test_the_runner_marshals_every_call_and_checks_every_byte(monkeypatch, uneven):
+    """``SimRunner`` on the CPU against the stand-in: a simulation that writes the definition's outputs passes
+    every check of the runner (outputs bit for bit, the window guards, no epoch report); one that writes nothing
+    fails every case with poisoned outputs (the control)."""
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: type("S", (), {"cuda_stream": 0})())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device: None)
+    gen = torch.Generator().manual_seed(11)
+    cpu = torch.device("cpu")
+    for case in random.Random(2).sample(uneven, 40) + [c for c in uneven if len(c.calls) > 1][:5]:
+        inputs, refs = sim.data(case, gen, cpu)
+        assert sim.SimRunner(StandIn(case, inputs, refs), cpu).check(case, inputs, refs, sim.SKEW) == ("", 0)
+        failure, _ = sim.SimRunner(StandIn(case, inputs, refs, write=False), cpu).check(case, inputs, refs, sim.SKEW)
+        assert "still poisoned" in failure, case.label()
