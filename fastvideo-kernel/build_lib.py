@@ -34,7 +34,7 @@ TESTING_LIBRARY_NAME = "libfastvideo_ulysses_a2a_testing.so"
 PRODUCT_SOURCES = ("context.cu", "ulysses_a2a.cu", "shm_vote.cpp")  # .cpp: host-only C++
 # The test library: the same product objects plus the test and measurement code (csrc/ulysses_a2a/testing/).
 TESTING_SOURCES = ("testing/checked_launch.cu", "testing/sim_ranks.cu", "testing/fabric_copy.cu",
-                   "testing/ce_addressing.cu", "testing/sync_model.cpp", "testing/ce_sync_model.cpp")
+                   "testing/addressing.cu", "testing/sync_model.cu", "testing/ce_sync_model.cpp")
 DEFAULT_ARCHS = "90"
 
 

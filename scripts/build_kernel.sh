@@ -52,7 +52,7 @@ product=(fvk_abi_version fvk_nccl_build_version fvk_nccl_runtime_version fvk_las
   fvk_create fvk_comm_init fvk_window_alloc fvk_window_register fvk_devcomm_create fvk_lsa_info fvk_launch
   fvk_a2a_original fvk_destroy fvk_abort fvk_vote_open fvk_vote_exchange fvk_vote_unlink fvk_vote_close
   fvk_vote_would_run)
-testing=(fvk_testing_abi_version fvk_sim_a2a fvk_check_window_sync fvk_check_ce_sync fvk_check_ce_addressing
+testing=(fvk_testing_abi_version fvk_sim_a2a fvk_check_window_sync fvk_check_ce_sync fvk_check_addressing
   fvk_fabric_copy)
 test_code='sim_kernel|SimEnv|epoch_|checked_a2a|CheckedLsaEnv|flat_push|fabric|Checker|ce_sync|addressing'
 bad=0

@@ -18,4 +18,4 @@ step "a2a SP1" 150 cases.log "$python" benchmarks/benchmark_ulysses_a2a.py --geo
   --json "$L/a2a_sp1.json"
 step "floor SP1" 60 cases.log "$python" -m benchmarks.run floor --geometry wan720p --json "$L/floor_sp1.json"
 step "dit SP1" 240 cases.log "$python" benchmarks/benchmark_dit_step.py --tokens 32k --json "$L/dit_sp1.json"
-gpu_finish logs/sim_peers.json logs/a2a_sp1.json logs/floor_sp1.json logs/dit_sp1.json
+gpu_finish logs/sim_peers.json logs/sim_peers_uneven.json logs/a2a_sp1.json logs/floor_sp1.json logs/dit_sp1.json

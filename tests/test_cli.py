@@ -93,7 +93,7 @@ def test_explain_input_no_route_can_serve_exits_nonzero(capsys):
 
 def test_explain_uneven_splits_sizes_by_the_largest_share_and_names_the_transport_gap(capsys):
     """Rank 1's input with 40 heads at SP3 (Wan 14B) and a sequence P does not divide: the plan of the largest
-    share, the tables, and that the native transport declines uneven_splits until its kernels take tables."""
+    share, the tables, and which transports run it (a kernel build older than ABI 5 declines uneven_splits)."""
     rc, out = explain(capsys, "--world-size", "3", "--shape", "1,10920,40,128", "--seq-splits", "10920,10920,10919",
                       "--head-splits", "14,13,13", "--rank", "1", *PINNED)
     assert rc == 0 and "largest S_local share=10920, H=40" in line(out, "geometry")
@@ -101,7 +101,7 @@ def test_explain_uneven_splits_sizes_by_the_largest_share_and_names_the_transpor
                                    "window are sized by the largest share)")
     assert f"plane {10920 * 3 * 14 * 128 * 2} B" in line(out, "geometry")
     assert line(out, "route").startswith("route      fused (original: 36 CTAs")
-    assert "declines uneven_splits" in line(out, "transport")
+    assert "ABI 5 or later" in line(out, "transport") and "declines uneven_splits" in line(out, "transport")
 
 
 def test_explain_even_tables_are_the_even_call(capsys):

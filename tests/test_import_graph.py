@@ -163,11 +163,13 @@ def test_validation_lives_in_one_place():
 
 
 # Functions that take split tables without validating them: validate_input itself, what runs after it (the op on
-# validated input, its converter, the geometry, the op's fake impl for a FakeTensor), and a model block that hands
-# them to the public op.
+# validated input, its converter, the geometry, the op's fake impl for a FakeTensor), and model blocks that hand
+# them to layers that validate them.
 _TABLES_UNVALIDATED = {f"{U}.layout.validate_input", f"{U}.ops._splits", f"{U}.ops.all_to_all",
                        f"{U}.policy.Geometry.from_input", f"{U}.ops._op_fake",
-                       "fastvideo.layers.attention.SPSelfAttention.forward"}
+                       "fastvideo.layers.attention.SPSelfAttention.forward",
+                       "fastvideo.models.video_dit.VideoDiTBlock.forward",
+                       "fastvideo.models.video_dit.VideoDiTBlock._forward"}
 
 
 def _functions(tree: ast.AST, prefix: str):
@@ -179,30 +181,34 @@ def _functions(tree: ast.AST, prefix: str):
             yield f"{prefix}.{node.name}", node
 
 
+_VALIDATORS = {"validate_input", "shares"}  # layout's table checks: the all-to-all's, and the other collectives'
+
+
 def split_table_findings(files: dict[str, Path]) -> list[str]:
-    """Where validation of the split tables is not in ``layout.validate_input``: a function outside layout that
-    raises about ``seq_splits``/``head_splits``, or one that takes ``seq_splits`` and neither validates it nor
-    is known to run after validation."""
+    """Where validation of the split tables is not in ``layout`` (``validate_input``, ``shares``): a function
+    outside layout that raises about ``seq_splits``/``head_splits`` without calling one of them first, or one
+    that takes ``seq_splits`` and neither validates it nor is known to run after validation."""
     found = []
     for module, path in files.items():
         tree = ast.parse(path.read_text())
-        if module != f"{U}.layout":
-            for node in ast.walk(tree):
-                if isinstance(node, ast.Raise) and node.exc is not None and any(
-                        name in ast.unparse(node.exc) for name in ("seq_splits", "head_splits")):
-                    found.append(f"{module}:{node.lineno} raises about the split tables")
         for name, fn in _functions(tree, module):
             args = [a.arg for a in (*fn.args.args, *fn.args.kwonlyargs)]
             calls = {c.func.id if isinstance(c.func, ast.Name) else getattr(c.func, "attr", "")
                      for c in ast.walk(fn) if isinstance(c, ast.Call)}
-            if "seq_splits" in args and "validate_input" not in calls and name not in _TABLES_UNVALIDATED:
+            validates = bool(calls & _VALIDATORS)
+            if module != f"{U}.layout" and not validates:
+                for node in ast.walk(fn):
+                    if isinstance(node, ast.Raise) and node.exc is not None and any(
+                            table in ast.unparse(node.exc) for table in ("seq_splits", "head_splits")):
+                        found.append(f"{module}:{node.lineno} raises about the split tables")
+            if "seq_splits" in args and not validates and name not in _TABLES_UNVALIDATED:
                 found.append(f"{name} takes seq_splits and does not call validate_input")
     return found
 
 
 def test_split_tables_are_validated_in_one_place(tmp_path):
-    """Every entry point that takes ``seq_splits`` calls ``validate_input``, and nothing else raises about the
-    tables. Negative control: a module that checks a table itself is flagged."""
+    """Every entry point that takes ``seq_splits`` calls ``validate_input`` (or ``shares``), and nothing else
+    raises about the tables unless it did. Negative control: a module that checks a table itself is flagged."""
     files = _files()
     assert split_table_findings(files) == []
     stray = tmp_path / "stray.py"

@@ -44,10 +44,13 @@ OPS = ("qkv", "out")  # the step's two all-to-alls: packed QKV (mode 0) and the 
 # ---------------------------------------------------------------------------------------------- the all-to-all
 
 
-def local_a2a(x: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1) -> torch.Tensor:
-    """Communication-free stand-in with the op's output shape and about its memory traffic."""
+def local_a2a(x: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1, **splits) -> torch.Tensor:
+    """Communication-free stand-in with the op's output shape and about its memory traffic (even calls only)."""
     from fastvideo.distributed.parallel_state import get_sp_group
 
+    if any(v is not None for v in splits.values()):
+        raise NotImplementedError(f"the local all-to-all stand-in serves even calls only, got {splits}; use a "
+                                  "geometry whose sequence and heads the SP size divides.")
     p = get_sp_group().world_size
     if p == 1:
         return x
@@ -88,12 +91,12 @@ class Probe:
             return start.elapsed_time(end) / 1e3  # type: ignore[attr-defined]
         return float(end) - float(start)  # type: ignore[arg-type]
 
-    def call(self, x: torch.Tensor, scatter_dim: int, gather_dim: int, name: str) -> torch.Tensor:
+    def call(self, x: torch.Tensor, scatter_dim: int, gather_dim: int, name: str, **kwargs) -> torch.Tensor:
         grad = torch.is_grad_enabled() and x.requires_grad
         phase = "recompute" if self.in_backward else ("fwd_grad" if grad else "fwd")
         h0 = time.perf_counter()
         m0 = self._mark()
-        y = self.dispatch.fn(x, scatter_dim, gather_dim)
+        y = self.dispatch.fn(x, scatter_dim, gather_dim, **kwargs)
         m1 = self._mark()
         self.records.append((f"{name}/{phase}", m0, m1, time.perf_counter() - h0))
         node = y.grad_fn
@@ -135,10 +138,11 @@ class Dispatch:
         self.probe = probe
         probe.dispatch = self
 
-    def __call__(self, x: torch.Tensor, scatter_dim: int, gather_dim: int, name: str) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, scatter_dim: int, gather_dim: int, name: str, **kwargs) -> torch.Tensor:
+        """``kwargs``: the public op's keywords (``seq_splits``, ``head_splits``) where the model's call is uneven."""
         if self.probe.active:
-            return self.probe.call(x, scatter_dim, gather_dim, name)
-        return self.fn(x, scatter_dim, gather_dim)
+            return self.probe.call(x, scatter_dim, gather_dim, name, **kwargs)
+        return self.fn(x, scatter_dim, gather_dim, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------- steps

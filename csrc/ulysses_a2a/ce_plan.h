@@ -78,13 +78,10 @@ enum CeDrop : unsigned {
   // recorded after the join and waited for before the fork (order_call / finish_call in ulysses_a2a.cu);
   kCeModelStreamPerCall = 32u,
   kCeDropDoneWait = 64u,  // and its negative control: that wait dropped
-  // Negative control of the SM-kind calls the check interleaves (chunks = kCeSmCall): the SM kernel's CTAs
-  // store into peers' windows without first meeting them at a barrier.
+  // Negative control of the SM-kind calls the check interleaves: the SM kernel's CTAs store into peers'
+  // windows without first meeting them at a barrier.
   kCeDropSmEntryBarrier = 128u,
 };
-
-// In fvk_check_ce_sync's call list: an SM-kind call (the fused kernel) between copy-engine calls.
-constexpr int64_t kCeSmCall = -1;
 
 // Byte offset of buffer `b` (0 or 1), source `src`'s block, in every rank's window.
 FVK_HD inline int64_t ce_block_offset(const Problem& p, int buffer, int src) {
@@ -99,26 +96,29 @@ struct CeCopy {
 };
 
 // The copies of push(chunk ci) by this rank (p.rank), peers in the kernel's order (starting after
-// this rank, so ranks spread over the links). The block lands in [plane][row][run] order at
-// ce_block_offset(ci % 2, rank). Mode 0 reads rows of `run` bytes at a pitch of P runs (one 2D copy
-// per plane, or one for all planes when the chunk has whole planes); mode 1 reads contiguous rows (one
-// flat copy per plane). The launcher (ce_push) and the host addressing check run exactly these.
+// this rank, so ranks spread over the links). Each block (layout.h's tensor_view of the input) lands in
+// [plane][row][run] order at ce_block_offset(ci % 2, rank). Mode 0 reads rows of the peer's run at the
+// head-split row pitch (one 2D copy per plane, or one for all planes when the chunk's rows are this rank's
+// whole share, so the planes follow each other at the same pitch); mode 1 reads contiguous rows (one flat
+// copy per plane). An empty block (a share of 0, or rows past a shorter share) is no copy. The launcher
+// (ce_push) and the host addressing check run exactly these.
 template <typename Emit>
 void ce_push_copies(const Problem& p, int64_t ci, Emit&& emit) {
   const Chunk c = chunk_at(p, ci);
-  const int64_t run = p.run_bytes, P = p.world;
+  const int64_t dst = ce_block_offset(p, static_cast<int>(ci % 2), p.rank);
   for (int j = 1; j < p.world; ++j) {
     const int q = (p.rank + j) % p.world;
-    const int64_t dst = ce_block_offset(p, static_cast<int>(ci % 2), p.rank);
+    const View v = tensor_view(p, c, p.rank, q, p.mode == 0);
+    const int64_t rows = v.block.rows, run = v.block.run;
+    if (rows == 0 || run == 0) continue;
     if (p.mode == 0) {
-      const bool whole_planes = c.nr == p.S;
+      const bool whole_planes = rows * v.row_pitch == v.plane_pitch;
       for (int64_t pl = 0; pl < c.np; pl += whole_planes ? c.np : 1)
-        emit(CeCopy{q, ((c.p0 + pl) * p.S + c.r0) * P * run + q * run, P * run, dst + pl * c.nr * run, run, run,
-                    whole_planes ? c.np * c.nr : c.nr});
+        emit(CeCopy{q, v.offset + pl * v.plane_pitch, v.row_pitch, dst + pl * rows * run, run, run,
+                    whole_planes ? c.np * rows : rows});
     } else {
       for (int64_t pl = 0; pl < c.np; ++pl)
-        emit(CeCopy{q, (((c.p0 + pl) * P + q) * p.S + c.r0) * run, c.nr * run, dst + pl * c.nr * run, c.nr * run,
-                    c.nr * run, 1});
+        emit(CeCopy{q, v.offset + pl * v.plane_pitch, rows * run, dst + pl * rows * run, rows * run, rows * run, 1});
     }
   }
 }

@@ -14,6 +14,7 @@
 namespace fvk {
 
 struct LsaEnv {
+  static constexpr bool kHost = false;
   static constexpr bool kCheck = false;
   static constexpr bool kAnyLayout = false;  // the production kernel runs the static layout only
   ncclLsaBarrierSession<ncclCoopCta>* barrier;

@@ -23,17 +23,22 @@
 // adds an event wait when the caller's stream changes): a CTA of call n+1 stores only after its
 // first barrier, which needs the same CTA index of every rank to have STARTED call n+1, i.e. every
 // rank to have finished call n entirely, whatever either call's CTA count or chunking.
+// Uneven shares change none of it: every rank runs the same chunks and barriers (num_chunks depends on B, S
+// and the plan alone), so a rank with a share of 0 meets every barrier; regions are sized by the full block of
+// the largest shares, which bounds every pair's block, so a pair's slices stay in their regions.
 // Preconditions the argument needs: (a) every rank issues the same sequence of launches on this
 // context (the vote guarantees it; a launch that fails on one rank after its checks poisons the
 // context, so that rank never launches again and its peers' watchdog ends them); (b) a rank's
 // launches run in issue order (one stream, or order_call's event wait when the stream changes; with
 // captured graphs, the completion event's external wait and record nodes: FVK_CALL_CAPTURE);
 // (c) no programmatic dependent launch.
-// testing/sync_model.cpp checks this argument as a happens-before property over the plan space, on the
-// functions the kernel runs (layout.h); its negative controls are the pre-fix layout (regions that
-// moved with the chunk size: wrong on the first 2-GPU run, docs/kernel.md) and a loop without the entry barrier.
+// testing/sync_model.cu checks this argument as a happens-before property over the plan space, on run_call
+// itself (movement.cuh, compiled for the host); its negative controls are the pre-fix layout (regions that
+// moved with the chunk size: wrong on the first 2-GPU run, docs/kernel.md), the even-only layout (the split
+// tables ignored) and loops without one of the barriers.
 #include <cstring>
 #include <ctime>
+#include <initializer_list>
 
 #include "context.h"
 #include "lsa_env.cuh"
@@ -51,41 +56,76 @@ int itemsize_of(int dtype) {
   }
 }
 
-// Checks a call's geometry and plan and fills the rank-independent part of `p`.
-int make_problem(int world, int mode, int dtype, int64_t B, int64_t S, int64_t H, int64_t D, int ctas, int max_ctas,
-                 int64_t planes_per_chunk, int64_t rows_per_chunk, size_t window_bytes, Problem& p,
-                 int64_t& operand_bytes, int layout) {
-  const int itemsize = itemsize_of(dtype);
-  if (itemsize == 0) return set_error(FVK_ERR_INVALID, "dtype code %d is not 1 (f32), 2 (f16) or 3 (bf16)", dtype);
+namespace {
+
+// One split table of a call (null: the even one): P non-negative shares; the largest sequence share must be
+// call.S (the chunks' row extent) and the head shares must sum to call.H.
+int check_table(const char* name, const int64_t* table, int world, int64_t want, bool largest) {
+  if (!table) return FVK_OK;
+  int64_t total = 0, most = 0;
+  for (int q = 0; q < world; ++q) {
+    if (table[q] < 0)
+      return set_error(FVK_ERR_INVALID, "fvk_call.%s[%d] = %lld is negative (a share of 0 is an idle rank)", name, q,
+                       (long long)table[q]);
+    if (__builtin_add_overflow(total, table[q], &total))
+      return set_error(FVK_ERR_INVALID, "fvk_call.%s overflows a 64-bit sum", name);
+    most = table[q] > most ? table[q] : most;
+  }
+  if ((largest ? most : total) != want)
+    return set_error(FVK_ERR_INVALID, "fvk_call.%s has %s %lld, the call's %s is %lld", name,
+                     largest ? "a largest share of" : "shares summing to", (long long)(largest ? most : total),
+                     largest ? "S (the largest sequence share)" : "H (every head)", (long long)want);
+  return FVK_OK;
+}
+
+bool product_overflows(std::initializer_list<int64_t> factors) {
+  int64_t product = 1;
+  for (const int64_t f : factors)
+    if (__builtin_mul_overflow(product, f, &product)) return true;
+  return false;
+}
+
+}  // namespace
+
+// Checks a call's geometry, split tables and plan, and fills the rank-independent part of `p`.
+int make_problem(int world, const fvk_call& call, int max_ctas, size_t window_bytes, Problem& p, int layout) {
+  const int64_t B = call.B, S = call.S, H = call.H, D = call.D;
+  const int itemsize = itemsize_of(call.dtype);
+  if (itemsize == 0) return set_error(FVK_ERR_INVALID, "dtype code %d is not 1 (f32), 2 (f16) or 3 (bf16)", call.dtype);
   if (world < 1 || world > kMaxWorld)
     return set_error(FVK_ERR_INVALID, "world size %d outside 1..%d", world, kMaxWorld);
-  if (mode != 0 && mode != 1) return set_error(FVK_ERR_INVALID, "mode %d is not 0 or 1", mode);
-  if (B < 1 || S < 1 || H < 1 || D < 1 || H % world)
-    return set_error(FVK_ERR_INVALID, "geometry B=%lld S=%lld H=%lld D=%lld invalid for world size %d", (long long)B,
-                     (long long)S, (long long)H, (long long)D, world);
-  if (ctas < 1 || ctas > max_ctas) return set_error(FVK_ERR_INVALID, "ctas=%d outside 1..%d", ctas, max_ctas);
-  if (planes_per_chunk < 1 || rows_per_chunk < 1)
+  if (call.mode != 0 && call.mode != 1) return set_error(FVK_ERR_INVALID, "mode %d is not 0 or 1", call.mode);
+  if (B < 1 || S < 1 || H < 1 || D < 1 || (!call.head_split && H % world))
+    return set_error(FVK_ERR_INVALID, "geometry B=%lld S=%lld H=%lld D=%lld invalid for world size %d%s", (long long)B,
+                     (long long)S, (long long)H, (long long)D, world,
+                     call.head_split ? "" : " (no head_split table: H must divide evenly)");
+  FVK_TRY(check_table("seq_split", call.seq_split, world, S, true));
+  FVK_TRY(check_table("head_split", call.head_split, world, H, false));
+  if (call.ctas < 1 || call.ctas > max_ctas)
+    return set_error(FVK_ERR_INVALID, "ctas=%d outside 1..%d", call.ctas, max_ctas);
+  if (call.planes_per_chunk < 1 || call.rows_per_chunk < 1)
     return set_error(FVK_ERR_INVALID, "planes_per_chunk=%lld rows_per_chunk=%lld must be >= 1",
-                     (long long)planes_per_chunk, (long long)rows_per_chunk);
-  // Every product below in int64 without overflow (a wrapped product could pass the window check).
-  int64_t elements = 0, chunk_check = 0;
-  const int64_t planes = planes_per_chunk < B ? planes_per_chunk : B, rows = rows_per_chunk < S ? rows_per_chunk : S;
-  if (__builtin_mul_overflow(B, S, &elements) || __builtin_mul_overflow(elements, H, &elements) ||
-      __builtin_mul_overflow(elements, D, &elements) || __builtin_mul_overflow(elements, itemsize, &operand_bytes) ||
-      __builtin_mul_overflow(planes, rows, &chunk_check) || __builtin_mul_overflow(chunk_check, H, &chunk_check) ||
-      __builtin_mul_overflow(chunk_check, D * itemsize, &chunk_check))
+                     (long long)call.planes_per_chunk, (long long)call.rows_per_chunk);
+  // Every product below in int64 without overflow (a wrapped product could pass the window check): the whole
+  // sequence of every head bounds every rank's operands (no share exceeds S), P full chunks of every head bound
+  // the window's blocks.
+  const int64_t planes = call.planes_per_chunk < B ? call.planes_per_chunk : B,
+                chunk_rows = call.rows_per_chunk < S ? call.rows_per_chunk : S;
+  if (product_overflows({B, S, world, H, D, itemsize}) ||
+      product_overflows({planes, chunk_rows, world, H, D, itemsize}))
     return set_error(FVK_ERR_INVALID, "geometry B=%lld S=%lld H=%lld D=%lld overflows 64-bit byte counts", (long long)B,
                      (long long)S, (long long)H, (long long)D);
-  p = plan_problem(world, mode, itemsize, B, S, H, D, planes_per_chunk, rows_per_chunk, layout);
+  p = plan_problem(world, call.mode, itemsize, B, S, H, D, call.seq_split, call.head_split, call.planes_per_chunk,
+                   call.rows_per_chunk, layout);
   const int64_t chunk_bytes = window_need(p);
   if (static_cast<uint64_t>(chunk_bytes) > window_bytes)
     return set_error(FVK_ERR_INVALID, "a chunk needs %lld window bytes, the window has %zu", (long long)chunk_bytes,
                      window_bytes);
   // copy_units counts the units of one block in 32 bits (with headroom for its loop stride, so
   // below 2^31); the smallest unit is 2 bytes.
-  if (chunk_bytes / world / 2 > static_cast<int64_t>(INT32_MAX))
+  if (full_block_bytes(p) / 2 > static_cast<int64_t>(INT32_MAX))
     return set_error(FVK_ERR_INVALID, "a chunk of %lld bytes per peer exceeds the kernel's 32-bit unit index",
-                     (long long)(chunk_bytes / world));
+                     (long long)full_block_bytes(p));
   return FVK_OK;
 }
 
@@ -93,22 +133,26 @@ namespace {
 
 constexpr int kOriginalCtas = 36;
 
+// Whether two byte ranges share a byte (an empty range shares none: an idle rank's empty operand may be null).
 bool overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
   const char *pa = static_cast<const char*>(a), *pb = static_cast<const char*>(b);
-  return pa < pb + b_bytes && pb < pa + a_bytes;
+  return a_bytes > 0 && b_bytes > 0 && pa < pb + b_bytes && pb < pa + a_bytes;
 }
 
 // ---------------------------------------------------------------------------------- the fused kernel (SM kind)
 
+// __grid_constant__: the kernels index the split tables with a peer number, and a grid constant is addressed in
+// place (no per-thread copy of the Problem).
 template <typename V>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
-    fused_a2a_kernel(Problem p, ncclWindow_t window, ncclDevComm dev_comm) {
+    fused_a2a_kernel(const __grid_constant__ Problem p, ncclWindow_t window, ncclDevComm dev_comm) {
   run_on_lsa<V, LsaEnv>(p, window, dev_comm);
 }
 
 // ---------------------------------------------------------------------------------- the copy-engine plan kind
 
-// ce_plan.h has the schedule; these are its device pieces. The transfer itself is cudaMemcpy2DAsync.
+// ce_plan.h has the schedule; these are its device pieces (their bodies are movement.cuh's). The transfer itself
+// is cudaMemcpy2DAsync.
 
 // A barrier of the copy-engine schedule: one CTA on LSA barrier slot kCeBarrierSlot. Stream order
 // makes this rank's earlier copies (engine or kernel) complete before it arrives; the system-scope
@@ -121,36 +165,19 @@ __global__ void ce_barrier_kernel(ncclDevComm dev_comm) {
   barrier.sync(coop, cuda::memory_order_acq_rel);
 }
 
-// This CTA's share (of gridDim.x) of one block of chunk c: units [u0, u1).
-template <typename V>
-__device__ inline void grid_share(const Problem& p, const Chunk& c, uint32_t& u0, uint32_t& u1) {
-  const Span mine = split(block_bytes(p, c) / static_cast<int64_t>(sizeof(V)), gridDim.x, blockIdx.x);
-  u0 = static_cast<uint32_t>(mine.start);
-  u1 = static_cast<uint32_t>(mine.start + mine.size);
-}
-
 // Chunk `ci` of the own block, input -> output (it never crosses the fabric).
 template <typename V>
-__global__ void __launch_bounds__(kThreads) ce_local_kernel(Problem p, int64_t ci) {
-  const Chunk c = chunk_at(p, ci);
-  const bool in_head_split = p.mode == 0;
-  uint32_t u0, u1;
-  grid_share<V>(p, c, u0, u1);
-  copy_units<V>(tensor_rows<V>(p, c, const_cast<char*>(p.x), p.rank, in_head_split),
-                tensor_rows<V>(p, c, p.out, p.rank, !in_head_split), u0, u1, NoHook{});
+__global__ void __launch_bounds__(kThreads) ce_local_kernel(const __grid_constant__ Problem p, int64_t ci) {
+  OnDevice env;
+  ce_own_chunk<V>(p, ci, blockIdx.x, gridDim.x, env);
 }
 
 // Chunk `ci`: every peer's block from buffer ci % 2 of this rank's window into the output.
 template <typename V>
-__global__ void __launch_bounds__(kThreads) ce_copy_out_kernel(Problem p, int64_t ci, const char* window) {
-  const Chunk c = chunk_at(p, ci);
-  uint32_t u0, u1;
-  grid_share<V>(p, c, u0, u1);
-  for (int src = 0; src < p.world; ++src) {
-    if (src == p.rank) continue;
-    const WindowRun<V> from{const_cast<char*>(window) + ce_block_offset(p, static_cast<int>(ci % 2), src), 0};
-    copy_units<V>(from, tensor_rows<V>(p, c, p.out, src, p.mode == 1), u0, u1, NoHook{});
-  }
+__global__ void __launch_bounds__(kThreads)
+    ce_copy_out_kernel(const __grid_constant__ Problem p, int64_t ci, char* window) {
+  OnDevice env;
+  ce_copy_out_chunk<V>(p, ci, window, blockIdx.x, gridDim.x, env);
 }
 
 template <typename V>
@@ -291,12 +318,14 @@ int check_copy_stream(const fvk_ctx* ctx, cudaStream_t s, bool capture) {
 }
 
 // This rank's operands into `p`, and the widest vector every pointer allows. It fails on one rank alone
-// (local pointers), after every rank agreed to run the call: the callers poison the context then.
-int bind_operands(const fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const void* x, void* out, int& vec) {
-  if (!x || !out) return set_error(FVK_ERR_INVALID, "null input or output");
-  if (overlaps(out, operand_bytes, ctx->buffer, ctx->bytes) || overlaps(x, operand_bytes, ctx->buffer, ctx->bytes))
+// (local pointers), after every rank agreed to run the call: the callers poison the context then. An empty
+// operand (an idle rank's share of 0) may be null: nothing reads or writes it.
+int bind_operands(const fvk_ctx* ctx, Problem& p, const void* x, void* out, int& vec) {
+  const int64_t in_bytes = input_bytes(p, ctx->rank), out_bytes = output_bytes(p, ctx->rank);
+  if ((!x && in_bytes) || (!out && out_bytes)) return set_error(FVK_ERR_INVALID, "null input or output");
+  if (overlaps(out, out_bytes, ctx->buffer, ctx->bytes) || overlaps(x, in_bytes, ctx->buffer, ctx->bytes))
     return set_error(FVK_ERR_INVALID, "input or output aliases the communication window");
-  if (overlaps(out, operand_bytes, x, operand_bytes)) return set_error(FVK_ERR_INVALID, "output aliases the input");
+  if (overlaps(out, out_bytes, x, in_bytes)) return set_error(FVK_ERR_INVALID, "output aliases the input");
   p.x = static_cast<const char*>(x);
   p.out = static_cast<char*>(out);
   p.rank = ctx->rank;
@@ -319,15 +348,15 @@ int enqueue_fused(const fvk_ctx& ctx, const Problem& p, int vec, int ctas, cudaS
 
 // The part of an SM-kind launch that can fail on one rank alone (local pointers, the device, CUDA errors):
 // its peers, which passed the same vote, may already be waiting at its barriers.
-int sm_local(fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const void* x, void* out, const fvk_call& call,
-             const SmVariant* variant, cudaStream_t s) {
+int sm_local(fvk_ctx* ctx, Problem& p, const void* x, void* out, const fvk_call& call, const SmVariant* variant,
+             cudaStream_t s) {
   // Spinning CTAs wait for the same CTA index on peers: a CTA that cannot become resident while
   // others spin would deadlock every rank, so refuse such launches instead.
   if (call.ctas > ctx->coresident)
     return set_error(FVK_ERR_NOT_CORESIDENT, "ctas=%d exceeds the %d CTAs this device can hold at once", call.ctas,
                      ctx->coresident);
   int vec = 0;
-  FVK_TRY(bind_operands(ctx, p, operand_bytes, x, out, vec));
+  FVK_TRY(bind_operands(ctx, p, x, out, vec));
   DeviceGuard guard;
   FVK_TRY(guard.set(ctx->device));
   const bool capture = call.flags & FVK_CALL_CAPTURE;
@@ -353,18 +382,15 @@ int launch_sm(fvk_ctx* ctx, const fvk_call& call, const void* x, void* out, cuda
   FVK_TRY(check_context(ctx, false));
   if (call.flags & FVK_CALL_CAPTURE) FVK_TRY(require_capture(s, "a captured launch (FVK_CALL_CAPTURE)"));
   Problem p;
-  int64_t operand_bytes = 0;
-  FVK_TRY(make_problem(ctx->nranks, call.mode, call.dtype, call.B, call.S, call.H, call.D, call.ctas, kMaxCtas,
-                       call.planes_per_chunk, call.rows_per_chunk, ctx->bytes, p, operand_bytes,
-                       variant ? variant->layout(call) : kStatic));
+  FVK_TRY(make_problem(ctx->nranks, call, kMaxCtas, ctx->bytes, p, variant ? variant->layout(call) : kStatic));
   if (variant) FVK_TRY(variant->check(*ctx, p, call));
-  const int rc = sm_local(ctx, p, operand_bytes, x, out, call, variant, s);
+  const int rc = sm_local(ctx, p, x, out, call, variant, s);
   if (rc != FVK_OK) ctx->poisoned = "a fused launch that failed on this rank after every rank agreed to run it";
   return rc;
 }
 
 template <typename V>
-cudaError_t launch_ce_kernel(int kind, int ctas, cudaStream_t s, const Problem& p, int64_t chunk, const char* window) {
+cudaError_t launch_ce_kernel(int kind, int ctas, cudaStream_t s, const Problem& p, int64_t chunk, char* window) {
   if (kind == kCeLocal)
     ce_local_kernel<V><<<ctas, kThreads, 0, s>>>(p, chunk);
   else
@@ -373,7 +399,7 @@ cudaError_t launch_ce_kernel(int kind, int ctas, cudaStream_t s, const Problem& 
 }
 
 cudaError_t launch_ce_kernel(int vec, int kind, int ctas, cudaStream_t s, const Problem& p, int64_t chunk,
-                             const char* window) {
+                             char* window) {
   switch (vec) {
     case 16: return launch_ce_kernel<uint4>(kind, ctas, s, p, chunk, window);
     case 8: return launch_ce_kernel<uint2>(kind, ctas, s, p, chunk, window);
@@ -402,10 +428,9 @@ cudaError_t ce_push(const fvk_ctx* ctx, const Problem& p, int64_t ci, cudaStream
 // become edges of the graph (a record inside a capture is no event-record node), and the call is ordered
 // against eager calls and other replays by order_call and finish_call's external event nodes, as the fused
 // kernel's captured launch is.
-int ce_local(fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const void* x, void* out, int ctas, cudaStream_t s,
-             bool capture) {
+int ce_local(fvk_ctx* ctx, Problem& p, const void* x, void* out, int ctas, cudaStream_t s, bool capture) {
   int vec = 0;
-  FVK_TRY(bind_operands(ctx, p, operand_bytes, x, out, vec));
+  FVK_TRY(bind_operands(ctx, p, x, out, vec));
   DeviceGuard guard;
   FVK_TRY(guard.set(ctx->device));
   unsigned long long capture_id = 0;
@@ -438,7 +463,7 @@ int ce_local(fvk_ctx* ctx, Problem& p, int64_t operand_bytes, const void* x, voi
       case kCeLocal:
       case kCeCopyOut:
         what = op.kind == kCeLocal ? "copy-engine call: own-block launch" : "copy-engine call: copy-out launch";
-        e = launch_ce_kernel(vec, op.kind, ctas, on, p, op.chunk, static_cast<const char*>(ctx->buffer));
+        e = launch_ce_kernel(vec, op.kind, ctas, on, p, op.chunk, static_cast<char*>(ctx->buffer));
         break;
     }
   });
@@ -466,11 +491,9 @@ int launch_ce(fvk_ctx* ctx, const fvk_call& call, const void* x, void* out, cuda
     FVK_TRY(refuse_capture(s, "an eager copy-engine call (capture it with FVK_CALL_CAPTURE)"));
   FVK_TRY(check_copy_stream(ctx, s, capture));
   Problem p;
-  int64_t operand_bytes = 0;
   // Two buffers: each chunk must fit half the window.
-  FVK_TRY(make_problem(ctx->nranks, call.mode, call.dtype, call.B, call.S, call.H, call.D, call.ctas, kMaxCtas,
-                       call.planes_per_chunk, call.rows_per_chunk, ctx->bytes / 2, p, operand_bytes, kStatic));
-  const int rc = ce_local(ctx, p, operand_bytes, x, out, call.ctas, s, capture);
+  FVK_TRY(make_problem(ctx->nranks, call, kMaxCtas, ctx->bytes / 2, p, kStatic));
+  const int rc = ce_local(ctx, p, x, out, call.ctas, s, capture);
   if (rc != FVK_OK) ctx->poisoned = "a copy-engine call that failed on this rank after every rank agreed to run it";
   return rc;
 }
@@ -506,11 +529,6 @@ int read_call(const fvk_call* in, fvk_call& call) {
   if ((call.flags & FVK_CALL_DEBUG) && (call.kind != FVK_KIND_SM || (call.flags & FVK_CALL_CAPTURE)))
     return set_error(FVK_ERR_INVALID, "FVK_CALL_DEBUG is an eager SM-kind launch (kind %d, flags 0x%x)", call.kind,
                      call.flags);
-  if (call.seq_split || call.head_split)
-    return set_error(FVK_ERR_INVALID,
-                     "uneven splits (fvk_call.seq_split, head_split) are not supported by this library (ABI %d): "
-                     "pass null tables",
-                     FVK_ABI_VERSION);
   return FVK_OK;
 }
 

@@ -10,13 +10,15 @@
  * (thread-local, valid until the next call on the same thread) naming the failing CUDA/NCCL call,
  * its code and its text. Nothing here aborts the process.
  *
- * Geometry is passed in the project's mode-independent terms (fastvideo/distributed/ulysses/policy.py):
- *   mode 0: input [B, S, H, D]   -> output [B, P*S, H/P, D]   (scatter heads, gather sequence)
- *   mode 1: input [B, P*S, H/P, D] -> output [B, S, H, D]     (the inverse)
- *   S = S_local (rows per rank), H = global head count, P = world size of the communicator.
+ * Geometry is passed in the project's mode-independent terms (fastvideo/distributed/ulysses/policy.py), with
+ * every rank's shares (fvk_call's split tables; null = even):
+ *   mode 0: rank r's input [B, seq[r], H, D] -> output [B, sum(seq), heads[r], D]   (scatter heads, gather sequence)
+ *   mode 1: rank r's input [B, sum(seq), heads[r], D] -> output [B, seq[r], H, D]   (the inverse)
+ *   S = the largest sequence share (S_local when even: every seq[r] = S), H = the global head count (sum(heads);
+ *   heads[r] = H / P when even), P = world size of the communicator. A share may be 0 (an idle rank).
  * dtype codes are the contract's wire codes: 1 = float32, 2 = float16, 3 = bfloat16.
- * A plan is (kind, ctas, planes_per_chunk, rows_per_chunk); chunks run planes-major, then S_local row
- * ranges taken from every peer's block (policy.Plan.chunks).
+ * A plan is (kind, ctas, planes_per_chunk, rows_per_chunk); chunks run planes-major, then row ranges of
+ * [0, S) taken from every peer's share (a shorter share contributes fewer rows; policy.Plan.chunks).
  *
  * Construction is split into the steps the helper votes between. Local: fvk_create,
  * fvk_window_alloc. Collective over the communicator's ranks, entered by every rank in the same
@@ -37,8 +39,9 @@ extern "C" {
    4: one launch entry, fvk_launch, taking a call description (fvk_call) for every plan kind and flag, and
       the voted form (fvk_vote); it replaces fvk_a2a_tuned, _ce, _captured, _ce_captured, _debug and
       fvk_voted_launch. The simulated ranks, the epoch-checked launch, the host checks and the fabric copy
-      moved to the test library. fvk_a2a_original stays (older callers). */
-#define FVK_ABI_VERSION 4
+      moved to the test library. fvk_a2a_original stays (older callers).
+   5: uneven sequence and head splits: fvk_call's split tables (refused as non-null by ABI 4), both plan kinds. */
+#define FVK_ABI_VERSION 5
 
 /* The library is built with -fvisibility=hidden: only these functions are exported. */
 #define FVK_API __attribute__((visibility("default")))
@@ -115,8 +118,9 @@ typedef struct fvk_call {
   int32_t ctas;   /* 1..fvk_max_ctas() */
   int64_t B, S, H, D;
   int64_t planes_per_chunk, rows_per_chunk; /* clamped to B and S */
-  /* Uneven splits, for what comes next: P int64 each, every rank's S_local and every rank's head count
-     (null = even: S and H / P). ABI 4 supports even splits only and refuses non-null tables. */
+  /* The split tables (ABI 5; ABI 4 refuses non-null ones): P int64 each, every rank's sequence rows and every
+     rank's head count, the same on every rank (null = even: S rows and H / P heads each). Shares are >= 0;
+     seq_split's largest must be S, head_split's sum H. Read when the call is launched (a capture freezes them). */
   const int64_t* seq_split;
   const int64_t* head_split;
   /* FVK_CALL_DEBUG: device memory of 5 uint64 zeroed by the caller, the epoch checker's report. */
@@ -141,7 +145,7 @@ typedef struct fvk_vote {
 
 /* Enqueues one call on `stream` (a cudaStream_t) and returns. Collective: every rank launches the same
    calls in the same order (the per-call vote guarantees it). x and out are this rank's operands; out
-   never aliases x or the window.
+   never aliases x or the window; an empty one (an idle rank's share of 0) may be null.
    Checks of the call description and of agreed values (geometry, plan, window) fail alike on every rank
    and leave the context usable; a failure after them (local pointers, co-residency, a CUDA error) poisons
    the context (every later launch returns FVK_ERR_STATE): its peers may be waiting at its barriers.

@@ -49,6 +49,7 @@ __all__ = [
     "STAGE_NOT_LAUNCHED",
     "STAGE_REFUSED",
     "TUNED",
+    "UNEVEN",
     "VOTE",
     "VOTED",
     "VOTE_SYMBOLS",
@@ -64,6 +65,7 @@ __all__ = [
     "nccl_version_tuple",
     "open_library",
     "probe",
+    "split_table",
 ]
 
 LIBRARY_NAME = "libfastvideo_ulysses_a2a.so"
@@ -76,12 +78,13 @@ TUNED = "tuned"  # SM plans of any CTA count and chunking
 CE = "ce"  # the copy-engine plan kind
 CAPTURE = "capture"  # SM plans captured into a CUDA graph
 CE_CAPTURE = "ce_capture"  # copy-engine plans captured into a CUDA graph
+UNEVEN = "uneven"  # uneven sequence and head splits (fvk_call's split tables), both plan kinds
 LAUNCH = "launch"  # the one launch entry, fvk_launch, with its call description (fvk_call)
 VOTE = "vote"  # the same-host shared-memory vote (fvk_vote_*)
 VOTED = "voted"  # the vote and the launch in one call (fvk_launch with an fvk_vote)
 RELAX_CAPTURE = "relax_capture"  # fvk_relax_capture_mode, for the helper's watchdog thread
 
-ABI_VERSION = 4  # the newest ABI this loader knows (ulysses_a2a.h's FVK_ABI_VERSION)
+ABI_VERSION = 5  # the newest ABI this loader knows (ulysses_a2a.h's FVK_ABI_VERSION)
 # ABI 1 (before 2026-11-29) laid chunks out in the window at the current chunk's stride: wrong data whenever a
 # plan's chunks differ in size (found on 2x H200). Such a build must never run.
 OLDEST_ABI = 2
@@ -92,6 +95,7 @@ OFFERINGS: dict[int, frozenset[str]] = {
     2: frozenset({ORIGINAL, VOTE}),
     3: frozenset({ORIGINAL, VOTE, RELAX_CAPTURE}),
     4: frozenset({ORIGINAL, TUNED, CE, CAPTURE, CE_CAPTURE, LAUNCH, VOTE, VOTED, RELAX_CAPTURE}),
+    5: frozenset({ORIGINAL, TUNED, CE, CAPTURE, CE_CAPTURE, UNEVEN, LAUNCH, VOTE, VOTED, RELAX_CAPTURE}),
 }
 # The functions every supported build exports (identity, topology, construction, teardown), and those each
 # offering needs on top.
@@ -106,6 +110,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     CE: ("fvk_launch",),
     CAPTURE: ("fvk_launch",),
     CE_CAPTURE: ("fvk_launch",),
+    UNEVEN: ("fvk_launch",),
     LAUNCH: ("fvk_launch",),
     VOTE: VOTE_SYMBOLS,
     VOTED: ("fvk_launch", "fvk_vote_would_run", *VOTE_SYMBOLS),
@@ -123,13 +128,21 @@ _INT_P = ctypes.POINTER(ctypes.c_int)
 
 
 class Call(ctypes.Structure):
-    """``fvk_call``: one call's description (plan kind, flags, geometry, plan), built once per signature."""
+    """``fvk_call``: one call's description (plan kind, flags, geometry, split tables, plan), built once per
+    signature. ``seq_split`` / ``head_split`` hold the addresses of ``split_table`` arrays (None: even); the
+    caller keeps those arrays alive while the description is used."""
 
     _fields_ = [("size", ctypes.c_uint32), ("flags", ctypes.c_uint32), ("kind", ctypes.c_int32),
                 ("mode", ctypes.c_int32), ("dtype", ctypes.c_int32), ("ctas", ctypes.c_int32),
                 ("B", _I64), ("S", _I64), ("H", _I64), ("D", _I64),
                 ("planes_per_chunk", _I64), ("rows_per_chunk", _I64),
                 ("seq_split", _VOIDP), ("head_split", _VOIDP), ("debug_report", _VOIDP)]
+
+
+def split_table(shares) -> ctypes.Array | None:
+    """``shares`` (one int per rank) as an ``fvk_call`` split table (``int64_t[P]``), or None for None (the even
+    split). Pass ``ctypes.addressof`` of it in the description, and keep it alive as long as the description."""
+    return None if shares is None else (ctypes.c_int64 * len(shares))(*shares)
 
 
 class Vote(ctypes.Structure):

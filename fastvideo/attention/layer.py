@@ -1,13 +1,14 @@
 """Upstream FastVideo's attention layers, over this package's Ulysses all-to-all.
 
-``DistributedAttention`` takes q, k, v as each SP rank's sequence shard ``[B, S/P, H, D]`` (S padded to a
-multiple of P), packs them on the batch dim into ONE all-to-all (``[3B, S/P, H, D] -> [3B, S, H/P, D]``), trims
-the padding (``original_seq_len``), applies the rotary embedding to q and k over the whole sequence
-(``freqs_cis``), appends this rank's heads of the replicated tokens (text tokens, identical on every rank) to
-the sequence, attends, all-gathers the replicated tokens' output over the heads, pads the sequence back and
-returns it with a second all-to-all. Attention is flash-attn where installed and applicable (bf16/fp16 on
-CUDA), SDPA otherwise; the all-to-alls are the public op, so ``FASTVIDEO_ULYSSES_A2A=auto`` takes the fused
-route underneath.
+``DistributedAttention`` takes q, k, v as each SP rank's sequence shard ``[B, S/P, H, D]`` (S padded to a multiple
+of P, or with ``seq_splits`` every rank's own share of the unpadded sequence), packs them on the batch dim into ONE
+all-to-all (``[3B, S/P, H, D] -> [3B, S, H/P, D]``), trims the padding (``original_seq_len``), applies the rotary
+embedding to q and k over the whole sequence (``freqs_cis``), appends this rank's heads of the replicated tokens
+(text tokens, identical on every rank) to the sequence, attends, all-gathers the replicated tokens' output over the
+heads, pads the sequence back and returns it with a second all-to-all. Where P does not divide the heads, the
+all-to-alls split them as evenly as they go (``balanced_splits``) and the replicated tokens' all-gather follows the
+same table: no head padding. Attention is flash-attn where installed and applicable (bf16/fp16 on CUDA), SDPA
+otherwise; the all-to-alls are the public op, so ``FASTVIDEO_ULYSSES_A2A=auto`` takes the fused route underneath.
 
 Upstream wraps ``forward`` in ``torch.compiler.disable``; here it traces whole: ``torch.compile(...,
 fullgraph=True)`` works (the all-to-all is one opaque ``torch.library`` op, the all-gather torch's functional
@@ -30,6 +31,7 @@ from fastvideo.distributed.communication_op import (
     sequence_model_parallel_all_to_all_4D,
 )
 from fastvideo.distributed.parallel_state import get_sp_parallel_rank, get_sp_world_size
+from fastvideo.distributed.ulysses.layout import balanced_splits, shares
 from fastvideo.layers.attention import attention, attention_backend
 from fastvideo.layers.rotary_embedding import apply_rotary_emb
 
@@ -80,7 +82,7 @@ class _Attention(nn.Module):
                          deterministic=self.deterministic)
 
 
-AllToAll = Callable[[torch.Tensor, int, int, str], torch.Tensor]
+AllToAll = Callable[..., torch.Tensor]  # (x, scatter_dim, gather_dim, name, **the public op's keywords)
 ROLES = ("qkv", "out")  # the two all-to-alls of one forward: the packed Q, K, V in, the attention output back
 
 
@@ -92,8 +94,9 @@ def call_tags(prefix: str) -> dict[str, str | None]:
 
 
 def _public_all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, name: str, *,
-                       tags: dict[str, str | None]) -> torch.Tensor:
-    return sequence_model_parallel_all_to_all_4D(x, scatter_dim=scatter_dim, gather_dim=gather_dim, tag=tags[name])
+                       tags: dict[str, str | None], **kwargs: Any) -> torch.Tensor:
+    return sequence_model_parallel_all_to_all_4D(x, scatter_dim=scatter_dim, gather_dim=gather_dim, tag=tags[name],
+                                                 **kwargs)
 
 
 class DistributedAttention(_Attention):
@@ -101,8 +104,10 @@ class DistributedAttention(_Attention):
     group; it does not block the host except for the all-to-all's vote (``auto``, checked mode).
 
     Two keyword-only arguments of this package, not upstream's, for benchmarks: ``all_to_all(x, scatter_dim,
-    gather_dim, name)`` replaces the public op (``name``: ``"qkv"`` for the packed Q, K, V, ``"out"`` for the
-    attention output), ``attend(q, k, v)`` the attention (e.g. a block-sparse one); both default to the package's.
+    gather_dim, name, **kwargs)`` replaces the public op (``name``: ``"qkv"`` for the packed Q, K, V, ``"out"`` for
+    the attention output; ``kwargs``: the public op's keywords, ``seq_splits`` and ``head_splits``, passed only
+    where the call is uneven; the override tags its calls itself), ``attend(q, k, v)`` the attention (e.g. a
+    block-sparse one); both default to the package's.
 
     ``prefix`` (upstream's: the layer's name in the model, e.g. ``"blocks.3.attn"``) tags the two all-to-alls
     ``f"{prefix}.qkv"`` and ``f"{prefix}.out"`` (``tags``, fixed at construction): wherever the call votes (the
@@ -139,6 +144,8 @@ class DistributedAttention(_Attention):
         replicated_k: torch.Tensor | None = None,
         replicated_v: torch.Tensor | None = None,
         freqs_cis: tuple[torch.Tensor, torch.Tensor] | None = None,
+        *,
+        seq_splits: Sequence[int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(out, replicated_out)``: ``out`` ``[B, S/P, H, D]``, this rank's shard (padded rows zero);
         ``replicated_out`` ``[B, T, H, D]`` on every rank, or None.
@@ -147,35 +154,52 @@ class DistributedAttention(_Attention):
         sequence length S0 <= S (None: no padding). ``replicated_q/k/v``: ``[B, T, H, D]``, the same on every
         rank, attended jointly with the sequence (both directions). ``freqs_cis``: ``(cos, sin)``, each
         ``[S0, D/2]`` (or ``[S0, D]``), applied to q and k (not to the replicated tokens), as upstream does.
+        ``seq_splits`` (keyword-only, this package's; the same on every rank): every rank's rows of the unpadded
+        sequence (``sequence_model_parallel_shard(..., seq_splits=)``'s table): q, k, v and ``out`` are then
+        ``[B, seq_splits[rank], H, D]`` and there is no padding (``original_seq_len`` None or the sum).
         Differentiable: ``replicated_out``'s gradient is summed over the SP ranks (its all-gather's backward), so a
         loss on it counts once per rank; each rank's ``replicated_*`` gradient covers its own heads.
         """
         self._check(q, k, v, replicated_q, replicated_k, replicated_v)
         b = q.shape[0]
         p, rank = get_sp_world_size(), get_sp_parallel_rank()
-        qkv = self.all_to_all(torch.cat([q, k, v], dim=0), 2, 1, "qkv")
+        # Heads the SP size does not divide are split as evenly as they go; the op's keywords only where uneven,
+        # so an even call (and an all_to_all override that takes none) is as before.
+        heads = (self.num_heads // p,) * p if self.num_heads % p == 0 else balanced_splits(self.num_heads, p)
+        uneven = {}
+        if seq_splits is not None:
+            uneven["seq_splits"] = shares("DistributedAttention", "seq_splits", seq_splits, p)
+            total = sum(uneven["seq_splits"])
+            if original_seq_len not in (None, total):
+                raise ValueError(f"DistributedAttention: original_seq_len={original_seq_len} with seq_splits "
+                                 f"(summing to {total}): uneven shards carry no padding; pass original_seq_len=None.")
+        if self.num_heads % p:
+            uneven["head_splits"] = heads
+        qkv = self.all_to_all(torch.cat([q, k, v], dim=0), 2, 1, "qkv", **uneven)
         full = qkv.shape[1]
         seq = original_seq_len or full
         if not 0 < seq <= full:
             raise ValueError(f"DistributedAttention: original_seq_len={original_seq_len} must be in 1..{full} (the "
                              f"padded sequence: {p} ranks x {q.shape[1]} rows).")
-        qkv = qkv[:, :seq]
+        qkv = qkv[:, :seq] if seq < full else qkv
         if freqs_cis is not None:
             cos, sin = freqs_cis
             qkv = torch.cat([apply_rotary_emb(qkv[: 2 * b], cos, sin, is_neox_style=False), qkv[2 * b:]], dim=0)
         replicated = replicated_q is not None
         if replicated:
-            heads = self.num_heads // p
-            mine = torch.cat([replicated_q, replicated_k, replicated_v], dim=0)[:, :, rank * heads:(rank + 1) * heads]
+            first = sum(heads[:rank])
+            mine = torch.cat([replicated_q, replicated_k, replicated_v], dim=0)[:, :, first:first + heads[rank]]
             qkv = torch.cat([qkv, mine], dim=1)
         q_, k_, v_ = qkv.chunk(3, dim=0)
         out = self._attend(q_, k_, v_) if self.attend is None else self.attend(q_, k_, v_)  # [B, S0 (+ T), H/P, D]
         replicated_out = None
         if replicated:
-            replicated_out = sequence_model_parallel_all_gather(out[:, seq:].contiguous(), dim=2)
+            replicated_out = sequence_model_parallel_all_gather(out[:, seq:].contiguous(), dim=2,
+                                                                splits=uneven.get("head_splits"))
             out = out[:, :seq]
-        out = F.pad(out, (0, 0, 0, 0, 0, full - seq))
-        return self.all_to_all(out.contiguous(), 1, 2, "out"), replicated_out
+        if seq < full:
+            out = F.pad(out, (0, 0, 0, 0, 0, full - seq))
+        return self.all_to_all(out.contiguous(), 1, 2, "out", **uneven), replicated_out
 
     def _check(self, q, k, v, rq, rk, rv) -> None:
         for name, t in (("q", q), ("k", k), ("v", v)):

@@ -39,6 +39,7 @@ from fastvideo.distributed.ulysses.layout import (
     mode_for_dims,
     output_shape,
     reference_all_to_all,
+    shares,
     validate_input,
 )
 from fastvideo.distributed.ulysses.nccl import nccl_route
@@ -117,28 +118,54 @@ __all__ += [
 ]
 
 
-def sequence_model_parallel_all_gather(input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
+def sequence_model_parallel_all_gather(input_: torch.Tensor, dim: int = -1, *,
+                                       splits: Sequence[int] | None = None) -> torch.Tensor:
     """Every SP rank's ``input_`` concatenated along ``dim``. Collective; does not block the host; traceable by
     ``torch.compile`` (torch's functional all-gather). Differentiable: each rank's gradient is the sum over SP
-    ranks of the output gradient's slice it contributed (a reduce-scatter). SP size 1 returns ``input_``."""
-    return get_sp_group().all_gather(input_, dim)
+    ranks of the output gradient's slice it contributed (a reduce-scatter). SP size 1 returns ``input_``.
+
+    ``splits`` (keyword-only, this package's; the same on every rank): every rank's rows along ``dim`` where they
+    differ, e.g. the ``seq_splits`` of ``sequence_model_parallel_shard``; None: every rank has as many."""
+    sp = get_sp_group()
+    if splits is not None:
+        table = shares("sequence_model_parallel_all_gather", "splits", splits, sp.world_size)
+        rows = input_.shape[dim]
+        if table[sp.rank_in_group] != rows:
+            raise ValueError(f"sequence_model_parallel_all_gather: splits[{sp.rank_in_group}] = "
+                             f"{table[sp.rank_in_group]} but this rank's input has {rows} rows along dim {dim}; "
+                             "pass every rank's own row count, the same table on every rank.")
+    return sp.all_gather(input_, dim, splits=splits)
 
 
-def sequence_model_parallel_all_gather_with_unpad(input_: torch.Tensor, original_seq_len: int,
-                                                  dim: int = -1) -> torch.Tensor:
+def sequence_model_parallel_all_gather_with_unpad(input_: torch.Tensor, original_seq_len: int, dim: int = -1, *,
+                                                  seq_splits: Sequence[int] | None = None) -> torch.Tensor:
     """``sequence_model_parallel_all_gather``, then the first ``original_seq_len`` rows of ``dim``: undoes
-    ``sequence_model_parallel_shard``'s padding. Collective; differentiable."""
+    ``sequence_model_parallel_shard``'s padding. With ``seq_splits`` (the shard's uneven table, keyword-only)
+    there was no padding: the shares are gathered as they are, and ``original_seq_len`` must be their sum.
+    Collective; differentiable."""
+    if seq_splits is not None:
+        shares("sequence_model_parallel_all_gather_with_unpad", "seq_splits", seq_splits, get_sp_group().world_size,
+                original_seq_len)
+        return sequence_model_parallel_all_gather(input_, dim, splits=seq_splits)
     gathered = get_sp_group().all_gather(input_, dim)
     return _utils.unpad_sequence_tensor(gathered, original_seq_len, seq_dim=dim)
 
 
-def sequence_model_parallel_shard(input_: torch.Tensor, dim: int = 1) -> tuple[torch.Tensor, int]:
+def sequence_model_parallel_shard(input_: torch.Tensor, dim: int = 1, *,
+                                  seq_splits: Sequence[int] | None = None) -> tuple[torch.Tensor, int]:
     """``(this rank's shard, original length)``: ``input_`` (the same on every SP rank) padded with zeros along
     ``dim`` to a multiple of the SP size, and this rank's contiguous chunk of it. Local in the forward; the
     backward all-gathers every rank's gradient and divides it by the SP size (upstream's ``scale_grad=True``),
-    so it is collective. SP size 1: ``(input_, its length)``."""
+    so it is collective. SP size 1: ``(input_, its length)``.
+
+    ``seq_splits`` (keyword-only, this package's; the same on every rank): every rank's rows, summing to the
+    length (``balanced_splits(length, P)`` cuts it as evenly as it goes): no padding, rank ``r`` gets rows
+    ``sum(seq_splits[:r])`` on; pass the same table to the all-to-all and the all-gather after it."""
     sp = get_sp_group()
     original = input_.shape[dim]
+    if seq_splits is not None:
+        table = shares("sequence_model_parallel_shard", "seq_splits", seq_splits, sp.world_size, original)
+        return sp.shard(input_, dim, scale_grad=True, splits=table), original
     padded, padding = _utils.compute_padding_for_sp(original, sp.world_size)
     if padding:
         input_ = _utils.pad_sequence_tensor(input_, padded, seq_dim=dim)

@@ -30,7 +30,7 @@ import contextlib
 import datetime
 import gc
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,13 +112,20 @@ class GroupCoordinator:
                                                         self.unique_name)
         return self._communicator
 
-    def all_gather(self, input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        """Collective: every rank's ``input_`` concatenated along ``dim``; differentiable. Size 1: ``input_``."""
-        return input_ if self.world_size == 1 else self.device_communicator.all_gather(input_, dim)
+    def all_gather(self, input_: torch.Tensor, dim: int = -1, *, splits: Sequence[int] | None = None) -> torch.Tensor:
+        """Collective: every rank's ``input_`` concatenated along ``dim`` (``splits``: every rank's rows where they
+        differ, the same on every rank); differentiable. Size 1: ``input_``."""
+        if self.world_size == 1:
+            return input_
+        return self.device_communicator.all_gather(input_, dim, splits=splits)
 
-    def shard(self, input_: torch.Tensor, dim: int = -1, *, scale_grad: bool) -> torch.Tensor:
-        """This rank's chunk along ``dim``; the backward all-gathers (collective). Size 1: ``input_``."""
-        return input_ if self.world_size == 1 else self.device_communicator.slice(input_, dim, scale_grad=scale_grad)
+    def shard(self, input_: torch.Tensor, dim: int = -1, *, scale_grad: bool,
+              splits: Sequence[int] | None = None) -> torch.Tensor:
+        """This rank's chunk along ``dim`` (``splits``: every rank's rows, the same on every rank; None: equal
+        chunks); the backward all-gathers (collective). Size 1: ``input_``."""
+        if self.world_size == 1:
+            return input_
+        return self.device_communicator.slice(input_, dim, scale_grad=scale_grad, splits=splits)
 
     def all_reduce(self, input_: torch.Tensor, op: dist.ReduceOp | None = dist.ReduceOp.SUM) -> torch.Tensor:
         """Collective, out of place; differentiable for SUM. Size 1: ``input_``."""

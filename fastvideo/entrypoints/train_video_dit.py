@@ -99,7 +99,7 @@ def train(args) -> int:
     try:
         torch.manual_seed(args.seed)  # the same initial weights on every rank before sharding
         with torch.device(device):
-            model = VideoDiT(cfg)
+            model = VideoDiT(cfg, seq_shard=args.seq_shard)
         if device.type == "cuda":
             # Runs on both routes must give the same losses: flash-attn's default backward accumulates with atomics.
             for block in model.blocks:
@@ -153,8 +153,9 @@ def train(args) -> int:
         if rank0:
             run = {
                 "route": route, "long_training": long_training, "config": args.config or name,
-                "model": cfg.to_dict(), "world_size": world.world_size, "sp_size": sp.world_size,
-                "dp_size": dp.world_size, "device": device.type, "backend": dist.get_backend(),
+                "model": cfg.to_dict(), "seq_shard": args.seq_shard, "world_size": world.world_size,
+                "sp_size": sp.world_size, "dp_size": dp.world_size, "device": device.type,
+                "backend": dist.get_backend(),
                 "attention": attention_backend(torch.empty(1, device=device,
                                                            dtype=torch.bfloat16 if device.type == "cuda" else None)),
                 "torch": torch.__version__, "steps": records, "checkpoints": checkpoints,
@@ -281,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--warmup-steps", type=int, default=5)
     t.add_argument("--clip", type=float, default=1.0, help="gradient norm clip")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seq-shard", choices=("uneven", "pad"), default="uneven",
+                   help="video tokens the SP size does not divide: uneven shares, no padding (default), or padded")
     t.add_argument("--ckpt-every", type=int, help="checkpoint every N steps (default: half the steps) and at the end")
     t.add_argument("--resume", help="a checkpoint to continue from (its step is the last one done)")
     c = sub.add_parser("compare", help="the closing table of runs; asserts equal losses")

@@ -5,8 +5,10 @@
 
 ``latents`` ``[B, C, F, H, W]``, ``timestep`` ``[B]`` in [0, 1] and ``text`` ``[B, T, text_dim]`` are the same on
 every SP rank (each DP group draws its own). The model patchifies the latents into ``F/pt * H/ph * W/pw`` video
-tokens, shards them over the SP group (``sequence_model_parallel_shard``, padded to a multiple of the SP size),
-runs its blocks on the shard, and all-gathers the prediction (``..._all_gather_with_unpad``): it returns the
+tokens, shards them over the SP group (``sequence_model_parallel_shard``: by default every rank a share as even
+as it goes, ``balanced_splits``, with no padding; ``seq_shard="pad"`` pads to a multiple of the SP size as
+upstream does), runs its blocks on the shard, and all-gathers the prediction (``..._all_gather_with_unpad``,
+with the same table): it returns the
 full prediction ``[B, C, F, H, W]`` on every SP rank, so a loss on it is the same everywhere. Gradients follow
 upstream's collectives (the all-gather's backward sums over SP ranks, the shard's divides by the SP size), so
 the SP ranks' parameter gradients summed (FSDP averages them over the world: divide by it) are the single-device
@@ -34,9 +36,11 @@ from torch import nn
 
 from fastvideo.attention.layer import DistributedAttention
 from fastvideo.distributed.communication_op import (
+    balanced_splits,
     sequence_model_parallel_all_gather_with_unpad,
     sequence_model_parallel_shard,
 )
+from fastvideo.distributed.parallel_state import get_sp_world_size
 from fastvideo.layers.rotary_embedding import rotary_3d
 
 __all__ = ["CONFIGS", "VideoDiT", "VideoDiTBlock", "VideoDiTConfig", "config_with", "flow_matching_loss", "patchify",
@@ -97,7 +101,8 @@ class VideoDiTConfig:
 
 
 CONFIGS = {
-    # CPU: two gloo ranks train it in seconds. 80 video tokens (padded at SP3) + 8 text; 6 heads (SP 1, 2, 3, 6).
+    # CPU: two gloo ranks train it in seconds. 80 video tokens (uneven shares at SP3) + 8 text; 6 heads (even at
+    # SP 1, 2, 3, 6; uneven head shares elsewhere).
     "tiny": VideoDiTConfig(),
     # One GPU per rank (bf16): 2048 video tokens, 8 heads of 64, 4 blocks.
     "small": VideoDiTConfig(in_channels=16, frames=8, height=32, width=32, hidden=512, heads=8, depth=4,
@@ -160,15 +165,15 @@ class VideoDiTBlock(nn.Module):
         return self.norm_q(q).view(shape), self.norm_k(k).view(shape), v.reshape(shape)
 
     def _forward(self, x: torch.Tensor, text: torch.Tensor | None, e: torch.Tensor,
-                 freqs: tuple[torch.Tensor, torch.Tensor] | None, seq_len: int | None
-                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                 freqs: tuple[torch.Tensor, torch.Tensor] | None, seq_len: int | None,
+                 seq_splits: tuple[int, ...] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = (self.modulation + e).chunk(6, dim=1)
         q, k, v = self._qkv(self.norm1(x) * (1 + scale_a) + shift_a)
         tq = tk = tv = None
         if text is not None:
             tq, tk, tv = self._qkv(self.norm1(text) * (1 + scale_a) + shift_a)
-        out, text_out = self.attn(q, k, v, original_seq_len=seq_len, replicated_q=tq, replicated_k=tk,
-                                  replicated_v=tv, freqs_cis=freqs)
+        out, text_out = self.attn(q, k, v, original_seq_len=None if seq_splits else seq_len, replicated_q=tq,
+                                  replicated_k=tk, replicated_v=tv, freqs_cis=freqs, seq_splits=seq_splits)
         x = x + gate_a * self.proj(out.flatten(2))
         x = x + gate_m * self.mlp(self.norm2(x) * (1 + scale_m) + shift_m)
         if text is not None:
@@ -177,22 +182,29 @@ class VideoDiTBlock(nn.Module):
         return x, text
 
     def forward(self, x: torch.Tensor, text: torch.Tensor | None, e: torch.Tensor,
-                freqs: tuple[torch.Tensor, torch.Tensor] | None = None, seq_len: int | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                freqs: tuple[torch.Tensor, torch.Tensor] | None = None, seq_len: int | None = None,
+                seq_splits: tuple[int, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(x, text)`` after the block. ``text``: the text tokens, or None (video tokens only); ``e``:
         ``[B, 6, hidden]`` timestep modulation; ``freqs``: the rotary ``(cos, sin)`` of the whole unpadded video
-        sequence, or None (no rotary); ``seq_len``: its length (None: no padding)."""
+        sequence, or None (no rotary); ``seq_len``: its length (None: no padding); ``seq_splits``: every SP
+        rank's share of it where the shards are uneven (no padding; the same on every rank), or None."""
         if self.cfg.checkpointing and torch.is_grad_enabled():
-            return torch.utils.checkpoint.checkpoint(self._forward, x, text, e, freqs, seq_len, use_reentrant=False)
-        return self._forward(x, text, e, freqs, seq_len)
+            return torch.utils.checkpoint.checkpoint(self._forward, x, text, e, freqs, seq_len, seq_splits,
+                                                     use_reentrant=False)
+        return self._forward(x, text, e, freqs, seq_len, seq_splits)
 
 
 class VideoDiT(nn.Module):
     """The video DiT (see the module docstring). ``forward`` is collective over the SP group."""
 
-    def __init__(self, cfg: VideoDiTConfig) -> None:
+    def __init__(self, cfg: VideoDiTConfig, *, seq_shard: str = "uneven") -> None:
+        """``seq_shard``: ``"uneven"`` (every SP rank a share as even as it goes, no padding) or ``"pad"`` (the
+        sequence padded to a multiple of the SP size, upstream's way); the same on every rank."""
         super().__init__()
+        if seq_shard not in ("uneven", "pad"):
+            raise ValueError(f"VideoDiT: seq_shard={seq_shard!r} must be 'uneven' or 'pad'.")
         self.cfg = cfg
+        self.seq_shard = seq_shard
         hidden = cfg.hidden
         self.patch_embed = nn.Linear(cfg.patch_dim, hidden)
         self.text_embed = nn.Sequential(nn.Linear(cfg.text_dim, hidden), nn.GELU(approximate="tanh"),
@@ -224,14 +236,19 @@ class VideoDiT(nn.Module):
             raise ValueError(f"VideoDiT: text must be [B, {cfg.text_len}, {cfg.text_dim}], got {tuple(text.shape)}.")
         temb = self.time_embed(timestep_embedding(timestep, cfg.freq_dim).to(latents.dtype))
         e = self.time_proj(temb).unflatten(1, (6, cfg.hidden))
-        tokens, seq_len = sequence_model_parallel_shard(self.patch_embed(patchify(latents, cfg.patch)), dim=1)
+        tokens = self.patch_embed(patchify(latents, cfg.patch))
+        p = get_sp_world_size()
+        # Even shares take the same path as uneven ones; the table is None where they are even, as padding
+        # would be none too (so a divisible sequence makes the same calls either way).
+        splits = balanced_splits(tokens.shape[1], p) if self.seq_shard == "uneven" and tokens.shape[1] % p else None
+        tokens, seq_len = sequence_model_parallel_shard(tokens, dim=1, seq_splits=splits)
         txt = self.text_embed(text)
         freqs = self.rotary(latents.device)
         for block in self.blocks:
-            tokens, txt = block(tokens, txt, e, freqs, seq_len)
+            tokens, txt = block(tokens, txt, e, freqs, seq_len, splits)
         shift, scale = (self.head_modulation + temb[:, None]).chunk(2, dim=1)
         out = self.head(self.norm_out(tokens) * (1 + scale) + shift)
-        out = sequence_model_parallel_all_gather_with_unpad(out, seq_len, dim=1)
+        out = sequence_model_parallel_all_gather_with_unpad(out, seq_len, dim=1, seq_splits=splits)
         return unpatchify(out, cfg.patch, cfg.in_channels, cfg.grid)
 
 

@@ -10,6 +10,11 @@ of the layer matches eager bit for bit.
 
 Negative control: the same check with ``original_seq_len`` left out (the padding rows then take part in
 attention) fails, so the check sees padding mistakes.
+
+Uneven shards (``seq_splits``, a zero share included) and a head count the SP size does not divide: no padding
+anywhere (each rank's tensors have its own share of rows), against the same reference, off and on the CPU fused
+route (every call's route asserted); their negative control reads each rank's rows at the even shards' offsets,
+which must not match.
 """
 
 from __future__ import annotations
@@ -22,16 +27,16 @@ from tests.distributed.conftest import build_helper
 B, H, D = 2, 6, 8  # H divides by 2 and 3
 
 
-def _globals(seq: int, text: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def _globals(seq: int, text: int, dtype: torch.dtype, heads: int = H) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seq * 31 + text)
 
     def rand(*shape):
         return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
 
     angles = torch.rand(seq, D // 2, generator=g, dtype=torch.float64) * 6.0
-    t = {name: rand(B, seq, H, D) for name in ("q", "k", "v", "g")}
+    t = {name: rand(B, seq, heads, D) for name in ("q", "k", "v", "g")}
     if text:
-        t.update({name: rand(B, text, H, D) for name in ("rq", "rk", "rv", "rg")})
+        t.update({name: rand(B, text, heads, D) for name in ("rq", "rk", "rv", "rg")})
     t["cos"], t["sin"] = angles.cos().to(dtype), angles.sin().to(dtype)
     return t
 
@@ -188,3 +193,95 @@ def test_bad_arguments_raise_clearly(ranks):
         assert r["partial replicated"][0] == "ValueError" and "together" in r["partial replicated"][1]
         assert r["seq len"][0] == "ValueError" and "original_seq_len=9 must be in 1..8" in r["seq len"][1]
         assert r["local gqa"] == (B, 4, H, D)
+
+
+def _uneven_attention(rank, world_size, seq_splits, heads, text, fused):
+    import torch.distributed as dist
+
+    from fastvideo.attention.layer import DistributedAttention
+    from fastvideo.distributed.device_communicators import ulysses_a2a
+    from fastvideo.distributed.parallel_state import get_sp_group
+
+    dtype = torch.float32 if fused else torch.float64
+    helper = None
+    if fused:
+        helper = build_helper()
+        ulysses_a2a.install_default_helper(helper)
+    seq = sum(seq_splits)
+    t = _globals(seq, text, dtype, heads)
+    ref = _reference(t, text, False, True)
+    start = sum(seq_splits[:rank])
+    mine = slice(start, start + seq_splits[rank])
+    local = {n: t[n][:, mine].clone().requires_grad_() for n in ("q", "k", "v")}
+    rep = {n: t[n].clone().requires_grad_() for n in ("rq", "rk", "rv")} if text else {}
+    layer = DistributedAttention(heads, D)
+    mark = len(helper.history) if helper is not None else 0
+    out, rep_out = layer(local["q"], local["k"], local["v"], replicated_q=rep.get("rq"),
+                         replicated_k=rep.get("rk"), replicated_v=rep.get("rv"), freqs_cis=(t["cos"], t["sin"]),
+                         seq_splits=seq_splits)
+    loss = (out * t["g"][:, mine]).sum()
+    if text:
+        loss = loss + (rep_out * t["rg"]).sum() / world_size
+    loss.backward()
+    routes = [r.route for r in list(helper.history)[mark:]] if helper is not None else []
+
+    def err(a, b):
+        if a.numel() == 0 and b.numel() == 0:
+            return 0.0
+        return (a.double() - b.double()).abs().max().item() / max(b.double().abs().max().item(), 1e-30)
+
+    errs = {"out": err(out, ref["out"][:, mine])}
+    for n in ("q", "k", "v"):
+        errs[f"d{n}"] = err(local[n].grad, ref[f"d{n}"][:, mine])
+    if text:
+        errs["replicated out"] = err(rep_out, ref["rep"])
+        for n in ("rq", "rk", "rv"):
+            total = rep[n].grad.clone()
+            dist.all_reduce(total, group=get_sp_group().device_group)
+            errs[f"d{n} (sum over ranks)"] = err(total, ref[f"d{n}"])
+    # The negative control: this rank's output read against the rows an even shard would have had.
+    rows = -(-seq // world_size)
+    even = slice(min(rank * rows, seq), min(rank * rows + out.shape[1], seq))
+    wrong = err(out[:, :even.stop - even.start], ref["out"][:, even]) if even.stop > even.start else None
+    return errs, routes, tuple(out.shape), tuple(rep_out.shape) if rep_out is not None else None, wrong
+
+
+UNEVEN = {  # world size: (seq_splits, heads): shares that differ, one of them 0; heads the SP size does not divide
+    2: ((9, 4), 5),
+    3: ((5, 0, 6), 4),
+    4: ((3, 5, 1, 2), 6),
+}
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["off", "auto"])
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_uneven_shards_and_heads_match_the_single_device_reference_without_padding(ranks, world_size, fused):
+    seq_splits, heads = UNEVEN[world_size]
+    env = {"FASTVIDEO_ULYSSES_A2A": "auto"} if fused else None
+    tol = 1e-5 if fused else 1e-10
+    wrongs = []
+    for rank, (errs, routes, shape, rep_shape, wrong) in enumerate(
+            ranks(world_size, _uneven_attention, seq_splits, heads, 3, fused, env=env)):
+        assert all(e < tol for e in errs.values()), (rank, errs)
+        assert shape == (B, seq_splits[rank], heads, D)  # this rank's own rows: no padding
+        assert rep_shape == (B, 3, heads, D)
+        assert routes == (["fused"] * 4 if fused else []), routes
+        if wrong is not None:
+            wrongs.append(wrong)
+    assert max(wrongs) > 1e-3, wrongs  # the negative control: the even shards' offsets do not match
+
+
+def _uneven_bad(rank, world_size):
+    from fastvideo.attention.layer import DistributedAttention
+    from tests.distributed.conftest import catch
+
+    layer = DistributedAttention(H, D)
+    x = torch.zeros(B, 3, H, D)
+    return {"padding too": catch(layer, x, x, x, original_seq_len=5, seq_splits=(3, 3))[:2],
+            "wrong share": catch(layer, x, x, x, seq_splits=(2, 4))[:2]}
+
+
+def test_uneven_bad_arguments_raise_clearly(ranks):
+    for r in ranks(2, _uneven_bad):
+        assert r["padding too"][0] == "ValueError" and "uneven shards carry no padding" in r["padding too"][1]
+        assert r["wrong share"][0] == "ValueError" and "seq_splits" in r["wrong share"][1]

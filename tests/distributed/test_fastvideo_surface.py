@@ -331,3 +331,60 @@ def test_ulysses_a2a_try_and_close(ranks):
         assert r["bad dims"][0] == "ValueError" and "(scatter_dim, gather_dim)=(3, 1)" in r["bad dims"][1]
         assert r["dp"] is None  # only the SP group's communicator has a helper
         assert r["closed"] and r["no wrap"]
+
+
+def _uneven_collectives(rank, world_size, table):
+    from fastvideo.distributed import (
+        sequence_model_parallel_all_gather,
+        sequence_model_parallel_all_gather_with_unpad,
+        sequence_model_parallel_shard,
+    )
+    from tests.distributed.conftest import catch
+
+    p, f64, total = world_size, torch.float64, sum(table)
+    starts = [sum(table[:r]) for r in range(p)]
+    # shard with seq_splits: this rank's own rows, no padding; the backward all-gathers the shares / p.
+    z = rank_input(0, (2, total, 3), f64, requires_grad=True)  # the same on every rank
+    shard, original = sequence_model_parallel_shard(z, dim=1, seq_splits=table)
+    shard_ok = bit_equal(shard, z.detach()[:, starts[rank]:starts[rank] + table[rank]]) and original == total
+    shard.backward(rank_input(200 + rank, shard.shape, f64))
+    want = torch.cat([rank_input(200 + r, (2, table[r], 3), f64) for r in range(p)], dim=1) / p
+    shard_grad_ok = torch.allclose(z.grad, want, rtol=0, atol=1e-12)
+    # all-gather of uneven shares along dim 1 (and the unpad variant with the table): exact; the backward gives
+    # each rank the sum over ranks of its own rows' gradient.
+    x = rank_input(rank, (2, table[rank], 3), f64, requires_grad=True)
+    y = sequence_model_parallel_all_gather(x, dim=1, splits=table)
+    full = torch.cat([rank_input(r, (2, table[r], 3), f64) for r in range(p)], dim=1)
+    weights = [rank_input(100 + r, y.shape, f64) for r in range(p)]
+    (y * weights[rank]).sum().backward()
+    gather_ok = bit_equal(y, full)
+    mine = slice(starts[rank], starts[rank] + table[rank])
+    gather_grad_ok = torch.allclose(x.grad, sum(w[:, mine] for w in weights), rtol=0, atol=1e-12)
+    unpad_ok = bit_equal(sequence_model_parallel_all_gather_with_unpad(x.detach(), total, dim=1, seq_splits=table),
+                         full)
+    bad = {
+        "sum": catch(sequence_model_parallel_shard, z, dim=1, seq_splits=(*table[:-1], table[-1] + 1))[:2],
+        "length": catch(sequence_model_parallel_shard, z, dim=1, seq_splits=table[:-1])[:2],
+        "negative": catch(sequence_model_parallel_shard, z, dim=1, seq_splits=(-1, *table[1:-1], table[-1] + 1))[:2],
+        "gather rows": catch(sequence_model_parallel_all_gather, x.detach()[:, :0] if table[rank] else
+                             x.detach().new_zeros(2, 1, 3), dim=1, splits=table)[:2],
+        "unpad len": catch(sequence_model_parallel_all_gather_with_unpad, x.detach(), total + 1, dim=1,
+                           seq_splits=table)[:2],
+    }
+    return shard_ok, shard_grad_ok, gather_ok, gather_grad_ok, unpad_ok, tuple(shard.shape), bad
+
+
+@pytest.mark.parametrize("world_size,table", [(2, (5, 2)), (3, (3, 0, 4)), (4, (2, 2, 1, 2))])
+def test_uneven_shard_and_all_gather_without_padding(ranks, world_size, table):
+    """``sequence_model_parallel_shard(seq_splits=)`` and the all-gathers with the same table: each rank's own
+    rows (a zero share included), no padding, exact forward and gradients; bad tables raise before any
+    collective, naming the argument."""
+    for rank, r in enumerate(ranks(world_size, _uneven_collectives, table)):
+        *oks, shape, bad = r
+        assert all(oks), oks
+        assert shape == (2, table[rank], 3)
+        assert bad["sum"][0] == "ValueError" and "seq_splits" in bad["sum"][1] and "sums to" in bad["sum"][1]
+        assert bad["length"][0] == "ValueError" and "entries for SP size" in bad["length"][1]
+        assert bad["negative"][0] == "ValueError" and "is negative" in bad["negative"][1]
+        assert bad["gather rows"][0] == "ValueError" and f"splits[{rank}]" in bad["gather rows"][1]
+        assert bad["unpad len"][0] == "ValueError" and "seq_splits" in bad["unpad len"][1]

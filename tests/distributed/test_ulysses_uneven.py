@@ -738,12 +738,15 @@ def test_geometry_sizes_by_the_largest_share_and_tuned_rows_keep_applying():
     assert plan == Plan(132, 1, 3, tuned=True) and plan.window_bytes(g0) == 3 * g0.row_bytes
 
 
-def test_the_native_transport_never_offers_uneven_plans(monkeypatch):
-    """Whatever a library build offers, ``NativeTransport.capability()`` has no ``ENTRY_UNEVEN`` (its launches pass
-    no tables yet). A stand-in library and probe; the capability declines later for this machine's NCCL."""
+def test_the_native_transport_offers_uneven_plans_where_its_build_does(monkeypatch):
+    """``NativeTransport.capability()`` offers ``ENTRY_UNEVEN`` exactly where the build's probe does (ABI 5 and
+    later: the launches pass the split tables), so the planner plans native uneven calls there; a build without it
+    (ABI 4) never gets one (the control). A stand-in library and probe; the capability declines later for this
+    machine's NCCL, after the offerings were read."""
     from pathlib import Path
 
     from fastvideo.distributed.ulysses.native import NativeTransport
+    from fastvideo.distributed.ulysses.planner import PlanConfig, Planner
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "fastvideo-kernel"))
     import fastvideo_kernel
@@ -755,10 +758,19 @@ def test_the_native_transport_never_offers_uneven_plans(monkeypatch):
         def fvk_nccl_runtime_version(self, out):
             return 1  # fails: the capability declines here, after the offerings were read
 
-    offered = frozenset({"original", "tuned", ENTRY_UNEVEN})
     monkeypatch.setattr(fastvideo_kernel, "load", lambda: Lib())
-    monkeypatch.setattr(fastvideo_kernel, "probe", lambda lib: fastvideo_kernel.Probe(fastvideo_kernel.OLDEST_ABI,
-                                                                                     offered, ""))
     monkeypatch.setattr(fastvideo_kernel, "last_error", lambda lib: "stand-in")
-    cap = NativeTransport().capability()
-    assert cap.entry_points == frozenset({"original", "tuned"}) and cap.decline is DeclineReason.NCCL_RUNTIME_MISMATCH
+    for abi in (5, 4):
+        offered = fastvideo_kernel.OFFERINGS[abi]
+        monkeypatch.setattr(fastvideo_kernel, "probe", lambda lib, o=offered, a=abi: fastvideo_kernel.Probe(a, o, ""))
+        cap = NativeTransport().capability()
+        assert (ENTRY_UNEVEN in cap.entry_points) == (abi >= 5) and {"original", "tuned"} <= cap.entry_points
+        assert cap.decline is DeclineReason.NCCL_RUNTIME_MISMATCH
+        planner = Planner(PlanConfig(2, 1, "T100", 1 << 20, "auto", (), (), ("sm",), (torch.float32,),
+                                     torch.device("cpu"), None, None), (), cap.entry_points)
+        proposal = planner.propose(_sig((1, 5, 4, 2), Splits((5, 3), (1, 3))))
+        if abi >= 5:
+            assert proposal.plan == Plan(ORIGINAL_CTAS, 1, 5, False) and proposal.fields[Field.ELIGIBILITY] == 0
+        else:
+            assert proposal.plan is None
+            assert contract.reasons_from_bits(proposal.fields[Field.ELIGIBILITY]) == [DeclineReason.UNEVEN_SPLITS]

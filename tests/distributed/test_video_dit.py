@@ -1,11 +1,12 @@
 """The video DiT under sequence parallelism equals the same DiT on one rank, and its checkpoints round-trip.
 
 The model (``fastvideo/models/video_dit.py``) shards its video tokens over the SP group and gathers the
-prediction, so every SP rank holds the same loss; upstream's collective gradients (the gather's backward sums
-over SP ranks, the shard's divides by the SP size) make the SP ranks' parameter gradients sum to SP size x the
-single-device gradient. Checked in float64 at SP2 and SP3 (80 video tokens: SP3 pads them) against one rank,
-and with a negative control (each rank's own gradient alone is not the single-device one, so the check is not
-vacuous). Checkpoints: saved from an FSDP2 model on 2 ranks, loaded into fresh models on 2 ranks and on 1 rank.
+prediction, so every SP rank holds the same loss; upstream's collective gradients (the gather's backward sums over
+SP ranks, the shard's divides by the SP size) make the SP ranks' parameter gradients sum to SP size x the
+single-device gradient. Checked in float64 against one rank at SP2, SP3 (80 video tokens: uneven shares, or padded
+with ``seq_shard="pad"``) and SP4 (6 heads: uneven head shares), and with a negative control (each rank's own
+gradient alone is not the single-device one, so the check is not vacuous). Checkpoints: saved from an FSDP2 model
+on 2 ranks, loaded into fresh models on 2 ranks and on 1 rank.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from tests.distributed.mp import run_ranks
 
 
-def _dit_step(rank, world_size):
+def _dit_step(rank, world_size, seq_shard="uneven"):
     import torch.distributed as dist
 
     from fastvideo.distributed.parallel_state import get_sp_group
@@ -25,7 +26,7 @@ def _dit_step(rank, world_size):
 
     cfg = CONFIGS["tiny"]
     torch.manual_seed(0)
-    model = VideoDiT(cfg).double()
+    model = VideoDiT(cfg, seq_shard=seq_shard).double()
     batch = SyntheticVideoLatents(cfg).batch(1, batch_size=2)
     xt = batch.xt.double()
     loss = flow_matching_loss(model(xt, batch.t.double(), batch.text.double()), batch.x0.double(),
@@ -39,11 +40,11 @@ def _dit_step(rank, world_size):
     return loss.item(), (grads / world_size).numpy(), own.numpy()
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_the_dit_under_sp_equals_the_dit_on_one_rank(world_size):
+@pytest.mark.parametrize("world_size,seq_shard", [(2, "uneven"), (3, "uneven"), (3, "pad"), (4, "uneven")])
+def test_the_dit_under_sp_equals_the_dit_on_one_rank(world_size, seq_shard):
     (ref_loss, ref_grads, _), = run_ranks(1, _dit_step)
     ref_grads = torch.from_numpy(ref_grads)
-    for loss, grads, own in run_ranks(world_size, _dit_step, timeout_s=120):
+    for loss, grads, own in run_ranks(world_size, _dit_step, seq_shard, timeout_s=120):
         grads, own = torch.from_numpy(grads), torch.from_numpy(own)
         assert loss == pytest.approx(ref_loss, rel=1e-12, abs=0)
         torch.testing.assert_close(grads, ref_grads, rtol=1e-9, atol=1e-12)

@@ -12,9 +12,10 @@ phase with a kernel launch, a full barrier that hid exactly the bug 2x H200 foun
 
 Every case runs twice, both times with random skew (delays around every barrier, so CTA indices
 drift apart as they can on real hardware):
-* plain: every call's every rank's output is compared bit for bit with the NCCL route's exchange
-  computed locally (``communication_op.reference_all_to_all``); windows and outputs start poisoned
-  (0xFF: NaN in every dtype, never in the inputs) and the bytes past the plan's window must stay so;
+* plain: every call's every rank's output is compared bit for bit with the all-to-all's definition
+  (every rank's input concatenated along the dimension it splits, this rank's share sliced out; the CPU tests
+  check it equals the NCCL route's exchange, ``layout.reference_all_to_all``); windows and outputs start
+  poisoned (0xFF: NaN in every dtype, never in the inputs) and the bytes past the plan's window must stay so;
 * epoch-checked: the kernel stamps every window granule at copy-out and a store asserts the stamp it
   overwrites (``FVK_SIM_EPOCH_CHECK``): any byte two CTA indices could race on is reported on every
   schedule, whether or not the data happened to be corrupted; outputs are compared as well.
@@ -25,12 +26,20 @@ counts 1..144 (as many as P x ctas co-resident CTAs allow), 16-byte aligned rows
 only 2/4/8-byte aligned, a rank whose input pointer is misaligned (narrower vectors through the same
 partition), and sequences of consecutive calls whose CTA counts and plans differ.
 
+Uneven splits (``--set uneven``): P = 2..8, both modes, every dtype, uneven sequence shares, uneven head
+shares and both, with shares of 0 (a rank with no rows, one with no heads, one with neither: it moves nothing
+and still meets every barrier), chunks over the largest share (a shorter share contributes fewer rows or
+none), aligned and 2-byte-aligned rows, a misaligned rank, and sequences mixing even and uneven calls whose
+tables, modes and plans differ. The same case list runs on the CPU through the test library's host checks
+(tests/kernel/test_sim_cases.py: the kernels' addressing and barrier points on exactly these descriptions).
+
 Negative controls: the pre-fix window layout (``FVK_SIM_MOVING_LAYOUT``) must be reported by the
-epoch checker on every uneven plan and every seed; a flipped reference bit and a wrong peer order
-must be caught; a window one byte short, ctas=0 and a launch too large to be co-resident are refused.
+epoch checker on every uneven plan and every seed, and on uneven split tables (blocks of different sizes
+overlap there); a flipped reference bit and a wrong peer order must be caught; a window one byte short,
+ctas=0 and a launch too large to be co-resident are refused.
 
     FASTVIDEO_KERNEL_LIBRARY=build/kernel/libfastvideo_ulysses_a2a.so python tests/kernel/check_sim_peers.py
-    python tests/kernel/check_sim_peers.py --json out.json [--quick]
+    python tests/kernel/check_sim_peers.py --json out.json [--quick] [--set even|uneven|all]
 
 Exits non-zero on any failure.
 """
@@ -39,7 +48,9 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import itertools
 import json
+import random
 import sys
 import time
 from collections.abc import Callable
@@ -57,8 +68,7 @@ except ImportError:  # a checkout without the wheel installed: use the loader fr
 import torch  # noqa: E402
 from fastvideo_kernel import testing as kernel_testing  # noqa: E402
 
-from fastvideo.distributed.communication_op import reference_all_to_all  # noqa: E402
-from fastvideo.distributed.ulysses.contract import dtype_code  # noqa: E402
+from fastvideo.distributed.ulysses.native import call_description  # noqa: E402
 from fastvideo.distributed.ulysses.policy import Geometry, Plan  # noqa: E402
 
 BITS = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
@@ -70,38 +80,57 @@ SKEW, EPOCH, MOVING = kernel_testing.SIM_SKEW, kernel_testing.SIM_EPOCH_CHECK, k
 
 @dataclass(frozen=True)
 class Operand:
-    """One call's data shape: every simulated rank's input and the reference outputs."""
+    """One call's data shape: every simulated rank's input and the reference outputs. Even unless a split table
+    is given: ``seq_splits`` every rank's sequence rows (the largest is ``S``), ``head_splits`` every rank's heads
+    (``heads_local`` is unused then)."""
 
     dtype: torch.dtype
     mode: int
     world: int
     B: int
-    S: int  # S_local
+    S: int  # S_local: the largest sequence share
     heads_local: int
     D: int
     misaligned_rank: int = -1  # this rank's input starts one element past an aligned address
+    seq_splits: tuple[int, ...] | None = None
+    head_splits: tuple[int, ...] | None = None
 
     @property
     def H(self) -> int:
-        return self.heads_local * self.world
+        return sum(self.head_splits) if self.head_splits is not None else self.heads_local * self.world
+
+    @property
+    def uneven_splits(self) -> bool:
+        return self.seq_splits is not None or self.head_splits is not None
+
+    def seq(self, rank: int) -> int:
+        return self.seq_splits[rank] if self.seq_splits is not None else self.S
+
+    def heads(self, rank: int) -> int:
+        return self.head_splits[rank] if self.head_splits is not None else self.heads_local
 
     def geometry(self) -> Geometry:
-        return Geometry(self.mode, self.dtype, self.B, self.S, self.H, self.D, self.world)
+        return Geometry(self.mode, self.dtype, self.B, self.S, self.H, self.D, self.world, self.seq_splits,
+                        self.head_splits)
 
-    def input_shape(self) -> tuple[int, int, int, int]:
+    def input_shape(self, rank: int) -> tuple[int, int, int, int]:
+        total = sum(self.seq(r) for r in range(self.world))
         if self.mode == 0:
-            return (self.B, self.S, self.H, self.D)
-        return (self.B, self.world * self.S, self.heads_local, self.D)
+            return (self.B, self.seq(rank), self.H, self.D)
+        return (self.B, total, self.heads(rank), self.D)
 
-    def output_shape(self) -> tuple[int, int, int, int]:
+    def output_shape(self, rank: int) -> tuple[int, int, int, int]:
+        total = sum(self.seq(r) for r in range(self.world))
         if self.mode == 0:
-            return (self.B, self.world * self.S, self.heads_local, self.D)
-        return (self.B, self.S, self.H, self.D)
+            return (self.B, total, self.heads(rank), self.D)
+        return (self.B, self.seq(rank), self.H, self.D)
 
     def label(self) -> str:
         dt = str(self.dtype).removeprefix("torch.")
         mis = f" misaligned@{self.misaligned_rank}" if self.misaligned_rank >= 0 else ""
-        return f"{dt} mode{self.mode} P{self.world} B{self.B} S{self.S} Hl{self.heads_local} D{self.D}{mis}"
+        heads = f"heads{list(self.head_splits)}" if self.head_splits is not None else f"Hl{self.heads_local}"
+        seq = f" seq{list(self.seq_splits)}" if self.seq_splits is not None else ""
+        return f"{dt} mode{self.mode} P{self.world} B{self.B} S{self.S}{seq} {heads} D{self.D}{mis}"
 
 
 @dataclass(frozen=True)
@@ -143,10 +172,10 @@ def random_bits(numel: int, dtype: torch.dtype, gen: torch.Generator, device: to
 
 
 def make_inputs(op: Operand, gen: torch.Generator, device: torch.device) -> list[torch.Tensor]:
-    shape = op.input_shape()
-    numel = op.B * op.S * op.H * op.D
     inputs = []
     for rank in range(op.world):
+        shape = op.input_shape(rank)
+        numel = shape[0] * shape[1] * shape[2] * shape[3]
         flat = random_bits(numel + 1, op.dtype, gen, device)
         start = 1 if rank == op.misaligned_rank else 0
         inputs.append(flat[start:start + numel].view(shape))
@@ -154,9 +183,16 @@ def make_inputs(op: Operand, gen: torch.Generator, device: torch.device) -> list
 
 
 def references(op: Operand, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The oracle, on raw bits (the exchange is pure data movement)."""
+    """The oracle, on raw bits (the exchange is pure data movement): the all-to-all's definition. Mode 0: every
+    rank's rows concatenated into the whole sequence, rank r's heads sliced out; mode 1: every rank's heads
+    concatenated, rank r's rows sliced out."""
     bits = BITS[op.dtype]
-    return [r.contiguous() for r in reference_all_to_all([x.view(bits) for x in inputs], op.mode)]
+    whole = torch.cat([x.view(bits) for x in inputs], dim=1 if op.mode == 0 else 2)
+    at = list(itertools.accumulate((op.heads(r) if op.mode == 0 else op.seq(r) for r in range(op.world)),
+                                   initial=0))
+    if op.mode == 0:
+        return [whole[:, :, at[r]:at[r + 1]].contiguous() for r in range(op.world)]
+    return [whole[:, at[r]:at[r + 1]].contiguous() for r in range(op.world)]
 
 
 def plans(B: int, S: int) -> list[tuple[str, int, int]]:
@@ -172,8 +208,20 @@ def plans(B: int, S: int) -> list[tuple[str, int, int]]:
     return out
 
 
-def build_cases(quick: bool = False, coresident: int = 1188) -> list[Case]:
-    """The matrix; CTA counts are capped so that P x ctas CTAs are co-resident on the device."""
+def fit(world: int, ctas: int, coresident: int) -> int:
+    """``ctas`` capped so that ``world`` x ctas simulation CTAs are co-resident."""
+    return max(1, min(ctas, coresident // world))
+
+
+def build_cases(quick: bool = False, coresident: int = 1188, which: str = "all") -> list[Case]:
+    """The matrix (``which``: the even cases, the uneven ones or all); CTA counts are capped so that P x ctas CTAs
+    are co-resident on the device."""
+    cases = build_even_cases(quick, coresident) if which in ("even", "all") else []
+    return cases + (build_uneven_cases(quick, coresident) if which in ("uneven", "all") else [])
+
+
+def build_even_cases(quick: bool, coresident: int) -> list[Case]:
+    """Even split tables (every share S rows, H / P heads)."""
     worlds = (2, 3, 8) if quick else tuple(range(2, 9))
     dtypes = (torch.bfloat16, torch.float32) if quick else DTYPES
     aligned_b = (1, 3) if quick else (1, 2, 3, 4)
@@ -183,12 +231,9 @@ def build_cases(quick: bool = False, coresident: int = 1188) -> list[Case]:
     unaligned_ctas = (144,) if quick else (7, 144)
     cases: list[Case] = []
 
-    def fit(world: int, ctas: int) -> int:
-        return max(1, min(ctas, coresident // world))
-
     def add(op: Operand, ctas_list: tuple[int, ...]) -> None:
         for name, planes, rows in plans(op.B, op.S):
-            for ctas in dict.fromkeys(fit(op.world, c) for c in ctas_list):
+            for ctas in dict.fromkeys(fit(op.world, c, coresident) for c in ctas_list):
                 cases.append(Case((Call(op, Plan(ctas, planes, rows, tuned=True), name),)))
 
     for dtype in dtypes:
@@ -203,9 +248,9 @@ def build_cases(quick: bool = False, coresident: int = 1188) -> list[Case]:
                 # Consecutive calls: another CTA count, another chunking, another mode and shape.
                 a = Operand(dtype, mode, world, 3, 9, 2, 128)
                 b2 = Operand(dtype, 1 - mode, world, 2, 6, 1, 64)
-                cases.append(Case((Call(a, Plan(fit(world, 144), 2, 9, tuned=True), "planes2"),
-                                   Call(a, Plan(fit(world, 36), 1, 4, tuned=True), "rows"),
-                                   Call(b2, Plan(fit(world, 5), 2, 6, tuned=True), "whole"))))
+                cases.append(Case((Call(a, Plan(fit(world, 144, coresident), 2, 9, tuned=True), "planes2"),
+                                   Call(a, Plan(fit(world, 36, coresident), 1, 4, tuned=True), "rows"),
+                                   Call(b2, Plan(fit(world, 5, coresident), 2, 6, tuned=True), "whole"))))
             if not quick:
                 # Larger operands: many units per thread, so the strided, unrolled loop, partial
                 # unroll tails and CTA slices that end mid-row all run (the small cases fit in one pass).
@@ -213,9 +258,84 @@ def build_cases(quick: bool = False, coresident: int = 1188) -> list[Case]:
                     for planes, rows, name in ((3, 1000, "whole"), (2, 1000, "planes2"), (1, 333, "rows")):
                         op = Operand(dtype, mode, world, 3, 1000, 7, 128)
                         for ctas in (36, 144):
-                            cases.append(Case((Call(op, Plan(fit(world, ctas), planes, rows, tuned=True), name),)))
+                            plan = Plan(fit(world, ctas, coresident), planes, rows, tuned=True)
+                            cases.append(Case((Call(op, plan, name),)))
                     op = Operand(dtype, mode, world, 2, 999, 5, 3)
-                    cases.append(Case((Call(op, Plan(fit(world, 144), 1, 400, tuned=True), "rows"),)))
+                    cases.append(Case((Call(op, Plan(fit(world, 144, coresident), 1, 400, tuned=True), "rows"),)))
+    return cases
+
+
+def split_tables(rng: random.Random, world: int, largest: int, heads: int, kind: str, zero: bool):
+    """(seq_splits, head_splits) of one kind ("both", "seq", "heads": which tables are uneven; the other is None,
+    the even one). Uneven sequence shares lie in [0, ``largest``] with one of them ``largest``; uneven head shares
+    sum to ``heads``. With ``zero``: one rank has no rows and another no heads, and at P >= 3 a third has
+    neither (where both tables are uneven). Deterministic for a seeded ``rng``."""
+    ranks = list(range(world))
+    rng.shuffle(ranks)
+    seq = heads_t = None
+    if kind in ("both", "seq"):
+        table = [rng.randint(1, largest) for _ in range(world)]
+        table[ranks[0]] = largest
+        if zero:
+            table[ranks[1]] = 0
+            if kind == "both" and world >= 3:
+                table[ranks[2]] = 0
+        if len(set(table)) == 1:  # uneven, always
+            table[ranks[1]] = largest - 1
+        seq = tuple(table)
+    if kind in ("both", "heads"):
+        idle = ({ranks[0]} | ({ranks[2]} if kind == "both" and world >= 3 else set())) if zero else set()
+        busy = [r for r in range(world) if r not in idle]
+        table = [0] * world
+        for r in busy:
+            table[r] = 1
+        for _ in range(heads - len(busy)):  # the rest at random: shares of different sizes
+            table[rng.choice(busy)] += 1
+        if len(set(table)) == 1:
+            table[busy[0]] += 1
+            table[busy[-1]] -= 1
+        heads_t = tuple(table)
+    return seq, heads_t
+
+
+def build_uneven_cases(quick: bool, coresident: int) -> list[Case]:
+    """Uneven split tables: P = 2..8, both modes, every dtype, each table uneven alone and both together, shares of
+    0, aligned and 2-byte-aligned rows, a misaligned rank, and consecutive calls mixing even and uneven tables.
+    The dtype only sets the unit sizes, so the single calls take the dtypes in turn (the sequences take each)."""
+    rng = random.Random(20261201)
+    worlds = (2, 3, 8) if quick else tuple(range(2, 9))
+    dtypes = (torch.bfloat16, torch.float32) if quick else DTYPES
+    kinds = (("both", True), ("seq", True), ("heads", False)) if quick else (
+        ("both", True), ("both", False), ("seq", True), ("heads", True))
+    # (B, largest sequence share, heads per rank (P x this, plus one where the head table is uneven), D, CTAs)
+    shapes = ((3, 7, 2, 128, (36, 144)),) if quick else ((1, 9, 2, 128, (36, 144)), (3, 7, 2, 128, (5, 144)),
+                                                        (2, 5, 1, 3, (144,)))
+    cases: list[Case] = []
+    turn = itertools.cycle(dtypes)
+    for mode, world in itertools.product((0, 1), worlds):
+        for (kind, zero), (b, largest, per_rank, d, ctas_list) in itertools.product(kinds, shapes):
+            heads = per_rank * world + (kind != "seq")  # an uneven head table: heads P does not divide
+            seq, head = split_tables(rng, world, largest, heads, kind, zero)
+            op = Operand(next(turn), mode, world, b, largest, heads // world, d, seq_splits=seq, head_splits=head)
+            for name, planes, rows in plans(b, largest):
+                for ctas in dict.fromkeys(fit(world, c, coresident) for c in ctas_list):
+                    cases.append(Case((Call(op, Plan(ctas, planes, rows, tuned=True), name),)))
+        for dtype in dtypes:
+            # A misaligned rank (narrower vectors) that holds a share of its own, and one with a share of 0.
+            seq, head = split_tables(rng, world, 6, 3 * world + 1, "both", True)
+            for rank in (seq.index(max(seq)), seq.index(0)):
+                op = Operand(dtype, mode, world, 3, 6, 3, 128, misaligned_rank=rank, seq_splits=seq, head_splits=head)
+                cases.append(Case((Call(op, Plan(fit(world, 144, coresident), 1, 4, tuned=True), "rows"),)))
+            # Consecutive calls: uneven, even and uneven again, with other tables, modes, CTA counts and chunking.
+            seq_a, head_a = split_tables(rng, world, 9, 2 * world + 1, "both", True)
+            seq_b, head_b = split_tables(rng, world, 6, world + 1, "both", False)
+            a = Operand(dtype, mode, world, 3, 9, 2, 128, seq_splits=seq_a, head_splits=head_a)
+            even = Operand(dtype, 1 - mode, world, 2, 6, 1, 64)
+            c = Operand(dtype, 1 - mode, world, 2, 6, 1, 64, seq_splits=seq_b, head_splits=head_b)
+            cases.append(Case((Call(a, Plan(fit(world, 144, coresident), 2, 9, tuned=True), "planes2"),
+                               Call(even, Plan(fit(world, 36, coresident), 1, 4, tuned=True), "rows"),
+                               Call(c, Plan(fit(world, 5, coresident), 2, 6, tuned=True), "whole"),
+                               Call(a, Plan(fit(world, 36, coresident), 1, 2, tuned=True), "rows"))))
     return cases
 
 
@@ -250,6 +370,22 @@ class Run:
                 f"granule {r[2]}, found stamp {r[3]:#x}, wrote {r[4]:#x}")
 
 
+def descriptions(case: Case, ctas: int | None = None) -> tuple[list, list]:
+    """Every call's ``fvk_call`` as the native transport describes it (``native.call_description``: geometry,
+    split tables, plan; an SM-kind call), and the split tables they point at (keep them alive as long as the
+    descriptions). ``ctas`` overrides every call's CTA count (to test refusals). The simulation and the CPU
+    host checks of this case list (tests/kernel/test_sim_cases.py) run exactly these."""
+    descs, keep = [], []
+    for call in case.calls:
+        geom = call.operand.geometry()
+        desc, tables = call_description(fastvideo_kernel, geom, call.operand.dtype, kind=fastvideo_kernel.KIND_SM,
+                                        ctas=call.plan.ctas if ctas is None else ctas,
+                                        planes=call.plan.planes_per_chunk, rows=call.plan.rows_per_chunk)
+        descs.append(desc)
+        keep.append(tables)
+    return descs, keep
+
+
 class SimRunner:
     """Runs ``fvk_sim_a2a`` on poisoned windows and outputs and checks the result."""
 
@@ -265,19 +401,18 @@ class SimRunner:
                    for _ in range(world)]
         outs = []
         calls = (kernel_testing.SimCall * len(case.calls))()
+        descs, tables = descriptions(case, ctas)
         for n, call in enumerate(case.calls):
-            op, geom = call.operand, call.operand.geometry()
-            per_rank = [torch.empty(op.output_shape(), dtype=op.dtype, device=self.device) for _ in range(world)]
+            op = call.operand
+            per_rank = [torch.empty(op.output_shape(r), dtype=op.dtype, device=self.device) for r in range(world)]
             for out in per_rank:
                 out.view(torch.uint8).fill_(POISON)
             outs.append(per_rank)
             c = calls[n]
-            c.mode, c.dtype, c.ctas = op.mode, dtype_code(op.dtype), call.plan.ctas if ctas is None else ctas
-            c.B, c.S, c.H, c.D = geom.B, geom.S, geom.H, geom.D
-            c.planes_per_chunk, c.rows_per_chunk = call.plan.planes_per_chunk, call.plan.rows_per_chunk
-            for r in range(world):
-                c.x[r] = inputs[n][r].data_ptr()
-                c.out[r] = per_rank[r].data_ptr()
+            c.call = descs[n]
+            for r in range(world):  # an empty operand (a share of 0) as null: the library reads nothing there
+                c.x[r] = inputs[n][r].data_ptr() if inputs[n][r].numel() else None
+                c.out[r] = per_rank[r].data_ptr() if per_rank[r].numel() else None
         report = (ctypes.c_uint64 * 5)()
         table = (ctypes.c_void_p * world)(*(w.data_ptr() for w in windows))
         self.seed += 1
@@ -285,6 +420,7 @@ class SimRunner:
                                       self.seed if seed is None else seed, report,
                                       torch.cuda.current_stream(self.device).cuda_stream)
         torch.cuda.synchronize(self.device)
+        del tables  # read by the launch (its Problems hold their own copies of the shares)
         message = fastvideo_kernel.last_error(self.lib) if status else ""
         return Run(status, message, list(report), outs, windows)
 
@@ -325,6 +461,20 @@ def data(case: Case, gen: torch.Generator, device: torch.device):
     return inputs, [references(c.operand, x) for c, x in zip(case.calls, inputs, strict=True)]
 
 
+# The pre-fix layout's negative controls: plans whose chunks differ in size (the bug 2x H200 found), and uneven split
+# tables whose chunks are all one size (the blocks of different pairs differ in size there: the pre-fix layout's
+# regions, at each block's own stride, overlap). The CPU tests check the host property check flags each of them.
+MOVING_CASES = (
+    Case((Call(Operand(torch.bfloat16, 0, 2, 3, 64, 28, 128), Plan(36, 2, 64, tuned=True), "planes2"),)),
+    Case((Call(Operand(torch.bfloat16, 1, 2, 1, 250, 28, 128), Plan(144, 1, 150, tuned=True), "rows"),)),
+    Case((Call(Operand(torch.float32, 0, 4, 4, 7, 1, 3), Plan(72, 1, 3, tuned=True), "rows"),)),
+    Case((Call(Operand(torch.bfloat16, 0, 4, 1, 8, 0, 128, seq_splits=(8, 3, 0, 5), head_splits=(1, 4, 2, 3)),
+               Plan(36, 1, 8, tuned=True), "whole"),)),
+    Case((Call(Operand(torch.bfloat16, 1, 3, 2, 12, 0, 64, seq_splits=(12, 7, 12), head_splits=(5, 0, 2)),
+               Plan(72, 1, 4, tuned=True), "rows"),)),
+)
+
+
 def negative_controls(runner: SimRunner, device: torch.device, gen: torch.Generator, coresident: int,
                       seeds: int = 8) -> list[Result]:
     """The checks must catch known-bad kernels and results; the C API must refuse bad launches."""
@@ -336,14 +486,9 @@ def negative_controls(runner: SimRunner, device: torch.device, gen: torch.Genera
 
     # The pre-fix layout: 2x H200 gave wrong data on uneven plans. The epoch checker must report it
     # on every seed (it flags the shared bytes whichever access comes first).
-    moving_cases = [
-        Case((Call(Operand(torch.bfloat16, 0, 2, 3, 64, 28, 128), Plan(36, 2, 64, tuned=True), "planes2"),)),
-        Case((Call(Operand(torch.bfloat16, 1, 2, 1, 250, 28, 128), Plan(144, 1, 150, tuned=True), "rows"),)),
-        Case((Call(Operand(torch.float32, 0, 4, 4, 7, 1, 3), Plan(72, 1, 3, tuned=True), "rows"),)),
-    ]
     corrupted_runs = 0
-    for case in moving_cases:
-        assert all(c.uneven() for c in case.calls)
+    for case in MOVING_CASES:
+        assert all(c.uneven() or c.operand.uneven_splits for c in case.calls)
         inputs, refs = data(case, gen, device)
         flagged = 0
         for seed in range(seeds):
@@ -355,7 +500,7 @@ def negative_controls(runner: SimRunner, device: torch.device, gen: torch.Genera
                f"flagged on {flagged}/{seeds} seeds" if flagged == seeds else "")
     # Informational: how often the pre-fix layout actually corrupted data in this simulation.
     results.append(Result("info: pre-fix layout corrupted outputs (skew, no checker)", True,
-                          f"{corrupted_runs} of {len(moving_cases) * seeds} runs", 0.0))
+                          f"{corrupted_runs} of {len(MOVING_CASES) * seeds} runs", 0.0))
 
     case = Case((Call(Operand(torch.bfloat16, 0, 4, 2, 5, 2, 128), Plan(144, 1, 3, tuned=True), "rows"),))
     inputs, refs = data(case, gen, device)
@@ -422,6 +567,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path, help="write the per-case log here")
     parser.add_argument("--quick", action="store_true", help="a representative subset")
+    parser.add_argument("--set", choices=("even", "uneven", "all"), default="all", dest="which",
+                        help="the even split tables' cases, the uneven ones', or both (default)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("check_sim_peers: no CUDA device", file=sys.stderr)
@@ -436,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda", torch.cuda.current_device())
     coresident = coresident_sim_ctas(lib)
     print(f"co-resident simulation CTAs: {coresident} (P x ctas is capped to this)")
-    cases = build_cases(args.quick, coresident)
+    cases = build_cases(args.quick, coresident, args.which)
     start = time.perf_counter()
     results = run_all(cases, lib, device, coresident)
     passed = sum(r.ok for r in results)

@@ -16,8 +16,7 @@ import ctypes
 
 import torch
 
-from fastvideo.distributed.ulysses.contract import dtype_code
-from fastvideo.distributed.ulysses.native import NativeKernelError, NativeTransport
+from fastvideo.distributed.ulysses.native import NativeKernelError, NativeTransport, call_description
 from fastvideo.distributed.ulysses.policy import Geometry, Plan
 from fastvideo.distributed.ulysses.transport import output_shape
 
@@ -29,19 +28,19 @@ class TestingUnavailable(RuntimeError):
 
 
 def _test_library(transport, what: str):
-    """(library, context handle) of ``transport`` when its library is the test library, else raise."""
+    """(library, context handle, rank) of ``transport`` when its library is the test library, else raise."""
     if not isinstance(transport, NativeTransport):
         raise TestingUnavailable(f"{what} needs the native transport, not {type(transport).__name__}")
     import fastvideo_kernel
     from fastvideo_kernel import testing
 
-    lib, handle = transport.native_context()
+    lib, handle, rank = transport.native_context()
     if not testing.is_testing_library(lib):
         raise TestingUnavailable(
             f"{what} is in the test library ({testing.TESTING_LIBRARY_NAME}), and this transport runs "
             f"{fastvideo_kernel.library_path()}: build it (python fastvideo-kernel/build_lib.py --out DIR --testing) "
             f"and export {fastvideo_kernel.ENV_LIBRARY}=DIR/{testing.TESTING_LIBRARY_NAME} on every rank")
-    return lib, handle
+    return lib, handle, rank
 
 
 def _check(lib, status: int, what: str) -> None:
@@ -70,18 +69,18 @@ def debug_execute(transport: NativeTransport, x: torch.Tensor, geom: Geometry, p
     granule, stamp found, stamp written). ``moving`` runs the pre-fix window layout (a negative control: expect
     violations on uneven plans). The window must hold the plan's bytes plus 8 bytes of stamps per partition
     granule."""
-    lib, handle = _test_library(transport, "the epoch-checked launch")
+    lib, handle, rank = _test_library(transport, "the epoch-checked launch")
     import fastvideo_kernel as fvk
 
-    out = torch.empty(output_shape(geom), dtype=x.dtype, device=x.device)
+    out = torch.empty(output_shape(geom, rank), dtype=x.dtype, device=x.device)
     report = torch.zeros(5, dtype=torch.int64, device=x.device)
     flags = fvk.CALL_DEBUG | (fvk.CALL_DEBUG_MOVING_LAYOUT if moving else 0)
-    call = fvk.Call(size=ctypes.sizeof(fvk.Call), flags=flags, kind=fvk.KIND_SM, mode=geom.mode,
-                    dtype=dtype_code(x.dtype), ctas=plan.ctas, B=geom.B, S=geom.S, H=geom.H, D=geom.D,
-                    planes_per_chunk=plan.planes_per_chunk, rows_per_chunk=plan.rows_per_chunk,
-                    debug_report=report.data_ptr())
+    call, tables = call_description(fvk, geom, x.dtype, kind=fvk.KIND_SM, ctas=plan.ctas,
+                                    planes=plan.planes_per_chunk, rows=plan.rows_per_chunk, flags=flags)
+    call.debug_report = report.data_ptr()
     stream = torch.cuda.current_stream(x.device)
     status = lib.fvk_launch(handle, ctypes.byref(call), x.data_ptr(), out.data_ptr(), stream.cuda_stream, None)
+    del tables  # read by the launch (the kernel holds its own copy of the shares)
     _check(lib, status, "fvk_launch (epoch-checked)")
     return out, [int(v) for v in report.cpu().tolist()]
 
@@ -93,6 +92,6 @@ def fabric_copy(transport, nbytes: int, *, engine: int, ctas: int = 132) -> None
     the copy engines, 1 ``ctas`` CTAs of SM stores. Bypasses the vote: every rank must call it with the same
     arguments, in the same order. Raises ``TestingUnavailable`` (before anything is enqueued) when the
     transport does not run the test library."""
-    lib, handle = _test_library(transport, "the fabric copy")
+    lib, handle, _ = _test_library(transport, "the fabric copy")
     stream = torch.cuda.current_stream()
     _check(lib, lib.fvk_fabric_copy(handle, nbytes, engine, ctas, stream.cuda_stream), "fvk_fabric_copy")

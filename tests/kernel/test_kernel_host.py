@@ -116,8 +116,10 @@ def test_the_probe_maps_the_abi_to_its_offerings_and_checks_the_symbols():
         return types.SimpleNamespace(**{**symbols, "fvk_abi_version": lambda: abi})
 
     votes = fastvideo_kernel.VOTE_SYMBOLS
-    newest = lib(4, "fvk_a2a_original", "fvk_launch", "fvk_vote_would_run", "fvk_relax_capture_mode", *votes)
-    assert fastvideo_kernel.probe(newest) == (4, fastvideo_kernel.OFFERINGS[4], "")
+    newest = lib(5, "fvk_a2a_original", "fvk_launch", "fvk_vote_would_run", "fvk_relax_capture_mode", *votes)
+    assert fastvideo_kernel.probe(newest) == (5, fastvideo_kernel.OFFERINGS[5], "")
+    four = lib(4, "fvk_a2a_original", "fvk_launch", "fvk_vote_would_run", "fvk_relax_capture_mode", *votes)
+    assert fastvideo_kernel.probe(four) == (4, fastvideo_kernel.OFFERINGS[5] - {"uneven"}, "")
     three = lib(3, "fvk_a2a_original", "fvk_a2a_tuned", "fvk_a2a_ce", "fvk_a2a_captured", "fvk_relax_capture_mode",
                 *votes)
     assert fastvideo_kernel.probe(three) == (3, frozenset({"original", "vote", "relax_capture"}), "")
@@ -168,8 +170,9 @@ def launch(lib, desc) -> tuple[int, str]:
 
 def test_built_libraries_identity(product_lib, testing_lib):
     for lib in (product_lib, testing_lib):
-        assert lib.fvk_abi_version() == fastvideo_kernel.ABI_VERSION == 4
-        assert fastvideo_kernel.probe(lib) == (4, fastvideo_kernel.OFFERINGS[4], "")
+        assert lib.fvk_abi_version() == fastvideo_kernel.ABI_VERSION == 5
+        assert fastvideo_kernel.probe(lib) == (5, fastvideo_kernel.OFFERINGS[5], "")
+        assert "uneven" in fastvideo_kernel.probe(lib).offerings
         assert fastvideo_kernel.nccl_version_tuple(lib.fvk_nccl_build_version())[:2] >= (2, 28)
         assert lib.fvk_max_ctas() == 144 and lib.fvk_unique_id_bytes() == 128
     assert kernel_testing.is_testing_library(testing_lib) and not kernel_testing.is_testing_library(product_lib)
@@ -188,7 +191,8 @@ def test_the_call_description_is_checked_before_anything_else(product_lib, testi
         (call(flags=k.CALL_DEBUG_MOVING_LAYOUT), 1, "needs FVK_CALL_DEBUG"),
         (call(flags=k.CALL_DEBUG, kind=k.KIND_CE), 1, "eager SM-kind launch"),
         (call(flags=k.CALL_DEBUG | k.CALL_CAPTURE), 1, "eager SM-kind launch"),
-        (call(head_split=0x1000), 1, "uneven splits"),
+        # Split tables are read with the geometry, after the context check (ABI 4 refused any non-null table here).
+        (call(head_split=0x1000, seq_split=0x2000), 5, "constructed context"),
         (call(kind=k.KIND_CE, flags=k.CALL_CAPTURE), 5, "constructed context"),
     ]
     for lib in (product_lib, testing_lib):
@@ -227,13 +231,13 @@ def test_debug_launches_are_the_test_library_s(product_lib, testing_lib):
 
 def test_the_test_library_refuses_bad_simulations_and_fabric_copies(testing_lib, monkeypatch):
     lib = testing_lib
-    sim = kernel_testing.SimCall(mode=0, dtype=9, ctas=36, B=1, S=4, H=4, D=8, planes_per_chunk=1, rows_per_chunk=4)
+    sim = kernel_testing.SimCall(call=call(dtype=9))
     sim.x[0] = sim.x[1] = sim.out[0] = sim.out[1] = 1
     windows = (ctypes.c_void_p * 2)(1, 2)
     report = (ctypes.c_uint64 * 5)()
     status = lib.fvk_sim_a2a(2, 1, ctypes.byref(sim), windows, 1 << 20, 0, 0, 0, report, None)
     assert status == 1 and "dtype code 9" in fastvideo_kernel.last_error(lib)
-    sim.dtype = 3
+    sim.call.dtype = 3
     status = lib.fvk_sim_a2a(2, 1, ctypes.byref(sim), windows, 16, 0, 0, 0, report, None)
     assert status == 1 and "window" in fastvideo_kernel.last_error(lib)
     status = lib.fvk_sim_a2a(2, 1, ctypes.byref(sim), windows, 1 << 20, 64, 0, 0, report, None)
@@ -244,7 +248,7 @@ def test_the_test_library_refuses_bad_simulations_and_fabric_copies(testing_lib,
     assert "constructed context" in fastvideo_kernel.last_error(lib)
     monkeypatch.setenv(kernel_testing.ENV_TESTING_LIBRARY, str(BUILT_TESTING))
     info = kernel_testing.info()
-    assert info["abi_version"] == 4 and len(info["sha256"]) == 64 and info["path"] == str(BUILT_TESTING)
+    assert info["abi_version"] == 5 and len(info["sha256"]) == 64 and info["path"] == str(BUILT_TESTING)
 
 
 def test_built_library_reports_cuda_errors_without_aborting(product_lib):

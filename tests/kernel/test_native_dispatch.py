@@ -5,8 +5,10 @@ which call description, and that the per-signature launch cache (``_launch_for``
 Every call must reach ``fvk_launch`` once, with a call description equal to the one the per-call formula
 gives (plan kind, flags, geometry, plan; the original plan as 36 CTAs over (B, S)), eager and captured, for
 both kinds and modes, from a fresh cache and from a warm one, so a cached description cannot drift from what
-the library expects; the voted form passes the vote's handle and buffers and acts on the stage the library
-reports. A GPU runs the real library through the same method (``tests/kernel/smoke_native_single_rank.py``,
+the library expects; an uneven call's description points at its split tables (every rank's shares, read as the
+library reads them, at the call), none where a table is even, and needs the build's ``uneven`` offering; the
+voted form passes the vote's handle and buffers and acts on the stage the library reports. A GPU runs the real
+library through the same method (``tests/kernel/smoke_native_single_rank.py``,
 ``benchmarks/measure_launch_host.py``); a build older than ``fvk_launch`` is ``tests/kernel/test_oldest_abi.py``.
 """
 
@@ -18,9 +20,9 @@ import pytest
 import torch
 
 from fastvideo.distributed.ulysses.contract import dtype_code
-from fastvideo.distributed.ulysses.native import EVENT_RING, NativeKernelError, NativeTransport
+from fastvideo.distributed.ulysses.native import EVENT_RING, NativeKernelError, NativeTransport, call_description
 from fastvideo.distributed.ulysses.policy import ENGINE_CE, MAX_CTAS, ORIGINAL_CTAS, Geometry, Plan
-from fastvideo.distributed.ulysses.transport import ConstructionContext, VoteNotStarted, output_shape
+from fastvideo.distributed.ulysses.transport import ENTRIES, ConstructionContext, VoteNotStarted, output_shape
 from tests.kernel.built import fastvideo_kernel as fvk
 
 HANDLE, RAW_STREAM = 0x5EED, 0xC0DE
@@ -29,18 +31,26 @@ FIELDS = ("size", "flags", "kind", "mode", "dtype", "ctas", "B", "S", "H", "D", 
           "seq_split", "head_split", "debug_report")
 
 
-class FakeLib:
-    """Records what each ``fvk_launch`` received (the call description read through its pointer, as the C
-    library reads it) and answers as the test sets: a status, and for the voted form the stage."""
+def read_table(address: int | None, world: int) -> tuple[int, ...] | None:
+    """The ``int64_t[world]`` a split-table pointer points at, as the library reads it (None for null)."""
+    return None if not address else tuple(ctypes.cast(address, ctypes.POINTER(ctypes.c_int64))[:world])
 
-    def __init__(self) -> None:
+
+class FakeLib:
+    """Records what each ``fvk_launch`` received (the call description read through its pointer, and the split
+    tables through theirs, as the C library reads them at the call) and answers as the test sets: a status, and
+    for the voted form the stage."""
+
+    def __init__(self, world: int = 2) -> None:
         self.calls: list[tuple] = []
+        self.world = world
         self.status, self.stage, self.vote_ns = 0, fvk.STAGE_LAUNCHED, 1500
 
     def fvk_launch(self, ctx, call, x, out, stream, vote):
         desc = call._obj  # what the pointer points at (ctypes.byref's object)
         seen = {"ctx": ctx.value, "x": x, "out": out, "stream": stream, "vote": None,
-                "call": {name: getattr(desc, name) for name in FIELDS}}
+                "call": {name: getattr(desc, name) for name in FIELDS},
+                "tables": (read_table(desc.seq_split, self.world), read_table(desc.head_split, self.world))}
         if vote is not None:
             v = vote._obj
             seen["vote"] = (v.size, v.handle, v.fields, v.votes, v.timeout_ns)
@@ -60,13 +70,13 @@ class FakeEvent:
         self.recorded_on.append(stream)
 
 
-def transport(world: int = 2, offerings=ALL) -> tuple[NativeTransport, FakeLib]:
+def transport(world: int = 2, offerings=ALL, rank: int = 0) -> tuple[NativeTransport, FakeLib]:
     t = NativeTransport()
-    lib = FakeLib()
+    lib = FakeLib(world)
     t._lib, t._fvk, t._handle = lib, fvk, ctypes.c_void_p(HANDLE)
     t._offerings = frozenset(offerings)
-    t._entries = t._offerings & {"original", "tuned", "ce", "capture", "ce_capture"}
-    t._ctx = ConstructionContext(rank=0, world_size=world, device=torch.device("cpu"), window_bytes=1 << 20,
+    t._entries = t._offerings & ENTRIES  # what capability() keeps
+    t._ctx = ConstructionContext(rank=rank, world_size=world, device=torch.device("cpu"), window_bytes=1 << 20,
                                  max_ctas=MAX_CTAS, device_group=None, all_gather_object=lambda o: [o])
     t._events = [FakeEvent() for _ in range(EVENT_RING)]
     t._event = t._events[-1]
@@ -86,7 +96,7 @@ def expected(x: torch.Tensor, out: torch.Tensor, geom: Geometry, plan: Plan, cap
             "ctas": ctas, "B": geom.B, "S": geom.S, "H": geom.H, "D": geom.D, "planes_per_chunk": planes,
             "rows_per_chunk": rows, "seq_split": None, "head_split": None, "debug_report": None}
     return {"ctx": HANDLE, "x": x.data_ptr(), "out": out.data_ptr(), "stream": RAW_STREAM, "vote": None,
-            "call": call}
+            "call": call, "tables": (geom.seq_splits, geom.head_splits)}
 
 
 def plans(geom: Geometry) -> list[Plan]:
@@ -111,6 +121,66 @@ def test_execute_makes_one_library_call_with_the_per_call_description(mode: int,
     recorded = [s for e in t._events for s in e.recorded_on]
     # One completion event per eager call, on its stream; a capture runs nothing, so it records none.
     assert recorded == ([] if capture else ["the-stream"] * (2 * len(plans(geom))))
+
+
+UNEVEN = [((5, 0, 3), (2, 4, 1)), ((5, 0, 3), None), (None, (2, 4, 1))]  # P = 3: both tables, seq only, heads only
+
+
+@pytest.mark.parametrize("capture", [False, True], ids=["eager", "captured"])
+@pytest.mark.parametrize("tables", UNEVEN, ids=["both", "seq", "heads"])
+@pytest.mark.parametrize("rank", [0, 1, 2])
+@pytest.mark.parametrize("mode", [0, 1])
+def test_an_uneven_call_passes_its_split_tables(mode: int, rank: int, tables, capture: bool):
+    """The description of an uneven call is the even formula's (geometry in the largest share's terms) with
+    pointers to every rank's shares, read at the call, from a fresh cache and a warm one (the cached launch keeps
+    its tables alive); this rank's input and output have its own shares' shapes (rank 1's are empty where its
+    sequence share is 0)."""
+    seq, heads = tables
+    geom = Geometry(mode, torch.bfloat16, 2, 5, 7 if heads else 6, 16, 3, seq, heads)
+    t, lib = transport(world=3, rank=rank)
+    inverse = Geometry(1 - mode, geom.dtype, 2, 5, geom.H, 16, 3, seq, heads)
+    x = torch.randn(output_shape(inverse, rank)).to(geom.dtype)  # this rank's input: the inverse call's output
+    for round_ in range(2):
+        for plan in plans(geom):
+            out = t.execute(x, geom, plan, capture=capture)
+            assert tuple(out.shape) == output_shape(geom, rank) and out.dtype == geom.dtype
+            # Everything but the call's fields as expected, the tables' values included; then the fields but the
+            # table pointers (addresses of the launch's own arrays).
+            assert lib.calls[-1] == expected(x, out, geom, plan, capture) | {"call": lib.calls[-1]["call"]}
+            seen = lib.calls[-1]["call"]
+            assert {k: v for k, v in seen.items() if k not in ("seq_split", "head_split")} == {
+                k: v for k, v in expected(x, out, geom, plan, capture)["call"].items()
+                if k not in ("seq_split", "head_split")}, (round_, plan)
+    assert len(t._launches) == len(plans(geom))
+
+
+def test_an_uneven_call_needs_the_offering_and_an_even_one_does_not():
+    """A build without ``uneven`` (ABI 4) refuses an uneven plan before the library is called (the planner never
+    plans one there: its capability lacks ``ENTRY_UNEVEN``); the same build runs the even call."""
+    t, lib = transport(world=3, offerings=fvk.OFFERINGS[4])
+    geom = Geometry(0, torch.float32, 1, 5, 6, 16, 3, (5, 0, 3), None)
+    with pytest.raises(NativeKernelError, match="needs the 'uneven' offering"):
+        t.execute(torch.randn(1, 5, 6, 16), geom, Plan(144, 1, 3, tuned=True))
+    assert not lib.calls and not t._launches
+    even = Geometry(0, torch.float32, 1, 5, 6, 16, 3)
+    t.execute(torch.randn(1, 5, 6, 16), even, Plan(144, 1, 3, tuned=True))
+    assert lib.calls[-1]["tables"] == (None, None)
+
+
+def test_call_description_points_at_the_tables_it_returns():
+    """``call_description``: the tables as ``int64_t[P]`` arrays the description holds the addresses of; null
+    pointers for even tables; the rest of the description as the launch formula gives it."""
+    geom = Geometry(1, torch.float16, 3, 9, 10, 8, 4, (9, 0, 2, 9), (1, 2, 3, 4))
+    desc, (seq, heads) = call_description(fvk, geom, geom.dtype, kind=fvk.KIND_CE, ctas=66, planes=2, rows=4,
+                                          flags=fvk.CALL_CAPTURE)
+    assert desc.seq_split == ctypes.addressof(seq) and desc.head_split == ctypes.addressof(heads)
+    assert read_table(desc.seq_split, 4) == (9, 0, 2, 9) and read_table(desc.head_split, 4) == (1, 2, 3, 4)
+    assert (desc.size, desc.flags, desc.kind, desc.mode, desc.dtype, desc.ctas) == (
+        ctypes.sizeof(fvk.Call), fvk.CALL_CAPTURE, fvk.KIND_CE, 1, dtype_code(torch.float16), 66)
+    assert (desc.B, desc.S, desc.H, desc.D, desc.planes_per_chunk, desc.rows_per_chunk) == (3, 9, 10, 8, 2, 4)
+    even, none = call_description(fvk, Geometry(0, torch.float32, 1, 4, 8, 8, 4), torch.float32, kind=fvk.KIND_SM,
+                                  ctas=36, planes=1, rows=4)
+    assert none == (None, None) and even.seq_split is None and even.head_split is None
 
 
 def test_the_cached_description_is_the_formula_s_negative_control():

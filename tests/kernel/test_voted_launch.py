@@ -121,7 +121,8 @@ def test_the_voted_launch_refuses_before_any_exchange(lib):
         ({"flags": fastvideo_kernel.CALL_CAPTURE}, 1, "eager and unchecked"),
         ({"flags": fastvideo_kernel.CALL_DEBUG}, 1, "eager and unchecked"),
         ({"flags": 64}, 1, "unknown bits"),
-        ({"seq_split": ctypes.addressof(fields)}, 1, "uneven splits"),
+        # Split tables are no refusal (ABI 5): the call reaches the vote (ABI 4 refused them here).
+        ({"seq_split": ctypes.addressof(fields), "head_split": ctypes.addressof(fields)}, 5, "is not open"),
         ({"size": 8}, 1, "fvk_call.size 8"),
     ]
     for call, code, message in cases:

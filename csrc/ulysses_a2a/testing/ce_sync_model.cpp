@@ -1,32 +1,39 @@
 // Host-side property check of the copy-engine plan kind's synchronisation (ce_plan.h).
 //
 // It replays ce_schedule() -- the function the launcher executes -- for a sequence of calls on every
-// rank, builds the happens-before graph the CUDA semantics give those operations, and checks every
+// rank, each rank from its own Problem (so a rank whose shares are 0 runs its own, identical schedule and
+// pushes nothing), builds the happens-before graph the CUDA semantics give those operations, and checks every
 // pair of window accesses that touch the same bytes:
 //   * stream order: the ops of one (rank, stream) in issue order; the caller's stream carries on
 //     from call to call, and so does the context's copy stream;
 //   * events: a wait follows the latest record of the same event issued before it (host issue
 //     order), which is what cudaStreamWaitEvent captures; a wait on a never-recorded event orders
 //     nothing;
-//   * barriers: the k-th barrier of every rank pairs up (every rank issues the same schedule); each
-//     rank's arrival happens before every rank's departure;
-//   * accesses: push(c) by rank r writes block r of buffer c % 2 in every peer's window; copy-out(c)
-//     on rank w reads blocks src != w of its buffer c % 2. Two accesses of one block must be ordered
-//     in sequence order (write before its copy-out, copy-out before the next write into the block);
+//   * barriers: the k-th barrier of every rank pairs up (every rank issues the same schedule, checked);
+//     each rank's arrival happens before every rank's departure;
+//   * accesses, as byte ranges: push(c) by rank r writes, in every peer's window, what the launcher's own
+//     copies (ce_push_copies) write there; copy-out(c) on rank w reads each source's block of chunk c from
+//     buffer c % 2 (layout.h's block_bytes at ce_block_offset, what ce_copy_out_chunk reads). An empty
+//     block is no access. Two accesses of the same bytes must be ordered in sequence order (a write before
+//     the copy-out of its chunk, a copy-out before the next write of its bytes);
+//   * addressing, against the all-to-all's definition: every push stays inside its own block (buffer c % 2,
+//     its source), and moves exactly the bytes the call's shares define for that pair;
 //   * containment: copy-stream work of a call happens after the caller's stream reached the call
 //     (its input and output are ready) and before the call ends on the caller's stream.
-// SM-kind calls (chunks = kCeSmCall) between copy-engine calls: the fused kernel on the caller's stream,
+// SM-kind calls (kind FVK_KIND_SM) between copy-engine calls: the fused kernel on the caller's stream,
 // modelled at the granularity that matters across kinds. Its CTAs meet the peers' CTAs at LSA barriers
 // before storing into the peers' windows and again before copying out, so the model has one barrier hub
 // before the stores (every rank's arrival after its stream reached the call) and one after them; the
 // stores may touch any byte of every peer's window, the copy-out any byte of the rank's own. Races among
-// one SM call's own CTAs are sync_model.cpp's (per-CTA barriers): pairs of accesses of the same SM call
+// one SM call's own CTAs are sync_model.cu's (per-CTA barriers): pairs of accesses of the same SM call
 // are not checked here.
 // With kCeModelStreamPerCall, no stream carries on from call to call: each call's ops run on streams of
 // their own (a CUDA-graph replay's branches, a call on another stream), ordered after the previous call
 // only through the completion event the launchers record after the join and wait for before the fork
 // (kCeDropDoneWait drops that wait: the negative control).
-// No GPU: runs in CI, with negative controls that drop one ordering each (ce_plan.h's CeDrop).
+// No GPU: runs in CI, with negative controls that drop one ordering each (ce_plan.h's CeDrop), and the
+// even-only layout (kEvenOnly) applied to uneven shares.
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -44,11 +51,23 @@ struct Node {
 };
 
 struct Access {
-  int node, rank, window, buffer, src, call;
+  int node, rank, window, call;
+  int64_t lo, hi;  // window bytes [lo, hi)
   int64_t chunk;
+  int src;  // the block's source rank (for messages; -1 for an SM-kind call)
   bool write;
-  bool sm = false;  // an SM-kind call's access (any block of the window)
+  bool sm = false;  // an SM-kind call's access (any byte of the window)
 };
+
+// The all-to-all's definition of the bytes `src` sends `dst` in a chunk, from the call's own tables (not from
+// layout.h): the chunk's rows of the sequence share they come from, the other rank's heads.
+int64_t defined_block_bytes(const fvk_call& call, int world, const Chunk& ch, int src, int dst) {
+  const int owner = call.mode == 0 ? src : dst, holder = call.mode == 0 ? dst : src;
+  const int64_t seq = call.seq_split ? call.seq_split[owner] : call.S;
+  const int64_t heads = call.head_split ? call.head_split[holder] : call.H / world;
+  const int64_t end = ch.r0 + ch.nr < seq ? ch.r0 + ch.nr : seq, rows = end > ch.r0 ? end - ch.r0 : 0;
+  return ch.np * rows * heads * call.D * itemsize_of(call.dtype);
+}
 
 class Graph {
  public:
@@ -97,27 +116,42 @@ class Graph {
 
 using namespace fvk;
 
-extern "C" int fvk_check_ce_sync(int world, int ncalls, const int64_t* chunks, unsigned drop, int64_t* violations,
-                                 char* msg, int len) {
-  if (!chunks || !violations) return set_error(FVK_ERR_INVALID, "null chunks or violations");
+extern "C" int fvk_check_ce_sync(int world, int ncalls, const fvk_call* calls, int layout, unsigned drop,
+                                 int64_t* violations, char* msg, int len) {
+  if (!calls || !violations) return set_error(FVK_ERR_INVALID, "null calls or violations");
   if (world < 1 || world > kMaxWorld)
     return set_error(FVK_ERR_INVALID, "world size %d outside 1..%d", world, kMaxWorld);
   if (ncalls < 1 || ncalls > 16) return set_error(FVK_ERR_INVALID, "ncalls=%d outside 1..16", ncalls);
-  for (int n = 0; n < ncalls; ++n)
-    if ((chunks[n] < 1 || chunks[n] > 256) && chunks[n] != kCeSmCall)
-      return set_error(FVK_ERR_INVALID, "call %d: chunks=%lld outside 1..256 (or %lld: an SM-kind call)", n,
-                       (long long)chunks[n], (long long)kCeSmCall);
+  if (layout != kStatic && layout != kEvenOnly)
+    return set_error(FVK_ERR_INVALID, "layout %d is not FVK_LAYOUT_STATIC or FVK_LAYOUT_EVEN_ONLY", layout);
   if (drop > 255) return set_error(FVK_ERR_INVALID, "drop 0x%x has unknown bits", drop);
+  std::vector<Problem> problems(ncalls);  // an SM-kind call's is unused (its accesses cover the whole window)
+  for (int n = 0; n < ncalls; ++n) {
+    if (calls[n].kind == FVK_KIND_SM) continue;
+    if (calls[n].kind != FVK_KIND_CE)
+      return set_error(FVK_ERR_INVALID, "call %d: kind %d is not FVK_KIND_CE or FVK_KIND_SM", n, calls[n].kind);
+    const int status = make_problem(world, calls[n], kMaxCtas, SIZE_MAX / 4, problems[n], layout);
+    if (status != FVK_OK) return status;
+    if (num_chunks(problems[n]) > 256)
+      return set_error(FVK_ERR_INVALID, "call %d: %lld chunks, the check takes up to 256", n,
+                       (long long)num_chunks(problems[n]));
+  }
   const bool per_call = drop & kCeModelStreamPerCall;
   const bool done_wait = per_call && !(drop & kCeDropDoneWait);
   const unsigned schedule_drop = drop & 31u;
 
+  int64_t bad = 0;
+  std::string first;
+  auto fail = [&](const std::string& what) {
+    if (bad++ == 0) first = what;
+  };
   Graph g;
   std::vector<Access> acc;
   std::vector<int> barrier_hub;  // one node per barrier index, shared by all ranks
   std::vector<int> sm_hub;       // the same for the SM-kind calls' two barrier meetings
   std::vector<std::vector<int>> starts(world), ends(world);
   std::vector<std::vector<std::pair<int, int>>> copy_ops(world);  // (call, node) of copy-stream work
+  std::vector<int> meetings(world);                               // barriers each rank issued
   for (int r = 0; r < world; ++r) {
     int last[2] = {-1, -1};  // last node per stream
     int recorded[kCeEvents];
@@ -147,25 +181,25 @@ extern "C" int fvk_check_ce_sync(int world, int ncalls, const int64_t* chunks, u
       on(kMainStream, start);
       if (done_wait && n > 0) g.edge(ends[r][n - 1], start);
       starts[r].push_back(start);
-      if (chunks[n] == kCeSmCall) {
+      if (calls[n].kind == FVK_KIND_SM) {
         if (!(drop & kCeDropSmEntryBarrier)) meet(kMainStream, sm_hub, sm_barriers);
         const int stores = g.add();
         on(kMainStream, stores);
         meet(kMainStream, sm_hub, sm_barriers);
         const int copy_out = g.add();
         on(kMainStream, copy_out);
-        for (int q = 0; q < world; ++q)
-          for (int b = 0; b < 2; ++b)
-            for (int src = 0; src < world; ++src) {
-              if (q != r) acc.push_back(Access{stores, r, q, b, src, n, -1, true, true});
-              if (q == r) acc.push_back(Access{copy_out, r, r, b, src, n, -1, false, true});
-            }
+        for (int q = 0; q < world; ++q) {
+          if (q != r) acc.push_back(Access{stores, r, q, n, 0, INT64_MAX, -1, -1, true, true});
+          if (q == r) acc.push_back(Access{copy_out, r, r, n, 0, INT64_MAX, -1, -1, false, true});
+        }
         const int end = g.add();
         on(kMainStream, end);
         ends[r].push_back(end);
         continue;
       }
-      ce_schedule(chunks[n], schedule_drop, [&](const CeOp& op) {
+      Problem p = problems[n];
+      p.rank = r;
+      ce_schedule(num_chunks(p), schedule_drop, [&](const CeOp& op) {
         if (op.kind == kCeBarrier) {
           meet(op.stream, barrier_hub, barriers);
           return;
@@ -175,45 +209,71 @@ extern "C" int fvk_check_ce_sync(int world, int ncalls, const int64_t* chunks, u
         if (op.kind == kCeRecord) recorded[op.event] = v;
         if (op.kind == kCeWait) g.edge(recorded[op.event], v);
         if (op.stream == kCopyStream) copy_ops[r].push_back({n, v});
+        if (op.kind != kCePush && op.kind != kCeCopyOut) return;
+        const Chunk ch = chunk_at(p, op.chunk);
         const int buffer = static_cast<int>(op.chunk % 2);
-        if (op.kind == kCePush)
-          for (int q = 0; q < world; ++q)
-            if (q != r) acc.push_back(Access{v, r, q, buffer, r, n, op.chunk, true});
-        if (op.kind == kCeCopyOut)
-          for (int src = 0; src < world; ++src)
-            if (src != r) acc.push_back(Access{v, r, r, buffer, src, n, op.chunk, false});
+        const std::string where =
+            "call " + std::to_string(n) + " chunk " + std::to_string(op.chunk) + " rank " + std::to_string(r);
+        if (op.kind == kCePush) {
+          // The launcher's own copies, gathered per peer: one access per peer, over the bytes they span.
+          std::vector<int64_t> lo(world, INT64_MAX), hi(world, -1), moved(world, 0);
+          const int64_t block = ce_block_offset(p, buffer, r), block_end = block + full_block_bytes(p);
+          ce_push_copies(p, op.chunk, [&](const CeCopy& k) {
+            const int64_t end = k.dst_offset + (k.rows - 1) * k.dst_pitch + k.width;
+            if (k.dst_offset < block || end > block_end) fail("a push leaves its block: " + where);
+            lo[k.peer] = lo[k.peer] < k.dst_offset ? lo[k.peer] : k.dst_offset;
+            hi[k.peer] = hi[k.peer] > end ? hi[k.peer] : end;
+            moved[k.peer] += k.rows * k.width;
+          });
+          for (int q = 0; q < world; ++q) {
+            if (q == r) continue;
+            const int64_t want = defined_block_bytes(calls[n], world, ch, r, q);
+            if (moved[q] != want)
+              fail("rank " + std::to_string(r) + " pushes " + std::to_string(moved[q]) + " bytes to rank " +
+                   std::to_string(q) + " in call " + std::to_string(n) + " chunk " + std::to_string(op.chunk) +
+                   ", the shares define " + std::to_string(want));
+            if (moved[q]) acc.push_back(Access{v, r, q, n, lo[q], hi[q], op.chunk, r, true});
+          }
+        } else {
+          for (int src = 0; src < world; ++src) {
+            const int64_t bytes = src == r ? 0 : block_bytes(p, ch, src, r);
+            const int64_t lo = ce_block_offset(p, buffer, src);
+            if (bytes) acc.push_back(Access{v, r, r, n, lo, lo + bytes, op.chunk, src, false});
+          }
+        }
       });
       const int end = g.add();  // what the caller's stream runs after the call
       on(kMainStream, end);
       ends[r].push_back(end);
     }
+    meetings[r] = barriers + sm_barriers;
   }
-  int64_t bad = 0;
-  std::string first;
-  auto fail = [&](const std::string& what) {
-    if (bad++ == 0) first = what;
-  };
+  for (int r = 1; r < world; ++r)
+    if (meetings[r] != meetings[0])
+      fail("rank " + std::to_string(r) + " meets " + std::to_string(meetings[r]) + " barriers, rank 0 " +
+           std::to_string(meetings[0]) + ": they would pair with the wrong ones");
   if (!g.close()) {
-    *violations = 1;
+    *violations = bad + 1;
     if (msg && len > 0) snprintf(msg, static_cast<size_t>(len), "the schedule's happens-before graph has a cycle");
     return FVK_OK;
   }
   auto describe = [](const Access& a) {
-    char buf[128];
+    char buf[160];
     if (a.sm)
       snprintf(buf, sizeof(buf), "call %d (SM kind) %s rank %d's window (by rank %d)", a.call,
                a.write ? "store into" : "copy-out of", a.window, a.rank);
     else
-      snprintf(buf, sizeof(buf), "call %d chunk %lld %s of block %d, buffer %d of rank %d's window (by rank %d)",
-               a.call, static_cast<long long>(a.chunk), a.write ? "push" : "copy-out", a.src, a.buffer, a.window,
-               a.rank);
+      snprintf(buf, sizeof(buf),
+               "call %d chunk %lld %s of block %d, bytes [%lld, %lld) of rank %d's window (by rank %d)", a.call,
+               static_cast<long long>(a.chunk), a.write ? "push" : "copy-out", a.src, static_cast<long long>(a.lo),
+               static_cast<long long>(a.hi), a.window, a.rank);
     return std::string(buf);
   };
   for (size_t i = 0; i < acc.size(); ++i) {
     for (size_t j = i + 1; j < acc.size(); ++j) {
       const Access &a = acc[i], &b = acc[j];
-      if (a.window != b.window || a.buffer != b.buffer || a.src != b.src || (!a.write && !b.write)) continue;
-      if (a.sm && b.sm && a.call == b.call) continue;  // within one SM call: sync_model.cpp's per-CTA check
+      if (a.window != b.window || a.hi <= b.lo || b.hi <= a.lo || (!a.write && !b.write)) continue;
+      if (a.sm && b.sm && a.call == b.call) continue;  // within one SM call: sync_model.cu's per-CTA check
       // Sequence order: (call, chunk), and within one chunk the push before its copy-out.
       const bool a_first = a.call != b.call ? a.call < b.call : a.chunk != b.chunk ? a.chunk < b.chunk : a.write;
       const Access& x = a_first ? a : b;

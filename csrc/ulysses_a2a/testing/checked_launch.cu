@@ -43,7 +43,7 @@ struct CheckedLsaEnv : LsaEnv {
 
 template <typename V>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
-    checked_a2a_kernel(Problem p, ncclWindow_t window, ncclDevComm dev_comm, DebugArgs dbg) {
+    checked_a2a_kernel(const __grid_constant__ Problem p, ncclWindow_t window, ncclDevComm dev_comm, DebugArgs dbg) {
   run_on_lsa<V, CheckedLsaEnv>(p, window, dev_comm, dbg);
 }
 

@@ -45,6 +45,7 @@ struct SimShared {
 // ended) is a rank-local arrival count over all of that rank's CTAs.
 template <bool Check>
 struct SimEnv {
+  static constexpr bool kHost = false;
   static constexpr bool kCheck = Check;
   static constexpr bool kAnyLayout = true;
   const SimShared* sh;
@@ -111,7 +112,7 @@ __global__ void __launch_bounds__(kSimThreads, kSimMinBlocksPerSm)
     const SimCall& call = launch->calls[n];
     env.call = static_cast<uint32_t>(n);
     if (env.cta < call.ctas) {
-      const Problem p = call.rank[env.rank];
+      const Problem& p = call.rank[env.rank];
       switch (call.vec[env.rank]) {
         case 16: run_call<uint4>(p, env, env.cta, call.ctas); break;
         case 8: run_call<uint2>(p, env, env.cta, call.ctas); break;
@@ -144,23 +145,21 @@ extern "C" int fvk_sim_a2a(int world, int ncalls, const fvk_sim_call* calls, voi
   host.world = world;
   int64_t min_granule = 16;
   for (int n = 0; n < ncalls; ++n) {
-    const fvk_sim_call& c = calls[n];
+    const fvk_call& c = calls[n].call;
     Problem base;
-    int64_t operand_bytes = 0;
     // Every CTA of the simulated launch waits only on CTAs of the same launch: kMaxCtas is the LSA
     // barrier's slot count, the same limit as the fused kernel.
-    FVK_TRY(make_problem(world, c.mode, c.dtype, c.B, c.S, c.H, c.D, c.ctas, kMaxCtas, c.planes_per_chunk,
-                         c.rows_per_chunk, window_bytes, base, operand_bytes, layout));
+    FVK_TRY(make_problem(world, c, kMaxCtas, window_bytes, base, layout));
     host.calls[n].ctas = c.ctas;
     host.max_ctas = c.ctas > host.max_ctas ? c.ctas : host.max_ctas;
     min_granule = base.granule < min_granule ? base.granule : min_granule;
     for (int r = 0; r < world; ++r) {
-      if (!c.x[r] || !c.out[r] || !windows[r])
+      if ((!calls[n].x[r] && input_bytes(base, r)) || (!calls[n].out[r] && output_bytes(base, r)) || !windows[r])
         return set_error(FVK_ERR_INVALID, "call %d: null buffer for simulated rank %d", n, r);
       Problem& p = host.calls[n].rank[r];
       p = base;
-      p.x = static_cast<const char*>(c.x[r]);
-      p.out = static_cast<char*>(c.out[r]);
+      p.x = static_cast<const char*>(calls[n].x[r]);
+      p.out = static_cast<char*>(calls[n].out[r]);
       p.rank = r;
       // Each simulated rank picks its own vector width from the pointers it touches, as a real
       // rank would; the CTA partition (granule) is the same for all of them.

@@ -4,8 +4,8 @@
  * library does not contain:
  *   - the epoch-checked SM launch: fvk_launch with FVK_CALL_DEBUG (checked_launch.cu);
  *   - P simulated ranks on one GPU running the fused kernel's own body (sim_ranks.cu);
- *   - the host property checks of both plan kinds' synchronisation and the copy-engine kind's addressing
- *     (sync_model.cpp, ce_sync_model.cpp, ce_addressing.cu; no GPU);
+ *   - the host property checks of both plan kinds' synchronisation and addressing (sync_model.cu,
+ *     ce_sync_model.cpp, addressing.cu; no GPU);
  *   - the benchmark's fabric copy (fabric_copy.cu).
  * Because it holds the product code too, one communicator built through it serves product launches, the
  * epoch-checked launch and the fabric copy alike (the gate and the benchmarks load it in place of the
@@ -20,8 +20,10 @@
 extern "C" {
 #endif
 
-/* 1: the first test library (product ABI 4). */
-#define FVK_TESTING_ABI_VERSION 1
+/* 1: the first test library (product ABI 4).
+   2: product ABI 5 (uneven splits): the simulation and the host checks take fvk_call descriptions (their split
+      tables included), the SM kind's host addressing check, the even-only layout as a negative control. */
+#define FVK_TESTING_ABI_VERSION 2
 FVK_API int fvk_testing_abi_version(void);
 
 /* ---- the epoch-checked launch: fvk_launch with FVK_CALL_DEBUG (collective, like any launch) ----
@@ -31,11 +33,16 @@ FVK_API int fvk_testing_abi_version(void);
    The window must hold the plan's bytes plus 8 bytes of stamps per granule. FVK_CALL_DEBUG_MOVING_LAYOUT:
    the pre-fix window layout (the negative control: wrong with uneven chunks). */
 
+/* The host checks' and the simulation's window layouts: the kernels', and two negative controls (layout.h). */
+#define FVK_LAYOUT_STATIC 0    /* the kernels' layout */
+#define FVK_LAYOUT_MOVING 1    /* regions that move with the block size (the pre-fix layout) */
+#define FVK_LAYOUT_EVEN_ONLY 2 /* the split tables ignored: the layout before uneven splits, applied to them */
+
 /* ---- simulated ranks on one device (no NCCL): the fused kernel's own chunk loop ---- */
-/* One call of a simulated sequence: geometry, plan, and each simulated rank's input and output. */
+/* One call of a simulated sequence: its description (an SM-kind fvk_call: geometry, split tables, plan; flags
+   and debug_report unused) and each simulated rank's input and output (null where that operand is empty). */
 typedef struct fvk_sim_call {
-  int mode, dtype, ctas, reserved;
-  int64_t B, S, H, D, planes_per_chunk, rows_per_chunk;
+  fvk_call call;
   const void* x[8];
   void* out[8];
 } fvk_sim_call;
@@ -50,42 +57,46 @@ typedef struct fvk_sim_call {
 FVK_API int fvk_sim_a2a(int world, int ncalls, const fvk_sim_call* calls, void* const* windows, size_t window_bytes,
                         unsigned flags, unsigned skew_ns, uint64_t seed, uint64_t* report, void* stream);
 
-/* ---- host property check of the synchronisation argument (sync_model.cpp; no GPU) ---- */
-/* Models `ncalls` consecutive calls on `world` ranks (per-CTA barriers, stream order between calls)
-   over the window layout of layout.h, and counts window accesses that conflict without a
-   happens-before order, CTA slices that do not tile their block or leave their region, and accesses
-   outside `window_bytes`. (That a copy-out reads the bytes its store wrote is the simulation's job.)
-   calls: ncalls x 8 int64 (dtype, B, S, H, D, ctas, planes_per_chunk, rows_per_chunk). layout: 0 the
-   kernel's, 1 moving (negative control). schedule: FVK_SYNC_KERNEL (run_call's two barriers per
-   chunk), or a negative control with barriers removed. *violations gets the count; msg (len bytes)
-   describes the first. */
+/* ---- host property check of the synchronisation argument (sync_model.cu; no GPU) ---- */
+/* Models `ncalls` consecutive SM-kind calls (`calls`: their descriptions, split tables included) on `world`
+   ranks: runs the kernel body (movement.cuh's run_call) of every rank and CTA on the host, recording every
+   window access and barrier point, and counts window accesses that conflict without a happens-before order
+   (per-CTA barriers, stream order between calls), CTA slices that do not tile the block the all-to-all's
+   definition gives (every rank's shares) or leave their region, and accesses outside `window_bytes`. (That a
+   copy-out reads the bytes its store wrote is the addressing check's and the simulation's job.) layout:
+   FVK_LAYOUT_*. schedule: FVK_SYNC_KERNEL (run_call's two barriers per chunk), or a negative control with
+   barriers removed. *violations gets the count; msg (len bytes) describes the first. */
 #define FVK_SYNC_NO_FIRST_ENTRY 0 /* no barrier before chunk 0's stores (the cross-call argument) */
 #define FVK_SYNC_KERNEL 1         /* as the kernel runs */
 #define FVK_SYNC_NO_ENTRY 2       /* no barrier before any chunk's stores (write-after-read in a call) */
 #define FVK_SYNC_NO_MIDDLE 3      /* no barrier between stores and copy-out (read-after-write) */
-FVK_API int fvk_check_window_sync(int world, int ncalls, const int64_t* calls, size_t window_bytes, int layout,
+FVK_API int fvk_check_window_sync(int world, int ncalls, const fvk_call* calls, size_t window_bytes, int layout,
                                   int schedule, int64_t* violations, char* msg, int len);
 
 /* The same kind of check for the copy-engine schedule (ce_plan.h's ce_schedule, as the launcher runs
-   it): `ncalls` consecutive calls of chunks[n] chunks on `world` ranks, two streams per rank, event
-   records/waits with reuse as issued, barriers pairing by order. Counts conflicting window accesses
-   (push into a buffer block vs its copy-out) without happens-before, and copy-stream work outside its
-   call (before the caller's stream reached it, or after the call's end). chunks[n] = kCeSmCall (-1):
-   an SM-kind call there instead. drop: 0 as built, or ce_plan.h's kCeDrop* bits (negative controls)
-   and kCeModelStreamPerCall (every call on streams of its own, ordered through the completion event). */
-FVK_API int fvk_check_ce_sync(int world, int ncalls, const int64_t* chunks, unsigned drop, int64_t* violations,
-                              char* msg, int len);
+   it): `ncalls` consecutive calls (`calls`: copy-engine descriptions, split tables included, or SM-kind ones
+   between them) on `world` ranks, two streams per rank, event records/waits with reuse as issued, barriers
+   pairing by order. Each rank runs its own schedule and its own pushes (ce_push_copies), so a rank that sends
+   nothing still issues every barrier. Counts conflicting window accesses (byte ranges of pushes and copy-outs)
+   without happens-before, pushes that leave their block, and copy-stream work outside its call (before the
+   caller's stream reached it, or after the call's end). An SM-kind call: the fused kernel there instead, its
+   stores and copy-out over the whole window. layout: FVK_LAYOUT_STATIC or FVK_LAYOUT_EVEN_ONLY (the negative
+   control). drop: 0 as built, or ce_plan.h's kCeDrop* bits (negative controls) and kCeModelStreamPerCall
+   (every call on streams of its own, ordered through the completion event). */
+FVK_API int fvk_check_ce_sync(int world, int ncalls, const fvk_call* calls, int layout, unsigned drop,
+                              int64_t* violations, char* msg, int len);
 
-/* The copy-engine kind's addressing on the host (no GPU): P ranks' inputs, outputs and windows in host
-   memory, the data movement of one call as the launcher and the kernels address it (ce_push_copies,
-   tensor_rows, ce_block_offset), every push of a chunk before its copy-outs; then every output byte
-   against the all-to-all's definition. *wrong counts differing bytes (and out-of-bounds pushes); msg
-   describes the first. Operands up to 256 MiB. flags: FVK_CE_CHECK_SWAP_BUFFERS (negative control:
-   copy-outs read the other buffer). */
+/* The addressing of one call on the host (addressing.cu; no GPU): P ranks' inputs, outputs and windows in host
+   memory, sized by the call's shares; the data movement of both kinds as the kernels address it, every store
+   or push of a chunk before its copy-outs: for the SM kind every CTA's store_chunk and copy_out_chunk
+   (movement.cuh), for the copy-engine kind the launcher's pushes (ce_push_copies) and its kernels' bodies
+   (ce_own_chunk, ce_copy_out_chunk). Then every output byte against the all-to-all's definition. *wrong
+   counts differing bytes and accesses outside a rank's tensors or window; msg describes the first. Operands up
+   to 256 MiB. layout: FVK_LAYOUT_* (negative controls). flags: FVK_CE_CHECK_SWAP_BUFFERS (negative control of
+   the copy-engine kind: copy-outs read the other buffer). */
 #define FVK_CE_CHECK_SWAP_BUFFERS 1u
-FVK_API int fvk_check_ce_addressing(int world, int mode, int dtype, int64_t B, int64_t S, int64_t H, int64_t D,
-                                    int64_t planes_per_chunk, int64_t rows_per_chunk, unsigned flags, int64_t* wrong,
-                                    char* msg, int len);
+FVK_API int fvk_check_addressing(int world, const fvk_call* call, int layout, unsigned flags, int64_t* wrong, char* msg,
+                                 int len);
 
 /* ---- the benchmark's fabric limit (collective, like a launch; eager only) ---- */
 /* Barrier, every rank copies `bytes` (a multiple of 16, (P + 1) x bytes <= window) from its window into

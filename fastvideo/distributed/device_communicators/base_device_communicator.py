@@ -36,6 +36,7 @@ from fastvideo.distributed.ulysses.layout import (
     mode_for_dims,
     recv_layout,
     send_layout,
+    shares,
     validate_input,
 )
 from fastvideo.distributed.ulysses.nccl import nccl_route
@@ -119,33 +120,59 @@ class DeviceCommunicatorBase:
                                               self.device_group)
         return recv_layout(recv, mode, received)
 
-    def all_gather(self, input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    def all_gather(self, input_: torch.Tensor, dim: int = -1, *, splits: Sequence[int] | None = None) -> torch.Tensor:
         """Every rank's ``input_`` concatenated along ``dim``, in group order. Collective; differentiable (the
-        gradient is reduce-scattered: summed over ranks, each rank keeping its own slice)."""
+        gradient is reduce-scattered: summed over ranks, each rank keeping its own slice).
+
+        ``splits`` (this package's, keyword-only; the same on every rank): every rank's rows along ``dim``, where
+        they differ (``sequence_model_parallel_shard(..., seq_splits=)``'s shards, a head share); None: all alike.
+        Uneven shares travel padded to the largest and are cut back to their own rows, so the result is exact."""
         dim = _check_dim(input_, dim, "all_gather")
         if self.world_size == 1:
             return input_
-        return _all_gather_autograd(input_.contiguous(), dim, self.device_group)
+        table = shares("all_gather", "splits", splits, self.world_size)
+        if table is not None and table[self.rank_in_group] != input_.shape[dim]:
+            raise ValueError(f"all_gather: splits[{self.rank_in_group}] = {table[self.rank_in_group]} but this "
+                             f"rank's input has {input_.shape[dim]} rows along dim {dim}; pass every rank's own "
+                             "row count.")
+        if table is None or len(set(table)) == 1:
+            return _all_gather_autograd(input_.contiguous(), dim, self.device_group)
+        largest = max(table)
+        padded = input_
+        if input_.shape[dim] < largest:
+            pad = [0, 0] * (input_.dim() - 1 - dim) + [0, largest - input_.shape[dim]]
+            padded = F.pad(input_, pad)
+        gathered = _all_gather_autograd(padded.contiguous(), dim, self.device_group)
+        return torch.cat([gathered.narrow(dim, r * largest, rows) for r, rows in enumerate(table)], dim=dim)
 
-    def slice(self, input_: torch.Tensor, dim: int = -1, *, scale_grad: bool) -> torch.Tensor:
-        """This rank's chunk of ``input_`` along ``dim`` (which must divide by the group size), contiguous.
+    def slice(self, input_: torch.Tensor, dim: int = -1, *, scale_grad: bool,
+              splits: Sequence[int] | None = None) -> torch.Tensor:
+        """This rank's chunk of ``input_`` along ``dim``, contiguous: an equal one (the dim must divide by the
+        group size), or with ``splits`` (keyword-only, the same on every rank, summing to the dim) rows
+        ``sum(splits[:rank])`` up to that plus ``splits[rank]``.
 
         Local in the forward. The backward is collective: ``input_``'s gradient is every rank's chunk gradient
         all-gathered (divided by the group size when ``scale_grad``), upstream's formula for an input that every
         rank holds whole. A gradient hook on a private alias of ``input_`` applies it, so gradients that reach
         ``input_`` from its other uses are left as they are."""
         dim = _check_dim(input_, dim, "slice")
-        if input_.shape[dim] % self.world_size:
-            raise ValueError(f"slice: dim {dim} has {input_.shape[dim]} rows, not divisible by the group size "
-                             f"{self.world_size}; pad it first (sequence_model_parallel_shard does).")
-        rows = input_.shape[dim] // self.world_size
-        start, group, scale = self.rank_in_group * rows, self.device_group, self.world_size if scale_grad else 1
+        table = shares("slice", "splits", splits, self.world_size, input_.shape[dim])
+        if table is None:
+            if input_.shape[dim] % self.world_size:
+                raise ValueError(f"slice: dim {dim} has {input_.shape[dim]} rows, not divisible by the group size "
+                                 f"{self.world_size}; pad it first (sequence_model_parallel_shard does), or pass "
+                                 "splits (every rank's rows).")
+            table = (input_.shape[dim] // self.world_size,) * self.world_size
+        rank = self.rank_in_group
+        start, rows = sum(table[:rank]), table[rank]
+        group, scale = self, self.world_size if scale_grad else 1
+        even = len(set(table)) == 1
         if not _grad_tracked(input_):
             return input_.narrow(dim, start, rows).contiguous()
         alias = input_.view_as(input_)
 
         def gathered(grad: torch.Tensor) -> torch.Tensor:
-            full = _all_gather_autograd(grad.narrow(dim, start, rows).contiguous(), dim, group)
+            full = group.all_gather(grad.narrow(dim, start, rows).contiguous(), dim, splits=None if even else table)
             return full / scale if scale != 1 else full
 
         alias.register_hook(gathered)

@@ -213,8 +213,8 @@ def explain(args: argparse.Namespace) -> int:
     print(f"why        {choice.why}")
     if geom.uneven and choice.plan is not None:
         # The policy's plan runs only on a transport that offers uneven plans (the planner requires it).
-        print(f"transport  uneven splits need a transport offering '{ENTRY_UNEVEN}': the native one does not yet (its "
-              "kernels move even shares), so there every rank declines uneven_splits and the NCCL route runs")
+        print(f"transport  uneven splits need a transport offering '{ENTRY_UNEVEN}': the native one with a kernel "
+              "build of ABI 5 or later; on an older build every rank declines uneven_splits and the NCCL route runs")
     return 0
 
 

@@ -52,15 +52,16 @@ def mode_for_dims(scatter_dim: int, gather_dim: int) -> int:
         ) from None
 
 
-def _table(name: str, value: Sequence[int] | None, world_size: int) -> tuple[int, ...] | None:
-    """``value`` as a tuple of ``world_size`` non-negative ints, or a ValueError naming ``name`` and the fix."""
+def _table(name: str, value: Sequence[int] | None, world_size: int, op: str = _OP) -> tuple[int, ...] | None:
+    """``value`` as a tuple of ``world_size`` non-negative ints, or a ValueError naming ``op``, ``name`` and the
+    fix."""
     if value is None:
         return None
     what = f"one non-negative int per SP rank ({world_size}), the same on every rank"
     if isinstance(value, (str, bytes, torch.Tensor)) or not isinstance(value, Sequence):
-        raise ValueError(f"{_OP}: {name} must be a list or tuple of {what}; got {type(value).__name__} {value!r}.")
+        raise ValueError(f"{op}: {name} must be a list or tuple of {what}; got {type(value).__name__} {value!r}.")
     if len(value) != world_size:
-        raise ValueError(f"{_OP}: {name} has {len(value)} entries for SP size {world_size}; pass {what}.")
+        raise ValueError(f"{op}: {name} has {len(value)} entries for SP size {world_size}; pass {what}.")
     table = []
     for r, share in enumerate(value):
         # An int, or a SymInt: a share derived from a dynamic size under torch.compile (kept symbolic, compared
@@ -71,9 +72,9 @@ def _table(name: str, value: Sequence[int] | None, world_size: int) -> tuple[int
                     raise TypeError
                 share = operator.index(share)
             except TypeError:
-                raise ValueError(f"{_OP}: {name}[{r}] = {share!r} is not an int; pass {what}.") from None
+                raise ValueError(f"{op}: {name}[{r}] = {share!r} is not an int; pass {what}.") from None
         if share < 0:
-            raise ValueError(f"{_OP}: {name}[{r}] = {share} is negative; pass {what} (0: an idle rank).")
+            raise ValueError(f"{op}: {name}[{r}] = {share} is negative; pass {what} (0: an idle rank).")
         table.append(share)
     return tuple(table)
 
@@ -148,6 +149,18 @@ def _not_divisible(dim: int, size: int, world_size: int) -> ValueError:
         f"{_OP}: {_DIM_NAMES[dim]} (dim {dim}) = {size} is not divisible by the SP size {world_size}; pass {name} "
         "(every rank's share, the same on every rank) or choose an SP size that divides it."
     )
+
+
+def shares(op: str, name: str, value: Sequence[int] | None, world_size: int,
+           total: int | None = None) -> tuple[int, ...] | None:
+    """``value`` checked as every rank's share of a dim (``world_size`` non-negative ints, summing to ``total``
+    where given), or None; a ValueError naming ``op`` and ``name`` otherwise. For the SP collectives besides the
+    all-to-all (shard, all-gather), whose tables mean what ``seq_splits`` means to it."""
+    table = _table(name, value, world_size, op)
+    if table is not None and total is not None and sum(table) != total:
+        raise ValueError(f"{op}: {name}={list(table)} sums to {sum(table)}, but the dim has {total} rows; pass "
+                         f"shares that sum to {total} (balanced_splits({total}, {world_size}) cuts it evenly).")
+    return table
 
 
 def balanced_splits(total: int, world_size: int) -> tuple[int, ...]:

@@ -39,6 +39,7 @@ from fastvideo.distributed.ulysses.transport import (
     ENTRY_CE_CAPTURE,
     ENTRY_ORIGINAL,
     ENTRY_TUNED,
+    ENTRY_UNEVEN,
     Capability,
     ConstructionContext,
     Step,
@@ -61,14 +62,31 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 class _Launch(NamedTuple):
     """One signature's launch, built once (``_launch_for``): the library call every call of the signature makes,
-    ``fn(ctx, call, x, out, stream, vote)``, with its call description (an ``fvk_call``, passed by reference),
-    the output shape, and the offering it runs on (for messages)."""
+    ``fn(ctx, call, x, out, stream, vote)``, with its call description (an ``fvk_call``, passed by reference) and
+    the split tables it points at (kept alive with it), this rank's output shape, and the offering it runs on
+    (for messages)."""
 
     fn: Callable[..., int]
     call: Any  # ctypes.byref of ``desc``
     desc: Any  # the fvk_call (None for a build older than the one entry)
     out_shape: tuple[int, ...]
     entry: str
+    tables: tuple[Any, Any] = (None, None)  # fastvideo_kernel.split_table arrays ``desc`` points at
+
+
+def call_description(fvk: Any, geom: Geometry, dtype: torch.dtype, *, kind: int, ctas: int, planes: int, rows: int,
+                     flags: int = 0) -> tuple[Any, tuple[Any, Any]]:
+    """Local, pure, host-only. The ``fvk_call`` of a call on ``geom`` (``fvk``: the ``fastvideo_kernel`` loader
+    module) and the split tables it points at: ``geom``'s, or none where a table is the even one. The caller
+    keeps the tables alive as long as the description (it holds their addresses)."""
+    desc = fvk.Call(size=ctypes.sizeof(fvk.Call), flags=flags, kind=kind, mode=geom.mode, dtype=dtype_code(dtype),
+                    ctas=ctas, B=geom.B, S=geom.S, H=geom.H, D=geom.D, planes_per_chunk=planes, rows_per_chunk=rows)
+    tables = (fvk.split_table(geom.seq_splits), fvk.split_table(geom.head_splits))
+    if tables[0] is not None:
+        desc.seq_split = ctypes.addressof(tables[0])
+    if tables[1] is not None:
+        desc.head_split = ctypes.addressof(tables[1])
+    return desc, tables
 
 
 class NativeKernelError(RuntimeError):
@@ -138,7 +156,7 @@ class NativeTransport(Transport):
         except fastvideo_kernel.KernelUnavailable as exc:
             return declined(DeclineReason.TRANSPORT_MISSING, str(exc))
         found = fastvideo_kernel.probe(lib)
-        # ENTRIES holds no ENTRY_UNEVEN: these launches pass no split tables, so uneven calls decline uneven_splits.
+        # ENTRY_UNEVEN where the build offers it (ABI 5 and later); without it uneven calls decline uneven_splits.
         entries = found.offerings & ENTRIES
         known: dict[str, Any] = {"abi_version": found.abi, "entry_points": entries}
         if found.abi < fastvideo_kernel.OLDEST_ABI:
@@ -279,20 +297,20 @@ class NativeTransport(Transport):
             entry = ENTRY_CE_CAPTURE if ce else ENTRY_CAPTURE
         else:
             entry = ENTRY_CE if ce else ENTRY_ORIGINAL if original else ENTRY_TUNED
-        if entry not in self._entries:
-            raise NativeKernelError(f"plan {plan} needs the {entry!r} offering, which this kernel build lacks "
-                                    f"(it offers {sorted(self._entries)}): rebuild fastvideo-kernel")
+        for needed in (entry, ENTRY_UNEVEN) if geom.uneven else (entry,):
+            if needed not in self._entries:
+                raise NativeKernelError(f"plan {plan} needs the {needed!r} offering, which this kernel build lacks "
+                                        f"(it offers {sorted(self._entries)}): rebuild fastvideo-kernel")
         if plan.ctas > MAX_CTAS:
             raise NativeKernelError(f"plan asks for {plan.ctas} CTAs, at most {MAX_CTAS}")
         ctas, planes, rows = ((ORIGINAL_CTAS, geom.B, geom.S) if original
                               else (plan.ctas, plan.planes_per_chunk, plan.rows_per_chunk))
         fvk, lib = self._fvk, self._lib
+        out_shape = output_shape(geom, self._ctx.rank)
         if fvk.LAUNCH in self._offerings:
-            desc = fvk.Call(size=ctypes.sizeof(fvk.Call), flags=fvk.CALL_CAPTURE if capture else 0,
-                            kind=fvk.KIND_CE if ce else fvk.KIND_SM, mode=geom.mode, dtype=dtype_code(dtype),
-                            ctas=ctas, B=geom.B, S=geom.S, H=geom.H, D=geom.D, planes_per_chunk=planes,
-                            rows_per_chunk=rows)
-            launch = _Launch(lib.fvk_launch, ctypes.byref(desc), desc, output_shape(geom), entry)
+            desc, tables = call_description(fvk, geom, dtype, kind=fvk.KIND_CE if ce else fvk.KIND_SM, ctas=ctas,
+                                            planes=planes, rows=rows, flags=fvk.CALL_CAPTURE if capture else 0)
+            launch = _Launch(lib.fvk_launch, ctypes.byref(desc), desc, out_shape, entry, tables)
         else:  # a build older than the one entry offers the original plan alone (its entry has no call description)
             fixed = (geom.mode, dtype_code(dtype), geom.B, geom.S, geom.H, geom.D)
             original_entry = lib.fvk_a2a_original
@@ -300,7 +318,7 @@ class NativeTransport(Transport):
             def fn(handle, call, x, out, stream, vote, fixed=fixed) -> int:
                 return original_entry(handle, x, out, *fixed, stream)
 
-            launch = _Launch(fn, None, None, output_shape(geom), entry)
+            launch = _Launch(fn, None, None, out_shape, entry)
         if len(self._launches) >= 1024:  # bounded: a pathological job re-builds
             self._launches.clear()
         self._launches[key] = launch
@@ -394,13 +412,14 @@ class NativeTransport(Transport):
             return f"plan asks for {plan.ctas} CTAs, at most {MAX_CTAS}"
         return None
 
-    def native_context(self) -> tuple[Any, ctypes.c_void_p]:
-        """Local. The loaded library and this transport's context handle, for launches the product transport does
-        not make on the same communicator (the test library's epoch-checked launch and fabric copy:
-        tests/kernel/native_testing.py). Raises before construction or after destroy."""
+    def native_context(self) -> tuple[Any, ctypes.c_void_p, int]:
+        """Local. The loaded library, this transport's context handle and this rank's place in the communicator,
+        for launches the product transport does not make on the same communicator (the test library's
+        epoch-checked launch and fabric copy: tests/kernel/native_testing.py). Raises before construction or
+        after destroy."""
         if self._handle is None or self._ctx is None:
             raise NativeKernelError("no context: before construction (or after destroy)")
-        return self._lib, self._handle
+        return self._lib, self._handle, self._ctx.rank
 
     def _record_completion(self, stream: torch.cuda.Stream) -> None:
         """After every launch: the call's completion event, round-robin from the ring, for the watchdog."""

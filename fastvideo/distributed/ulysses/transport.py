@@ -33,10 +33,10 @@ ENTRY_TUNED = "tuned"  # SM plans of any CTA count and chunking
 ENTRY_CE = "ce"  # the copy-engine plan kind
 ENTRY_CAPTURE = "capture"  # SM plans captured into a CUDA graph
 ENTRY_CE_CAPTURE = "ce_capture"  # copy-engine plans captured into a CUDA graph
-ENTRIES = frozenset({ENTRY_ORIGINAL, ENTRY_TUNED, ENTRY_CE, ENTRY_CAPTURE, ENTRY_CE_CAPTURE})
-# Plans of calls with uneven seq_splits / head_splits: the planner requires this offering for them. Not in ENTRIES:
-# the native transport's launches pass no split tables yet, so it never offers it, whatever a build exports.
+# Plans of calls with uneven seq_splits / head_splits: the planner requires this offering for them. The native
+# transport offers it where its build does (ABI 5 and later: the launches pass the split tables).
 ENTRY_UNEVEN = "uneven"
+ENTRIES = frozenset({ENTRY_ORIGINAL, ENTRY_TUNED, ENTRY_CE, ENTRY_CAPTURE, ENTRY_CE_CAPTURE, ENTRY_UNEVEN})
 
 
 class VoteNotStarted(RuntimeError):
