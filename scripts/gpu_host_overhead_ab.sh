@@ -8,7 +8,11 @@
 # The fused_host_overhead case (docs/benchmarks.md) under --compare-revs BASE . --tree-libraries: the same benchmark
 # code against each tree's fastvideo, interleaved A, B, A, B for ROUNDS rounds; per row the host-to-completion
 # time of the whole fused call through a one-rank helper on the real library, the launch's device time, their
-# difference, and #wrong. $OUT: summary.txt, commit.txt, logs.tar.gz, ab.json (scripts/gpu_lib.sh).
+# difference, and #wrong. Then the same case on this tree alone with --tag both: an untagged and a tagged row per
+# plan and mode back to back, what a call-site tag costs the host. With HOST_PATH_BASE (another exported tree, e.g.
+# an older one), also the helper's host path at P = 2 over the shared-memory vote (host_path --vote shm), A/B
+# between that tree and this one, each on its own library. $OUT: summary.txt, commit.txt, logs.tar.gz, ab.json,
+# tags.json and host_path_ab.json (scripts/gpu_lib.sh).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_lib.sh"
 gpu_init host-overhead-ab
@@ -19,4 +23,13 @@ step "build base library" 240 build.log "$python" "$BASE/fastvideo-kernel/build_
 step "build this library" 240 build.log "$python" fastvideo-kernel/build_lib.py --out build/kernel
 step "fused host overhead A/B" "${AB_LIMIT_S:-300}" ab.log "$python" -m benchmarks.run fused_host_overhead \
   --compare-revs "$BASE" "$ROOT" --nproc 1 --tree-libraries --rounds "${ROUNDS:-3}" --json "$WORK/logs/ab.json"
-gpu_finish logs/ab.json
+step "fused host overhead, tagged vs untagged" 200 tags.log "$python" -m benchmarks.run fused_host_overhead \
+  --tag both --kernel-library dev --json "$WORK/logs/tags.json"
+if [[ -n "${HOST_PATH_BASE:-}" ]]; then
+  step "build host-path base library" 240 build.log "$python" "$HOST_PATH_BASE/fastvideo-kernel/build_lib.py" \
+    --out "$HOST_PATH_BASE/build/kernel"
+  step "host path A/B (P=2, shm vote)" 240 host_path_ab.log "$python" -m benchmarks.run host_path \
+    --compare-revs "$HOST_PATH_BASE" "$ROOT" --nproc 2 --tree-libraries --rounds "${ROUNDS:-3}" \
+    --json "$WORK/logs/host_path_ab.json" --vote shm
+fi
+gpu_finish logs/ab.json logs/tags.json logs/host_path_ab.json
