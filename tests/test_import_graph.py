@@ -122,9 +122,9 @@ GRAPH = import_graph(ROOT, "fastvideo")
 U = "fastvideo.distributed.ulysses"
 # The routes and the pure pieces below the helper, and what they must never reach.
 BELOW_HELPER = [f"{U}.{m}" for m in ("layout", "nccl", "transport", "native", "vote", "contract", "policy",
-                                     "watchdog", "planner", "stats")]
+                                     "watchdog", "planner", "stats", "mismatch", "lifecycle")]
 ABOVE = {f"{U}.helper", f"{U}.ops", f"{U}.registry", f"{U}.construction", "fastvideo.distributed.communication_op",
-         "fastvideo.distributed.parallel_state",
+         "fastvideo.distributed.parallel_state", "fastvideo.distributed.sp_groups",
          "fastvideo.layers.attention", "fastvideo.entrypoints.sp_attention_demo", "fastvideo.attention.layer",
          "fastvideo.distributed.device_communicators.ulysses_a2a"}
 
@@ -136,6 +136,8 @@ def test_the_graph_sees_the_package():
     assert f"{U}.helper" in GRAPH[f"{U}.ops"]
     assert "fastvideo.distributed.parallel_state" in GRAPH["fastvideo.entrypoints.sp_attention_demo"]
     assert f"{U}.native" in GRAPH[f"{U}.construction"]  # imported inside a function
+    assert {f"{U}.mismatch", f"{U}.lifecycle"} <= GRAPH[f"{U}.helper"]
+    assert "fastvideo.distributed.sp_groups" in GRAPH["fastvideo.distributed.parallel_state"]
 
 
 def test_no_import_cycle_among_fastvideo_modules():
@@ -150,6 +152,8 @@ def test_routes_import_nothing_above_them(module):
 
 def test_parallel_state_does_not_import_the_helper_and_the_helper_not_the_public_op():
     assert f"{U}.helper" not in closure(GRAPH, "fastvideo.distributed.parallel_state")
+    # the SP groups sit below upstream's entry points, which build on them and re-export them
+    assert "fastvideo.distributed.parallel_state" not in closure(GRAPH, "fastvideo.distributed.sp_groups")
     # public op -> the torch.library op -> helper: nothing below reaches back up
     assert {"fastvideo.distributed.communication_op", f"{U}.ops", f"{U}.registry"} & closure(GRAPH, f"{U}.helper") \
         == set()

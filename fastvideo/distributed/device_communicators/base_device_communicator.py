@@ -1,6 +1,6 @@
 """The collectives of one process group, as upstream FastVideo's ``DeviceCommunicatorBase`` offers them.
 
-Every ``GroupCoordinator`` (``parallel_state``) builds one on first use of ``device_communicator``:
+Every ``GroupCoordinator`` (``sp_groups``) builds one on first use of ``device_communicator``:
 
 * ``all_to_all_4D(x, scatter_dim=2, gather_dim=1)``: the NCCL route of the Ulysses all-to-all over this
   group's device group (``ulysses/nccl.py``; gloo on CPU), differentiable. It is the oracle upstream's tests
@@ -13,7 +13,7 @@ Every ``GroupCoordinator`` (``parallel_state``) builds one on first use of ``dev
   collective, so it traces under ``torch.compile(fullgraph=True)``.
 * ``ulysses_a2a``: the SP group's Ulysses helper, or None (``device_communicators/ulysses_a2a.py``).
 
-This module sits below the Ulysses helper (``parallel_state`` imports it, and the helper imports
+This module sits below the Ulysses helper (``sp_groups`` imports it, and the helper imports
 ``parallel_state``): it reaches the helper only through the provider that ``ulysses_a2a.py`` registers
 when it is imported (``fastvideo.distributed`` and ``communication_op`` import it).
 """

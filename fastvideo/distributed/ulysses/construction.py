@@ -1,4 +1,5 @@
-"""Building a helper: the collective agreement on capability, host and settings, and the transport's steps.
+"""Building a helper: the collective agreement on capability, host and settings, the transport's steps, and what
+the helper takes from the agreed outcome (``adopt``, rank-local).
 
 Nothing rank-local decides a collective (``docs/ulysses_contract.md``). One exchange over the SP group's vote
 group carries every rank's capability, host identity, window, GPU model, generation, shared-memory vote
@@ -21,6 +22,7 @@ import logging
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -147,6 +149,47 @@ def construct(sp: GroupCoordinator, transport: Transport | None, vote: GlooVote,
     if one_host and (result.built or checked):
         result.call_vote = _choose_vote(vote, sp.rank_in_group, peers, vote_request)
     return result
+
+
+class _Adopter(Protocol):
+    """The part of a ``UlyssesHelper`` that ``adopt`` reads and sets."""
+
+    sp: GroupCoordinator
+    transport: Transport | None
+    capability: Capability
+    construction_reason: DeclineReason | None
+    construction_detail: str
+    construction_per_rank: dict[int, str]
+    checked: bool
+    _built: bool
+    _call_vote: GlooVote | ShmVote
+    _long_training: str
+    _votes: bool
+    _logged: set[DeclineReason]
+    _fused_vote: bool
+
+
+def adopt(helper: _Adopter, built: Construction) -> None:
+    """Local, not blocking: ``helper`` takes the agreed construction and the settings agreed with it (never re-read
+    per call)."""
+    helper.capability = built.capability
+    helper.construction_reason = built.reason
+    helper.construction_detail = built.detail
+    helper.construction_per_rank = built.per_rank
+    helper._built = built.built
+    helper._call_vote = built.call_vote
+    agreed = helper.sp.settings
+    helper.checked = bool(agreed is not None and agreed[_settings.CHECKED])
+    helper._long_training = agreed["FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"] if agreed is not None else "auto"
+    # A helper that declined at construction votes only in checked mode (that vote is the check).
+    helper._votes = helper._built or helper.checked
+    if helper.construction_reason is not None:
+        helper._logged.add(helper.construction_reason)  # logged once at construction, never again per call
+    # The vote and the launch in one library call where the transport offers it. Rank-local: both paths are
+    # the same exchange and the same verdict.
+    helper._fused_vote = (helper._built and helper.transport is not None
+                          and env_or_default("FASTVIDEO_ULYSSES_A2A_VOTED_LAUNCH") == "1"
+                          and helper.transport.fuses_vote(helper._call_vote))
 
 
 def _agree_settings_and_generation(sp: GroupCoordinator, peers: list[tuple]) -> None:

@@ -27,16 +27,15 @@ import torch
 
 from fastvideo.distributed import settings as _settings
 from fastvideo.distributed.parallel_state import GroupCoordinator, get_sp_group
-from fastvideo.distributed.ulysses import contract, planner
+from fastvideo.distributed.ulysses import contract, lifecycle, mismatch, planner
 from fastvideo.distributed.ulysses.construction import (
-    Construction,
+    adopt,
     construct,
     default_transport,
-    env_or_default,
     host_identity,
     limits,
 )
-from fastvideo.distributed.ulysses.contract import ContractMismatchError, DeclineReason, Field, Phase, Verdict
+from fastvideo.distributed.ulysses.contract import DeclineReason, Field, Phase, Verdict
 from fastvideo.distributed.ulysses.layout import EVEN, Splits, mode_for_dims, validate_input
 from fastvideo.distributed.ulysses.nccl import nccl_route
 from fastvideo.distributed.ulysses.planner import PlanConfig, Planner, Proposal, Signature
@@ -170,7 +169,7 @@ class UlyssesHelper:
             except VoteError as exc:
                 self._dispose(str(exc))
                 raise
-        self._adopt(built)
+        adopt(self, built)  # capability, construction outcome, checked mode, per-call vote channel
         cap = self.capability
         self.planner = Planner(
             PlanConfig(self.world_size, self.generation, self.gpu_name, self.window_bytes, self._long_training, (),
@@ -178,27 +177,6 @@ class UlyssesHelper:
                        self.transport.capture_decline if self.transport is not None else None),
             tuned_table, cap.entry_points if cap.present else None)
         _LIVE[self.id] = self
-
-    def _adopt(self, built: Construction) -> None:
-        """Take the agreed construction and the settings agreed with it (never re-read per call)."""
-        self.capability = built.capability
-        self.construction_reason = built.reason
-        self.construction_detail = built.detail
-        self.construction_per_rank = built.per_rank
-        self._built = built.built
-        self._call_vote = built.call_vote
-        agreed = self.sp.settings
-        self.checked = bool(agreed is not None and agreed[_settings.CHECKED])
-        self._long_training = agreed["FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"] if agreed is not None else "auto"
-        # A helper that declined at construction votes only in checked mode (that vote is the check).
-        self._votes = self._built or self.checked
-        if self.construction_reason is not None:
-            self._logged.add(self.construction_reason)  # logged once at construction, never again per call
-        # The vote and the launch in one library call where the transport offers it. Rank-local: both paths are
-        # the same exchange and the same verdict.
-        self._fused_vote = (self._built and self.transport is not None
-                            and env_or_default("FASTVIDEO_ULYSSES_A2A_VOTED_LAUNCH") == "1"
-                            and self.transport.fuses_vote(self._call_vote))
 
     def follow(self, agreed: _settings.AgreedSettings) -> bool:
         """Local; called on every rank alike after a re-agreement changed the settings: take the new checked mode
@@ -257,13 +235,9 @@ class UlyssesHelper:
                 self._stats.raised += 1
                 if tag is not None:
                     entry[phase] = count  # not counted: every rank raises this call, and each rolls its own back
-                if isinstance(decision.error, ContractMismatchError):
-                    if decision.error.field is Field.SPLITS:
-                        raise self._splits_mismatch(decision.error, proposal) from error
-                    if decision.error.field is Field.SEQ and any(contract.is_tagged(v) for v in decision.error.values):
-                        raise self._tag_mismatch(decision.error, seq, phase, tag,
-                                                 count if tag is not None else 0) from error
-                raise decision.error from error
+                # each rank's tags or tables, where the votes carried only their digests (one more exchange)
+                raise mismatch.with_detail(self, decision.error, proposal, seq, phase, tag,
+                                           count if tag is not None else 0) from error
             if decision.verdict is Verdict.DECLINE:
                 return self._declined(x, mode, seq, phase, decision.reason, fallback, splits, proposal.why, tag)
             # 4. execute: every rank runs (or captures) this plan: the capture bit is in the agreed fields
@@ -289,21 +263,6 @@ class UlyssesHelper:
                            self.generation, TAGS_WARN)
         return entry
 
-    def _tag_mismatch(self, error: ContractMismatchError, seq: int, phase: Phase, tag: str | None,
-                      count: int) -> ContractMismatchError:
-        """Every rank's tag and count for a SEQ mismatch of tagged calls (the vote carries digests only): one more
-        exchange over the construction vote group, which every rank enters (every rank reached this same verdict).
-        Collective; on a failed exchange the helper is disposed and the digests' error stands."""
-        try:
-            calls = self._vote.all_gather_object((tag, int(phase), count, seq))
-        except VoteError as exc:
-            self._dispose(str(exc))
-            return error
-        per_rank = [f"tag {t!r}, {Phase(p).name.lower()} call {n}" if t is not None else f"untagged call {s}"
-                    for t, p, n, s in calls]
-        tags = list(dict.fromkeys(t for t, *_ in calls if t is not None))
-        return ContractMismatchError(Field.SEQ, error.values, per_rank, tags=tags, hint=contract.tag_hint(tags))
-
     def _propose(self, sig: Signature) -> Proposal:
         try:
             return self.planner.propose(sig)
@@ -311,21 +270,6 @@ class UlyssesHelper:
             row = contract.fields(self.generation, 0, DeclineReason.LOCAL_ERROR.bit, sig.mode, sig.dtype,
                                   tuple(sig.shape), sig.phase)
             return Proposal(None, None, tuple(row), "", exc)
-
-    def _splits_mismatch(self, error: ContractMismatchError, proposal: Proposal) -> ContractMismatchError:
-        """Every rank's split tables for a SPLITS mismatch (the vote carries digests only): one more exchange over
-        the construction vote group, which every rank enters (every rank reached this same verdict). Collective;
-        on a failed exchange the helper is disposed and the digests' error stands."""
-        geom = proposal.geom
-        mine = (geom.seq_table, geom.head_table) if geom is not None else None
-        try:
-            tables = self._vote.all_gather_object(mine)
-        except VoteError as exc:
-            self._dispose(str(exc))
-            return error
-        per_rank = [f"seq_splits={list(t[0])}, head_splits={list(t[1])}" if t is not None else "unknown"
-                    for t in tables]
-        return ContractMismatchError(Field.SPLITS, error.values, per_rank)
 
     def _exchange(self, fields: list[int]) -> torch.Tensor:
         """Gather every rank's fields (collective); a failed vote disposes the helper and raises."""
@@ -352,7 +296,7 @@ class UlyssesHelper:
             self._dispose(str(exc))
             raise
         except Exception as exc:
-            self._launch_failed(seq, exc)
+            lifecycle.launch_failed(self, seq, exc)
             raise
         self._stats.vote_s.append(self._call_vote.last_s)
         return out, (None if out is not None else self._call_vote.rows), None
@@ -361,7 +305,7 @@ class UlyssesHelper:
         try:
             return self.transport.execute(x, proposal.geom, proposal.plan, capture=capture)
         except Exception as exc:
-            self._launch_failed(seq, exc)
+            lifecycle.launch_failed(self, seq, exc)
             raise
 
     def _declined(self, x: torch.Tensor, mode: int, seq: int, phase: Phase, reason: DeclineReason, fallback: bool,
@@ -382,33 +326,11 @@ class UlyssesHelper:
             return None, code
         return nccl_route(x, mode, self.sp.device_group, splits=splits), code
 
-    def _launch_failed(self, seq: int, exc: Exception) -> None:
-        """A launch failed on this rank after every rank agreed to run call ``seq``: its peers have launched (or
-        will launch) it and may wait at its barriers, and a later launch here could pair with their stuck call.
-        This helper takes no further call (the peers' watchdogs end the processes that are stuck)."""
-        self._dispose(f"the fused launch of call {seq} failed on this rank after the vote: {type(exc).__name__}: {exc}")
-
     def vote_caller_error(self, mode: int, grad: bool, error: BaseException) -> NoReturn:
         """Checked mode: this rank's call failed before any collective (invalid input, a meta tensor). Vote
         ``LOCAL_ERROR`` so that every peer raises ``PeerCallError`` for this same call instead of waiting in it,
         then raise ``error`` here. Collective (one vote); always raises."""
-        self._check_alive()
-        seq = self._seq
-        self._seq += 1
-        self._stats.calls += 1
-        self._stats.raised += 1
-        phase = Phase.FORWARD_GRAD if grad else Phase.FORWARD_NO_GRAD
-        fields = contract.fields(self.generation, seq, DeclineReason.LOCAL_ERROR.bit, mode, torch.float32, (0, 0, 0, 0),
-                                 phase)
-        fields[Field.DTYPE] = 0  # nothing is known of the input but the mode and the grad flag
-        try:
-            self._exchange(fields)
-        except VoteError as exc:
-            raise error from exc
-        if hasattr(error, "add_note"):  # Python 3.11+
-            error.add_note(f"Ulysses checked mode: voted on SP ranks {self.sp.ranks}; every peer raises "
-                           "PeerCallError for this call.")
-        raise error
+        mismatch.vote_caller_error(self, mode, grad, error)
 
     def _watch(self, call: InFlight) -> None:
         if self._watchdog is None:
@@ -507,26 +429,11 @@ class UlyssesHelper:
             )
 
     def _dispose(self, why: str) -> None:
-        self._disposed_error = why
-        if not self._vote.owns_group:
-            self.sp.vote_failure = why  # the shared group is dead too: later helpers must not use it
-        if self.transport is not None:
-            self.transport.abort()
-        self._stats.declines[DeclineReason.DISPOSED] += 1
+        lifecycle.dispose(self, why)
 
     def destroy(self) -> None:
         """Release the transport and the vote channel. Collective over the SP group; blocking; not capture-safe;
         a second call is a no-op."""
-        if self._destroyed:
-            return
-        self._destroyed = True
-        if self._watchdog is not None:
-            self._watchdog.stop()
-        if self._built and self._disposed_error is None and self.transport is not None:
-            self.transport.destroy()
-        self._built = False
-        if self._call_vote is not self._vote:
-            self._call_vote.destroy()
-        self._vote.destroy()
+        lifecycle.destroy(self)
 
     close = destroy  # upstream FastVideo's name for it

@@ -1,0 +1,325 @@
+"""Sequence-parallel (SP) process groups and their coordinator.
+
+The world is cut into SP groups of ``sp_size`` consecutive ranks (ranks ``[k*sp, (k+1)*sp)``); the
+data-parallel groups run across them (ranks with the same SP rank). Each SP group has a *device*
+group (NCCL on CUDA, gloo on CPU) that carries the all-to-all, a gloo *CPU* group for host-side
+agreement, and a gloo *vote* group that carries the Ulysses helpers' construction and per-call
+votes: created once here, shared by every helper built on the group (each with its own generation),
+and destroyed with the group, so rebuilding helpers creates no process group. Creation is collective
+over the world (``torch.distributed.new_group`` needs every rank).
+
+Settings: ``initialize_sequence_parallel`` validates every ``FASTVIDEO_*`` variable on every rank and
+agrees the ones that decide collectives across each SP group (``settings.py``); a mismatch raises
+the same error on every rank there. ``GroupCoordinator.settings`` holds them; nothing re-reads the
+environment per call (``agree_ulysses_settings()`` re-agrees after a change on every rank).
+
+This module knows nothing of the layers above it: whoever builds something on a group that must be
+torn down before the group (the Ulysses helper) registers a hook with ``add_teardown``. Upstream
+FastVideo's entry points (the world and TP groups, init and cleanup) build on these groups in
+``parallel_state``, which re-exports every public name here; callers import them from there. The class and
+the SP state share this module so that a call's one stop in this layer (``get_sp_group()``, then the
+coordinator's ``world_size``) enters one module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from fastvideo import envs
+from fastvideo.distributed import settings as _settings
+from fastvideo.distributed.device_communicators.base_device_communicator import DeviceCommunicatorBase
+from fastvideo.distributed.host_exchange import job_timeout_s
+from fastvideo.distributed.settings import AgreedSettings
+
+
+@dataclass
+class GroupCoordinator:
+    """One process group as seen from this rank: its ranks, device group and CPU (gloo) group.
+
+    SP coordinators also own the vote group, the agreed settings and the helper generation counter.
+    """
+
+    ranks: list[int]
+    rank_in_group: int
+    device_group: dist.ProcessGroup
+    cpu_group: dist.ProcessGroup
+    device: torch.device
+    vote_group: dist.ProcessGroup | None = None
+    settings: AgreedSettings | None = None
+    vote_failure: str | None = None  # set when an exchange on the vote group failed: the group is dead
+    timeout_s: float | None = None  # what the group's collectives time out after
+    _generation: int = 0
+    _teardown: dict[str, Callable[[], None]] = field(default_factory=dict)
+    _on_settings: dict[str, Callable[[AgreedSettings, AgreedSettings], None]] = field(default_factory=dict)
+    # Upstream FastVideo's coordinator attributes (``device_communicator`` is built on first use).
+    local_rank: int = 0
+    unique_name: str = ""
+    _communicator: DeviceCommunicatorBase | None = field(default=None, repr=False)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    # ---------------------------------------------------------------- upstream FastVideo's coordinator surface
+
+    @property
+    def rank(self) -> int:
+        """This process's global rank."""
+        return self.ranks[self.rank_in_group]
+
+    @property
+    def first_rank(self) -> int:
+        return self.ranks[0]
+
+    @property
+    def last_rank(self) -> int:
+        return self.ranks[-1]
+
+    @property
+    def is_first_rank(self) -> bool:
+        return self.rank_in_group == 0
+
+    @property
+    def is_last_rank(self) -> bool:
+        return self.rank_in_group == self.world_size - 1
+
+    @property
+    def next_rank(self) -> int:
+        return self.ranks[(self.rank_in_group + 1) % self.world_size]
+
+    @property
+    def prev_rank(self) -> int:
+        return self.ranks[(self.rank_in_group - 1) % self.world_size]
+
+    @property
+    def device_communicator(self) -> DeviceCommunicatorBase:
+        """This group's collectives (``DeviceCommunicatorBase``: the all-to-all's NCCL route, all-gather, slice,
+        all-reduce, gather, and ``ulysses_a2a`` on the SP group). Built on first use, locally."""
+        if self._communicator is None:
+            self._communicator = DeviceCommunicatorBase(self.cpu_group, self.device, self.device_group,
+                                                        self.unique_name)
+        return self._communicator
+
+    def all_gather(self, input_: torch.Tensor, dim: int = -1, *, splits: Sequence[int] | None = None) -> torch.Tensor:
+        """Collective: every rank's ``input_`` concatenated along ``dim`` (``splits``: every rank's rows where they
+        differ, the same on every rank); differentiable. Size 1: ``input_``."""
+        if self.world_size == 1:
+            return input_
+        return self.device_communicator.all_gather(input_, dim, splits=splits)
+
+    def shard(self, input_: torch.Tensor, dim: int = -1, *, scale_grad: bool,
+              splits: Sequence[int] | None = None) -> torch.Tensor:
+        """This rank's chunk along ``dim`` (``splits``: every rank's rows, the same on every rank; None: equal
+        chunks); the backward all-gathers (collective). Size 1: ``input_``."""
+        if self.world_size == 1:
+            return input_
+        return self.device_communicator.slice(input_, dim, scale_grad=scale_grad, splits=splits)
+
+    def all_reduce(self, input_: torch.Tensor, op: dist.ReduceOp | None = dist.ReduceOp.SUM) -> torch.Tensor:
+        """Collective, out of place; differentiable for SUM. Size 1: ``input_``."""
+        return input_ if self.world_size == 1 else self.device_communicator.all_reduce(input_, op)
+
+    def gather(self, input_: torch.Tensor, dst: int = 0, dim: int = -1) -> torch.Tensor | None:
+        """Collective: the concatenation on the group's rank ``dst``, None elsewhere. Size 1: ``input_``."""
+        return input_ if self.world_size == 1 else self.device_communicator.gather(input_, dst, dim)
+
+    def barrier(self) -> None:
+        """Collective over the CPU group; blocks the host until every rank of the group reaches it."""
+        dist.barrier(group=self.cpu_group)
+
+    def next_generation(self) -> int:
+        """The next helper generation on this group. Identical on every rank because helpers are built
+        collectively (and the construction exchange checks it)."""
+        self._generation += 1
+        return self._generation
+
+    def add_teardown(self, key: str, fn: Callable[[], None]) -> None:
+        """Run ``fn`` (collective) in ``destroy_sequence_parallel`` before the groups go; one hook per key."""
+        self._teardown[key] = fn
+
+    def resync_generation(self, generation: int) -> None:
+        """Move the generation counter to ``generation`` (after a construction found ranks out of step), so that
+        the next collective construction agrees."""
+        self._generation = max(self._generation, generation)
+
+    def on_settings_change(self, key: str, fn: Callable[[AgreedSettings, AgreedSettings], None]) -> None:
+        """Call ``fn(previous, agreed)`` (collective where it is) when a re-agreement changes the agreed values;
+        one hook per key."""
+        self._on_settings[key] = fn
+
+    def run_teardown(self) -> None:
+        """Run the registered hooks, last registered first (collective where they are), and forget them."""
+        hooks, self._teardown = self._teardown, {}
+        for hook in reversed(list(hooks.values())):
+            hook()
+
+
+_SP: GroupCoordinator | None = None
+_DP: GroupCoordinator | None = None
+
+
+def _device_for_backend(backend: str) -> torch.device:
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def initialize_sequence_parallel(sp_size: int, *, timeout: datetime.timedelta | None = None) -> GroupCoordinator:
+    """Create the SP and DP groups and agree the settings. Collective over the world; call once after
+    ``init_process_group``.
+
+    ``sp_size`` must divide the world size. ``timeout`` bounds every collective of the new groups (device, CPU and
+    vote groups, gloo and NCCL); by default they take the default process group's timeout
+    (``init_process_group(timeout=...)``), and so does the Ulysses vote unless
+    ``FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S`` says otherwise (``docs/env_vars.md``, "Timeouts"). Raises on every rank,
+    before any later
+    collective, when some rank holds an invalid ``FASTVIDEO_*`` value or the ranks of an SP group
+    disagree on a setting (``settings.SettingsError`` / ``SettingsMismatchError``).
+    """
+    global _SP, _DP
+    if not dist.is_initialized():
+        raise RuntimeError("initialize_sequence_parallel: call torch.distributed.init_process_group first.")
+    if _SP is not None:
+        raise RuntimeError(
+            "initialize_sequence_parallel: SP groups already exist; call destroy_sequence_parallel first."
+        )
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if not isinstance(sp_size, int) or sp_size < 1 or world % sp_size:
+        raise ValueError(
+            f"initialize_sequence_parallel: sp_size={sp_size!r} must be a positive integer dividing the world size "
+            f"{world}; pick one of {[d for d in range(1, world + 1) if world % d == 0]}."
+        )
+    backend = dist.get_backend()
+    device = _device_for_backend(backend)
+    # The job's timeout unless told otherwise: a stopped peer then ends this rank's collectives within it.
+    if timeout is None:
+        timeout = datetime.timedelta(seconds=job_timeout_s())
+    kwargs = {"timeout": timeout}
+    agree_s = _settings.agreement_timeout_s(timeout.total_seconds())
+    vote_timeout = datetime.timedelta(seconds=agree_s)
+    created: list[dist.ProcessGroup] = []
+    sp: GroupCoordinator | None = None
+    for start in range(0, world, sp_size):
+        ranks = list(range(start, start + sp_size))
+        dev_group = dist.new_group(ranks, backend=backend, **kwargs)
+        cpu_group = dist.new_group(ranks, backend="gloo", **kwargs)
+        # The vote timeout (helpers may set their own on it).
+        vote_group = dist.new_group(ranks, backend="gloo", timeout=vote_timeout)
+        created += [dev_group, cpu_group, vote_group]
+        if rank in ranks:
+            sp = GroupCoordinator(ranks, ranks.index(rank), dev_group, cpu_group, device, vote_group=vote_group,
+                                  timeout_s=timeout.total_seconds())
+    dp: GroupCoordinator | None = None
+    for offset in range(sp_size):
+        ranks = list(range(offset, world, sp_size))
+        dev_group = dist.new_group(ranks, backend=backend, **kwargs)
+        cpu_group = dist.new_group(ranks, backend="gloo", **kwargs)
+        created += [dev_group, cpu_group]
+        if rank in ranks:
+            dp = GroupCoordinator(ranks, ranks.index(rank), dev_group, cpu_group, device,
+                                  timeout_s=timeout.total_seconds())
+    assert sp is not None and dp is not None
+    try:
+        sp.settings = _settings.agree(
+            sp.cpu_group, sp.ranks, sp.rank_in_group, where="checked at initialize_sequence_parallel", timeout_s=agree_s
+        )
+    except Exception:
+        _destroy_groups(created)  # every rank raises here: nothing half-built is left behind
+        raise
+    _SP, _DP = sp, dp
+    return sp
+
+
+def agree_ulysses_settings() -> AgreedSettings:
+    """Collective over the SP group, blocking: agree the current settings now, after changing them on every rank.
+
+    Settings are agreed once (at ``initialize_sequence_parallel`` and helper construction) and never re-read per
+    call: this is how a change of the environment takes effect. When the agreed values change, what was built on
+    them follows (``GroupCoordinator.on_settings_change``): the route is resolved again at the next call, and a
+    helper built on a value that changed is destroyed (collectively) and rebuilt.
+    """
+    sp = get_sp_group()
+    agreed = _settings.agree(
+        sp.cpu_group,
+        sp.ranks,
+        sp.rank_in_group,
+        where="agree_ulysses_settings",
+        timeout_s=_settings.agreement_timeout_s(sp.timeout_s),
+        previous=sp.settings,
+    )
+    previous, sp.settings = sp.settings, agreed
+    if previous is not None and previous.values != agreed.values:
+        for hook in list(sp._on_settings.values()):
+            hook(previous, agreed)
+    return agreed
+
+
+@contextlib.contextmanager
+def override_ulysses_settings(**values: str | None) -> Iterator[AgreedSettings]:
+    """Collective over the SP group, blocking, not capture-safe: set FastVideo settings on this rank
+    (``envs.override``) and agree them, for the block; restore and re-agree at its end. Every rank must enter
+    it with the same values at the same point (a rank that differs raises ``SettingsMismatchError`` on every
+    rank). What the settings decide follows them: the route, and a helper built on settings that changed."""
+    try:
+        with envs.override(**values):
+            yield agree_ulysses_settings()
+    finally:
+        agree_ulysses_settings()
+
+
+def model_parallel_is_initialized() -> bool:
+    return _SP is not None
+
+
+def get_sp_group() -> GroupCoordinator:
+    if _SP is None:
+        raise RuntimeError("SP groups are not initialised: call initialize_sequence_parallel(sp_size) first.")
+    return _SP
+
+
+def get_dp_group() -> GroupCoordinator:
+    if _DP is None:
+        raise RuntimeError("DP groups are not initialised: call initialize_sequence_parallel(sp_size) first.")
+    return _DP
+
+
+def get_sp_world_size() -> int:
+    return get_sp_group().world_size
+
+
+def get_sp_rank() -> int:
+    return get_sp_group().rank_in_group
+
+
+def _destroy_groups(groups: list[dist.ProcessGroup | None]) -> None:
+    for group in groups:
+        if group is None:
+            continue
+        try:
+            dist.destroy_process_group(group)
+        except (RuntimeError, ValueError):
+            pass  # already gone with the default group
+
+
+def destroy_sequence_parallel() -> None:
+    """Tear down in a safe order: registered hooks (the Ulysses helper, collective) first, then the groups.
+
+    Collective over each SP group. Safe to call when nothing was initialised.
+    """
+    global _SP, _DP
+    try:
+        for coordinator in (_SP, _DP):
+            if coordinator is None:
+                continue
+            coordinator.run_teardown()
+    finally:  # a failing hook must not leave the groups behind
+        for coordinator in (_DP, _SP):
+            if coordinator is not None:
+                _destroy_groups([coordinator.device_group, coordinator.cpu_group, coordinator.vote_group])
+        _SP = _DP = None
