@@ -74,14 +74,24 @@ def _shape(text: str) -> tuple[int, int, int, int]:
     return dims  # type: ignore[return-value]
 
 
-def _world_size(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer (the SP size)") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: the SP size must be a positive integer (1, 2, 4, ...)")
-    return value
+def _bounded_int(minimum: int, expected: str, below: str):
+    """An argparse type: an int >= ``minimum``; ``expected`` and ``below`` say what a bad value should have been."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {expected}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r}: {below}")
+        return value
+
+    return parse
+
+
+_world_size = _bounded_int(1, "a positive integer (the SP size)",
+                           "the SP size must be a positive integer (1, 2, 4, ...)")
+_rank = _bounded_int(0, "a rank, 0 <= rank < the SP size", "a rank is non-negative (0 <= rank < the SP size)")
 
 
 def _window_bytes(text: str) -> int:
@@ -108,14 +118,6 @@ def _splits(text: str) -> list[int]:
     return table
 
 
-def _rank(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a rank, 0 <= rank < the SP size") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a rank is non-negative (0 <= rank < the SP size)")
-    return value
 
 
 def _dtype(text: str) -> str:
