@@ -16,6 +16,15 @@ Checks (each prints PASS/FAIL on rank 0; the summary line is ``N passed, N faile
 * plan sweep: every plan kind at 32k and 250k in both modes (the original plan; whole operand, 2 planes
   then 1, one plane; even and uneven sub-plane row chunks; window-limited rows; 1, 36, 72 and 144 CTAs),
   not just the plans the policy picks for this GPU: each bit-exact with its plan asserted;
+* uneven parity: ``seq_splits`` / ``head_splits`` through the public op (Wan-like balanced tables at 75601
+  tokens and 40 heads; skewed shares with rank 0's empty at 41 heads), each with the SM kind's and the
+  copy-engine kind's rows, both modes, forward and backward: bit-exact against the ``off`` route, the fused
+  plan (and its engine) asserted on the forward and the backward;
+* DistributedAttention (replicated text tokens, rotary, skewed ``seq_splits``, 41 heads) on the fused route
+  against its single-device reference, forward and backward, fp32; its 4 all-to-alls asserted fused;
+* upstream parity worker: the helper from ``get_sp_group().device_communicator.ulysses_a2a``, its
+  ``try_all_to_all_4D`` against ``DeviceCommunicatorBase.all_to_all_4D`` (the NCCL route), bf16/fp16/fp32,
+  both directions and the round trip, then operands growing past the window and back; plans asserted;
 * stress: 100 rounds of random shapes, dtypes, modes and windows (down to 256 KiB), bit-exact, plan
   asserted;
 * epoch checker (``--epoch-check``, native only, on the test library: run with
@@ -23,7 +32,10 @@ Checks (each prints PASS/FAIL on rank 0; the summary line is ``N passed, N faile
   library's epoch-checked launch (``tests/kernel/native_testing.debug_execute``), which stamps every window
   granule; 0 violations with the kernel's layout, and violations reported with the pre-fix layout (the
   negative control on real hardware);
-* negative control: with tuning disabled the plan assertions of a parity case must fail.
+* negative controls, each of which must fail: with tuning disabled the plan assertions of a parity case; an
+  uneven copy-engine run checked against the SM kind's plan and against a reference with the head table
+  reversed; DistributedAttention on the ``off`` route (the route assertion) and read at the balanced shards'
+  rows; ``ulysses_a2a`` on the ``off`` route and a reference from an input with one element changed.
 
 Fail fast and together: every check's verdict, and every round of the sweep and the stress, is agreed
 over the SP group's CPU group before any rank goes on, so a check that fails on one rank fails on every
