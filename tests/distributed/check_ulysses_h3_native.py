@@ -16,6 +16,15 @@ Checks (each prints PASS/FAIL on rank 0; the summary line is ``N passed, N faile
 * plan sweep: every plan kind at 32k and 250k in both modes (the original plan; whole operand, 2 planes
   then 1, one plane; even and uneven sub-plane row chunks; window-limited rows; 1, 36, 72 and 144 CTAs),
   not just the plans the policy picks for this GPU: each bit-exact with its plan asserted;
+* uneven parity: ``seq_splits`` / ``head_splits`` through the public op (Wan-like balanced tables at 75601
+  tokens and 40 heads; skewed shares with rank 0's empty at 41 heads), each with the SM kind's and the
+  copy-engine kind's rows, both modes, forward and backward: bit-exact against the ``off`` route, the fused
+  plan (and its engine) asserted on the forward and the backward;
+* DistributedAttention (replicated text tokens, rotary, skewed ``seq_splits``, 41 heads) on the fused route
+  against its single-device reference, forward and backward, fp32; its 4 all-to-alls asserted fused;
+* upstream parity worker: the helper from ``get_sp_group().device_communicator.ulysses_a2a``, its
+  ``try_all_to_all_4D`` against ``DeviceCommunicatorBase.all_to_all_4D`` (the NCCL route), bf16/fp16/fp32,
+  both directions and the round trip, then operands growing past the window and back; plans asserted;
 * stress: 100 rounds of random shapes, dtypes, modes and windows (down to 256 KiB), bit-exact, plan
   asserted;
 * epoch checker (``--epoch-check``, native only, on the test library: run with
@@ -23,7 +32,10 @@ Checks (each prints PASS/FAIL on rank 0; the summary line is ``N passed, N faile
   library's epoch-checked launch (``tests/kernel/native_testing.debug_execute``), which stamps every window
   granule; 0 violations with the kernel's layout, and violations reported with the pre-fix layout (the
   negative control on real hardware);
-* negative control: with tuning disabled the plan assertions of a parity case must fail.
+* negative controls, each of which must fail: with tuning disabled the plan assertions of a parity case; an
+  uneven copy-engine run checked against the SM kind's plan and against a reference with the head table
+  reversed; DistributedAttention on the ``off`` route (the route assertion) and read at the balanced shards'
+  rows; ``ulysses_a2a`` on the ``off`` route and a reference from an input with one element changed.
 
 Fail fast and together: every check's verdict, and every round of the sweep and the stress, is agreed
 over the SP group's CPU group before any rank goes on, so a check that fails on one rank fails on every
@@ -43,6 +55,7 @@ gate result (it says so, and the native transport does not run).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import hashlib
 import json
@@ -64,10 +77,18 @@ sys.path.insert(0, str(ROOT))
 
 from fastvideo import envs  # noqa: E402
 from fastvideo.distributed import parallel_state  # noqa: E402
-from fastvideo.distributed.communication_op import nccl_route  # noqa: E402
+from fastvideo.distributed.communication_op import (  # noqa: E402
+    balanced_splits,
+    nccl_route,
+    sequence_model_parallel_all_to_all_4D,
+)
+from fastvideo.distributed.device_communicators import ulysses_a2a  # noqa: E402
+from fastvideo.distributed.device_communicators.base_device_communicator import DeviceCommunicatorBase  # noqa: E402
 from fastvideo.distributed.ulysses import helper as helper_mod  # noqa: E402
 from fastvideo.distributed.ulysses.contract import DeclineReason, Phase  # noqa: E402
 from fastvideo.distributed.ulysses.policy import (  # noqa: E402
+    ENGINE_CE,
+    ENGINE_SM,
     TUNED_TABLE,
     Geometry,
     Plan,
@@ -82,6 +103,10 @@ from tests.distributed.conftest import a2a  # noqa: E402
 
 H3 = {"32k": 32768, "128k": 131072, "250k": 250000}
 WAN720P = 75600
+WAN_UNEVEN = 75601  # a Wan-like token count no SP size from 2 to 8 divides
+# DistributedAttention against its single-device reference: tokens, replicated text tokens, heads (no SP size
+# from 2 to 8 divides 41), head dim; fp32 (SDPA on the GPU).
+ATTENTION = {"tokens": 9451, "text": 512, "heads": 41, "dim": 128}
 # Every check sets both variables itself: the gate's verdict must not depend on the caller's shell.
 AUTO = {"FASTVIDEO_ULYSSES_A2A": "auto", "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING": "auto"}
 DRY_RUN_SCALE = 512  # --cpu-dry-run divides sequences, the window and the long-training boundary by this
@@ -123,7 +148,27 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def _wrong(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Elements whose bits differ; every element where the shapes differ."""
+    if a.shape != b.shape:
+        return max(a.numel(), b.numel())
     return int((_bits(a) != _bits(b)).sum().item())
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest absolute difference over the reference's largest magnitude (0 for two empty tensors)."""
+    if a.shape != b.shape:
+        return float("inf")
+    if b.numel() == 0:
+        return 0.0
+    return (a.double() - b.double()).abs().max().item() / max(b.double().abs().max().item(), 1e-30)
+
+
+def skewed_splits(total: int, world_size: int, zero_rank: int | None = None) -> tuple[int, ...]:
+    """``total`` cut into shares growing with the rank (``zero_rank``'s share 0): a table no balanced cut gives."""
+    weights = [0 if r == zero_rank else r + 1 for r in range(world_size)]
+    shares = [total * w // sum(weights) for w in weights]
+    shares[-1] += total - sum(shares)
+    return tuple(shares)
 
 
 class Gate:
@@ -484,6 +529,302 @@ class Gate:
         self.agree(error)
         return "; ".join(lines)
 
+    # ------------------------------------------------------------------ the public op: uneven, attention, upstream
+
+    @contextlib.contextmanager
+    def public_op(self, helper, route: str, **settings: str):
+        """The public op under ``route`` (agreed on every rank), with ``helper`` (if any) as its ``auto`` helper."""
+        saved = helper.long_training if helper is not None else None
+        if helper is not None:
+            ulysses_a2a.install_default_helper(helper)
+        try:
+            with parallel_state.override_ulysses_settings(FASTVIDEO_ULYSSES_A2A=route, **settings):
+                yield
+        finally:
+            if helper is not None:
+                ulysses_a2a.install_default_helper(None)
+                helper.long_training = saved
+
+    @staticmethod
+    def records_since(helper, calls_before: int) -> list:
+        """The records of the calls ``helper`` saw since its call count was ``calls_before``."""
+        calls = helper.stats()["calls"] - calls_before
+        return list(helper.history)[-calls:] if calls else []
+
+    def uneven_cases(self) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+        """Label -> (seq_splits, head_splits): Wan-like balanced tables, and skewed shares with rank 0's empty."""
+        s = WAN_UNEVEN // self.scale
+        s += s % self.p == 0  # a token count P does not divide
+        return {f"{s} tokens balanced, 40 heads": (balanced_splits(s, self.p), balanced_splits(40, self.p)),
+                f"{s} tokens skewed (rank 0 none), 41 heads": (skewed_splits(s, self.p, zero_rank=0),
+                                                               balanced_splits(41, self.p))}
+
+    def uneven_table(self, engine: str) -> tuple[TunedRow, ...]:
+        """Tuned rows of one plan kind for the uneven cases' head counts (the fixture's row where it has one)."""
+        rows = []
+        for heads in (40, 41):
+            row = lookup(self.fixture, self.gpu, Geometry(0, torch.bfloat16, 1, 1, heads, 128, self.p))
+            if row is None or row.engine != ENGINE_SM:
+                row = TunedRow(self.gpu, self.p, torch.bfloat16, heads, 128, ctas=144, planes_per_chunk=1,
+                               source="gate fixture (not a measurement)")
+            if engine == ENGINE_CE:
+                row = replace(row, engine=ENGINE_CE, ctas=132, source="gate fixture (copy engine)")
+            rows.append(row)
+        return tuple(rows)
+
+    def uneven_run(self, helper, seq, heads, mode: int, *, ref_heads=None):
+        """One uneven call of the public op, forward and backward, fused on ``helper`` and on the ``off`` route
+        (with ``ref_heads`` there if given): (the fused calls' records, wrong outputs, wrong gradients, geometry)."""
+        bf16 = torch.bfloat16
+        shape = (3, seq[self.rank], sum(heads), 128) if mode == 0 else (3, sum(seq), heads[self.rank], 128)
+        dims = (2, 1) if mode == 0 else (1, 2)
+        gen = torch.Generator(device=self.device).manual_seed(500 + 10 * self.rank + mode)
+        x = torch.randn(shape, generator=gen, device=self.device, dtype=bf16)
+        before = helper.stats()["calls"]
+        with self.public_op(helper, "auto", FASTVIDEO_ULYSSES_A2A_LONG_TRAINING="chunked"):
+            xg = x.clone().requires_grad_()
+            y = sequence_model_parallel_all_to_all_4D(xg, *dims, seq_splits=seq, head_splits=heads)
+            upstream = torch.randn(y.shape, generator=gen, device=self.device, dtype=bf16)
+            (gx,) = torch.autograd.grad(y, xg, upstream)
+        records = self.records_since(helper, before)
+        with self.public_op(None, "off"):
+            xr = x.clone().requires_grad_()
+            yr = sequence_model_parallel_all_to_all_4D(xr, *dims, seq_splits=seq,
+                                                       head_splits=heads if ref_heads is None else ref_heads)
+            (gr,) = torch.autograd.grad(yr, xr, upstream if yr.shape == upstream.shape else torch.zeros_like(yr))
+        self.sync()
+        geom = Geometry.from_input(shape, mode, self.p, bf16, seq_splits=seq, head_splits=heads)
+        return records, _wrong(y, yr), _wrong(gx, gr), geom
+
+    def uneven_error(self, records, want: Plan | None, engine: str) -> str:
+        """Why the records of one forward and its backward are not ``want`` of ``engine`` ("" when they are)."""
+        if want is None or want.engine != engine:
+            return f"the policy planned {want} from the {engine} rows: the check would test nothing"
+        if len(records) != 2:
+            return f"the helper saw {len(records)} calls, not 2: the public op did not take its route"
+        try:
+            self.assert_plan(records[0], want, Phase.FORWARD_GRAD)
+            self.assert_plan(records[1], want, Phase.BACKWARD)
+        except PlanMismatch as exc:
+            return str(exc)
+        return ""
+
+    def uneven_plan(self, helper, geom, engine: str) -> Plan | None:
+        return choose_plan(geom, gpu=helper.gpu_name, window_bytes=helper.window_bytes, grad=True,
+                           long_training="chunked", table=self.uneven_table(engine)).plan
+
+    def uneven_parity(self, helper, seq, heads, engine: str) -> str:
+        """Uneven tables through the public op, both modes, forward and backward: bit-exact against the ``off``
+        route, the fused plan of ``engine`` asserted on the forward and the backward."""
+        saved, lines = helper.tuned_table, []
+        try:
+            helper.tuned_table = self.uneven_table(engine)
+            for mode in (0, 1):
+                records, wrong, wrong_g, geom = self.uneven_run(helper, seq, heads, mode)
+                want = self.uneven_plan(helper, geom, engine)
+                error = self.uneven_error(records, want, engine)
+                if wrong or wrong_g:
+                    error += f" {wrong} wrong forward / {wrong_g} wrong gradient elements vs the off route"
+                self.agree(f"mode {mode}: {error}" if error else "")
+                lines.append(f"mode {mode}: {want.describe(geom)}")
+        finally:
+            helper.tuned_table = saved
+        return f"seq {seq}, heads {heads}: " + "; ".join(lines) + "; 0 wrong"
+
+    def negative_control_uneven(self) -> str:
+        """A copy-engine uneven run checked against the SM kind's plan, and against a reference whose head table
+        is reversed: both must fail."""
+        seq, heads = list(self.uneven_cases().values())[1]
+        helper = self.helper(table=self.uneven_table(ENGINE_CE))
+        try:
+            records, wrong, _, geom = self.uneven_run(helper, seq, heads, 0, ref_heads=heads[::-1])
+            plan_error = self.uneven_error(records, self.uneven_plan(helper, geom, ENGINE_SM), ENGINE_SM)
+        finally:
+            helper.destroy()
+        total = torch.tensor([wrong], dtype=torch.int64)
+        dist.all_reduce(total, group=self.sp.cpu_group)
+        error = "" if "ran fused" in plan_error else f"the SM plan passed on a fused run: {plan_error}"
+        if not int(total):
+            error += " the reference with the head table reversed matched"
+        self.agree(error)
+        return (f"plan assertion failed as it must ({plan_error}); {int(total)} wrong elements over the ranks "
+                f"against the head table {heads[::-1]}")
+
+    def attention_sizes(self) -> tuple[int, int, int, int]:
+        """(tokens, text tokens, heads, head dim) of the attention check, tokens and text scaled in a dry run."""
+        s = max(3 * self.p + 1, ATTENTION["tokens"] // self.scale)
+        s += s % self.p == 0
+        return s, max(2, ATTENTION["text"] // self.scale), ATTENTION["heads"], ATTENTION["dim"]
+
+    def attention_run(self, helper, route: str) -> tuple[dict[str, float], list[str], float, tuple[int, ...]]:
+        """DistributedAttention (replicated text tokens, rotary, skewed seq_splits, heads P does not divide) forward
+        and backward under ``route``, against the single-device reference each rank computes from the same seeded
+        global tensors: (relative errors, routes of the helper's calls, the error of this rank's output read at
+        the balanced shards' rows, seq_splits)."""
+        from fastvideo.attention.layer import DistributedAttention
+        from fastvideo.layers.attention import attention
+        from fastvideo.layers.rotary_embedding import apply_rotary_emb
+
+        seq, text, heads, dim = self.attention_sizes()
+        splits = skewed_splits(seq, self.p, zero_rank=1 if self.p > 2 else None)
+        gen = torch.Generator(device=self.device).manual_seed(9000 + seq)
+
+        def rand(*shape):
+            return torch.randn(*shape, generator=gen, device=self.device, dtype=torch.float32)
+
+        t = {n: rand(1, seq, heads, dim) for n in ("q", "k", "v", "g")}
+        t.update({n: rand(1, text, heads, dim) for n in ("rq", "rk", "rv", "rg")})
+        angles = torch.rand(seq, dim // 2, generator=gen, device=self.device) * 6.0
+        cos, sin = angles.cos(), angles.sin()
+        leaves = {n: t[n].clone().requires_grad_() for n in ("q", "k", "v", "rq", "rk", "rv")}
+        q, k = (apply_rotary_emb(leaves[n], cos, sin, is_neox_style=False) for n in ("q", "k"))
+        out = attention(*(torch.cat([a, leaves[r]], dim=1) for a, r in ((q, "rq"), (k, "rk"), (leaves["v"], "rv"))))
+        ((out[:, :seq] * t["g"]).sum() + (out[:, seq:] * t["rg"]).sum()).backward()
+        ref = {"out": out[:, :seq].detach(), "replicated out": out[:, seq:].detach(),
+               **{f"d{n}": leaf.grad for n, leaf in leaves.items()}}
+        del out, q, k, leaves
+        start = sum(splits[:self.rank])
+        mine = slice(start, start + splits[self.rank])
+        local = {n: t[n][:, mine].clone().requires_grad_() for n in ("q", "k", "v")}
+        rep = {n: t[n].clone().requires_grad_() for n in ("rq", "rk", "rv")}
+        layer = DistributedAttention(heads, dim, prefix="gate.attn")
+        before = helper.stats()["calls"]
+        with self.public_op(helper, route):
+            out, rep_out = layer(local["q"], local["k"], local["v"], replicated_q=rep["rq"], replicated_k=rep["rk"],
+                                 replicated_v=rep["rv"], freqs_cis=(cos, sin), seq_splits=splits)
+            ((out * t["g"][:, mine]).sum() + (rep_out * t["rg"]).sum() / self.p).backward()
+        routes = [r.route for r in self.records_since(helper, before)]
+        errs = {"out": _rel_err(out.detach(), ref["out"][:, mine]),
+                "replicated out": _rel_err(rep_out.detach(), ref["replicated out"])}
+        for n in ("q", "k", "v"):
+            errs[f"d{n}"] = _rel_err(local[n].grad, ref[f"d{n}"][:, mine])
+        for n in ("rq", "rk", "rv"):  # each rank's gradient covers its own heads
+            total = rep[n].grad.clone()
+            dist.all_reduce(total, group=self.sp.device_group)
+            errs[f"d{n} (sum over ranks)"] = _rel_err(total, ref[f"d{n}"])
+        even = sum(balanced_splits(seq, self.p)[:self.rank])
+        rows = min(splits[self.rank], seq - even)
+        shifted = 0.0
+        if rows > 0 and even != start:
+            shifted = _rel_err(out.detach()[:, :rows], ref["out"][:, even:even + rows])
+        return errs, routes, shifted, splits
+
+    def attention_tolerance(self) -> float:
+        return 1e-4 if self.cuda else 1e-5  # fp32; on the GPU SDPA's kernels differ in accumulation order
+
+    def attention_check(self, helper) -> str:
+        """DistributedAttention on the fused route against its single-device reference, forward and backward."""
+        errs, routes, _, splits = self.attention_run(helper, "auto")
+        tol = self.attention_tolerance()
+        bad = {n: e for n, e in errs.items() if not e <= tol}
+        error = f"errors over {tol}: {bad}" if bad else ""
+        if routes != ["fused"] * 4:
+            error += f" routes {routes}: not the 4 all-to-alls (qkv, out, and their backwards) fused"
+        self.agree(error)
+        seq, text, heads, dim = self.attention_sizes()
+        return (f"{seq} tokens {splits} + {text} text, {heads} heads, D={dim}, fp32: largest relative error "
+                f"{max(errs.values()):.1e} (tolerance {tol}); 4 all-to-alls fused")
+
+    def negative_control_attention(self) -> str:
+        """The attention check's assertions must fail: its route on the ``off`` route, its rows at the balanced
+        shards' offsets."""
+        helper = self.helper()
+        try:
+            errs, routes, shifted, _ = self.attention_run(helper, "off")
+        finally:
+            helper.destroy()
+        worst = torch.tensor([shifted], dtype=torch.float64)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=self.sp.cpu_group)
+        tol = self.attention_tolerance()
+        error = "" if routes != ["fused"] * 4 else "the route assertion passed on the off route"
+        if not float(worst) > tol:
+            error += f" the output read at the balanced shards' rows matched ({float(worst):.1e})"
+        if max(errs.values()) > tol:
+            error += f" the off route itself missed the reference: {errs}"
+        self.agree(error)
+        return (f"off: routes {routes} fail the fused-route assertion; rows at the balanced offsets: relative "
+                f"error {float(worst):.1e} > {tol}")
+
+    def upstream_call(self, helper, got, x: torch.Tensor, dims: tuple[int, int]) -> tuple[torch.Tensor, Plan | None]:
+        """One upstream-style call: ``try_all_to_all_4D``, the NCCL route where it returns None; bit-exact against
+        ``DeviceCommunicatorBase.all_to_all_4D``, its plan asserted, agreed."""
+        comm = self.sp.device_communicator
+        mode = 0 if dims == (2, 1) else 1
+        before = helper.stats()["calls"]
+        with torch.no_grad():
+            y = got.try_all_to_all_4D(x, *dims)
+            ref = DeviceCommunicatorBase.all_to_all_4D(comm, x, *dims)
+        records = self.records_since(helper, before)
+        geom = Geometry.from_input(x.shape, mode, self.p, x.dtype)
+        want = choose_plan(geom, gpu=helper.gpu_name, window_bytes=helper.window_bytes, table=helper.tuned_table).plan
+        error = "" if len(records) == 1 else f"the helper saw {len(records)} calls, not 1"
+        try:
+            if records:
+                self.assert_plan(records[-1], want, Phase.FORWARD_NO_GRAD)
+        except PlanMismatch as exc:
+            error += str(exc)
+        if (y is None) != (want is None):
+            error += f" try_all_to_all_4D returned {'None' if y is None else 'an output'} for plan {want}"
+        wrong = _wrong(y, ref) if y is not None else 0
+        if wrong:
+            error += f" {wrong} wrong"
+        self.agree(f"{tuple(x.shape)} {x.dtype} {dims}: {error}" if error else "")
+        return (ref if y is None else y), want
+
+    def upstream_worker(self, helper) -> str:
+        """Upstream FastVideo's parity worker: the helper from ``device_communicator.ulysses_a2a``; its
+        ``try_all_to_all_4D`` against ``DeviceCommunicatorBase.all_to_all_4D`` (the NCCL route) for every dtype
+        in both directions (and the round trip), then operands growing past the window and back; plans asserted."""
+        heads, d, w = self.h3_heads, 128, helper.window_bytes
+        calls = fused = chunked = declined = 0
+        with self.public_op(helper, "auto"):
+            got = self.sp.device_communicator.ulysses_a2a
+            self.agree("" if getattr(got, "helper", got) is helper else f"device_communicator.ulysses_a2a is {got!r}")
+            for i, dtype in enumerate((torch.bfloat16, torch.float16, torch.float32)):
+                row = heads * d * dtype.itemsize
+                fit, big = max(1, w // (2 * 3 * row)), 2 * w // row + 1  # half the window; a plane over twice it
+                gen = torch.Generator(device=self.device).manual_seed(700 + 10 * self.rank + i)
+                x = torch.randn((3, fit, heads, d), generator=gen, device=self.device, dtype=dtype)
+                y, want_y = self.upstream_call(helper, got, x, (2, 1))
+                back, want_back = self.upstream_call(helper, got, y.contiguous(), (1, 2))
+                error = "" if _wrong(back, x) == 0 else f"{dtype}: the round trip changed the input"
+                if want_y is None or want_back is None:
+                    error += f" {dtype}: an operand of half the window was not planned fused: it tests nothing"
+                self.agree(error)
+                for s in (fit, big, fit):
+                    x = torch.randn((3, s, heads, d), generator=gen, device=self.device, dtype=dtype)
+                    _, want = self.upstream_call(helper, got, x, (2, 1))
+                    geom = Geometry.from_input(x.shape, 0, self.p, dtype)
+                    calls, fused = calls + 1, fused + (want is not None)
+                    chunked += want is not None and geom.plane_bytes > w
+                    declined += want is None and geom.plane_bytes > w
+                    self.agree(f"{dtype}: a fitting operand was not planned fused" if s == fit and want is None else "")
+        if not chunked or not declined:
+            raise AssertionError(f"growth: {chunked} chunked and {declined} declined calls over the window: the "
+                                 "operands did not grow past it on both the tuned and the untuned rows")
+        return (f"bf16/fp16/fp32 both directions and the round trip bit-exact; growth past the window "
+                f"{w} B: {fused} of {calls} calls fused ({chunked} chunked), {declined} declined (window)")
+
+    def negative_control_upstream(self, helper) -> str:
+        """The upstream worker's assertions must fail: ``ulysses_a2a`` on the ``off`` route, and a reference
+        computed from an input with one element changed on one rank."""
+        with self.public_op(helper, "off"):
+            off = self.sp.device_communicator.ulysses_a2a
+        x = torch.randn((3, 4, self.h3_heads, 128), device=self.device, dtype=torch.bfloat16)
+        bad = x.clone()
+        if self.rank == self.p - 1:
+            bad.view(-1)[0] += 1
+        with self.public_op(helper, "auto"), torch.no_grad():
+            y = self.sp.device_communicator.ulysses_a2a.try_all_to_all_4D(x, 2, 1)
+            ref = DeviceCommunicatorBase.all_to_all_4D(self.sp.device_communicator, bad, 2, 1)
+        total = torch.tensor([_wrong(y, ref) if y is not None else 0], dtype=torch.int64)
+        dist.all_reduce(total, group=self.sp.cpu_group)
+        error = "" if getattr(off, "helper", off) is not helper else "ulysses_a2a was the helper on the off route"
+        if y is None or not int(total):
+            error += f" the changed reference matched (output {'None' if y is None else 'fused'})"
+        self.agree(error)
+        return f"off: ulysses_a2a is {off!r}; changed reference: {int(total)} wrong elements over the ranks"
+
     def run(self) -> int:
         tokens = {"32k": H3["32k"]} if self.quick else H3
         h3 = f"H={self.h3_heads}" + (" (56 padded)" if self.h3_heads != 56 else "")
@@ -521,13 +862,31 @@ class Gate:
                     self.check(f"plan sweep {label} QKV {h3}", lambda s=H3[label]: self.sweep(h, small, 3, s))
             finally:
                 small.destroy()
+            for engine, kind in ((ENGINE_SM, "SM kind"), (ENGINE_CE, "copy-engine kind")):
+                for label, (seq, heads) in self.uneven_cases().items():
+                    self.check(f"uneven parity {label}, {kind}, train", lambda q=seq, hd=heads, e=engine:
+                               self.uneven_parity(h, q, hd, e))
+            self.check("DistributedAttention vs its single-device reference, fused",
+                       lambda: self.attention_check(h))
             if self.epoch:
                 self.check("epoch checker on the real kernel (and the pre-fix layout flagged)",
                            lambda: self.epoch_check(h))
         finally:
             h.destroy()
+        upstream = self.helper(window_bytes=self.window_bytes // 8)
+        try:
+            self.check("upstream parity worker (device_communicator.ulysses_a2a)",
+                       lambda: self.upstream_worker(upstream))
+            self.check("negative control: upstream worker off route and changed reference must fail",
+                       lambda: self.negative_control_upstream(upstream))
+        finally:
+            upstream.destroy()
         self.check("stress", lambda: self.stress(20 if self.quick else 100))
         self.check("negative control: tuning disabled must fail the plan assertions", self.negative_control)
+        self.check("negative control: uneven parity against the other plan kind and a reversed head table must fail",
+                   self.negative_control_uneven)
+        self.check("negative control: DistributedAttention off route and balanced offsets must fail",
+                   self.negative_control_attention)
         failed = [r for r in self.results if not r["ok"]]
         if self.rank == 0:
             print(f"{len(self.results) - len(failed)} passed, {len(failed)} failed", flush=True)

@@ -43,6 +43,12 @@ def test_gate_logic_cpu_dry_run(nproc):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert " 0 failed" in proc.stdout and "DRY RUN" in proc.stdout
     assert "PASS negative control" in proc.stdout and "PASS stress" in proc.stdout
+    uneven = [line for line in proc.stdout.splitlines() if "PASS uneven parity" in line]
+    assert len(uneven) == 4 and sum("copy-engine kind" in line for line in uneven) == 2, uneven
+    for check in ("DistributedAttention vs its single-device reference", "upstream parity worker",
+                  "negative control: uneven parity", "negative control: DistributedAttention",
+                  "negative control: upstream worker"):
+        assert f"PASS {check}" in proc.stdout, check
 
 
 def test_gate_fails_fast_and_together_cpu_dry_run():
