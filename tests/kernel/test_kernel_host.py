@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from fastvideo.distributed.ulysses.contract import DeclineReason
-from fastvideo.distributed.ulysses.native import NativeTransport, nccl_libraries_mapped, nccl_mismatch
+from fastvideo.distributed.ulysses.native import NativeTransport
+from fastvideo.distributed.ulysses.nccl_runtime import nccl_libraries_mapped, nccl_mismatch
 from fastvideo.distributed.ulysses.policy import Geometry, Plan
 from tests.kernel.built import BUILT, BUILT_TESTING, REPO, fastvideo_kernel, kernel_testing
 

@@ -24,13 +24,13 @@ with ``NOT_NVLINK`` unless NVML reports NVLink P2P to every peer (a check it can
 from __future__ import annotations
 
 import ctypes
-import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
 
 from fastvideo.distributed.ulysses.contract import DeclineReason, dtype_code
+from fastvideo.distributed.ulysses.nccl_runtime import nccl_libraries_mapped, nccl_mismatch
 from fastvideo.distributed.ulysses.policy import ENGINE_CE, KERNEL_DTYPES, MAX_CTAS, ORIGINAL_CTAS, Geometry, Plan
 from fastvideo.distributed.ulysses.transport import (
     ENTRIES,
@@ -91,27 +91,6 @@ def call_description(fvk: Any, geom: Geometry, dtype: torch.dtype, *, kind: int,
 
 class NativeKernelError(RuntimeError):
     """A native call failed; the message carries the library's CUDA/NCCL error text."""
-
-
-def nccl_libraries_mapped(maps_text: str) -> set[str]:
-    """Distinct ``libnccl.so*`` files mapped in a ``/proc/<pid>/maps`` text (by resolved path)."""
-    paths = set()
-    for line in maps_text.splitlines():
-        fields = line.split(maxsplit=5)
-        path = fields[5].strip() if len(fields) == 6 else ""
-        if os.path.basename(path).startswith("libnccl.so"):
-            paths.add(os.path.realpath(path))
-    return paths
-
-
-def nccl_mismatch(build: int, runtime: int) -> str | None:
-    """Why a runtime NCCL cannot serve a build (the device API is header-inline), or None."""
-    from fastvideo_kernel import nccl_version_tuple
-
-    b, r = nccl_version_tuple(build), nccl_version_tuple(runtime)
-    if b[:2] != r[:2]:
-        return f"kernel built against NCCL {'.'.join(map(str, b))}, process runs NCCL {'.'.join(map(str, r))}"
-    return None
 
 
 class NativeTransport(Transport):
