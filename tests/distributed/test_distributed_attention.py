@@ -61,12 +61,32 @@ def _reference(t: dict, text: int, causal: bool, rotary: bool) -> dict[str, torc
             **{f"d{n}": leaf.grad for n, leaf in leaves.items()}}
 
 
-def _attention_parity(rank, world_size, seq, text, causal, rotary, fused, compiled, give_seq_len=True):
+def _err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest absolute difference relative to ``b``'s largest magnitude (0 for two empty tensors: a zero share)."""
+    if a.numel() == 0 and b.numel() == 0:
+        return 0.0
+    return (a.double() - b.double()).abs().max().item() / max(b.double().abs().max().item(), 1e-30)
+
+
+def _replicated_errs(rep_out: torch.Tensor, rep: dict, ref: dict) -> dict[str, float]:
+    """The replicated tokens' output and their input gradients summed over the SP ranks (collective), against
+    the reference."""
     import torch.distributed as dist
+
+    from fastvideo.distributed.parallel_state import get_sp_group
+
+    errs = {"replicated out": _err(rep_out, ref["rep"])}
+    for n in ("rq", "rk", "rv"):
+        total = rep[n].grad.clone()
+        dist.all_reduce(total, group=get_sp_group().device_group)
+        errs[f"d{n} (sum over ranks)"] = _err(total, ref[f"d{n}"])
+    return errs
+
+
+def _attention_parity(rank, world_size, seq, text, causal, rotary, fused, compiled, give_seq_len=True):
 
     from fastvideo.attention.layer import DistributedAttention
     from fastvideo.distributed.device_communicators import ulysses_a2a
-    from fastvideo.distributed.parallel_state import get_sp_group
 
     dtype = torch.float32 if fused else torch.float64  # the CPU plan transport takes fp32/bf16/fp16
     helper = None
@@ -97,22 +117,15 @@ def _attention_parity(rank, world_size, seq, text, causal, rotary, fused, compil
     loss.backward()
     routes = [r.route for r in list(helper.history)[mark:]] if helper is not None else []
 
-    def err(a, b):
-        return (a.double() - b.double()).abs().max().item() / max(b.double().abs().max().item(), 1e-30)
-
     mine = slice(rank * rows, min((rank + 1) * rows, seq))
     n_mine = mine.stop - mine.start
-    errs = {"out": err(out[:, :n_mine], ref["out"][:, mine]),
+    errs = {"out": _err(out[:, :n_mine], ref["out"][:, mine]),
             "pad rows out": out[:, n_mine:].abs().max().item() if n_mine < rows else 0.0}
     for n in ("q", "k", "v"):
-        errs[f"d{n}"] = err(local[n].grad[:, :n_mine], ref[f"d{n}"][:, mine])
+        errs[f"d{n}"] = _err(local[n].grad[:, :n_mine], ref[f"d{n}"][:, mine])
         errs[f"pad rows d{n}"] = local[n].grad[:, n_mine:].abs().max().item() if n_mine < rows else 0.0
     if text:
-        errs["replicated out"] = err(rep_out, ref["rep"])
-        for n in ("rq", "rk", "rv"):
-            total = rep[n].grad.clone()
-            dist.all_reduce(total, group=get_sp_group().device_group)
-            errs[f"d{n} (sum over ranks)"] = err(total, ref[f"d{n}"])
+        errs.update(_replicated_errs(rep_out, rep, ref))
     eager = None
     if compiled:  # the same call eagerly: the compiled graph must match it bit for bit
         again = {n: shard(t[n]) for n in ("q", "k", "v")}
@@ -196,11 +209,9 @@ def test_bad_arguments_raise_clearly(ranks):
 
 
 def _uneven_attention(rank, world_size, seq_splits, heads, text, fused):
-    import torch.distributed as dist
 
     from fastvideo.attention.layer import DistributedAttention
     from fastvideo.distributed.device_communicators import ulysses_a2a
-    from fastvideo.distributed.parallel_state import get_sp_group
 
     dtype = torch.float32 if fused else torch.float64
     helper = None
@@ -225,24 +236,15 @@ def _uneven_attention(rank, world_size, seq_splits, heads, text, fused):
     loss.backward()
     routes = [r.route for r in list(helper.history)[mark:]] if helper is not None else []
 
-    def err(a, b):
-        if a.numel() == 0 and b.numel() == 0:
-            return 0.0
-        return (a.double() - b.double()).abs().max().item() / max(b.double().abs().max().item(), 1e-30)
-
-    errs = {"out": err(out, ref["out"][:, mine])}
+    errs = {"out": _err(out, ref["out"][:, mine])}
     for n in ("q", "k", "v"):
-        errs[f"d{n}"] = err(local[n].grad, ref[f"d{n}"][:, mine])
+        errs[f"d{n}"] = _err(local[n].grad, ref[f"d{n}"][:, mine])
     if text:
-        errs["replicated out"] = err(rep_out, ref["rep"])
-        for n in ("rq", "rk", "rv"):
-            total = rep[n].grad.clone()
-            dist.all_reduce(total, group=get_sp_group().device_group)
-            errs[f"d{n} (sum over ranks)"] = err(total, ref[f"d{n}"])
+        errs.update(_replicated_errs(rep_out, rep, ref))
     # The negative control: this rank's output read against the rows an even shard would have had.
     rows = -(-seq // world_size)
     even = slice(min(rank * rows, seq), min(rank * rows + out.shape[1], seq))
-    wrong = err(out[:, :even.stop - even.start], ref["out"][:, even]) if even.stop > even.start else None
+    wrong = _err(out[:, :even.stop - even.start], ref["out"][:, even]) if even.stop > even.start else None
     return errs, routes, tuple(out.shape), tuple(rep_out.shape) if rep_out is not None else None, wrong
 
 
