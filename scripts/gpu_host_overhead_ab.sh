@@ -1,30 +1,41 @@
 #!/usr/bin/env bash
-# The fused call's host overhead at P = 1 on one GPU, A/B between an older tree and this one, in one run, each tree
+# The fused call's host overhead at P = 1 on one GPU, A/B between older trees and this one, in one run, each tree
 # on its own loader and kernel library build (their library ABIs may differ). From the repository root:
 #
 #   git archive REV | (mkdir -p .revs/base && tar -x -C .revs/base) && echo REV > .revs/base/COMMIT
 #   OUT=/tmp/ab BASE=.revs/base ROUNDS=3 bash scripts/gpu_host_overhead_ab.sh
 #
-# The fused_host_overhead case (docs/benchmarks.md) under --compare-revs BASE . --tree-libraries: the same benchmark
+# BASE may name several exported trees (space-separated): each is compared with this one in turn. The
+# fused_host_overhead case (docs/benchmarks.md) under --compare-revs BASE . --tree-libraries: the same benchmark
 # code against each tree's fastvideo, interleaved A, B, A, B for ROUNDS rounds; per row the host-to-completion
 # time of the whole fused call through a one-rank helper on the real library, the launch's device time, their
-# difference, and #wrong. Then the same case on this tree alone with --tag both: an untagged and a tagged row per
+# difference (of the medians, and paired per iteration) and #wrong, after a floor row (a plain torch copy timed the
+# same way). Then, unless TAGS=0, the same case on this tree alone with --tag both: an untagged and a tagged row per
 # plan and mode back to back, what a call-site tag costs the host. With HOST_PATH_BASE (another exported tree, e.g.
 # an older one), also the helper's host path at P = 2 over the shared-memory vote (host_path --vote shm), A/B
-# between that tree and this one, each on its own library. $OUT: summary.txt, commit.txt, logs.tar.gz, ab.json,
-# tags.json and host_path_ab.json (scripts/gpu_lib.sh).
+# between that tree and this one, each on its own library. $OUT: summary.txt, commit.txt, logs.tar.gz (with every
+# round's JSON under ab-NAME/), ab-NAME.json per base, tags.json and host_path_ab.json (scripts/gpu_lib.sh).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_lib.sh"
 gpu_init host-overhead-ab
-BASE="${BASE:?BASE=path of the older tree (an exported revision)}"
+BASE="${BASE:?BASE=path of the older tree (an exported revision; several: space-separated)}"
 export -f gpu_versions
 step versions 60 versions.log bash -c gpu_versions
-step "build base library" 240 build.log "$python" "$BASE/fastvideo-kernel/build_lib.py" --out "$BASE/build/kernel"
 step "build this library" 240 build.log "$python" fastvideo-kernel/build_lib.py --out build/kernel
-step "fused host overhead A/B" "${AB_LIMIT_S:-300}" ab.log "$python" -m benchmarks.run fused_host_overhead \
-  --compare-revs "$BASE" "$ROOT" --nproc 1 --tree-libraries --rounds "${ROUNDS:-3}" --json "$WORK/logs/ab.json"
-step "fused host overhead, tagged vs untagged" 200 tags.log "$python" -m benchmarks.run fused_host_overhead \
-  --tag both --kernel-library dev --json "$WORK/logs/tags.json"
+results=()
+for base in $BASE; do
+  name=$(basename "$base")
+  step "build $name library" 240 build.log "$python" "$base/fastvideo-kernel/build_lib.py" --out "$base/build/kernel"
+  step "fused host overhead A/B ($name)" "${AB_LIMIT_S:-300}" "ab-$name.log" "$python" -m benchmarks.run \
+    fused_host_overhead --compare-revs "$base" "$ROOT" --nproc 1 --tree-libraries --rounds "${ROUNDS:-3}" \
+    --compare-out "$WORK/logs/ab-$name" --json "$WORK/logs/ab-$name.json"
+  results+=("logs/ab-$name.json")
+done
+if [[ "${TAGS:-1}" != 0 ]]; then
+  step "fused host overhead, tagged vs untagged" 200 tags.log "$python" -m benchmarks.run fused_host_overhead \
+    --tag both --kernel-library dev --json "$WORK/logs/tags.json"
+  results+=(logs/tags.json)
+fi
 if [[ -n "${HOST_PATH_BASE:-}" ]]; then
   step "build host-path base library" 240 build.log "$python" "$HOST_PATH_BASE/fastvideo-kernel/build_lib.py" \
     --out "$HOST_PATH_BASE/build/kernel"
@@ -32,4 +43,4 @@ if [[ -n "${HOST_PATH_BASE:-}" ]]; then
     --compare-revs "$HOST_PATH_BASE" "$ROOT" --nproc 2 --tree-libraries --rounds "${ROUNDS:-3}" \
     --json "$WORK/logs/host_path_ab.json" --vote shm
 fi
-gpu_finish logs/ab.json logs/tags.json logs/host_path_ab.json
+gpu_finish "${results[@]}" logs/host_path_ab.json

@@ -123,6 +123,40 @@ def device_times(fn: Callable[[], object], device: torch.device, iters: int, war
     return rank_max(times)
 
 
+def paired_overhead(host_fn: Callable[[], object], device_fn: Callable[[], object], device: torch.device, iters: int,
+                    warmup: int) -> list[float]:
+    """Per iteration, the host-to-completion seconds of ``host_fn`` minus the device seconds of ``device_fn``
+    (CUDA events around it; ``perf_counter`` on CPU) timed right after it. Local: one process, no line-up.
+
+    The two halves of each difference are taken back to back, so a shared host's or device's drift between two
+    separate loops (whose medians would be subtracted) cancels; the spread of the differences is the spread of
+    the overhead itself."""
+    cuda = device.type == "cuda"
+    start, end = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else (None, None)
+    for _ in range(warmup):
+        host_fn()
+        device_fn()
+    synchronize(device)
+    out = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        host_fn()
+        synchronize(device)
+        host = time.perf_counter() - t0
+        if cuda:
+            start.record()
+            device_fn()
+            end.record()
+            end.synchronize()
+            dev = start.elapsed_time(end) / 1e3
+        else:
+            t0 = time.perf_counter()
+            device_fn()
+            dev = time.perf_counter() - t0
+        out.append(host - dev)
+    return out
+
+
 class Samples:
     """Timings of one contender accumulated over rotated rounds (``host_timings`` dicts appended)."""
 

@@ -464,3 +464,24 @@ def test_env_override_restores_previous_values():
         with envs.override(FASTVIDEO_ULYSSES_A2A=None):
             assert envs.get("FASTVIDEO_ULYSSES_A2A") == "off"  # the default
     assert os.environ.get("FASTVIDEO_ULYSSES_A2A") == before
+
+
+# ------------------------------------------------------------------------------------- hashing
+
+
+def test_geometry_and_plan_hash_their_fields_once_and_never_pickle_the_hash():
+    """Both key per-call dicts (the transport's launches, the stats): equal objects hash alike, the hash is kept on
+    the object after its first use, and a pickled copy carries none (a str's hash differs between processes)."""
+    import copy
+    import dataclasses
+    import pickle
+
+    g, p = geom((1, 64, 8, 16), 2), Plan(144, 1, 64, True)
+    assert hash(g) == hash(geom((1, 64, 8, 16), 2)) and {(g, p): 1}[(geom((1, 64, 8, 16), 2), Plan(144, 1, 64, True))]
+    assert "_hash" in g.__dict__ and "_hash" in p.__dict__
+    assert hash(g) != hash(geom((1, 64, 8, 16), 4)) and hash(p) != hash(Plan(144, 1, 32, True))
+    for obj in (g, p):
+        clone = pickle.loads(pickle.dumps(obj))
+        assert clone == obj and "_hash" not in clone.__dict__ and hash(clone) == hash(obj)
+        assert copy.deepcopy(obj) == obj
+    assert hash(dataclasses.replace(p, ctas=12)) == hash(Plan(12, 1, 64, True))

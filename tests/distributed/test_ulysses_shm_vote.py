@@ -73,6 +73,27 @@ def _exchange_rounds(rank, world_size, rounds):
     return bad[:3], leftover
 
 
+def test_native_row_keeps_one_send_row_per_proposal_and_writes_only_its_seq():
+    """``ShmVote.native_row``: each distinct proposal's fields get their own row, reused by every later call of that
+    proposal with only SEQ rewritten; another proposal's row is untouched by it. Local, no library call."""
+    from fastvideo.distributed.ulysses.contract import with_seq
+    from fastvideo.distributed.ulysses.vote import ShmVote
+
+    vote = ShmVote(type("Lib", (), {"fvk_vote_exchange": None})(), ctypes.c_void_p(0x10), [0, 1], 5.0)
+    a, b = tuple(range(12)), tuple(range(100, 112))
+
+    def row(address: int) -> list[int]:
+        return list((ctypes.c_int64 * 12).from_address(address))
+
+    ra, rb = vote.native_row(a, 7), vote.native_row(b, 8)
+    assert ra != rb and row(ra) == with_seq(a, 7) and row(rb) == with_seq(b, 8)
+    assert vote.native_row(a, 9) == ra and row(ra) == with_seq(a, 9) and row(rb) == with_seq(b, 8)
+    assert vote.native_channel() == (vote._args[0], vote._args[2], vote._args[3])
+    vote._handle = None  # a destroyed vote refuses both, as exchange does
+    with pytest.raises(Exception, match="destroyed"):
+        vote.native_row(a, 10)
+
+
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_every_rank_sees_every_peers_exact_fields_every_round(ranks, world_size):
     """1500 rounds of rank- and round-dependent fields (double buffering wraps 750 times): every rank sees
@@ -92,6 +113,7 @@ def voted_transport():
     which path ran. It fuses the vote only over the shared-memory vote, as the native one does."""
     import time
 
+    from fastvideo.distributed.ulysses.contract import with_seq
     from fastvideo.distributed.ulysses.transport import GlooPlanTransport, VoteNotStarted
 
     class VotedGlooTransport(GlooPlanTransport):
@@ -103,16 +125,17 @@ def voted_transport():
             self.fail_before = self.fail_after = False  # fault injection: before the exchange, after it
 
         def fuses_vote(self, vote) -> bool:
-            return hasattr(vote, "native_args")
+            return hasattr(vote, "native_row")
 
-        def execute(self, x, geom, plan, *, capture=False, vote=None, fields=None):
+        def execute(self, x, geom, plan, *, capture=False, vote=None, fields=(), seq=0):
             if vote is None:
                 return super().execute(x, geom, plan, capture=capture)
             self.voted += 1
             if self.fail_before:
                 raise VoteNotStarted("before the vote: injected")
             lib = vote._lib
-            handle, send, recv, timeout = vote.native_args(fields)
+            handle, recv, timeout = vote.native_channel()
+            send = ctypes.c_void_p(vote.native_row(fields, seq))
             start = time.perf_counter()
             status = lib.fvk_vote_exchange(handle, send, recv, timeout)
             vote.last_s = time.perf_counter() - start
@@ -120,7 +143,7 @@ def voted_transport():
                 raise vote.failure(status)
             rows = vote.rows
             votes = ctypes.cast(rows.data_ptr(), ctypes.POINTER(ctypes.c_int64))
-            if not lib.fvk_vote_would_run(votes, rows.shape[0], (ctypes.c_int64 * 12)(*fields)):
+            if not lib.fvk_vote_would_run(votes, rows.shape[0], (ctypes.c_int64 * 12)(*with_seq(fields, seq))):
                 return None
             self.launched += 1
             if self.fail_after:
@@ -245,11 +268,12 @@ def _library_voted_launch(rank, world_size, case):
     fields[2] = 0  # eligible
     if case == "decline" and rank == 1:
         fields[6] += 1  # another S on one rank: no rank may launch
-    handle, send, recv, timeout = vote.native_args(fields)
+    handle, recv, timeout = vote.native_channel()
+    send = vote.native_row(tuple(fields), fields[1])  # fields[1] is SEQ: the row holds these fields as they are
     import fastvideo_kernel  # on sys.path: installed, or put there by tests/distributed/conftest.py
 
     k = fastvideo_kernel
-    voted = k.Vote(size=ctypes.sizeof(k.Vote), stage=9, handle=handle.value, fields=send.value, votes=recv.value,
+    voted = k.Vote(size=ctypes.sizeof(k.Vote), stage=9, handle=handle.value, fields=send, votes=recv.value,
                    timeout_ns=timeout.value, vote_ns=-1)
     call = k.Call(size=ctypes.sizeof(k.Call), kind=7 if case == "bad_kind" else k.KIND_SM, mode=0, dtype=3, ctas=144,
                   B=1, S=8, H=8, D=8, planes_per_chunk=1, rows_per_chunk=8)

@@ -18,7 +18,13 @@ from pathlib import Path
 import pytest
 
 from fastvideo.distributed.ulysses.transport import GlooPlanTransport
-from fastvideo.distributed.ulysses.watchdog import WATCHDOG_EXIT_CODE, FusedCallWatchdog, InFlight, StoreProbe
+from fastvideo.distributed.ulysses.watchdog import (
+    POLL_EVERY,
+    WATCHDOG_EXIT_CODE,
+    FusedCallWatchdog,
+    InFlight,
+    StoreProbe,
+)
 from tests.distributed.conftest import a2a, build_helper, rank_input
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,6 +125,50 @@ def test_the_next_call_polls_and_fires_without_waiting_for_the_thread():
     assert w.poll(now=c.launched + 0.5) is None and fired == []  # not yet overdue
     assert w.poll(now=c.launched + 1.5) is c and len(fired) == 1
     assert w.poll(now=c.launched + 9.0) is None and len(fired) == 1  # fires once
+    w.stop()
+
+
+class Counted:
+    """A marker that counts its queries and says ``done``."""
+
+    def __init__(self, done: bool) -> None:
+        self.done, self.queries = done, 0
+
+    def query(self) -> bool:
+        self.queries += 1
+        return self.done
+
+
+def test_a_poll_queries_the_newest_first_and_drops_every_call_before_a_complete_one():
+    """Calls complete in order: where the newest is complete, one query drops them all (the older markers are
+    never queried); where it is not, the scan from the oldest stops at the first incomplete one."""
+    w = FusedCallWatchdog(60.0, rank=0, ranks=[0, 1], on_timeout=lambda m: None, poll_s=3600)
+    older = [Counted(False) for _ in range(POLL_EVERY - 2)]
+    for i, m in enumerate(older):
+        w._pending.append(call(i, m))
+    newest = Counted(True)
+    w._pending.append(call(99, newest))
+    assert w.poll() is None and len(w._pending) == 0
+    assert newest.queries == 1 and all(m.queries == 0 for m in older)
+    # Negative control: the newest incomplete, the oldest complete: the scan drops the oldest alone.
+    first, second, last = Counted(True), Counted(False), Counted(False)
+    for i, m in enumerate((first, second, last)):
+        w._pending.append(call(i, m))
+    assert w.poll() is None and [c.marker for c in w._pending] == [second, last]
+    assert first.queries == 1 and last.queries == 1
+    w.stop()
+
+
+def test_the_host_thread_polls_every_poll_every_calls_without_waiting_for_the_thread():
+    """``track`` takes no lock and queries nothing until ``POLL_EVERY`` calls are pending; then it polls once, so
+    completed calls never pile up between the background thread's polls."""
+    w = FusedCallWatchdog(60.0, rank=0, ranks=[0, 1], on_timeout=lambda m: None, poll_s=3600)
+    markers = [Counted(True) for _ in range(POLL_EVERY)]
+    for i, m in enumerate(markers[:-1]):
+        w.track(call(i, m))
+    assert len(w._pending) == POLL_EVERY - 1 and all(m.queries == 0 for m in markers)
+    w.track(call(POLL_EVERY, markers[-1]))
+    assert len(w._pending) == 0 and markers[-1].queries == 1
     w.stop()
 
 

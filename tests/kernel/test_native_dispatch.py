@@ -19,7 +19,7 @@ import ctypes
 import pytest
 import torch
 
-from fastvideo.distributed.ulysses.contract import dtype_code
+from fastvideo.distributed.ulysses.contract import dtype_code, with_seq
 from fastvideo.distributed.ulysses.native import EVENT_RING, NativeKernelError, NativeTransport, call_description
 from fastvideo.distributed.ulysses.policy import ENGINE_CE, MAX_CTAS, ORIGINAL_CTAS, Geometry, Plan
 from fastvideo.distributed.ulysses.transport import ENTRIES, ConstructionContext, VoteNotStarted, output_shape
@@ -238,17 +238,26 @@ def test_execute_before_construction_raises() -> None:
 
 
 class FakeVote:
-    """The shared-memory vote's side of the voted form: ``native_args`` writes the fields and returns the same
-    (handle, send, receive, timeout) every call, as ``ShmVote`` does."""
+    """The shared-memory vote's side of the voted form, as ``ShmVote`` has it: ``native_channel`` returns the same
+    (handle, receive, timeout) every call; ``native_row`` records the row it would write (the fields with this
+    call's SEQ) and returns that row's address, one address per distinct fields."""
+
+    ROW_BASE = 0xB0
 
     def __init__(self) -> None:
         self.sent: list[list[int]] = []
-        self.args = (ctypes.c_void_p(0xA0), ctypes.c_void_p(0xB0), ctypes.c_void_p(0xC0), ctypes.c_int64(7 * 10**9))
+        self.channel = (ctypes.c_void_p(0xA0), ctypes.c_void_p(0xC0), ctypes.c_int64(7 * 10**9))
+        self.channels = 0
+        self.rows: dict[tuple[int, ...], int] = {}
         self.last_s = 0.0
 
-    def native_args(self, fields):
-        self.sent.append(list(fields))
-        return self.args
+    def native_channel(self):
+        self.channels += 1
+        return self.channel
+
+    def native_row(self, fields, seq):
+        self.sent.append(with_seq(fields, seq))
+        return self.rows.setdefault(tuple(fields), self.ROW_BASE + 0x100 * len(self.rows))
 
     def failure(self, status: int) -> RuntimeError:
         return RuntimeError(f"vote failed with {status}")
@@ -264,23 +273,24 @@ def test_the_voted_form_passes_the_vote_and_acts_on_the_stage(stage):
     geom = Geometry.from_input(x.shape, 0, 2, x.dtype)
     plan = Plan(144, 1, 3, tuned=True)
     lib.stage = stage
-    fields = list(range(12))
+    fields = tuple(range(12))
     if stage == fvk.STAGE_LAUNCHED:
-        out = t.execute(x, geom, plan, vote=vote, fields=fields)
+        out = t.execute(x, geom, plan, vote=vote, fields=fields, seq=5)
         assert lib.calls[-1] == {**expected(x, out, geom, plan), "vote": (ctypes.sizeof(fvk.Vote), 0xA0, 0xB0, 0xC0,
                                                                           7 * 10**9)}
         assert t._events[0].recorded_on == ["the-stream"]
     elif stage == fvk.STAGE_NOT_LAUNCHED:
-        assert t.execute(x, geom, plan, vote=vote, fields=fields) is None  # the helper decides from vote.rows
+        assert t.execute(x, geom, plan, vote=vote, fields=fields, seq=5) is None  # the helper decides from vote.rows
     else:
         error = VoteNotStarted if stage == fvk.STAGE_REFUSED else RuntimeError
         with pytest.raises(error, match="refused before the vote" if stage == fvk.STAGE_REFUSED else "vote failed"):
-            t.execute(x, geom, plan, vote=vote, fields=fields)
-    assert vote.sent == [fields] and vote.last_s == pytest.approx(1.5e-6)
+            t.execute(x, geom, plan, vote=vote, fields=fields, seq=5)
+    assert vote.sent == [with_seq(fields, 5)] and vote.last_s == pytest.approx(1.5e-6)
     first, lib.stage = t._vote, fvk.STAGE_LAUNCHED
-    t.execute(x, geom, plan, vote=vote, fields=fields[::-1])
-    assert t._vote is first and vote.sent[-1] == fields[::-1]  # one fvk_vote per vote channel, reused
-    assert lib.calls[-1]["vote"] == (ctypes.sizeof(fvk.Vote), 0xA0, 0xB0, 0xC0, 7 * 10**9)
+    t.execute(x, geom, plan, vote=vote, fields=fields[::-1], seq=6)
+    # one fvk_vote per vote channel, reused; each call points it at its own proposal's row
+    assert t._vote is first and vote.channels == 1 and vote.sent[-1] == with_seq(fields[::-1], 6)
+    assert lib.calls[-1]["vote"] == (ctypes.sizeof(fvk.Vote), 0xA0, 0x1B0, 0xC0, 7 * 10**9)
 
 
 def test_a_failure_before_the_voted_exchange_is_vote_not_started():
@@ -290,7 +300,7 @@ def test_a_failure_before_the_voted_exchange_is_vote_not_started():
     x = torch.randn(1, 8, 4, 16)
     with pytest.raises(VoteNotStarted, match="needs the 'ce' offering"):
         t.execute(x, Geometry.from_input(x.shape, 0, 2, x.dtype), Plan(66, 1, 8, tuned=True, engine=ENGINE_CE),
-                  vote=FakeVote(), fields=[0] * 12)
+                  vote=FakeVote(), fields=(0,) * 12)
     assert not lib.calls
 
 

@@ -230,6 +230,13 @@ def fields(generation: int, seq: int, bits: int, mode: int, dtype: torch.dtype, 
     return row
 
 
+def with_seq(row: Sequence[int], seq: int) -> list[int]:
+    """A copy of ``row`` (a proposal's fields, SEQ 0) with SEQ = ``seq``: what this rank votes for one call."""
+    voted = list(row)
+    voted[Field.SEQ] = seq
+    return voted
+
+
 def outcome_code(plan_word: int, reason: DeclineReason | None) -> int:
     """What one call ran, as one int (a backward runs its forward's): the plan word (> 0) of a fused call, or
     ``-1 - reason`` (< 0) for a call that declined. 0 is reserved for a call that ran without a helper."""

@@ -55,6 +55,10 @@ class HelperDisposedError(RuntimeError):
 
 
 _IDS = itertools.count(1)
+# Read on every call: module constants, not enum attribute lookups.
+_FORWARD_NO_GRAD, _FORWARD_GRAD, _BACKWARD = Phase.FORWARD_NO_GRAD, Phase.FORWARD_GRAD, Phase.BACKWARD
+_PLAN = int(Field.PLAN)
+_is_capturing = torch.cuda.is_current_stream_capturing
 TAGS_WARN = 4096  # distinct call tags per helper past which a warning says tags name call sites, not calls
 _LIVE: weakref.WeakValueDictionary[int, UlyssesHelper] = weakref.WeakValueDictionary()
 
@@ -73,7 +77,7 @@ def live_helper(helper_id: int) -> UlyssesHelper:
 
 def stream_capturing(x: torch.Tensor) -> bool:
     """Whether this call is being captured into a CUDA graph (its device's current stream is capturing)."""
-    return x.is_cuda and torch.cuda.is_current_stream_capturing()
+    return x.is_cuda and _is_capturing()
 
 
 class UlyssesHelper:
@@ -203,9 +207,10 @@ class UlyssesHelper:
         running the NCCL route. ``tag`` (a non-empty str, ``contract.check_tag``): the call site; the vote's SEQ is
         then the tag's own count for this phase, so a rank that skips or repeats a tagged call raises on every rank.
         A call that raises is not counted for its tag (on every rank alike)."""
-        self._check_alive()
+        if self._disposed_error is not None or self._destroyed:
+            self._check_alive()  # raises
         capturing = self._capturing(x)
-        phase = Phase.BACKWARD if outcome is not None else Phase.FORWARD_GRAD if grad else Phase.FORWARD_NO_GRAD
+        phase = _BACKWARD if outcome is not None else _FORWARD_GRAD if grad else _FORWARD_NO_GRAD
         seq = word = self._seq
         self._seq += 1
         self._stats.calls += 1
@@ -216,18 +221,16 @@ class UlyssesHelper:
             word = entry[phase + 3] ^ count
         if not self._votes:  # declined at construction (agreed), unchecked: no call needs a vote
             return self._declined(x, mode, seq, phase, self.construction_reason, fallback, splits, tag=tag)
-        # 1. propose: pure, cached per signature
-        sig = Signature(x.shape, x.dtype, x.device, mode, phase, outcome, capturing, x.is_contiguous(),
-                        x.data_ptr() % x.element_size() == 0, splits)
-        proposal = self.planner.cache.get(sig) or self._propose(sig)
-        fields = list(proposal.fields)
-        fields[Field.SEQ] = word
+        # 1. propose: pure, cached per signature (the key holds a Signature's fields: equal to it, hashed alike)
+        key = (x.shape, x.dtype, x.device, mode, phase, outcome, capturing, x.is_contiguous(),
+               x.data_ptr() % x.element_size() == 0, splits)
+        proposal = self.planner.cache.get(key) or self._propose(Signature._make(key))
         # 2. vote (and, where the transport fuses them, launch in the same library call)
         out, error = None, proposal.error
         if proposal.plan is not None and self._fused_vote and not capturing:
-            out, rows, error = self._vote_and_launch(x, proposal, fields, seq)
+            out, rows, error = self._vote_and_launch(x, proposal, word, seq)
         else:
-            rows = self._exchange(fields)
+            rows = self._exchange(contract.with_seq(proposal.fields, word))
         if out is None:
             # 3. decide: the same verdict on every rank
             decision = contract.decide(rows)
@@ -242,15 +245,15 @@ class UlyssesHelper:
                 return self._declined(x, mode, seq, phase, decision.reason, fallback, splits, proposal.why, tag)
             # 4. execute: every rank runs (or captures) this plan: the capture bit is in the agreed fields
             out = self._execute(x, proposal, seq, capturing)
-        # 5. record
-        self._stats.ran(seq, phase, proposal.geom, proposal.plan, capturing, proposal.fields, tag)
+        # 5. record (after the launch: the device is already moving the data)
+        self._stats.ran(seq, phase, proposal, capturing, tag)
         if not capturing:  # a capture runs nothing: the graph's replays are unseen by the watchdog
             marker = self.transport.completion_marker()
             if marker is not None:
                 self._watch(InFlight(seq, self.generation,
                                      lambda: f"{phase.name.lower()}{f', tag {tag!r}' if tag else ''}, {proposal.geom}",
                                      lambda: proposal.plan.describe(proposal.geom), marker, time.monotonic()))
-        return out, proposal.fields[Field.PLAN]
+        return out, proposal.fields[_PLAN]
 
     def _new_tag(self, tag: str) -> list[int]:
         """The first call tagged ``tag``: its counts and per-phase SEQ words (hashed here, once per tag)."""
@@ -281,14 +284,17 @@ class UlyssesHelper:
         self._stats.vote_s.append(self._call_vote.last_s)
         return rows
 
-    def _vote_and_launch(self, x: torch.Tensor, proposal: Proposal, fields: list[int], seq: int
+    def _vote_and_launch(self, x: torch.Tensor, proposal: Proposal, word: int, seq: int
                          ) -> tuple[torch.Tensor | None, torch.Tensor | None, BaseException | None]:
-        """The hot path: one library call votes and, where every rank proposed this same call, launches.
-        Returns (output, None, None) when it launched, else (None, the gathered votes, a local error)."""
+        """The hot path: one library call votes (the proposal's fields, SEQ = ``word``) and, where every rank
+        proposed this same call, launches. Returns (output, None, None) when it launched, else (None, the gathered
+        votes, a local error)."""
         try:
-            out = self.transport.execute(x, proposal.geom, proposal.plan, vote=self._call_vote, fields=fields)
+            out = self.transport.execute(x, proposal.geom, proposal.plan, vote=self._call_vote, fields=proposal.fields,
+                                         seq=word)
         except VoteNotStarted as exc:
             # This rank has not voted yet: vote its failure, so that every rank raises together.
+            fields = contract.with_seq(proposal.fields, word)
             fields[Field.ELIGIBILITY] = DeclineReason.LOCAL_ERROR.bit
             fields[Field.WINDOW_BYTES] = fields[Field.PLAN] = 0
             return None, self._exchange(fields), exc

@@ -26,6 +26,7 @@ MODE_SEQ_GATHER = 0  # scatter heads (dim 2), gather sequence (dim 1)
 MODE_HEAD_GATHER = 1  # scatter sequence (dim 1), gather heads (dim 2)
 _MODES = {(2, 1): MODE_SEQ_GATHER, (1, 2): MODE_HEAD_GATHER}
 _OP = "sequence_model_parallel_all_to_all_4D"
+_is_batched = torch._C._functorch.is_batchedtensor  # checked on every call: looked up once
 _DIM_NAMES = {1: "sequence", 2: "heads"}
 _COUNTED = {1: "sequence rows", 2: "heads"}
 
@@ -106,7 +107,7 @@ def validate_input(x: torch.Tensor, mode: int, world_size: int, rank: int = 0,
             "trace shapes, use torch.compile or FakeTensorMode, where the op returns a fake output without any "
             "collective."
         )
-    if torch._C._functorch.is_batchedtensor(x):
+    if _is_batched(x):
         raise RuntimeError(
             f"{_OP} does not support torch.func.vmap: it would run one collective per batch element and ranks that "
             "disagree on the batch size hang. Fold the batch into dim 0 instead."

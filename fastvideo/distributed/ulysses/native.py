@@ -114,7 +114,7 @@ class NativeTransport(Transport):
         self._launches: dict[tuple, _Launch] = {}  # per (geometry, plan, dtype, capture): see _launch_for
         self._vote: Any = None  # the fvk_vote of the voted form, built once per vote channel (_vote_for)
         self._vote_ref: Any = None
-        self._vote_args: tuple | None = None  # the vote channel's native_args it was built from
+        self._vote_owner: Any = None  # the vote channel it was built for
         self._streams: dict[tuple[int, int], torch.cuda.Stream] = {}  # (device, raw handle) -> Stream
 
     # ------------------------------------------------------------------ probing (local)
@@ -320,26 +320,26 @@ class NativeTransport(Transport):
             self._streams[(index, raw)] = stream
         return raw, stream
 
-    def _vote_for(self, vote, fields: list[int]) -> Any:
-        """``fields`` written into ``vote``'s send buffer, and the ``fvk_vote`` (by reference) that points the
-        library at the vote's handle and buffers: built once per vote channel, reused every call."""
-        args = vote.native_args(fields)  # (handle, send buffer, receive buffer, timeout in ns)
-        if args is not self._vote_args:
-            handle, send, recv, timeout = args
+    def _vote_for(self, vote, fields: tuple[int, ...], seq: int) -> Any:
+        """The ``fvk_vote`` (by reference) that points the library at ``vote``'s handle and buffers, built once per
+        vote channel, with this call's send row (``fields`` with SEQ = ``seq``: ``ShmVote.native_row``)."""
+        if vote is not self._vote_owner:
+            handle, recv, timeout = vote.native_channel()
             fvk = self._fvk
             self._vote = fvk.Vote(size=ctypes.sizeof(fvk.Vote), stage=fvk.STAGE_REFUSED, handle=handle.value,
-                                  fields=send.value, votes=recv.value, timeout_ns=timeout.value)
-            self._vote_ref, self._vote_args = ctypes.byref(self._vote), args
+                                  fields=0, votes=recv.value, timeout_ns=timeout.value)
+            self._vote_ref, self._vote_owner = ctypes.byref(self._vote), vote
+        self._vote.fields = vote.native_row(fields, seq)
         return self._vote_ref
 
     def fuses_vote(self, vote) -> bool:
         """Local, host-only. Whether ``execute`` can run the exchange and the launch in one library call (the voted
         form of ``fvk_launch``): where the per-call vote is the same-host shared-memory one (an object with
-        ``native_args``) and this build offers it."""
-        return self._fvk is not None and self._fvk.VOTED in self._offerings and hasattr(vote, "native_args")
+        ``native_row``) and this build offers it."""
+        return self._fvk is not None and self._fvk.VOTED in self._offerings and hasattr(vote, "native_row")
 
     def execute(self, x: torch.Tensor, geom: Geometry, plan: Plan, *, capture: bool = False, vote=None,
-                fields: list[int] | None = None) -> torch.Tensor | None:
+                fields: tuple[int, ...] = (), seq: int = 0) -> torch.Tensor | None:
         """Collective; host-blocking only for a vote; capture-safe with ``capture`` (``Transport.execute``).
 
         One library call (``fvk_launch`` with the signature's cached call description; ``fvk_a2a_original`` on
@@ -347,15 +347,15 @@ class NativeTransport(Transport):
         a call after the previous one when the stream changes (its own completion event), so nothing is waited
         for here. A captured call freezes the launch arguments (pointers, geometry, plan) into the graph and
         allocates the output from the graph's pool; the library orders replays against eager calls and each
-        other through its completion event (ulysses_a2a.h). With ``vote``, the same call exchanges ``fields``
-        and launches where every rank's fields equal these (``fvk_vote_would_run``)."""
+        other through its completion event (ulysses_a2a.h). With ``vote``, the same call exchanges ``fields`` (with
+        SEQ = ``seq``) and launches where every rank's fields equal these (``fvk_vote_would_run``)."""
         try:  # everything before the exchange: with a vote, a failure here leaves this rank unvoted
             if self._handle is None or self._event is None or self._ctx is None:
                 raise NativeKernelError("execute before construction (or after destroy)")
             launch = self._launch_for(geom, plan, x.dtype, capture)
             out = torch.empty(launch.out_shape, dtype=x.dtype, device=x.device)
             raw, stream = self._current_stream(x.device)
-            vote_ref = self._vote_for(vote, fields) if vote is not None else None
+            vote_ref = self._vote_for(vote, fields, seq) if vote is not None else None
         except Exception as exc:
             if vote is None:
                 raise
@@ -438,7 +438,7 @@ class NativeTransport(Transport):
         self._ctx = None
         self._launches.clear()
         self._streams.clear()
-        self._vote = self._vote_ref = self._vote_args = None
+        self._vote = self._vote_ref = self._vote_owner = None
         self._event = None
         self._events = []
         self._unique_id = None

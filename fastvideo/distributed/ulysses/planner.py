@@ -66,6 +66,7 @@ class Proposal(NamedTuple):
     fields: tuple[int, ...]  # the 12 vote fields, SEQ = 0
     why: str  # why a capture cannot freeze the plan here (logged with the decline), else ""
     error: BaseException | None = None  # proposing failed here (a bug): voted LOCAL_ERROR, never cached
+    chunks: int = 0  # the plan's chunk count on geom (0 without a plan), for the call's record
 
 
 def tables(table: Sequence[TunedRow], entries: frozenset[str] | None,
@@ -140,7 +141,7 @@ def propose(cfg: PlanConfig, sig: Signature) -> Proposal:
                           sig.phase, plan.window_bytes(geom) if plan is not None else 0,
                           plan.word if plan is not None else 0, sig.capturing,
                           contract.splits_digest(geom.seq_table, geom.head_table))
-    return Proposal(geom, plan, tuple(row), why)
+    return Proposal(geom, plan, tuple(row), why, None, plan.num_chunks(geom) if plan is not None else 0)
 
 
 class Planner:

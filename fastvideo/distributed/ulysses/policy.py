@@ -46,6 +46,24 @@ _CTA_BITS, _PLANE_BITS, _ROW_BITS = 10, 16, 35
 _TUNED_BIT = _CTA_BITS + _PLANE_BITS + _ROW_BITS
 _CE_BIT = _TUNED_BIT + 1  # bit 62: the word stays a positive int64
 
+
+def _hash_once(self) -> int:
+    """``__hash__`` of a frozen dataclass that keys per-call dicts (the transport's launches, the stats): the fields
+    hashed once per object. Not pickled (``_without_hash``): a str's hash differs between processes."""
+    try:
+        return self.__dict__["_hash"]
+    except KeyError:
+        value = hash(tuple(getattr(self, name) for name in self.__dataclass_fields__))
+        object.__setattr__(self, "_hash", value)
+        return value
+
+
+def _without_hash(self) -> dict:
+    state = dict(self.__dict__)
+    state.pop("_hash", None)
+    return state
+
+
 # The plan kinds a CUDA-graph capture may freeze, by engine (``UlyssesHelper.capture_engines``). The
 # copy-engine kind can be captured (``fvk_launch`` with ``FVK_CALL_CAPTURE``), but its captured form has run only
 # on one GPU (P = 1: no peers, so no push): until a 2-GPU run of
@@ -79,6 +97,9 @@ class Geometry:
     world_size: int
     seq_splits: tuple[int, ...] | None = None
     head_splits: tuple[int, ...] | None = None
+
+    __hash__ = _hash_once
+    __getstate__ = _without_hash
 
     @classmethod
     def from_input(cls, shape: Sequence[int], mode: int, world_size: int, dtype: torch.dtype, *,
@@ -146,6 +167,9 @@ class Plan:
     rows_per_chunk: int
     tuned: bool
     engine: str = ENGINE_SM
+
+    __hash__ = _hash_once
+    __getstate__ = _without_hash
 
     def __post_init__(self) -> None:
         if not (1 <= self.ctas < 1 << _CTA_BITS and 1 <= self.planes_per_chunk < 1 << _PLANE_BITS):

@@ -11,9 +11,10 @@ from collections import Counter, deque
 from typing import NamedTuple
 
 from fastvideo.distributed.ulysses.contract import DeclineReason, Phase
-from fastvideo.distributed.ulysses.policy import Geometry, Plan
+from fastvideo.distributed.ulysses.policy import Plan
 
 VOTE_SAMPLES = 4096  # vote durations kept for ``vote_seconds`` and the medians
+_record = tuple.__new__
 
 
 class CallRecord(NamedTuple):
@@ -36,23 +37,24 @@ class CallStats:
     def __init__(self, history: int) -> None:
         self.calls = self.fused = self.raised = self.captured = 0
         self.declines: Counter[DeclineReason] = Counter()
-        # Fused calls per proposal, keyed by its fields (a tuple of ints: cheap to hash per call; the plan and the
-        # geometry it names are kept beside it for report()).
-        self.plans: Counter[tuple[int, ...]] = Counter()
-        self._named: dict[tuple[int, ...], tuple[Plan, Geometry]] = {}
+        # Fused calls per proposal, keyed by its fields (a tuple of ints: one hash per call): [count, the proposal]
+        # (its plan and geometry name the row in report()).
+        self.plans: dict[tuple[int, ...], list] = {}
         self.vote_s: deque[float] = deque(maxlen=VOTE_SAMPLES)
         self.history: deque[CallRecord] = deque(maxlen=history)
 
-    def ran(self, seq: int, phase: Phase, geom: Geometry, plan: Plan, captured: bool, key: tuple[int, ...],
-            tag: str | None = None) -> None:
-        """A fused call of the proposal whose fields are ``key``."""
+    def ran(self, seq: int, phase: Phase, proposal, captured: bool, tag: str | None = None) -> None:
+        """A fused call of ``proposal`` (``planner.Proposal``). Per call: two counters, one dict lookup, a record."""
         self.fused += 1
-        self.captured += captured
-        if self.plans[key] == 0:
-            self._named[key] = (plan, geom)
-        self.plans[key] += 1
-        self.history.append(CallRecord(seq, phase, geom.mode, "fused", plan, None, plan.num_chunks(geom), captured,
-                                       tag))
+        if captured:
+            self.captured += 1
+        counted = self.plans.get(proposal.fields)
+        if counted is None:
+            counted = self.plans[proposal.fields] = [0, proposal]
+        counted[0] += 1
+        # tuple.__new__: a named tuple's own constructor is a Python function, twice the cost per call
+        self.history.append(_record(CallRecord, (seq, phase, proposal.geom.mode, "fused", proposal.plan, None,
+                                                 proposal.chunks, captured, tag)))
 
     def declined(self, seq: int, phase: Phase, mode: int, reason: DeclineReason, tag: str | None = None) -> None:
         self.declines[reason] += 1
@@ -67,8 +69,7 @@ class CallStats:
             "captured": self.captured,  # fused launches captured into CUDA graphs (counted in "fused")
             "raised": self.raised,
             "declines": {r.label: n for r, n in sorted(self.declines.items())},
-            "plans": dict(sum((Counter({self._named[k][0].describe(self._named[k][1]): n})
-                               for k, n in self.plans.items()), Counter())),
+            "plans": dict(sum((Counter({p.plan.describe(p.geom): n}) for n, p in self.plans.values()), Counter())),
             "vote_us_median": statistics.median(votes) * 1e6 if votes else None,
             "vote_us_p90": votes[int(0.9 * (len(votes) - 1))] * 1e6 if votes else None,
         }

@@ -134,14 +134,15 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     def execute(self, x: torch.Tensor, geom: Geometry, plan: Plan, *, capture: bool = False, vote=None,
-                fields: list[int] | None = None) -> torch.Tensor | None:
+                fields: tuple[int, ...] = (), seq: int = 0) -> torch.Tensor | None:
         """Run ``plan`` on ``x``: collective over the SP group; returns a fresh tensor the caller owns.
 
         * ``vote`` None: the plan every rank agreed; the output is returned. ``capture``: capture it into the
           CUDA graph the current stream is capturing (only after ``capture_decline`` returned None on every
           rank): no host state changes, nothing to watch.
-        * ``vote`` given (only where ``fuses_vote(vote)``, never under capture): exchange ``fields`` over it and
-          launch ``plan`` only where every rank proposed this same call, the one verdict that runs a plan.
+        * ``vote`` given (only where ``fuses_vote(vote)``, never under capture): exchange ``fields`` (the
+          proposal's, SEQ 0) with SEQ = ``seq`` over it and launch ``plan`` only where every rank proposed this
+          same call, the one verdict that runs a plan.
           Returns None when it did not launch (``vote.rows`` holds the gathered votes for the helper's
           verdict). Raises ``VoteNotStarted`` for a failure before the exchange (this rank has not voted),
           the vote's own error (``vote.failure``) when the exchange failed, anything else for a launch that
@@ -264,7 +265,7 @@ class GlooPlanTransport(Transport):
         return self._topology_override or TopologyReport()
 
     def execute(self, x: torch.Tensor, geom: Geometry, plan: Plan, *, capture: bool = False, vote=None,
-                fields: list[int] | None = None) -> torch.Tensor:
+                fields: tuple[int, ...] = (), seq: int = 0) -> torch.Tensor:
         assert self._ctx is not None and self._window is not None, "execute before construction"
         assert not capture and vote is None, "the CPU transport neither captures nor fuses the vote"
         rank, group = self._ctx.rank, self._ctx.device_group

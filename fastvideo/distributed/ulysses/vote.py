@@ -21,15 +21,18 @@ import logging
 import time
 import uuid
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from fastvideo.distributed.host_exchange import all_gather_objects, all_gather_tensor, classify_failure
-from fastvideo.distributed.ulysses.contract import NUM_FIELDS
+from fastvideo.distributed.ulysses.contract import NUM_FIELDS, Field
 
 logger = logging.getLogger(__name__)
 
 _all_gather = all_gather_tensor
+_SEQ = int(Field.SEQ)
+ROWS_KEPT = 1024  # native_row's send rows (one per proposal a job votes: a few per layer kind)
 
 
 class VoteError(RuntimeError):
@@ -217,6 +220,7 @@ class ShmVote:
         self._recv = torch.zeros(self.world_size * NUM_FIELDS, dtype=torch.int64)
         self._recv_rows = self._recv.view(self.world_size, NUM_FIELDS)
         self.last_s = 0.0  # the last exchange's host seconds (a fused vote-and-launch sets it too)
+        self._rows: dict[tuple[int, ...], tuple[np.ndarray, int]] = {}  # native_row's send rows, per proposal
         # Everything the call passes is converted once here: the hot path allocates nothing.
         self._exchange = lib.fvk_vote_exchange
         self._args = (
@@ -273,14 +277,26 @@ class ShmVote:
             raise self.failure(status)
         return self._recv_rows
 
-    def native_args(self, fields: list[int]) -> tuple:
-        """For a library call that runs the exchange itself (``fvk_voted_launch``): ``fields`` written into the
-        send buffer, and (handle, send buffer, receive buffer, timeout in ns) as the library takes them. The
-        gathered rows are then in ``rows``."""
+    def native_channel(self) -> tuple:
+        """For a library call that runs the exchange itself (``fvk_voted_launch``): (handle, receive buffer, timeout
+        in ns) as the library takes them, the same every call. The gathered rows are then in ``rows``."""
         if self._handle is None:
             raise self.failure(-1)
-        self._send_np[:] = fields
-        return self._args
+        return self._args[0], self._args[2], self._args[3]
+
+    def native_row(self, fields: tuple[int, ...], seq: int) -> int:
+        """The address of a send row holding ``fields`` (a proposal's, SEQ 0) with SEQ = ``seq``, for the same library
+        call. Each distinct ``fields`` keeps its own row, so a call writes one word, not twelve."""
+        if self._handle is None:
+            raise self.failure(-1)
+        row = self._rows.get(fields)
+        if row is None:
+            if len(self._rows) >= ROWS_KEPT:  # bounded; the library reads a row only during its call
+                self._rows.clear()
+            words = np.array(fields, dtype=np.int64)
+            row = self._rows[fields] = (words, words.ctypes.data)
+        row[0][_SEQ] = seq
+        return row[1]
 
     @property
     def rows(self) -> torch.Tensor:

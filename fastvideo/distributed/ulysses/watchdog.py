@@ -9,14 +9,16 @@ notice: the host is typically blocked in a CUDA synchronisation. So, as torch's 
 * every launched fused call is tracked: its completion marker (a CUDA event; anything with
   ``query()``), sequence number, plan and geometry;
 * a daemon thread (one per helper, started at its first tracked launch, stopped by ``stop()``),
-  and the helper itself at its next call, drop completed calls and look at the oldest incomplete one;
+  and the host thread every ``POLL_EVERY`` tracked calls, drop completed calls and look at the oldest
+  incomplete one;
 * when it has been incomplete for longer than the timeout, the watchdog logs one clear error naming
   the call, the plan, the peers that did not report being stuck in the same call (whose barrier
   arrivals are the missing ones) and what to check, then ends the process (``os._exit``) so the job
   fails instead of hanging. The action is injectable (tests observe it instead of exiting).
 
-Hot path: ``track`` is a lock and a deque append (no thread, no allocation beyond the record);
-markers are only ``query()``-ed, never synchronised.
+Hot path: ``track`` is a deque append (no lock, no thread, no allocation beyond the record), and every
+``POLL_EVERY`` calls one ``poll`` (a lock and, in the common case, one query); markers are only
+``query()``-ed, never synchronised.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import NamedTuple, Protocol
 logger = logging.getLogger(__name__)
 
 WATCHDOG_EXIT_CODE = 87  # what the process exits with when the watchdog ends it (documented)
+POLL_EVERY = 8  # tracked calls between the host thread's own polls (the background thread polls on its timer)
 
 
 class Marker(Protocol):
@@ -51,6 +54,14 @@ class InFlight(NamedTuple):
     plan: str | Callable[[], str]  # the plan's description
     marker: Marker
     launched: float  # time.monotonic() at launch
+
+
+def _completed(call: InFlight) -> bool:
+    """Whether ``call``'s marker says complete; a query that raises is left to the oldest-first scan to report."""
+    try:
+        return bool(call.marker.query())
+    except Exception:  # noqa: BLE001 - the scan below queries again and reports it
+        return False
 
 
 def _text(value: str | Callable[[], str]) -> str:
@@ -173,11 +184,14 @@ class FusedCallWatchdog:
     # ------------------------------------------------------------------ hot path
 
     def track(self, call: InFlight) -> None:
-        """Record a launched call. Starts the background thread on the first one (never per call)."""
+        """Record a launched call. Starts the background thread on the first one (never per call). The host
+        thread drops completed calls itself every ``POLL_EVERY`` calls (one query: ``poll``)."""
         if self.fired is not None:
             return  # it has fired (and an injected action returned): nothing more to watch
-        with self._lock:
-            self._pending.append(call)
+        pending = self._pending
+        pending.append(call)  # no lock: a deque append is atomic, and pollers only pop from the left
+        if len(pending) >= POLL_EVERY:
+            self.poll()
         if self._thread is None and not self._stop.is_set():
             self._thread = threading.Thread(target=self._loop, name=f"fastvideo-ulysses-watchdog-r{self.rank}",
                                             daemon=True)
@@ -205,16 +219,23 @@ class FusedCallWatchdog:
             if self.fired is not None:
                 return None
             oldest = None
-            while self._pending:
+            pending = self._pending
+            # Calls complete in order (they share one window): the newest complete means all are, one query for the
+            # common case. The first n are stable while the host thread appends on the right.
+            n = len(pending)
+            if n > 1 and _completed(pending[n - 1]):
+                for _ in range(n):
+                    pending.popleft()
+            while pending:
                 try:
-                    done = self._pending[0].marker.query()
+                    done = pending[0].marker.query()
                 except Exception as exc:  # noqa: BLE001 - reported by firing, never lost in a thread
-                    oldest, error = self._pending[0], exc
+                    oldest, error = pending[0], exc
                     break
                 if not done:
-                    oldest = self._pending[0]
+                    oldest = pending[0]
                     break
-                self._pending.popleft()  # calls complete in order: they share one window
+                pending.popleft()
             if oldest is None:
                 return None
             now = time.monotonic() if now is None else now
