@@ -112,6 +112,21 @@ def test_case_runs_on_cpu_and_writes_a_valid_document(tmp_path: Path, case: str,
     assert "#wrong" in printed and "# #wrong: " in printed
 
 
+@pytest.mark.timeout(200)
+def test_fused_host_overhead_rows_carry_the_floor_the_paired_overhead_and_the_decomposition(tmp_path: Path) -> None:
+    out = tmp_path / "fho.json"
+    _ran(_ranks(1, "fused_host_overhead", "--device", "cpu", "--quick", "--decompose", "--json", str(out)))
+    rows = _document(out)["rows"]
+    floor, fused = rows[0], rows[1:]
+    assert floor["label"].startswith("floor") and floor["engine"] == "torch" and floor["wrong"] == 0
+    assert len(fused) == 6 and all(r["engine"] in ("sm", "ce") for r in fused)
+    for row in rows:
+        assert row["paired_p25_us"] <= row["paired_us"] <= row["paired_p75_us"], row
+    # The CPU transport fuses no vote: the voted stage is absent there, the other two are measured and checked.
+    assert all("call_us" in r and "launch_us" in r and "voted_us" not in r and r["wrong"] == 0 for r in fused)
+    assert "call_us" not in floor
+
+
 # ---------------------------------------------------------------------------------------------- a2a
 
 

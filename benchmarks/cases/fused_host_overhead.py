@@ -19,6 +19,12 @@ asserted. Each geometry starts with a ``floor`` row: one plain torch op on the s
 the same way, what any single-kernel call pays in this metric. On CPU it is a dry run on ``GlooPlanTransport``
 (timings mean nothing).
 
+``--decompose`` (this tree's helper only, not under ``--compare-revs`` against older trees): per untagged row the
+paired overhead of the call cut at its layers, each against the same launch: ``call_us`` (``UlyssesHelper.call``
+on validated input), ``voted_us`` (the transport's voted launch alone: the proposal, the library's vote and launch)
+and ``launch_us`` (the launch without a vote). ``paired_us - call_us`` is the public checks, ``call_us -
+voted_us`` the helper's own Python, ``voted_us - launch_us`` the vote; each output is checked too (``#wrong``).
+
 ``--tag untagged|tagged|both`` (default ``untagged``, the rows as before): ``tagged`` calls
 ``helper.all_to_all(x, mode, tag=...)`` with a call-site tag (the vote's SEQ is then the tag's own count: one dict
 lookup and one XOR more per call), its rows labelled ``<plan> tagged``; ``both`` measures the untagged and the
@@ -43,6 +49,9 @@ TAG = "blocks.0.attn.qkv"  # what DistributedAttention(prefix="blocks.0.attn") t
 
 def median_us(seconds: list[float]) -> float:
     return statistics.median(seconds) * 1e6
+
+
+STAGES = ("call", "voted", "launch")  # --decompose: product.call_stages, outermost first
 
 
 def measure(helper, x: torch.Tensor, mode: int, engine: str, ctas: int, args, tag: str | None = None) -> dict:
@@ -78,6 +87,15 @@ def measure(helper, x: torch.Tensor, mode: int, engine: str, ctas: int, args, ta
     quartile = len(paired) // 4
     row.update(paired_us=median_us(paired), paired_p25_us=paired[quartile] * 1e6,
                paired_p75_us=paired[-1 - quartile] * 1e6)
+    if args.decompose and tag is None:
+        with torch.no_grad():
+            stages = product.call_stages(helper, x, mode)
+            for name in STAGES:
+                if name in stages:
+                    stage = stages[name]
+                    row[f"{name}_us"] = median_us(timing.paired_overhead(stage, lambda: execute(x, geom, plan), device,
+                                                                         args.iters, args.warmup))
+                    row["wrong"] += oracle.count_bitwise_diff(stage(), x)
     return row
 
 
@@ -124,10 +142,17 @@ class FusedHostOverheadCase(Case):
         report.Column("paired_p25_us", "p25", fmt=".1f"),
         report.Column("paired_p75_us", "p75", fmt=".1f"),
         report.Column("vote_us", "vote us", fmt=".1f"),
+        report.Column("call_us", "call us", fmt=".1f"),
+        report.Column("voted_us", "voted us", fmt=".1f"),
+        report.Column("launch_us", "launch us", fmt=".1f"),
     )
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--at-sp", type=int, default=2, help="the geometries' per-rank operands at this SP size")
+        parser.add_argument("--decompose", action="store_true",
+                            help="per untagged row, also the paired overhead of the call cut at its layers (this "
+                                 "tree only): helper.call without the public checks, the voted launch alone, the "
+                                 "launch without a vote (product.call_stages)")
         parser.add_argument("--tag", choices=TAG_CHOICES, default="untagged",
                             help="call the helper untagged (the rows as before), with a call-site tag, or both "
                                  "(an untagged and a tagged row per plan and mode, back to back: the A/B)")

@@ -271,3 +271,28 @@ def agree_settings() -> None:
     agree = getattr(parallel_state, "agree_ulysses_settings", None)
     if agree is not None and parallel_state.model_parallel_is_initialized():
         agree()
+
+
+def call_stages(helper, x, mode: int) -> dict:
+    """The fused call cut at its layers, each a callable returning the output, for a decomposition of its host time
+    (this tree's helper only): ``call`` (``UlyssesHelper.call`` on validated input: no public-function checks),
+    ``voted`` (the transport's voted launch alone: this call's proposal, the library's vote and launch, no helper
+    bookkeeping; only where the helper fuses the vote) and ``launch`` (the transport's launch without a vote)."""
+    import itertools
+
+    from fastvideo.distributed.ulysses.contract import Phase
+    from fastvideo.distributed.ulysses.layout import EVEN
+    from fastvideo.distributed.ulysses.planner import Signature
+
+    t = transport(helper)
+    sig = Signature(x.shape, x.dtype, x.device, mode, Phase.FORWARD_NO_GRAD, None, False, x.is_contiguous(),
+                    x.data_ptr() % x.element_size() == 0, EVEN)
+    proposal = helper.planner.propose(sig)
+    stages = {"call": lambda: helper.call(x, mode)[0],
+              "launch": lambda: t.execute(x, proposal.geom, proposal.plan)}
+    if helper._fused_vote:
+        seq = itertools.count(1 << 40)  # SEQ words no helper call uses (P = 1: no peer compares them)
+        vote = helper._call_vote
+        stages["voted"] = lambda: t.execute(x, proposal.geom, proposal.plan, vote=vote, fields=proposal.fields,
+                                            seq=next(seq))
+    return stages
