@@ -27,6 +27,7 @@ MODE_HEAD_GATHER = 1  # scatter sequence (dim 1), gather heads (dim 2)
 _MODES = {(2, 1): MODE_SEQ_GATHER, (1, 2): MODE_HEAD_GATHER}
 _OP = "sequence_model_parallel_all_to_all_4D"
 _is_batched = torch._C._functorch.is_batchedtensor  # checked on every call: looked up once
+_Tensor = torch.Tensor
 _DIM_NAMES = {1: "sequence", 2: "heads"}
 _COUNTED = {1: "sequence rows", 2: "heads"}
 
@@ -91,6 +92,12 @@ def validate_input(x: torch.Tensor, mode: int, world_size: int, rank: int = 0,
     ``[B, seq_splits[rank], sum(head_splits), D]``, in mode 1 ``[B, sum(seq_splits), head_splits[rank], D]``;
     a ``None`` table needs the dim it splits divisible by the SP size. In checked mode the public op then votes
     the error, so that every rank raises."""
+    # Every call's case first (a plain tensor, even tables, input that passes): the same checks as below, fewest
+    # bytecodes; anything else, including every error, takes the full path and its messages.
+    if seq_splits is None and head_splits is None and type(x) is _Tensor and (mode == 0 or mode == 1):
+        shape = x.shape
+        if len(shape) == 4 and not shape[2 - mode] % world_size and not x.is_meta and not _is_batched(x):
+            return EVEN
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{_OP}: x must be a torch.Tensor, got {type(x).__name__}.")
     if mode not in (MODE_SEQ_GATHER, MODE_HEAD_GATHER):
