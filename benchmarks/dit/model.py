@@ -97,8 +97,9 @@ class TokenDiT(nn.Module):
     def __init__(self, cfg: VideoDiTConfig, attn, all_to_all: AllToAll) -> None:
         super().__init__()
         attend = None if attn is dense_attention else attn  # the product's own attention unless it is another
-        self.blocks = nn.ModuleList(VideoDiTBlock(cfg, all_to_all=all_to_all, attend=attend)
-                                    for _ in range(cfg.depth))
+        # Named as the product's VideoDiT names its blocks: each attention's two all-to-alls carry their call tags.
+        self.blocks = nn.ModuleList(VideoDiTBlock(cfg, all_to_all=all_to_all, attend=attend, prefix=f"blocks.{i}")
+                                    for i in range(cfg.depth))
         self.modulation = nn.Parameter(torch.randn(1, 6, cfg.hidden) / cfg.hidden ** 0.5)
         self.norm = nn.LayerNorm(cfg.hidden)
 

@@ -44,8 +44,10 @@ OPS = ("qkv", "out")  # the step's two all-to-alls: packed QKV (mode 0) and the 
 # ---------------------------------------------------------------------------------------------- the all-to-all
 
 
-def local_a2a(x: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1, **splits) -> torch.Tensor:
-    """Communication-free stand-in with the op's output shape and about its memory traffic (even calls only)."""
+def local_a2a(x: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1, *, tag: str | None = None,
+              **splits) -> torch.Tensor:
+    """Communication-free stand-in with the op's output shape and about its memory traffic (even calls only; the
+    call tag has nothing to check without a vote)."""
     from fastvideo.distributed.parallel_state import get_sp_group
 
     if any(v is not None for v in splits.values()):
@@ -139,7 +141,8 @@ class Dispatch:
         probe.dispatch = self
 
     def __call__(self, x: torch.Tensor, scatter_dim: int, gather_dim: int, name: str, **kwargs) -> torch.Tensor:
-        """``kwargs``: the public op's keywords (``seq_splits``, ``head_splits``) where the model's call is uneven."""
+        """``kwargs``: the public op's keywords (``seq_splits``, ``head_splits`` where the model's call is uneven,
+        ``tag``: the layer's call tag)."""
         if self.probe.active:
             return self.probe.call(x, scatter_dim, gather_dim, name, **kwargs)
         return self.fn(x, scatter_dim, gather_dim, **kwargs)

@@ -18,7 +18,6 @@ part of this package: flash-attn and SDPA are (``docs/fastvideo_migration.md``).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -93,10 +92,8 @@ def call_tags(prefix: str) -> dict[str, str | None]:
     return {role: f"{prefix}.{role}" if prefix else None for role in ROLES}
 
 
-def _public_all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, name: str, *,
-                       tags: dict[str, str | None], **kwargs: Any) -> torch.Tensor:
-    return sequence_model_parallel_all_to_all_4D(x, scatter_dim=scatter_dim, gather_dim=gather_dim, tag=tags[name],
-                                                 **kwargs)
+def _public_all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, name: str, **kwargs: Any) -> torch.Tensor:
+    return sequence_model_parallel_all_to_all_4D(x, scatter_dim=scatter_dim, gather_dim=gather_dim, **kwargs)
 
 
 class DistributedAttention(_Attention):
@@ -105,8 +102,8 @@ class DistributedAttention(_Attention):
 
     Two keyword-only arguments of this package, not upstream's, for benchmarks: ``all_to_all(x, scatter_dim,
     gather_dim, name, **kwargs)`` replaces the public op (``name``: ``"qkv"`` for the packed Q, K, V, ``"out"`` for
-    the attention output; ``kwargs``: the public op's keywords, ``seq_splits`` and ``head_splits``, passed only
-    where the call is uneven; the override tags its calls itself), ``attend(q, k, v)`` the attention (e.g. a
+    the attention output; ``kwargs``: the public op's keywords, ``seq_splits`` and ``head_splits`` passed only where
+    the call is uneven, ``tag`` only where the layer has a ``prefix``), ``attend(q, k, v)`` the attention (e.g. a
     block-sparse one); both default to the package's.
 
     ``prefix`` (upstream's: the layer's name in the model, e.g. ``"blocks.3.attn"``) tags the two all-to-alls
@@ -130,8 +127,9 @@ class DistributedAttention(_Attention):
                              "k and v travel in one all-to-all packed on the batch dim (repeat K/V heads first).")
         self.prefix = prefix
         self.tags = call_tags(prefix)
-        # A partial over the tags, not a bound method: the module holds no reference cycle.
-        self.all_to_all = all_to_all or functools.partial(_public_all_to_all, tags=self.tags)
+        # Each role's tag keyword, only where there is a tag (an override that takes none serves untagged layers).
+        self._tag_kw = {role: {"tag": tag} if tag is not None else {} for role, tag in self.tags.items()}
+        self.all_to_all = all_to_all or _public_all_to_all  # a module function: the module holds no reference cycle
         self.attend = attend
 
     def forward(
@@ -175,7 +173,7 @@ class DistributedAttention(_Attention):
                                  f"(summing to {total}): uneven shards carry no padding; pass original_seq_len=None.")
         if self.num_heads % p:
             uneven["head_splits"] = heads
-        qkv = self.all_to_all(torch.cat([q, k, v], dim=0), 2, 1, "qkv", **uneven)
+        qkv = self.all_to_all(torch.cat([q, k, v], dim=0), 2, 1, "qkv", **uneven, **self._tag_kw["qkv"])
         full = qkv.shape[1]
         seq = original_seq_len or full
         if not 0 < seq <= full:
@@ -199,7 +197,7 @@ class DistributedAttention(_Attention):
             out = out[:, :seq]
         if seq < full:
             out = F.pad(out, (0, 0, 0, 0, 0, full - seq))
-        return self.all_to_all(out.contiguous(), 1, 2, "out", **uneven), replicated_out
+        return self.all_to_all(out.contiguous(), 1, 2, "out", **uneven, **self._tag_kw["out"]), replicated_out
 
     def _check(self, q, k, v, rq, rk, rv) -> None:
         for name, t in (("q", q), ("k", k), ("v", v)):

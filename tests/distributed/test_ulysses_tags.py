@@ -455,6 +455,42 @@ def test_the_video_dit_names_every_blocks_attention():
     assert tags == [f"blocks.{i}.attn.{role}" for i in range(len(model.blocks)) for role in ("qkv", "out")]
 
 
+def _override(rank, world):
+    from fastvideo.attention.layer import DistributedAttention
+    from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as op
+
+    helper = _route("fused")
+    got: list[tuple[str, dict]] = []
+
+    def override(x, scatter_dim, gather_dim, name, **kwargs):  # what a benchmark's stand-in does: record, forward
+        got.append((name, dict(kwargs)))
+        return op(x, scatter_dim, gather_dim, **kwargs)
+
+    q = rank_input(rank, (2, 4, 6, 8))
+    for prefix in ("blocks.0.attn", ""):
+        DistributedAttention(6, 8, prefix=prefix, all_to_all=override)(q, q, q)
+    return got, [r.tag for r in helper.history]
+
+
+def test_an_all_to_all_override_gets_the_layers_tag_only_where_it_has_one(ranks):
+    """``DistributedAttention``'s override receives ``tag`` only where the layer has a prefix (an override that takes
+    no tag keeps serving untagged layers), and what it forwards is voted with that tag."""
+    for got, recorded in ranks(2, _override, env=ROUTES["fused"], timeout_s=120):
+        assert got == [("qkv", {"tag": "blocks.0.attn.qkv"}), ("out", {"tag": "blocks.0.attn.out"}), ("qkv", {}),
+                       ("out", {})]
+        assert recorded == ["blocks.0.attn.qkv", "blocks.0.attn.out", None, None]
+
+
+def test_the_benchmark_dit_names_its_blocks_as_the_video_dit_does():
+    """The DiT benchmark's model (its all-to-all an override) tags every call as the package's video DiT would."""
+    from benchmarks.dit.model import TokenDiT
+    from fastvideo.models.video_dit import CONFIGS
+
+    model = TokenDiT(CONFIGS["tiny"], None, lambda x, *a, **k: x)
+    assert [t for b in model.blocks for t in b.attn.tags.values()] == [
+        f"blocks.{i}.attn.{role}" for i in range(len(model.blocks)) for role in ("qkv", "out")]
+
+
 def _caller_error(rank, world, route):
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as op
 
