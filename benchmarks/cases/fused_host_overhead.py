@@ -54,6 +54,13 @@ def median_us(seconds: list[float]) -> float:
 STAGES = ("call", "voted", "launch")  # --decompose: product.call_stages, outermost first
 
 
+def paired_columns(seconds: list[float]) -> dict:
+    """A row's ``paired_us`` and its quartiles from ``timing.paired_overhead``'s differences."""
+    us = sorted(v * 1e6 for v in seconds)
+    quartile = len(us) // 4
+    return {"paired_us": statistics.median(us), "paired_p25_us": us[quartile], "paired_p75_us": us[-1 - quartile]}
+
+
 def measure(helper, x: torch.Tensor, mode: int, engine: str, ctas: int, args, tag: str | None = None) -> dict:
     """One row: the helper's call (with ``tag``, None: untagged) and the launch alone, for ``x`` in ``mode``; the
     plan that ran asserted (the row's engine and CTAs, tuned) and the tag it was recorded with."""
@@ -77,16 +84,14 @@ def measure(helper, x: torch.Tensor, mode: int, engine: str, ctas: int, args, ta
             raise SystemExit(f"mode {mode}: expected a call tagged {tag!r}, ran {record}")
         execute = product.transport(helper).execute
         dev = timing.device_times(lambda: execute(x, geom, plan), device, args.iters, args.warmup)
-        paired = sorted(timing.paired_overhead(call, lambda: execute(x, geom, plan), device, args.iters, args.warmup))
+        paired = timing.paired_overhead(call, lambda: execute(x, geom, plan), device, args.iters, args.warmup)
     row = {"mode": mode, "engine": engine, "tagged": tag is not None, "plan": plan.describe(geom),
            "chunks": plan.num_chunks(geom),
            "calls": helper.stats()["calls"] - mark, "host_ms": statistics.median(lat) * 1e3,
            "device_ms": statistics.median(dev) * 1e3, "vote_us": median_us(helper.vote_seconds(args.iters)),
            "wrong": wrong, "wrong_oracle": "the input (the all-to-all at P = 1 is the identity)"}
     row["host_overhead_us"] = (row["host_ms"] - row["device_ms"]) * 1e3
-    quartile = len(paired) // 4
-    row.update(paired_us=median_us(paired), paired_p25_us=paired[quartile] * 1e6,
-               paired_p75_us=paired[-1 - quartile] * 1e6)
+    row.update(paired_columns(paired))
     if args.decompose and tag is None:
         with torch.no_grad():
             stages = product.call_stages(helper, x, mode)
@@ -111,14 +116,11 @@ def floor(x: torch.Tensor, args) -> dict:
 
     lat = timing.host_latencies(copy, device, args.iters, args.warmup)
     dev = timing.device_times(copy, device, args.iters, args.warmup)
-    paired = sorted(timing.paired_overhead(copy, copy, device, args.iters, args.warmup))
+    paired = timing.paired_overhead(copy, copy, device, args.iters, args.warmup)
     timing.synchronize(device)
-    quartile = len(paired) // 4
     row = {"mode": 0, "engine": "torch", "tagged": False, "plan": "out.copy_(x)", "chunks": 0, "calls": 0,
            "host_ms": statistics.median(lat) * 1e3, "device_ms": statistics.median(dev) * 1e3, "vote_us": None,
-           "paired_us": median_us(paired), "paired_p25_us": paired[quartile] * 1e6,
-           "paired_p75_us": paired[-1 - quartile] * 1e6, "wrong": oracle.count_bitwise_diff(out, x),
-           "wrong_oracle": "the input (a copy)"}
+           **paired_columns(paired), "wrong": oracle.count_bitwise_diff(out, x), "wrong_oracle": "the input (a copy)"}
     row["host_overhead_us"] = (row["host_ms"] - row["device_ms"]) * 1e3
     return row
 
