@@ -127,6 +127,24 @@ def test_fused_host_overhead_rows_carry_the_floor_the_paired_overhead_and_the_de
     assert "call_us" not in floor
 
 
+@pytest.mark.timeout(200)
+def test_host_path_with_the_voted_launch_times_the_path_before_the_launch(tmp_path: Path) -> None:
+    """``host_path --voted-launch``: the transport takes the shared-memory vote as the native one does; every call
+    fused, and the time to the transport's entry is part of the call's."""
+    from tests.distributed.conftest import SHM_VOTE_ENV, SHM_VOTE_SKIP
+
+    if SHM_VOTE_SKIP:
+        pytest.skip(SHM_VOTE_SKIP)
+    out = tmp_path / "host_path.json"
+    _ran(_ranks(2, "host_path", "--device", "cpu", "--quick", "--vote", "shm", "--voted-launch", "--json", str(out),
+                env=SHM_VOTE_ENV))
+    doc = _document(out)
+    assert doc["header"]["voted_launch"] is True and len(doc["rows"]) == 2
+    for row in doc["rows"]:
+        assert row["vote"] == "shm" and row["fused_calls"] == row["calls"] and row["wrong"] == 0
+        assert 0 < row["pre_us_median"] < row["call_us_median"] and row["vote_us_median"] > 0
+
+
 # ---------------------------------------------------------------------------------------------- a2a
 
 
