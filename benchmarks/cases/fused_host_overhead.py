@@ -61,6 +61,15 @@ def paired_columns(seconds: list[float]) -> dict:
     return {"paired_us": statistics.median(us), "paired_p25_us": us[quartile], "paired_p75_us": us[-1 - quartile]}
 
 
+def overhead_columns(host_fn, device_fn, device: torch.device, args) -> dict:
+    """The timing columns of a row: ``host_fn``'s host-to-completion median, ``device_fn``'s event-timed median,
+    the difference of the two, and the paired overhead with its quartiles."""
+    host = statistics.median(timing.host_latencies(host_fn, device, args.iters, args.warmup))
+    dev = statistics.median(timing.device_times(device_fn, device, args.iters, args.warmup))
+    return {"host_ms": host * 1e3, "device_ms": dev * 1e3, "host_overhead_us": (host - dev) * 1e6,
+            **paired_columns(timing.paired_overhead(host_fn, device_fn, device, args.iters, args.warmup))}
+
+
 def measure(helper, x: torch.Tensor, mode: int, engine: str, ctas: int, args, tag: str | None = None) -> dict:
     """One row: the helper's call (with ``tag``, None: untagged) and the launch alone, for ``x`` in ``mode``; the
     plan that ran asserted (the row's engine and CTAs, tuned) and the tag it was recorded with."""
@@ -72,7 +81,6 @@ def measure(helper, x: torch.Tensor, mode: int, engine: str, ctas: int, args, ta
         mark = helper.stats()["calls"]
         # Untagged rows call without the keyword, so --compare-revs against a tree from before tags runs them.
         call = (lambda: helper.all_to_all(x, mode)) if tag is None else (lambda: helper.all_to_all(x, mode, tag=tag))
-        lat = timing.host_latencies(call, device, args.iters, args.warmup)
         out = call()
         timing.synchronize(device)
         wrong = oracle.count_bitwise_diff(out, x)
@@ -83,15 +91,11 @@ def measure(helper, x: torch.Tensor, mode: int, engine: str, ctas: int, args, ta
         if getattr(record, "tag", None) != tag:
             raise SystemExit(f"mode {mode}: expected a call tagged {tag!r}, ran {record}")
         execute = product.transport(helper).execute
-        dev = timing.device_times(lambda: execute(x, geom, plan), device, args.iters, args.warmup)
-        paired = timing.paired_overhead(call, lambda: execute(x, geom, plan), device, args.iters, args.warmup)
+        columns = overhead_columns(call, lambda: execute(x, geom, plan), device, args)
     row = {"mode": mode, "engine": engine, "tagged": tag is not None, "plan": plan.describe(geom),
-           "chunks": plan.num_chunks(geom),
-           "calls": helper.stats()["calls"] - mark, "host_ms": statistics.median(lat) * 1e3,
-           "device_ms": statistics.median(dev) * 1e3, "vote_us": median_us(helper.vote_seconds(args.iters)),
+           "chunks": plan.num_chunks(geom), "calls": helper.stats()["calls"] - mark, **columns,
+           "vote_us": median_us(helper.vote_seconds(args.iters)),
            "wrong": wrong, "wrong_oracle": "the input (the all-to-all at P = 1 is the identity)"}
-    row["host_overhead_us"] = (row["host_ms"] - row["device_ms"]) * 1e3
-    row.update(paired_columns(paired))
     if args.decompose and tag is None:
         with torch.no_grad():
             stages = product.call_stages(helper, x, mode)
@@ -114,15 +118,10 @@ def floor(x: torch.Tensor, args) -> dict:
     def copy() -> None:
         out.copy_(x)
 
-    lat = timing.host_latencies(copy, device, args.iters, args.warmup)
-    dev = timing.device_times(copy, device, args.iters, args.warmup)
-    paired = timing.paired_overhead(copy, copy, device, args.iters, args.warmup)
+    columns = overhead_columns(copy, copy, device, args)
     timing.synchronize(device)
-    row = {"mode": 0, "engine": "torch", "tagged": False, "plan": "out.copy_(x)", "chunks": 0, "calls": 0,
-           "host_ms": statistics.median(lat) * 1e3, "device_ms": statistics.median(dev) * 1e3, "vote_us": None,
-           **paired_columns(paired), "wrong": oracle.count_bitwise_diff(out, x), "wrong_oracle": "the input (a copy)"}
-    row["host_overhead_us"] = (row["host_ms"] - row["device_ms"]) * 1e3
-    return row
+    return {"mode": 0, "engine": "torch", "tagged": False, "plan": "out.copy_(x)", "chunks": 0, "calls": 0, **columns,
+            "vote_us": None, "wrong": oracle.count_bitwise_diff(out, x), "wrong_oracle": "the input (a copy)"}
 
 
 class FusedHostOverheadCase(Case):

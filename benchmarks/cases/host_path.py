@@ -67,6 +67,7 @@ class HostPathCase(Case):
         import torch
 
         from fastvideo.distributed.parallel_state import get_sp_group
+        from fastvideo.distributed.ulysses import contract
         from fastvideo.distributed.ulysses.helper import UlyssesHelper
         from fastvideo.distributed.ulysses.policy import TunedRow
         from fastvideo.distributed.ulysses.transport import GlooPlanTransport, output_shape
@@ -98,8 +99,7 @@ class HostPathCase(Case):
                     vote.last_s = time.perf_counter() - t0  # as the native transport reports its exchange
                     if status != 0:
                         raise vote.failure(status)
-                    rows, voted = vote.rows, list(fields)
-                    voted[1] = seq  # Field.SEQ
+                    rows, voted = vote.rows, contract.with_seq(fields, seq)  # a tree with native_row has it
                     votes = ctypes.cast(rows.data_ptr(), ctypes.POINTER(ctypes.c_int64))
                     if not lib.fvk_vote_would_run(votes, rows.shape[0], (ctypes.c_int64 * len(voted))(*voted)):
                         return None

@@ -100,26 +100,37 @@ def host_latencies(fn: Callable[[], object], device: torch.device, iters: int, w
     return host_timings(fn, device, iters, warmup)["rank_max"]
 
 
+def _device_seconds(fn: Callable[[], object], events: tuple | None) -> float:
+    """One call of ``fn`` timed on the device: CUDA events ``events`` (start, end) around it and waited for;
+    ``perf_counter`` around it where ``events`` is None (CPU)."""
+    if events is None:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+    start, end = events
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def _timing_events(device: torch.device) -> tuple | None:
+    return (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if device.type == "cuda" \
+        else None
+
+
 def device_times(fn: Callable[[], object], device: torch.device, iters: int, warmup: int) -> list[float]:
     """Device seconds of ``fn`` per iteration: CUDA events around it (``perf_counter`` on CPU), a line-up
     before each, rank-max. Collective."""
     for _ in range(warmup):
         fn()
     synchronize(device)
+    events = _timing_events(device)
     times = []
     for _ in range(iters):
         lineup.barrier()
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
+        times.append(_device_seconds(fn, events))
     return rank_max(times)
 
 
@@ -131,29 +142,18 @@ def paired_overhead(host_fn: Callable[[], object], device_fn: Callable[[], objec
     The two halves of each difference are taken back to back, so a shared host's or device's drift between two
     separate loops (whose medians would be subtracted) cancels; the spread of the differences is the spread of
     the overhead itself."""
-    cuda = device.type == "cuda"
-    start, end = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else (None, None)
     for _ in range(warmup):
         host_fn()
         device_fn()
     synchronize(device)
+    events = _timing_events(device)
     out = []
     for _ in range(iters):
         t0 = time.perf_counter()
         host_fn()
         synchronize(device)
         host = time.perf_counter() - t0
-        if cuda:
-            start.record()
-            device_fn()
-            end.record()
-            end.synchronize()
-            dev = start.elapsed_time(end) / 1e3
-        else:
-            t0 = time.perf_counter()
-            device_fn()
-            dev = time.perf_counter() - t0
-        out.append(host - dev)
+        out.append(host - _device_seconds(device_fn, events))
     return out
 
 

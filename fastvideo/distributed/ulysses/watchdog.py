@@ -200,42 +200,38 @@ class FusedCallWatchdog:
     def in_flight(self) -> int:
         """Launched calls not yet seen complete (queries them now)."""
         with self._lock:
-            while self._pending:
-                try:
-                    if not self._pending[0].marker.query():
-                        break
-                except Exception:  # noqa: BLE001 - incomplete; poll() reports it at the timeout
-                    break
-                self._pending.popleft()
+            self._drop_completed()
             return len(self._pending)
+
+    def _drop_completed(self) -> tuple[InFlight | None, Exception | None]:
+        """Under the lock: drop the calls seen complete. Returns the oldest incomplete one (None: none) and the
+        exception its query raised, if it raised (a sticky device error counts as incomplete)."""
+        pending = self._pending
+        # Calls complete in order (they share one window): the newest complete means all are, one query for the
+        # common case. The first n are stable while the host thread appends on the right.
+        n = len(pending)
+        if n > 1 and _completed(pending[n - 1]):
+            for _ in range(n):
+                pending.popleft()
+        while pending:
+            try:
+                done = pending[0].marker.query()
+            except Exception as exc:  # noqa: BLE001 - reported by firing, never lost in a thread
+                return pending[0], exc
+            if not done:
+                return pending[0], None
+            pending.popleft()
+        return None, None
 
     def poll(self, now: float | None = None) -> InFlight | None:
         """Drop completed calls; fire on the oldest incomplete one when it is overdue. Returns the call it fired on.
 
         A query that raises (a sticky device error) counts as incomplete: the main thread normally raises that
         error itself first; if it is blocked instead, the timeout still ends the process, naming the error."""
-        error: Exception | None = None
         with self._lock:
             if self.fired is not None:
                 return None
-            oldest = None
-            pending = self._pending
-            # Calls complete in order (they share one window): the newest complete means all are, one query for the
-            # common case. The first n are stable while the host thread appends on the right.
-            n = len(pending)
-            if n > 1 and _completed(pending[n - 1]):
-                for _ in range(n):
-                    pending.popleft()
-            while pending:
-                try:
-                    done = pending[0].marker.query()
-                except Exception as exc:  # noqa: BLE001 - reported by firing, never lost in a thread
-                    oldest, error = pending[0], exc
-                    break
-                if not done:
-                    oldest = pending[0]
-                    break
-                pending.popleft()
+            oldest, error = self._drop_completed()
             if oldest is None:
                 return None
             now = time.monotonic() if now is None else now
