@@ -11,10 +11,12 @@
 # time of the whole fused call through a one-rank helper on the real library, the launch's device time, their
 # difference (of the medians, and paired per iteration) and #wrong, after a floor row (a plain torch copy timed the
 # same way). Then, unless TAGS=0, the same case on this tree alone with --tag both: an untagged and a tagged row per
-# plan and mode back to back, what a call-site tag costs the host. With HOST_PATH_BASE (another exported tree, e.g.
+# plan and mode back to back, what a call-site tag costs the host. With DECOMPOSE=1, the same case on this tree
+# alone with --decompose: each row's overhead cut at the call's layers (public checks, helper, vote, launch). With HOST_PATH_BASE (another exported tree, e.g.
 # an older one), also the helper's host path at P = 2 over the shared-memory vote (host_path --vote shm), A/B
 # between that tree and this one, each on its own library. $OUT: summary.txt, commit.txt, logs.tar.gz (with every
-# round's JSON under ab-NAME/), ab-NAME.json per base, tags.json and host_path_ab.json (scripts/gpu_lib.sh).
+# round's JSON under ab-NAME/), ab-NAME.json per base, tags.json, decompose.json and host_path_ab.json
+# (scripts/gpu_lib.sh).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_lib.sh"
 gpu_init host-overhead-ab
@@ -35,6 +37,11 @@ if [[ "${TAGS:-1}" != 0 ]]; then
   step "fused host overhead, tagged vs untagged" 200 tags.log "$python" -m benchmarks.run fused_host_overhead \
     --tag both --kernel-library dev --json "$WORK/logs/tags.json"
   results+=(logs/tags.json)
+fi
+if [[ "${DECOMPOSE:-0}" == 1 ]]; then
+  step "fused host overhead, decomposed" 120 decompose.log "$python" -m benchmarks.run fused_host_overhead \
+    --decompose --kernel-library dev --json "$WORK/logs/decompose.json"
+  results+=(logs/decompose.json)
 fi
 if [[ -n "${HOST_PATH_BASE:-}" ]]; then
   step "build host-path base library" 240 build.log "$python" "$HOST_PATH_BASE/fastvideo-kernel/build_lib.py" \

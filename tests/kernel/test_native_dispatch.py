@@ -1,6 +1,6 @@
 """``NativeTransport.execute`` on the CPU, against a stand-in library: the one library call a plan makes, with
 which call description, and that the per-signature launch cache (``_launch_for``) and the per-stream cache
-(``_current_stream``) change neither.
+(``_stream``) change neither.
 
 Every call must reach ``fvk_launch`` once, with a call description equal to the one the per-call formula
 gives (plan kind, flags, geometry, plan; the original plan as 36 CTAs over (B, S)), eager and captured, for
@@ -80,7 +80,8 @@ def transport(world: int = 2, offerings=ALL, rank: int = 0) -> tuple[NativeTrans
                                  max_ctas=MAX_CTAS, device_group=None, all_gather_object=lambda o: [o])
     t._events = [FakeEvent() for _ in range(EVENT_RING)]
     t._event = t._events[-1]
-    t._current_stream = lambda device: (RAW_STREAM, "the-stream")  # type: ignore[method-assign]
+    t._current_raw = lambda x: (0, RAW_STREAM)  # type: ignore[method-assign]
+    t._stream = lambda index, raw: "the-stream" if (index, raw) == (0, RAW_STREAM) else None  # type: ignore
     return t, lib
 
 
@@ -317,9 +318,10 @@ def test_the_voted_form_needs_the_shared_memory_vote_and_the_offering():
     assert not NativeTransport().fuses_vote(shm)  # no library loaded
 
 
-def test_current_stream_is_looked_up_once_per_device_and_handle(monkeypatch):
-    """``_current_stream``: one ``torch.cuda.current_stream`` per (device, raw handle), then the kept Stream;
-    the default streams of two devices (both raw handle 0) stay apart; a new handle is looked up."""
+def test_the_stream_object_is_looked_up_once_per_device_and_handle(monkeypatch):
+    """``_current_raw`` before the launch: the raw handle of the input's device's current stream, no Stream object;
+    ``_stream`` after it: one ``torch.cuda.current_stream`` per (device, raw handle), then the kept Stream; the
+    default streams of two devices (both raw handle 0) stay apart; a new handle is looked up."""
     from fastvideo.distributed.ulysses import native
 
     current = {0: 0, 1: 0}  # device index -> raw handle of its current stream
@@ -329,19 +331,29 @@ def test_current_stream_is_looked_up_once_per_device_and_handle(monkeypatch):
         def __init__(self, index: int, raw: int) -> None:
             self.index, self.cuda_stream = index, raw
 
-    def current_stream(device):
-        lookups.append(device.index)
-        return FakeStream(device.index, current[device.index])
+    def current_stream(index):
+        lookups.append(index)
+        return FakeStream(index, current[index])
+
+    class OnDevice:  # what _current_raw reads of a CUDA tensor
+        def __init__(self, index: int) -> None:
+            self.index = index
+
+        def get_device(self) -> int:
+            return self.index
 
     monkeypatch.setattr(native, "_raw_stream", lambda index: current[index])
     monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
     t = NativeTransport()
-    dev0, dev1 = torch.device("cuda", 0), torch.device("cuda", 1)
-    raw, s0 = t._current_stream(dev0)
-    assert (raw, s0.index) == (0, 0) and t._current_stream(dev0)[1] is s0 and lookups == [0]
-    raw, s1 = t._current_stream(dev1)  # the same raw handle 0 on another device: its own Stream
-    assert (raw, s1.index) == (0, 1) and s1 is not s0 and lookups == [0, 1]
+    assert t._current_raw(OnDevice(1)) == (1, 0) and lookups == []  # the raw handle alone: no Stream object
+    s0 = t._stream(*t._current_raw(OnDevice(0)))
+    assert (s0.index, s0.cuda_stream) == (0, 0) and t._stream(0, 0) is s0 and lookups == [0]
+    s1 = t._stream(*t._current_raw(OnDevice(1)))  # the same raw handle 0 on another device: its own Stream
+    assert s1.index == 1 and s1 is not s0 and lookups == [0, 1]
     current[0] = 0xABC  # device 0 switched streams
-    raw, s2 = t._current_stream(dev0)
+    index, raw = t._current_raw(OnDevice(0))
+    s2 = t._stream(index, raw)
     assert raw == 0xABC and s2.cuda_stream == 0xABC and lookups == [0, 1, 0]
-    assert t._current_stream(dev0)[1] is s2 and t._current_stream(dev1)[1] is s1 and lookups == [0, 1, 0]
+    assert t._stream(0, 0xABC) is s2 and t._stream(1, 0) is s1 and lookups == [0, 1, 0]
+    monkeypatch.setattr(native, "_raw_stream", None)  # a torch without the one-call query: through the Stream
+    assert t._current_raw(OnDevice(0)) == (0, 0xABC) and lookups == [0, 1, 0, 0]

@@ -127,7 +127,8 @@ def built_transport(monkeypatch) -> NativeTransport:
                               device_group=None, all_gather_object=lambda obj: [obj, obj])
     for step in t.construction_steps(ctx):
         step.run()
-    t._current_stream = lambda device: (0x5EED, "the-stream")  # type: ignore[method-assign]  - no CUDA stream here
+    t._current_raw = lambda x: (0, 0x5EED)  # type: ignore[method-assign]  - no CUDA stream here
+    t._stream = lambda index, raw: "the-stream"  # type: ignore[method-assign]
     return t
 
 

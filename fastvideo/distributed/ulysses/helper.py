@@ -58,7 +58,9 @@ _IDS = itertools.count(1)
 # Read on every call: module constants, not enum attribute lookups.
 _FORWARD_NO_GRAD, _FORWARD_GRAD, _BACKWARD = Phase.FORWARD_NO_GRAD, Phase.FORWARD_GRAD, Phase.BACKWARD
 _PLAN = int(Field.PLAN)
-_is_capturing = torch.cuda.is_current_stream_capturing
+# The current stream's capture status in one call (``torch.cuda.is_current_stream_capturing`` wraps it); asked only
+# for CUDA tensors, so a CPU build of torch (which may lack it) never calls the fallback.
+_is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
 TAGS_WARN = 4096  # distinct call tags per helper past which a warning says tags name call sites, not calls
 _LIVE: weakref.WeakValueDictionary[int, UlyssesHelper] = weakref.WeakValueDictionary()
 
@@ -212,8 +214,7 @@ class UlyssesHelper:
         capturing = self._capturing(x)
         phase = _BACKWARD if outcome is not None else _FORWARD_GRAD if grad else _FORWARD_NO_GRAD
         seq = word = self._seq
-        self._seq += 1
-        self._stats.calls += 1
+        self._seq += 1  # also the call count (``stats()["calls"]``)
         if tag is not None:  # one dict lookup; the digest was computed at the tag's first call
             entry = self._tags.get(tag) or self._new_tag(tag)
             count = entry[phase]
@@ -358,8 +359,7 @@ class UlyssesHelper:
         (the public function, or ``ops.all_to_all(x, mode, helper=this)`` for this helper), whose backward runs the
         inverse with the plan its forward ran and still votes. A call autograd would record raises instead of losing
         the gradient."""
-        splits = validate_input(x, mode, self.world_size, rank=self.sp.rank_in_group, seq_splits=seq_splits,
-                                head_splits=head_splits)
+        splits = validate_input(x, mode, self.world_size, self.sp.rank_in_group, seq_splits, head_splits)
         if tag is not None:
             contract.check_tag(tag, "UlyssesHelper.all_to_all")
         if torch.is_grad_enabled() and x.requires_grad:

@@ -97,8 +97,7 @@ def vote_caller_error(helper: _Helper, mode: int, grad: bool, error: BaseExcepti
     ``PeerCallError`` for this same call instead of waiting in it."""
     helper._check_alive()
     seq = helper._seq
-    helper._seq += 1
-    helper._stats.calls += 1
+    helper._seq += 1  # also the call count
     helper._stats.raised += 1
     phase = Phase.FORWARD_GRAD if grad else Phase.FORWARD_NO_GRAD
     fields = contract.fields(helper.generation, seq, DeclineReason.LOCAL_ERROR.bit, mode, torch.float32, (0, 0, 0, 0),

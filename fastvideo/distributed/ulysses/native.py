@@ -55,7 +55,7 @@ from fastvideo.distributed.ulysses.transport import (
 EVENT_RING = 16
 
 
-# The current stream's raw handle in one call (absent from CPU builds of torch: ``_current_stream`` then uses
+# The current stream's raw handle in one call (absent from CPU builds of torch: ``_current_raw`` then uses
 # ``torch.cuda.current_stream``).
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
@@ -303,22 +303,26 @@ class NativeTransport(Transport):
         self._launches[key] = launch
         return launch
 
-    def _current_stream(self, device: torch.device) -> tuple[int, torch.cuda.Stream]:
-        """(raw cudaStream_t, its torch Stream) of ``device``'s current stream. ``torch.cuda.current_stream``
-        builds a Stream object per call (the launch_host case measures it, docs/benchmarks.md); the raw handle
-        is one call, and a Stream object per handle is kept (a Stream resolves to its handle, so the one kept for a
-        handle records on that same CUDA stream)."""
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        raw = _raw_stream(index) if _raw_stream is not None else None
-        # Keyed by device too: every device's default stream has the raw handle 0.
-        stream = self._streams.get((index, raw)) if raw is not None else None
+    def _current_raw(self, x: torch.Tensor) -> tuple[int, int]:
+        """(device index, raw cudaStream_t) of the current stream of ``x``'s device, before the launch: two calls.
+        ``_stream`` finds its Stream object after it (the completion record needs one; the launch does not)."""
+        index = x.get_device()
+        if _raw_stream is not None:
+            return index, _raw_stream(index)
+        return index, torch.cuda.current_stream(index).cuda_stream
+
+    def _stream(self, index: int, raw: int) -> torch.cuda.Stream:
+        """The Stream object of raw handle ``raw`` on device ``index``: one ``torch.cuda.current_stream`` per (device,
+        handle), then the one kept (``torch.cuda.current_stream`` builds a Stream object per call; a Stream resolves
+        to its handle, so the one kept for a handle records on that same CUDA stream). Keyed by device too: every
+        device's default stream has the raw handle 0."""
+        stream = self._streams.get((index, raw))
         if stream is None:
-            stream = torch.cuda.current_stream(device)
-            raw = stream.cuda_stream
+            stream = torch.cuda.current_stream(index)
             if len(self._streams) >= 64:
                 self._streams.clear()
             self._streams[(index, raw)] = stream
-        return raw, stream
+        return stream
 
     def _vote_for(self, vote, fields: tuple[int, ...], seq: int) -> Any:
         """The ``fvk_vote`` (by reference) that points the library at ``vote``'s handle and buffers, built once per
@@ -353,8 +357,8 @@ class NativeTransport(Transport):
             if self._handle is None or self._event is None or self._ctx is None:
                 raise NativeKernelError("execute before construction (or after destroy)")
             launch = self._launch_for(geom, plan, x.dtype, capture)
-            out = torch.empty(launch.out_shape, dtype=x.dtype, device=x.device)
-            raw, stream = self._current_stream(x.device)
+            out = x.new_empty(launch.out_shape)  # x's dtype and device, positional: the cheapest allocation call
+            index, raw = self._current_raw(x)
             vote_ref = self._vote_for(vote, fields, seq) if vote is not None else None
         except Exception as exc:
             if vote is None:
@@ -373,7 +377,7 @@ class NativeTransport(Transport):
         if status != 0:  # the message is built only on failure: the hot path formats nothing
             self._check(status, f"fvk_launch ({launch.entry} plan {plan})")
         if not capture:  # nothing runs at capture: no completion to watch
-            self._record_completion(stream)
+            self._record_completion(self._stream(index, raw))
         return out
 
     def capture_decline(self, geom: Geometry, plan: Plan) -> str | None:

@@ -35,7 +35,7 @@ class CallStats:
     """Counters and history of one helper's calls since construction."""
 
     def __init__(self, history: int) -> None:
-        self.calls = self.fused = self.raised = self.captured = 0
+        self.fused = self.raised = self.captured = 0  # the call count is the helper's SEQ counter
         self.declines: Counter[DeclineReason] = Counter()
         # Fused calls per proposal, keyed by its fields (a tuple of ints: one hash per call): [count, the proposal]
         # (its plan and geometry name the row in report()).
@@ -64,7 +64,6 @@ class CallStats:
         """The per-call part of ``UlyssesHelper.stats()``."""
         votes = sorted(self.vote_s)
         return {
-            "calls": self.calls,
             "fused": self.fused,
             "captured": self.captured,  # fused launches captured into CUDA graphs (counted in "fused")
             "raised": self.raised,
@@ -87,6 +86,7 @@ def report(helper) -> dict:
         "construction": reason.label if reason is not None else ("ok" if helper._built else "n/a"),
         "construction_detail": helper.construction_detail,
         "construction_per_rank": dict(helper.construction_per_rank),
+        "calls": helper._seq,  # every call takes one SEQ number, whatever its route or outcome
         **helper._stats.report(),
         "vote": type(helper._call_vote).__name__.removesuffix("Vote").lower(),
         "voted_launch": helper.fused_available and helper._fused_vote,  # the vote and the launch in one call
