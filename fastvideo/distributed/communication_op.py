@@ -36,6 +36,7 @@ from fastvideo.distributed.ulysses.layout import (
     MODE_SEQ_GATHER,
     Splits,
     balanced_splits,
+    check_own_share,
     mode_for_dims,
     output_shape,
     reference_all_to_all,
@@ -127,13 +128,9 @@ def sequence_model_parallel_all_gather(input_: torch.Tensor, dim: int = -1, *,
     ``splits`` (keyword-only, this package's; the same on every rank): every rank's rows along ``dim`` where they
     differ, e.g. the ``seq_splits`` of ``sequence_model_parallel_shard``; None: every rank has as many."""
     sp = get_sp_group()
-    if splits is not None:
-        table = shares("sequence_model_parallel_all_gather", "splits", splits, sp.world_size)
-        rows = input_.shape[dim]
-        if table[sp.rank_in_group] != rows:
-            raise ValueError(f"sequence_model_parallel_all_gather: splits[{sp.rank_in_group}] = "
-                             f"{table[sp.rank_in_group]} but this rank's input has {rows} rows along dim {dim}; "
-                             "pass every rank's own row count, the same table on every rank.")
+    if splits is not None:  # checked here too, so that SP size 1 (which gathers nothing) refuses a bad table alike
+        op = "sequence_model_parallel_all_gather"
+        check_own_share(op, shares(op, "splits", splits, sp.world_size), sp.rank_in_group, input_, dim)
     return sp.all_gather(input_, dim, splits=splits)
 
 

@@ -370,6 +370,7 @@ def _uneven_collectives(rank, world_size, table):
                              x.detach().new_zeros(2, 1, 3), dim=1, splits=table)[:2],
         "unpad len": catch(sequence_model_parallel_all_gather_with_unpad, x.detach(), total + 1, dim=1,
                            seq_splits=table)[:2],
+        "gather dim": catch(sequence_model_parallel_all_gather, x.detach(), dim=3, splits=table)[:2],
     }
     return shard_ok, shard_grad_ok, gather_ok, gather_grad_ok, unpad_ok, tuple(shard.shape), bad
 
@@ -388,3 +389,5 @@ def test_uneven_shard_and_all_gather_without_padding(ranks, world_size, table):
         assert bad["negative"][0] == "ValueError" and "is negative" in bad["negative"][1]
         assert bad["gather rows"][0] == "ValueError" and f"splits[{rank}]" in bad["gather rows"][1]
         assert bad["unpad len"][0] == "ValueError" and "seq_splits" in bad["unpad len"][1]
+        # a dim out of range is named as such, before any collective (not an IndexError from reading the shape)
+        assert bad["gather dim"][0] == "ValueError" and "dim=3 is out of range" in bad["gather dim"][1]

@@ -33,6 +33,7 @@ from torch.distributed import ProcessGroup, ReduceOp
 from fastvideo.distributed.ulysses.contract import check_tag
 from fastvideo.distributed.ulysses.layout import (
     block_shapes,
+    check_own_share,
     mode_for_dims,
     recv_layout,
     send_layout,
@@ -131,10 +132,8 @@ class DeviceCommunicatorBase:
         if self.world_size == 1:
             return input_
         table = shares("all_gather", "splits", splits, self.world_size)
-        if table is not None and table[self.rank_in_group] != input_.shape[dim]:
-            raise ValueError(f"all_gather: splits[{self.rank_in_group}] = {table[self.rank_in_group]} but this "
-                             f"rank's input has {input_.shape[dim]} rows along dim {dim}; pass every rank's own "
-                             "row count.")
+        if table is not None:
+            check_own_share("all_gather", table, self.rank_in_group, input_, dim)
         if table is None or len(set(table)) == 1:
             return _all_gather_autograd(input_.contiguous(), dim, self.device_group)
         largest = max(table)

@@ -171,6 +171,18 @@ def shares(op: str, name: str, value: Sequence[int] | None, world_size: int,
     return table
 
 
+def check_own_share(op: str, table: tuple[int, ...], rank: int, x: torch.Tensor, dim: int) -> int:
+    """Raise a ValueError naming ``op`` unless ``dim`` is a dim of ``x`` and ``x`` has this rank's share of the
+    checked ``table`` (``shares``) along it; returns ``dim`` made non-negative. Local, before any collective."""
+    if not -x.dim() <= dim < x.dim():
+        raise ValueError(f"{op}: dim={dim} is out of range for a tensor of shape {tuple(x.shape)}.")
+    dim %= x.dim()
+    if table[rank] != x.shape[dim]:
+        raise ValueError(f"{op}: splits[{rank}] = {table[rank]} but this rank's input has {x.shape[dim]} rows along "
+                         f"dim {dim}; pass every rank's own row count, the same table on every rank.")
+    return dim
+
+
 def balanced_splits(total: int, world_size: int) -> tuple[int, ...]:
     """``total`` cut into ``world_size`` shares as even as possible, the larger ones first: ``(4, 3, 3)`` for 10
     over 3 (a table for ``seq_splits`` or ``head_splits`` where the SP size does not divide the dim)."""
