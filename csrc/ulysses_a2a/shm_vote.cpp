@@ -163,8 +163,8 @@ WaitResult wait_for(const Slot* slot, uint64_t n, int64_t start, int64_t deadlin
 }  // namespace
 
 namespace fvk {
-// The world size of an open vote handle, or -1 (ulysses_a2a.cu's fvk_voted_launch sizes the gathered table
-// by it, and checks it against the communicator's).
+// The world size of an open vote handle, or -1 (ulysses_a2a.cu's voted_launch, fvk_launch's voted form, sizes
+// the gathered table by it, and checks it against the communicator's).
 int vote_world(void* handle) {
   Vote* v = static_cast<Vote*>(handle);
   return v && live(v) ? v->world : -1;

@@ -278,8 +278,9 @@ class ShmVote:
         return self._recv_rows
 
     def native_channel(self) -> tuple:
-        """For a library call that runs the exchange itself (``fvk_voted_launch``): (handle, receive buffer, timeout
-        in ns) as the library takes them, the same every call. The gathered rows are then in ``rows``."""
+        """For a library call that runs the exchange itself (``fvk_launch`` with a vote, the voted form): (handle,
+        receive buffer, timeout in ns) as the library takes them, the same every call. The gathered rows are then in
+        ``rows``."""
         if self._handle is None:
             raise self.failure(-1)
         return self._args[0], self._args[2], self._args[3]
