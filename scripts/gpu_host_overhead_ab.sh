@@ -12,9 +12,9 @@
 # difference (of the medians, and paired per iteration) and #wrong, after a floor row (a plain torch copy timed the
 # same way). Then, unless TAGS=0, the same case on this tree alone with --tag both: an untagged and a tagged row per
 # plan and mode back to back, what a call-site tag costs the host. With DECOMPOSE=1, the same case on this tree
-# alone with --decompose: each row's overhead cut at the call's layers (public checks, helper, vote, launch). With HOST_PATH_BASE (another exported tree, e.g.
-# an older one), also the helper's host path at P = 2 over the shared-memory vote (host_path --vote shm), A/B
-# between that tree and this one, each on its own library. $OUT: summary.txt, commit.txt, logs.tar.gz (with every
+# alone with --decompose: each row's overhead cut at the call's layers (public checks, helper, vote, launch). With
+# HOST_PATH_BASE (another exported tree, e.g. an older one), also the helper's host path at P = 2 over the
+# shared-memory vote (host_path --vote shm), A/B between that tree and this one, each on its own library. $OUT: summary.txt, commit.txt, logs.tar.gz (with every
 # round's JSON under ab-NAME/), ab-NAME.json per base, tags.json, decompose.json and host_path_ab.json
 # (scripts/gpu_lib.sh).
 set -uo pipefail

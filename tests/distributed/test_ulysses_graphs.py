@@ -100,7 +100,8 @@ class RecordingTransport(GlooPlanTransport):
 
 
 class Counters:
-    """Host-side work of a helper: votes exchanged, sequence number, calls, transport host calls."""
+    """Host-side work of a helper: votes exchanged, sequence number (the call count), fused calls recorded, transport
+    host calls."""
 
     def __init__(self, h) -> None:
         self.h, self.votes = h, 0
@@ -113,12 +114,12 @@ class Counters:
         h._call_vote.exchange = counted
 
     def snapshot(self) -> tuple[int, int, int, int]:
-        return (self.votes, self.h._seq, self.h.stats()["calls"], self.h.transport.host_calls)
+        return (self.votes, self.h._seq, self.h.stats()["fused"], self.h.transport.host_calls)
 
 
 def host_work(before: tuple, after: tuple) -> str:
     """'' when nothing host-side happened between two snapshots, else what did (the replay assertion)."""
-    names = ("votes", "sequence number", "calls", "transport host calls")
+    names = ("votes", "sequence number", "fused calls", "transport host calls")
     return ", ".join(f"{n} {a} -> {b}" for n, a, b in zip(names, before, after, strict=True) if a != b)
 
 

@@ -58,8 +58,8 @@ _IDS = itertools.count(1)
 # Read on every call: module constants, not enum attribute lookups.
 _FORWARD_NO_GRAD, _FORWARD_GRAD, _BACKWARD = Phase.FORWARD_NO_GRAD, Phase.FORWARD_GRAD, Phase.BACKWARD
 _PLAN = int(Field.PLAN)
-# The current stream's capture status in one call (``torch.cuda.is_current_stream_capturing`` wraps it); asked only
-# for CUDA tensors, so a CPU build of torch (which may lack it) never calls the fallback.
+# The current stream's capture status in one call (``torch.cuda.is_current_stream_capturing`` wraps it). Asked only
+# for CUDA tensors: a CPU build's placeholder for it is never called; a build without it takes the wrapper.
 _is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
 TAGS_WARN = 4096  # distinct call tags per helper past which a warning says tags name call sites, not calls
 _LIVE: weakref.WeakValueDictionary[int, UlyssesHelper] = weakref.WeakValueDictionary()

@@ -318,6 +318,8 @@ class NativeTransport(Transport):
         device's default stream has the raw handle 0."""
         stream = self._streams.get((index, raw))
         if stream is None:
+            # The same thread's current stream on the same device as ``_current_raw`` read just before the launch,
+            # nothing between them switching it: the Stream of ``raw``.
             stream = torch.cuda.current_stream(index)
             if len(self._streams) >= 64:
                 self._streams.clear()
