@@ -14,9 +14,9 @@
 # plan and mode back to back, what a call-site tag costs the host. With DECOMPOSE=1, the same case on this tree
 # alone with --decompose: each row's overhead cut at the call's layers (public checks, helper, vote, launch). With
 # HOST_PATH_BASE (another exported tree, e.g. an older one), also the helper's host path at P = 2 over the
-# shared-memory vote (host_path --vote shm), A/B between that tree and this one, each on its own library. $OUT: summary.txt, commit.txt, logs.tar.gz (with every
-# round's JSON under ab-NAME/), ab-NAME.json per base, tags.json, decompose.json and host_path_ab.json
-# (scripts/gpu_lib.sh).
+# shared-memory vote (host_path --vote shm), A/B between that tree and this one, each on its own library.
+# $OUT: summary.txt, commit.txt, logs.tar.gz (with every round's JSON under ab-NAME/), ab-NAME.json per base,
+# tags.json, decompose.json and host_path_ab.json (scripts/gpu_lib.sh).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_lib.sh"
 gpu_init host-overhead-ab
