@@ -36,6 +36,7 @@ from fastvideo.distributed.ulysses.layout import (
     MODE_SEQ_GATHER,
     Splits,
     balanced_splits,
+    check_dim,
     check_own_share,
     mode_for_dims,
     output_shape,
@@ -159,6 +160,7 @@ def sequence_model_parallel_shard(input_: torch.Tensor, dim: int = 1, *,
     length (``balanced_splits(length, P)`` cuts it as evenly as it goes): no padding, rank ``r`` gets rows
     ``sum(seq_splits[:r])`` on; pass the same table to the all-to-all and the all-gather after it."""
     sp = get_sp_group()
+    dim = check_dim("sequence_model_parallel_shard", input_, dim)
     original = input_.shape[dim]
     if seq_splits is not None:
         table = shares("sequence_model_parallel_shard", "seq_splits", seq_splits, sp.world_size, original)

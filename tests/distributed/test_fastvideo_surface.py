@@ -371,6 +371,8 @@ def _uneven_collectives(rank, world_size, table):
         "unpad len": catch(sequence_model_parallel_all_gather_with_unpad, x.detach(), total + 1, dim=1,
                            seq_splits=table)[:2],
         "gather dim": catch(sequence_model_parallel_all_gather, x.detach(), dim=3, splits=table)[:2],
+        "shard dim": catch(sequence_model_parallel_shard, z, dim=-4, seq_splits=table)[:2],
+        "shard dim even": catch(sequence_model_parallel_shard, z, dim=3)[:2],
     }
     return shard_ok, shard_grad_ok, gather_ok, gather_grad_ok, unpad_ok, tuple(shard.shape), bad
 
@@ -391,3 +393,5 @@ def test_uneven_shard_and_all_gather_without_padding(ranks, world_size, table):
         assert bad["unpad len"][0] == "ValueError" and "seq_splits" in bad["unpad len"][1]
         # a dim out of range is named as such, before any collective (not an IndexError from reading the shape)
         assert bad["gather dim"][0] == "ValueError" and "dim=3 is out of range" in bad["gather dim"][1]
+        assert bad["shard dim"][0] == "ValueError" and "dim=-4 is out of range" in bad["shard dim"][1]
+        assert bad["shard dim even"][0] == "ValueError" and "dim=3 is out of range" in bad["shard dim even"][1]

@@ -33,6 +33,7 @@ from torch.distributed import ProcessGroup, ReduceOp
 from fastvideo.distributed.ulysses.contract import check_tag
 from fastvideo.distributed.ulysses.layout import (
     block_shapes,
+    check_dim,
     check_own_share,
     mode_for_dims,
     recv_layout,
@@ -56,12 +57,6 @@ def register_ulysses_a2a_provider(provider: Callable[[DeviceCommunicatorBase], A
     """Install what ``DeviceCommunicatorBase.ulysses_a2a`` returns (``ulysses_a2a.py`` does, when imported)."""
     global _ULYSSES_PROVIDER
     _ULYSSES_PROVIDER = provider
-
-
-def _check_dim(x: torch.Tensor, dim: int, what: str) -> int:
-    if not -x.dim() <= dim < x.dim():
-        raise ValueError(f"{what}: dim={dim} is out of range for a tensor of shape {tuple(x.shape)}.")
-    return dim % x.dim()
 
 
 def _grad_tracked(x: torch.Tensor) -> bool:
@@ -128,7 +123,7 @@ class DeviceCommunicatorBase:
         ``splits`` (this package's, keyword-only; the same on every rank): every rank's rows along ``dim``, where
         they differ (``sequence_model_parallel_shard(..., seq_splits=)``'s shards, a head share); None: all alike.
         Uneven shares travel padded to the largest and are cut back to their own rows, so the result is exact."""
-        dim = _check_dim(input_, dim, "all_gather")
+        dim = check_dim("all_gather", input_, dim)
         if self.world_size == 1:
             return input_
         table = shares("all_gather", "splits", splits, self.world_size)
@@ -154,7 +149,7 @@ class DeviceCommunicatorBase:
         all-gathered (divided by the group size when ``scale_grad``), upstream's formula for an input that every
         rank holds whole. A gradient hook on a private alias of ``input_`` applies it, so gradients that reach
         ``input_`` from its other uses are left as they are."""
-        dim = _check_dim(input_, dim, "slice")
+        dim = check_dim("slice", input_, dim)
         table = shares("slice", "splits", splits, self.world_size, input_.shape[dim])
         if table is None:
             if input_.shape[dim] % self.world_size:
@@ -196,7 +191,7 @@ class DeviceCommunicatorBase:
 
     def gather(self, input_: torch.Tensor, dst: int = 0, dim: int = -1) -> torch.Tensor | None:
         """Collective: every rank's ``input_`` joined along ``dim`` on the group's rank ``dst``, None elsewhere."""
-        dim = _check_dim(input_, dim, "gather")
+        dim = check_dim("gather", input_, dim)
         if not 0 <= dst < self.world_size:
             raise ValueError(f"gather: dst={dst} must be a rank of the group (0..{self.world_size - 1}).")
         parts = [torch.empty_like(input_) for _ in range(self.world_size)] if self.rank_in_group == dst else None

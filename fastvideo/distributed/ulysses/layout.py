@@ -171,12 +171,18 @@ def shares(op: str, name: str, value: Sequence[int] | None, world_size: int,
     return table
 
 
-def check_own_share(op: str, table: tuple[int, ...], rank: int, x: torch.Tensor, dim: int) -> int:
-    """Raise a ValueError naming ``op`` unless ``dim`` is a dim of ``x`` and ``x`` has this rank's share of the
-    checked ``table`` (``shares``) along it; returns ``dim`` made non-negative. Local, before any collective."""
+def check_dim(op: str, x: torch.Tensor, dim: int) -> int:
+    """``dim`` made non-negative, or a ValueError naming ``op`` where it is not a dim of ``x``. Local."""
     if not -x.dim() <= dim < x.dim():
         raise ValueError(f"{op}: dim={dim} is out of range for a tensor of shape {tuple(x.shape)}.")
-    dim %= x.dim()
+    return dim % x.dim()
+
+
+def check_own_share(op: str, table: tuple[int, ...], rank: int, x: torch.Tensor, dim: int) -> int:
+    """Raise a ValueError naming ``op`` unless ``dim`` is a dim of ``x`` (``check_dim``) and ``x`` has this rank's
+    share of the checked ``table`` (``shares``) along it; returns ``dim`` made non-negative. Local, before any
+    collective."""
+    dim = check_dim(op, x, dim)
     if table[rank] != x.shape[dim]:
         raise ValueError(f"{op}: splits[{rank}] = {table[rank]} but this rank's input has {x.shape[dim]} rows along "
                          f"dim {dim}; pass every rank's own row count, the same table on every rank.")
