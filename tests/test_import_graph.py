@@ -5,7 +5,8 @@ function-local ones and ``TYPE_CHECKING`` blocks (a deferred import is still a d
 cycle hidden in a function is still a cycle). Importing ``a.b.c`` counts as importing ``a`` and
 ``a.b`` too (Python imports the parent packages first); ``from a.b import c`` counts ``a.b.c`` when
 it is a module. Negative controls feed the checker a synthetic cycle (a graph, and a source tree
-whose cycle goes through a function-local and a relative import) and assert it is flagged.
+whose cycle goes through a function-local and a relative import) and assert it is flagged. Beside the graph:
+one autograd formula for the op, and no module over the size limit (each with its negative control).
 """
 
 from __future__ import annotations
@@ -325,3 +326,24 @@ def test_the_formula_check_flags_a_second_function():
     source = ("import torch\nfrom torch.autograd import Function\n"
               "class A(torch.autograd.Function):\n    pass\nclass B(Function):\n    pass\n")
     assert autograd_functions(source) == ["A", "B"]
+
+
+MAX_MODULE_LINES = 450  # a module past this is two jobs in one file: split it by job (docs/architecture.md)
+
+
+def oversized(files: dict[str, Path], limit: int = MAX_MODULE_LINES) -> dict[str, int]:
+    """The modules of ``files`` (name -> path) with more than ``limit`` lines, and their line counts."""
+    counts = {m: len(p.read_text().splitlines()) for m, p in files.items()}
+    return {m: n for m, n in counts.items() if n > limit}
+
+
+def test_no_module_of_fastvideo_is_over_the_size_limit():
+    assert oversized(_files()) == {}
+
+
+def test_the_size_check_flags_a_long_module(tmp_path):
+    """Negative control: one line past the limit is flagged, the limit itself is not."""
+    at, past = tmp_path / "at.py", tmp_path / "past.py"
+    at.write_text("x = 1\n" * MAX_MODULE_LINES)
+    past.write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    assert oversized({"at": at, "past": past}) == {"past": MAX_MODULE_LINES + 1}
