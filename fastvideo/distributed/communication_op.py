@@ -92,15 +92,16 @@ def sequence_model_parallel_all_to_all_4D(input_: torch.Tensor, scatter_dim: int
     graph (or the NCCL route is captured); replay graphs in the same order on every rank.
     """
     sp = get_sp_group()
+    world = sp.world_size  # read once: the call enters the SP group's module once (docs/architecture.md)
     mode = -1  # in the vote of an invalid dim pair
     try:
         mode = mode_for_dims(scatter_dim, gather_dim)
-        splits = validate_input(input_, mode, sp.world_size, sp.rank_in_group, seq_splits, head_splits)
+        splits = validate_input(input_, mode, world, sp.rank_in_group, seq_splits, head_splits)
         if tag is not None:
             _check_tag(tag)
     except (TypeError, ValueError, RuntimeError) as exc:
         _ops.fail(input_, mode, exc)  # checked mode: votes first, so every rank raises
-    if sp.world_size == 1:
+    if world == 1:
         return input_
     return _ops.call(input_, mode, 0, splits, tag)
 

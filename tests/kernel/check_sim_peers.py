@@ -68,7 +68,7 @@ except ImportError:  # a checkout without the wheel installed: use the loader fr
 import torch  # noqa: E402
 from fastvideo_kernel import testing as kernel_testing  # noqa: E402
 
-from fastvideo.distributed.ulysses.native import call_description  # noqa: E402
+from fastvideo.distributed.ulysses.launch import call_description  # noqa: E402
 from fastvideo.distributed.ulysses.policy import Geometry, Plan  # noqa: E402
 
 BITS = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
@@ -371,7 +371,7 @@ class Run:
 
 
 def descriptions(case: Case, ctas: int | None = None) -> tuple[list, list]:
-    """Every call's ``fvk_call`` as the native transport describes it (``native.call_description``: geometry,
+    """Every call's ``fvk_call`` as the native transport describes it (``launch.call_description``: geometry,
     split tables, plan; an SM-kind call), and the split tables they point at (keep them alive as long as the
     descriptions). ``ctas`` overrides every call's CTA count (to test refusals). The simulation and the CPU
     host checks of this case list (tests/kernel/test_sim_cases.py) run exactly these."""

@@ -1,5 +1,5 @@
 """The test library's host checks from Python: each call described as the native transport describes it
-(``native.call_description``: geometry, split tables, plan), and split tables for the plan spaces.
+(``launch.call_description``: geometry, split tables, plan), and split tables for the plan spaces.
 
     from tests.kernel.host_checks import window_sync, ce_sync, addressing, uneven_geometry
 """
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from fastvideo.distributed.ulysses.native import call_description
+from fastvideo.distributed.ulysses.launch import call_description
 from fastvideo.distributed.ulysses.policy import ENGINE_CE, Geometry, Plan
 from tests.kernel.built import fastvideo_kernel, kernel_testing
 

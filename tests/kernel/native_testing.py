@@ -16,7 +16,8 @@ import ctypes
 
 import torch
 
-from fastvideo.distributed.ulysses.native import NativeKernelError, NativeTransport, call_description
+from fastvideo.distributed.ulysses.launch import call_description
+from fastvideo.distributed.ulysses.native import NativeKernelError, NativeTransport
 from fastvideo.distributed.ulysses.policy import Geometry, Plan
 from fastvideo.distributed.ulysses.transport import output_shape
 

@@ -7,7 +7,7 @@ issues them (``ce_push_copies``) and its kernels' bodies (``ce_own_chunk``, ``ce
 of a chunk before its copy-outs (an order the barriers allow). Then it compares every output byte with the
 definition, computed from the call's shares alone (mode 0: rank r's output holds every rank's rows of r's
 heads; mode 1: r's rows of every rank's heads), and counts any access outside a rank's tensors or windows.
-Calls are described as the native transport describes them (``native.call_description``).
+Calls are described as the native transport describes them (``launch.call_description``).
 
 Negative controls: the even-only layout (the split tables ignored) and the pre-fix moving layout on uneven
 tables, and copy-outs reading the other buffer, each give wrong bytes.

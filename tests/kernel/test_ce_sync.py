@@ -7,7 +7,7 @@ and waits (with the reuse of the context's events, as issued) and paired barrier
 into window bytes (the launcher's own copies, ``ce_push_copies``) and every copy-out of them are ordered in
 sequence order, that every push stays in its block and moves the bytes the call's shares define, and that the
 copy-stream work of a call stays inside the call. Calls are described as the native transport describes them
-(``native.call_description``): even and uneven sequence and head splits, shares of 0 (a rank that pushes
+(``launch.call_description``): even and uneven sequence and head splits, shares of 0 (a rank that pushes
 nothing still issues every barrier), consecutive calls whose tables and chunks differ, SM-kind calls between.
 
 Negative controls: each ordering the argument relies on, dropped alone, must be flagged, with even and uneven

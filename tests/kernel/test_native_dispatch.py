@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import ctypes
 
+import numpy as np
 import pytest
 import torch
 
 from fastvideo.distributed.ulysses.contract import dtype_code, with_seq
-from fastvideo.distributed.ulysses.native import EVENT_RING, NativeKernelError, NativeTransport, call_description
+from fastvideo.distributed.ulysses.launch import call_description
+from fastvideo.distributed.ulysses.native import EVENT_RING, NativeKernelError, NativeTransport
 from fastvideo.distributed.ulysses.policy import ENGINE_CE, MAX_CTAS, ORIGINAL_CTAS, Geometry, Plan
 from fastvideo.distributed.ulysses.transport import ENTRIES, ConstructionContext, VoteNotStarted, output_shape
 from tests.kernel.built import fastvideo_kernel as fvk
@@ -240,25 +242,33 @@ def test_execute_before_construction_raises() -> None:
 
 class FakeVote:
     """The shared-memory vote's side of the voted form, as ``ShmVote`` has it: ``native_channel`` returns the same
-    (handle, receive, timeout) every call; ``native_row`` records the row it would write (the fields with this
-    call's SEQ) and returns that row's address, one address per distinct fields."""
+    (handle, receive, timeout) every call; ``send_row`` returns the row kept for a proposal's fields (a real int64
+    array, so the SEQ the transport writes into it can be read back, and a stand-in address, one per distinct
+    fields), counting how often it is asked."""
 
     ROW_BASE = 0xB0
 
     def __init__(self) -> None:
-        self.sent: list[list[int]] = []
         self.channel = (ctypes.c_void_p(0xA0), ctypes.c_void_p(0xC0), ctypes.c_int64(7 * 10**9))
         self.channels = 0
-        self.rows: dict[tuple[int, ...], int] = {}
+        self.rows: dict[tuple[int, ...], tuple[np.ndarray, int]] = {}
+        self.asked = 0
         self.last_s = 0.0
+        self.destroyed = False
 
     def native_channel(self):
         self.channels += 1
         return self.channel
 
-    def native_row(self, fields, seq):
-        self.sent.append(with_seq(fields, seq))
-        return self.rows.setdefault(tuple(fields), self.ROW_BASE + 0x100 * len(self.rows))
+    def send_row(self, fields):
+        self.asked += 1
+        if tuple(fields) not in self.rows:
+            self.rows[tuple(fields)] = (np.array(fields, dtype=np.int64), self.ROW_BASE + 0x100 * len(self.rows))
+        return self.rows[tuple(fields)]
+
+    def sent(self, fields) -> list[int]:
+        """The row the library would read for ``fields`` now."""
+        return self.rows[tuple(fields)][0].tolist()
 
     def failure(self, status: int) -> RuntimeError:
         return RuntimeError(f"vote failed with {status}")
@@ -286,12 +296,18 @@ def test_the_voted_form_passes_the_vote_and_acts_on_the_stage(stage):
         error = VoteNotStarted if stage == fvk.STAGE_REFUSED else RuntimeError
         with pytest.raises(error, match="refused before the vote" if stage == fvk.STAGE_REFUSED else "vote failed"):
             t.execute(x, geom, plan, vote=vote, fields=fields, seq=5)
-    assert vote.sent == [with_seq(fields, 5)] and vote.last_s == pytest.approx(1.5e-6)
+    assert vote.sent(fields) == with_seq(fields, 5) and vote.last_s == pytest.approx(1.5e-6)
     first, lib.stage = t._vote, fvk.STAGE_LAUNCHED
     t.execute(x, geom, plan, vote=vote, fields=fields[::-1], seq=6)
     # one fvk_vote per vote channel, reused; each call points it at its own proposal's row
-    assert t._vote is first and vote.channels == 1 and vote.sent[-1] == with_seq(fields[::-1], 6)
+    assert t._vote is first and vote.channels == 1 and vote.sent(fields[::-1]) == with_seq(fields[::-1], 6)
     assert lib.calls[-1]["vote"] == (ctypes.sizeof(fvk.Vote), 0xA0, 0x1B0, 0xC0, 7 * 10**9)
+    # a proposal's row is asked of the vote once and kept: a later call only writes its SEQ into it
+    t.execute(x, geom, plan, vote=vote, fields=fields, seq=7)
+    assert vote.asked == 2 and vote.sent(fields) == with_seq(fields, 7) and lib.calls[-1]["vote"][2] == 0xB0
+    vote.destroyed = True  # its handle is gone: no library call may use it
+    with pytest.raises(RuntimeError, match="vote failed with -1"):
+        t.execute(x, geom, plan, vote=vote, fields=fields, seq=8)
 
 
 def test_a_failure_before_the_voted_exchange_is_vote_not_started():

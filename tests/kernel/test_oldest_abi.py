@@ -161,7 +161,7 @@ def test_the_oldest_abi_offers_the_original_plan_alone_and_runs_it(tmp_path, use
     with pytest.raises(NativeKernelError, match="needs the 'tuned' offering"):
         t.execute(x, geom, Plan(144, 1, 512, tuned=True))
     assert "rebuild fastvideo-kernel" in t.capture_decline(geom, plan)
-    assert not t.fuses_vote(type("ShmLike", (), {"native_row": None})())
+    assert not t.fuses_vote(type("ShmLike", (), {"send_row": None})())
     t.watchdog_thread_setup()  # ABI 2 has no fvk_relax_capture_mode: nothing to call
     assert "tuned;" not in log().decode()
     t.destroy()

@@ -5,7 +5,7 @@ for every rank and CTA of a sequence of calls on the host, recording every windo
 and checks that every pair of conflicting accesses is ordered by the kernel's per-CTA barriers and the stream
 order between calls, that the CTA slices tile exactly the block the call's shares define, that they stay in
 their regions and that nothing leaves the window. Calls are described as the native transport describes them
-(``native.call_description``, split tables included).
+(``launch.call_description``, split tables included).
 
 * The plan space: P 2..8, B 1..4, CTA counts 1..144, windows from 1 MiB to 1 GiB, plans from the
   policy (whole operand, planes per chunk, window-limited sub-plane rows) and by hand (uneven planes,

@@ -24,69 +24,36 @@ with ``NOT_NVLINK`` unless NVML reports NVLink P2P to every peer (a check it can
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
-from fastvideo.distributed.ulysses.contract import DeclineReason, dtype_code
+from fastvideo.distributed.ulysses.contract import DeclineReason, Field
+from fastvideo.distributed.ulysses.launch import Launch, build_launch
 from fastvideo.distributed.ulysses.nccl_runtime import nccl_libraries_mapped, nccl_mismatch
-from fastvideo.distributed.ulysses.policy import ENGINE_CE, KERNEL_DTYPES, MAX_CTAS, ORIGINAL_CTAS, Geometry, Plan
+from fastvideo.distributed.ulysses.policy import ENGINE_CE, KERNEL_DTYPES, MAX_CTAS, Geometry, Plan
 from fastvideo.distributed.ulysses.transport import (
     ENTRIES,
     ENTRY_CAPTURE,
-    ENTRY_CE,
     ENTRY_CE_CAPTURE,
-    ENTRY_ORIGINAL,
-    ENTRY_TUNED,
-    ENTRY_UNEVEN,
     Capability,
     ConstructionContext,
     Step,
     TopologyReport,
     Transport,
     VoteNotStarted,
-    output_shape,
 )
 
 # Completion events recorded round-robin, one per call, for the helper's watchdog (created once, so
 # the hot path allocates none). Reusing one re-records it for a later call, which completes no earlier:
 # the watchdog then sees the older call late, never early.
 EVENT_RING = 16
+_SEQ = int(Field.SEQ)  # the send row's SEQ word, written on every voted launch
 
 
 # The current stream's raw handle in one call (absent from CPU builds of torch: ``_current_raw`` then uses
 # ``torch.cuda.current_stream``).
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-
-class _Launch(NamedTuple):
-    """One signature's launch, built once (``_launch_for``): the library call every call of the signature makes,
-    ``fn(ctx, call, x, out, stream, vote)``, with its call description (an ``fvk_call``, passed by reference) and
-    the split tables it points at (kept alive with it), this rank's output shape, and the offering it runs on
-    (for messages)."""
-
-    fn: Callable[..., int]
-    call: Any  # ctypes.byref of ``desc``
-    desc: Any  # the fvk_call (None for a build older than the one entry)
-    out_shape: tuple[int, ...]
-    entry: str
-    tables: tuple[Any, Any] = (None, None)  # fastvideo_kernel.split_table arrays ``desc`` points at
-
-
-def call_description(fvk: Any, geom: Geometry, dtype: torch.dtype, *, kind: int, ctas: int, planes: int, rows: int,
-                     flags: int = 0) -> tuple[Any, tuple[Any, Any]]:
-    """Local, pure, host-only. The ``fvk_call`` of a call on ``geom`` (``fvk``: the ``fastvideo_kernel`` loader
-    module) and the split tables it points at: ``geom``'s, or none where a table is the even one. The caller
-    keeps the tables alive as long as the description (it holds their addresses)."""
-    desc = fvk.Call(size=ctypes.sizeof(fvk.Call), flags=flags, kind=kind, mode=geom.mode, dtype=dtype_code(dtype),
-                    ctas=ctas, B=geom.B, S=geom.S, H=geom.H, D=geom.D, planes_per_chunk=planes, rows_per_chunk=rows)
-    tables = (fvk.split_table(geom.seq_splits), fvk.split_table(geom.head_splits))
-    if tables[0] is not None:
-        desc.seq_split = ctypes.addressof(tables[0])
-    if tables[1] is not None:
-        desc.head_split = ctypes.addressof(tables[1])
-    return desc, tables
 
 
 class NativeKernelError(RuntimeError):
@@ -111,7 +78,9 @@ class NativeTransport(Transport):
         self._event: torch.cuda.Event | None = None  # the last call's completion event
         self._events: list[torch.cuda.Event] = []
         self._calls = 0
-        self._launches: dict[tuple, _Launch] = {}  # per (geometry, plan, dtype, capture): see _launch_for
+        self._launches: dict[tuple, Launch] = {}  # per (geometry, plan, dtype, capture): see _launch_for
+        self._by_object: dict[tuple, tuple[Launch, Geometry, Plan]] = {}  # the same, by the objects' ids
+        self._rows: dict[tuple[int, ...], tuple[Any, int]] = {}  # per proposal's fields: its send row (_vote_for)
         self._vote: Any = None  # the fvk_vote of the voted form, built once per vote channel (_vote_for)
         self._vote_ref: Any = None
         self._vote_owner: Any = None  # the vote channel it was built for
@@ -180,6 +149,7 @@ class NativeTransport(Transport):
         lib = self._lib
         self._ctx = ctx
         self._launches.clear()  # built for another communicator's world size
+        self._by_object.clear()
         self._streams.clear()
         device = ctx.device.index if ctx.device.index is not None else torch.cuda.current_device()
 
@@ -259,45 +229,34 @@ class NativeTransport(Transport):
 
     # ------------------------------------------------------------------ per call
 
-    def _launch_for(self, geom: Geometry, plan: Plan, dtype: torch.dtype, capture: bool) -> _Launch:
+    def _launch_for(self, geom: Geometry, plan: Plan, dtype: torch.dtype, capture: bool) -> Launch:
         """The library call and call description of ``plan`` on ``geom`` (everything but the pointers, the stream
         and the vote), built once per signature: a DiT's layers repeat a few signatures. Raises
         ``NativeKernelError`` (nothing cached) for a plan this build does not offer."""
+        # First by the objects' identities: the planner hands every call of a signature the same Geometry and
+        # Plan, and their dataclass hashes are Python calls. The entry holds both objects, so while it lives their
+        # ids are theirs alone.
+        by_object = (id(geom), id(plan), dtype, capture)
+        held = self._by_object.get(by_object)
+        if held is not None:
+            return held[0]
         key = (geom, plan, dtype, capture)
         launch = self._launches.get(key)
-        if launch is not None:
-            return launch
+        if launch is None:
+            launch = self._new_launch(geom, plan, dtype, capture, key)
+        if len(self._by_object) >= 1024:
+            self._by_object.clear()
+        self._by_object[by_object] = (launch, geom, plan)
+        return launch
+
+    def _new_launch(self, geom: Geometry, plan: Plan, dtype: torch.dtype, capture: bool, key: tuple) -> Launch:
         if geom.world_size != self._ctx.world_size:
             raise NativeKernelError(f"geometry for SP size {geom.world_size}, communicator has {self._ctx.world_size}")
-        ce = plan.engine == ENGINE_CE
-        original = not ce and plan.ctas == ORIGINAL_CTAS and plan.planes_per_chunk >= geom.B \
-            and plan.rows_per_chunk >= geom.S
-        if capture:
-            entry = ENTRY_CE_CAPTURE if ce else ENTRY_CAPTURE
-        else:
-            entry = ENTRY_CE if ce else ENTRY_ORIGINAL if original else ENTRY_TUNED
-        for needed in (entry, ENTRY_UNEVEN) if geom.uneven else (entry,):
-            if needed not in self._entries:
-                raise NativeKernelError(f"plan {plan} needs the {needed!r} offering, which this kernel build lacks "
-                                        f"(it offers {sorted(self._entries)}): rebuild fastvideo-kernel")
-        if plan.ctas > MAX_CTAS:
-            raise NativeKernelError(f"plan asks for {plan.ctas} CTAs, at most {MAX_CTAS}")
-        ctas, planes, rows = ((ORIGINAL_CTAS, geom.B, geom.S) if original
-                              else (plan.ctas, plan.planes_per_chunk, plan.rows_per_chunk))
-        fvk, lib = self._fvk, self._lib
-        out_shape = output_shape(geom, self._ctx.rank)
-        if fvk.LAUNCH in self._offerings:
-            desc, tables = call_description(fvk, geom, dtype, kind=fvk.KIND_CE if ce else fvk.KIND_SM, ctas=ctas,
-                                            planes=planes, rows=rows, flags=fvk.CALL_CAPTURE if capture else 0)
-            launch = _Launch(lib.fvk_launch, ctypes.byref(desc), desc, out_shape, entry, tables)
-        else:  # a build older than the one entry offers the original plan alone (its entry has no call description)
-            fixed = (geom.mode, dtype_code(dtype), geom.B, geom.S, geom.H, geom.D)
-            original_entry = lib.fvk_a2a_original
-
-            def fn(handle, call, x, out, stream, vote, fixed=fixed) -> int:
-                return original_entry(handle, x, out, *fixed, stream)
-
-            launch = _Launch(fn, None, None, out_shape, entry)
+        try:
+            launch = build_launch(self._fvk, self._lib, self._offerings, self._entries, geom, plan, dtype, capture,
+                                  self._ctx.rank)
+        except ValueError as exc:
+            raise NativeKernelError(str(exc)) from None
         if len(self._launches) >= 1024:  # bounded: a pathological job re-builds
             self._launches.clear()
         self._launches[key] = launch
@@ -328,21 +287,32 @@ class NativeTransport(Transport):
 
     def _vote_for(self, vote, fields: tuple[int, ...], seq: int) -> Any:
         """The ``fvk_vote`` (by reference) that points the library at ``vote``'s handle and buffers, built once per
-        vote channel, with this call's send row (``fields`` with SEQ = ``seq``: ``ShmVote.native_row``)."""
+        vote channel, with this call's send row: the vote's row for ``fields`` (``ShmVote.send_row``, asked once per
+        proposal and kept here) with SEQ = ``seq`` written into it. Raises the vote's failure once it is destroyed
+        (its handle is then gone)."""
         if vote is not self._vote_owner:
             handle, recv, timeout = vote.native_channel()
             fvk = self._fvk
             self._vote = fvk.Vote(size=ctypes.sizeof(fvk.Vote), stage=fvk.STAGE_REFUSED, handle=handle.value,
                                   fields=0, votes=recv.value, timeout_ns=timeout.value)
             self._vote_ref, self._vote_owner = ctypes.byref(self._vote), vote
-        self._vote.fields = vote.native_row(fields, seq)
+            self._rows.clear()  # another channel's rows
+        if vote.destroyed:
+            raise vote.failure(-1)
+        row = self._rows.get(fields)
+        if row is None:
+            if len(self._rows) >= 1024:  # bounded; the library reads a row only during its call
+                self._rows.clear()
+            row = self._rows[fields] = vote.send_row(fields)
+        row[0][_SEQ] = seq
+        self._vote.fields = row[1]
         return self._vote_ref
 
     def fuses_vote(self, vote) -> bool:
         """Local, host-only. Whether ``execute`` can run the exchange and the launch in one library call (the voted
         form of ``fvk_launch``): where the per-call vote is the same-host shared-memory one (an object with
-        ``native_row``) and this build offers it."""
-        return self._fvk is not None and self._fvk.VOTED in self._offerings and hasattr(vote, "native_row")
+        ``send_row``) and this build offers it."""
+        return self._fvk is not None and self._fvk.VOTED in self._offerings and hasattr(vote, "send_row")
 
     def execute(self, x: torch.Tensor, geom: Geometry, plan: Plan, *, capture: bool = False, vote=None,
                 fields: tuple[int, ...] = (), seq: int = 0) -> torch.Tensor | None:
@@ -443,6 +413,8 @@ class NativeTransport(Transport):
         self._handle = None
         self._ctx = None
         self._launches.clear()
+        self._by_object.clear()
+        self._rows.clear()
         self._streams.clear()
         self._vote = self._vote_ref = self._vote_owner = None
         self._event = None

@@ -118,6 +118,7 @@ class GlooVote:
         self._recv = torch.zeros(self.world_size * NUM_FIELDS, dtype=torch.int64)
         self._recv_rows = self._recv.view(self.world_size, NUM_FIELDS)
         self.last_s = 0.0  # the last exchange's host seconds (a fused vote-and-launch sets it too)
+        self.destroyed = False  # a plain attribute: the native transport reads it on every voted launch
 
     def exchange(self, fields: list[int]) -> torch.Tensor:
         """Gather every rank's fields: returns the reused ``[P, 12]`` buffer (read it before the next call)."""
@@ -220,6 +221,7 @@ class ShmVote:
         self._recv = torch.zeros(self.world_size * NUM_FIELDS, dtype=torch.int64)
         self._recv_rows = self._recv.view(self.world_size, NUM_FIELDS)
         self.last_s = 0.0  # the last exchange's host seconds (a fused vote-and-launch sets it too)
+        self.destroyed = False  # a plain attribute: the native transport reads it on every voted launch
         self._rows: dict[tuple[int, ...], tuple[np.ndarray, int]] = {}  # native_row's send rows, per proposal
         # Everything the call passes is converted once here: the hot path allocates nothing.
         self._exchange = lib.fvk_vote_exchange
@@ -285,9 +287,11 @@ class ShmVote:
             raise self.failure(-1)
         return self._args[0], self._args[2], self._args[3]
 
-    def native_row(self, fields: tuple[int, ...], seq: int) -> int:
-        """The address of a send row holding ``fields`` (a proposal's, SEQ 0) with SEQ = ``seq``, for the same library
-        call. Each distinct ``fields`` keeps its own row, so a call writes one word, not twelve."""
+    def send_row(self, fields: tuple[int, ...]) -> tuple[np.ndarray, int]:
+        """The send row kept for ``fields`` (a proposal's, SEQ 0), for a library call that runs the exchange itself:
+        ``(words, address)``, an int64[12] holding ``fields`` and its address. A caller writes this call's SEQ into
+        ``words[Field.SEQ]`` and passes the address, so a call writes one word, not twelve; a caller may keep the
+        pair (the array stays valid while referenced). Local."""
         if self._handle is None:
             raise self.failure(-1)
         row = self._rows.get(fields)
@@ -296,8 +300,13 @@ class ShmVote:
                 self._rows.clear()
             words = np.array(fields, dtype=np.int64)
             row = self._rows[fields] = (words, words.ctypes.data)
-        row[0][_SEQ] = seq
-        return row[1]
+        return row
+
+    def native_row(self, fields: tuple[int, ...], seq: int) -> int:
+        """The address of ``send_row(fields)`` with SEQ = ``seq`` written into it. Local."""
+        words, address = self.send_row(fields)
+        words[_SEQ] = seq
+        return address
 
     @property
     def rows(self) -> torch.Tensor:
@@ -320,6 +329,7 @@ class ShmVote:
 
     def destroy(self) -> None:
         """Unmap the segment (local; the name was unlinked at construction). A second call is a no-op."""
+        self.destroyed = True
         if self._handle is not None:
             self._lib.fvk_vote_close(self._handle, 0)
             self._handle = None
