@@ -242,16 +242,16 @@ def test_execute_before_construction_raises() -> None:
 
 class FakeVote:
     """The shared-memory vote's side of the voted form, as ``ShmVote`` has it: ``native_channel`` returns the same
-    (handle, receive, timeout) every call; ``send_row`` returns the row kept for a proposal's fields (a real int64
-    array, so the SEQ the transport writes into it can be read back, and a stand-in address, one per distinct
-    fields), counting how often it is asked."""
+    (handle, receive, timeout) every call; ``send_row`` makes the row kept in ``send_rows`` for a proposal's fields
+    (a real int64 array, so the SEQ the transport writes into it can be read back, and a stand-in address, one per
+    distinct fields), counting how often it is asked."""
 
     ROW_BASE = 0xB0
 
     def __init__(self) -> None:
         self.channel = (ctypes.c_void_p(0xA0), ctypes.c_void_p(0xC0), ctypes.c_int64(7 * 10**9))
         self.channels = 0
-        self.rows: dict[tuple[int, ...], tuple[np.ndarray, int]] = {}
+        self.send_rows: dict[tuple[int, ...], tuple[np.ndarray, int]] = {}
         self.asked = 0
         self.last_s = 0.0
         self.destroyed = False
@@ -262,13 +262,14 @@ class FakeVote:
 
     def send_row(self, fields):
         self.asked += 1
-        if tuple(fields) not in self.rows:
-            self.rows[tuple(fields)] = (np.array(fields, dtype=np.int64), self.ROW_BASE + 0x100 * len(self.rows))
-        return self.rows[tuple(fields)]
+        rows = self.send_rows
+        if tuple(fields) not in rows:
+            rows[tuple(fields)] = (np.array(fields, dtype=np.int64), self.ROW_BASE + 0x100 * len(rows))
+        return rows[tuple(fields)]
 
     def sent(self, fields) -> list[int]:
         """The row the library would read for ``fields`` now."""
-        return self.rows[tuple(fields)][0].tolist()
+        return self.send_rows[tuple(fields)][0].tolist()
 
     def failure(self, status: int) -> RuntimeError:
         return RuntimeError(f"vote failed with {status}")

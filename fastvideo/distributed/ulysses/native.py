@@ -80,7 +80,7 @@ class NativeTransport(Transport):
         self._calls = 0
         self._launches: dict[tuple, Launch] = {}  # per (geometry, plan, dtype, capture): see _launch_for
         self._by_object: dict[tuple, tuple[Launch, Geometry, Plan]] = {}  # the same, by the objects' ids
-        self._rows: dict[tuple[int, ...], tuple[Any, int]] = {}  # per proposal's fields: its send row (_vote_for)
+        self._send_rows: dict[tuple[int, ...], tuple[Any, int]] = {}  # the vote channel's (ShmVote.send_rows)
         self._vote: Any = None  # the fvk_vote of the voted form, built once per vote channel (_vote_for)
         self._vote_ref: Any = None
         self._vote_owner: Any = None  # the vote channel it was built for
@@ -287,23 +287,19 @@ class NativeTransport(Transport):
 
     def _vote_for(self, vote, fields: tuple[int, ...], seq: int) -> Any:
         """The ``fvk_vote`` (by reference) that points the library at ``vote``'s handle and buffers, built once per
-        vote channel, with this call's send row: the vote's row for ``fields`` (``ShmVote.send_row``, asked once per
-        proposal and kept here) with SEQ = ``seq`` written into it. Raises the vote's failure once it is destroyed
-        (its handle is then gone)."""
+        vote channel, with this call's send row: the vote's row for ``fields`` (looked up in ``ShmVote.send_rows``,
+        made by ``ShmVote.send_row`` at a proposal's first call) with SEQ = ``seq`` written into it. Raises the
+        vote's failure once it is destroyed (its handle is then gone)."""
         if vote is not self._vote_owner:
             handle, recv, timeout = vote.native_channel()
             fvk = self._fvk
             self._vote = fvk.Vote(size=ctypes.sizeof(fvk.Vote), stage=fvk.STAGE_REFUSED, handle=handle.value,
                                   fields=0, votes=recv.value, timeout_ns=timeout.value)
             self._vote_ref, self._vote_owner = ctypes.byref(self._vote), vote
-            self._rows.clear()  # another channel's rows
+            self._send_rows = vote.send_rows
         if vote.destroyed:
             raise vote.failure(-1)
-        row = self._rows.get(fields)
-        if row is None:
-            if len(self._rows) >= 1024:  # bounded; the library reads a row only during its call
-                self._rows.clear()
-            row = self._rows[fields] = vote.send_row(fields)
+        row = self._send_rows.get(fields) or vote.send_row(fields)
         row[0][_SEQ] = seq
         self._vote.fields = row[1]
         return self._vote_ref
@@ -414,7 +410,7 @@ class NativeTransport(Transport):
         self._ctx = None
         self._launches.clear()
         self._by_object.clear()
-        self._rows.clear()
+        self._send_rows = {}
         self._streams.clear()
         self._vote = self._vote_ref = self._vote_owner = None
         self._event = None

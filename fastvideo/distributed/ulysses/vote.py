@@ -118,7 +118,7 @@ class GlooVote:
         self._recv = torch.zeros(self.world_size * NUM_FIELDS, dtype=torch.int64)
         self._recv_rows = self._recv.view(self.world_size, NUM_FIELDS)
         self.last_s = 0.0  # the last exchange's host seconds (a fused vote-and-launch sets it too)
-        self.destroyed = False  # a plain attribute: the native transport reads it on every voted launch
+        self.destroyed = False  # set by destroy()
 
     def exchange(self, fields: list[int]) -> torch.Tensor:
         """Gather every rank's fields: returns the reused ``[P, 12]`` buffer (read it before the next call)."""
@@ -222,7 +222,9 @@ class ShmVote:
         self._recv_rows = self._recv.view(self.world_size, NUM_FIELDS)
         self.last_s = 0.0  # the last exchange's host seconds (a fused vote-and-launch sets it too)
         self.destroyed = False  # a plain attribute: the native transport reads it on every voted launch
-        self._rows: dict[tuple[int, ...], tuple[np.ndarray, int]] = {}  # native_row's send rows, per proposal
+        # send_row's rows, per proposal: fields -> (words, address). Public for the native transport's hot path,
+        # which looks a row up here without a call; only send_row adds to it.
+        self.send_rows: dict[tuple[int, ...], tuple[np.ndarray, int]] = {}
         # Everything the call passes is converted once here: the hot path allocates nothing.
         self._exchange = lib.fvk_vote_exchange
         self._args = (
@@ -290,16 +292,16 @@ class ShmVote:
     def send_row(self, fields: tuple[int, ...]) -> tuple[np.ndarray, int]:
         """The send row kept for ``fields`` (a proposal's, SEQ 0), for a library call that runs the exchange itself:
         ``(words, address)``, an int64[12] holding ``fields`` and its address. A caller writes this call's SEQ into
-        ``words[Field.SEQ]`` and passes the address, so a call writes one word, not twelve; a caller may keep the
-        pair (the array stays valid while referenced). Local."""
+        ``words[Field.SEQ]`` and passes the address, so a call writes one word, not twelve. Kept in ``send_rows``
+        (a caller holding a pair keeps its array valid). Local."""
         if self._handle is None:
             raise self.failure(-1)
-        row = self._rows.get(fields)
+        row = self.send_rows.get(fields)
         if row is None:
-            if len(self._rows) >= ROWS_KEPT:  # bounded; the library reads a row only during its call
-                self._rows.clear()
+            if len(self.send_rows) >= ROWS_KEPT:  # bounded; the library reads a row only during its call
+                self.send_rows.clear()
             words = np.array(fields, dtype=np.int64)
-            row = self._rows[fields] = (words, words.ctypes.data)
+            row = self.send_rows[fields] = (words, words.ctypes.data)
         return row
 
     def native_row(self, fields: tuple[int, ...], seq: int) -> int:
