@@ -59,6 +59,90 @@ def test_aligned_times_from_the_last_entry() -> None:
     assert skew == pytest.approx([0.5, 0.0, 0.2])
 
 
+def test_spin_rate_is_the_slope_of_two_spins() -> None:
+    # Both spins carry the same fixed cost (launch, events): the slope leaves it out, one spin's ratio would not.
+    fixed = 7e-6
+    short_s, long_s = fixed + 200_000 / 1.5e9, fixed + 1_000_000 / 1.5e9
+    assert timing.spin_rate(200_000, short_s, 1_000_000, long_s) == pytest.approx(1.5e9)
+    assert 1_000_000 / long_s < 0.99 * 1.5e9
+    with pytest.raises(ValueError, match="not longer"):
+        timing.spin_rate(200_000, 1e-4, 1_000_000, 1e-4)  # the longer spin took no longer
+    with pytest.raises(ValueError):
+        timing.spin_rate(1_000_000, 1e-4, 200_000, 5e-4)  # the lengths swapped
+
+
+def test_spin_cycles_cover_the_host_time_with_a_floor() -> None:
+    rate = 2e9
+    assert timing.spin_cycles(rate, 30e-6) == round(rate * 4 * 30e-6)  # SPIN_COVER times the host time
+    assert timing.spin_cycles(rate, 1e-6) == round(rate * 50e-6)  # below the floor: the floor
+    assert timing.spin_cycles(rate, 0.0) == round(rate * timing.SPIN_FLOOR_S)
+    assert timing.spin_cycles(rate, 30e-6, cover=2.0, floor_s=10e-6) == round(rate * 60e-6)
+    for host_s in (0.0, 3e-6, 40e-6, 2e-3):
+        cycles = timing.spin_cycles(1.7e9, host_s)
+        assert cycles / 1.7e9 >= max(timing.SPIN_COVER * host_s, timing.SPIN_FLOOR_S) * (1 - 1e-12)
+    with pytest.raises(ValueError):
+        timing.spin_cycles(0.0, 30e-6)  # no rate measured
+    with pytest.raises(ValueError):
+        timing.spin_cycles(2e9, -1e-6)
+
+
+def test_held_samples_retake_an_iteration_with_the_spin_doubled() -> None:
+    seen = []
+
+    def sample(cycles: int) -> tuple[int, bool]:
+        seen.append(cycles)
+        return cycles, cycles >= 1000  # the spin holds from 1000 cycles on
+
+    values, cycles, doubled = timing.held_samples(sample, 100, iters=3, max_cycles=10_000)
+    assert values == [1600, 1600, 1600]  # only iterations that held are kept
+    assert (cycles, doubled) == (1600, 4) and seen == [100, 200, 400, 800, 1600, 1600, 1600]
+    assert timing.held_samples(sample, 1000, iters=2, max_cycles=1000) == ([1000, 1000], 1000, 0)
+    with pytest.raises(RuntimeError, match="waits for the device"):
+        timing.held_samples(lambda c: (c, False), 100, iters=1, max_cycles=10_000)  # never holds: refused
+
+
+def test_busy_device_seconds_spins_before_the_start_event_and_checks_it_is_pending(monkeypatch) -> None:
+    calls = []
+
+    class Event:
+        def __init__(self, name: str, fired: bool) -> None:
+            self.name, self.fired = name, fired
+
+        def record(self) -> None:
+            calls.append(f"{self.name}.record")
+
+        def query(self) -> bool:
+            calls.append(f"{self.name}.query")
+            return self.fired
+
+        def synchronize(self) -> None:
+            calls.append(f"{self.name}.synchronize")
+
+        def elapsed_time(self, other: Event) -> float:
+            return 2.5  # ms
+
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: calls.append(f"sleep {cycles}"))
+    events = (Event("start", False), Event("end", False))
+    seconds, held = timing._busy_device_seconds(lambda: calls.append("fn"), events, 1234)
+    assert (seconds, held) == (pytest.approx(2.5e-3), True)
+    assert calls == ["sleep 1234", "start.record", "fn", "end.record", "start.query", "end.synchronize"]
+    calls.clear()
+    _, held = timing._busy_device_seconds(lambda: None, (Event("start", True), Event("end", True)), 1234)
+    assert held is False  # the start event had fired: the spin ended before the work was queued
+
+
+def test_busy_overhead_on_cpu_keeps_the_host_time_of_the_call() -> None:
+    import time
+
+    def host_fn() -> None:
+        time.sleep(2e-3)
+
+    out = timing.busy_overhead(host_fn, lambda: None, torch.device("cpu"), iters=4, warmup=1)
+    assert len(out["overhead"]) == len(out["device"]) == 4
+    assert all(o >= 2e-3 for o in out["overhead"]) and all(d >= 0 for d in out["device"])
+    assert (out["spin_s"], out["spin_doubled"]) == (0.0, 0)
+
+
 def test_progress_lines(capsys: pytest.CaptureFixture[str]) -> None:
     p = Progress(4, every_s=3600.0)
     p.advance("first")

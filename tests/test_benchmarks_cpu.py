@@ -14,6 +14,7 @@ import contextlib
 import importlib.util
 import io
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -122,6 +123,10 @@ def test_fused_host_overhead_rows_carry_the_floor_the_paired_overhead_and_the_de
     assert len(fused) == 6 and all(r["engine"] in ("sm", "ce") for r in fused)
     for row in rows:
         assert row["paired_p25_us"] <= row["paired_us"] <= row["paired_p75_us"], row
+        busy = [row.get(k) for k in ("busy_p25_us", "busy_us", "busy_p75_us", "device_busy_ms")]
+        assert all(isinstance(v, float) and math.isfinite(v) for v in busy), row
+        assert busy[0] <= busy[1] <= busy[2] and busy[3] > 0, row
+        assert row["busy_spin_us"] == 0.0 and row["busy_spin_doubled"] == 0, row  # no spin on CPU
     # The CPU transport fuses no vote: the voted stage is absent there, the other two are measured and checked.
     assert all("call_us" in r and "launch_us" in r and "voted_us" not in r and r["wrong"] == 0 for r in fused)
     assert "call_us" not in floor

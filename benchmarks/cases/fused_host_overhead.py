@@ -10,20 +10,32 @@ the SP2 overhead. The helper refuses SP sizes below 2; this case lowers that bou
 copy engine 66 CTAs in 1 or 2 row chunks).
 
 Per row: ``host_ms`` (host-to-completion median of ``helper.all_to_all``), ``device_ms`` (CUDA events around the
-transport's ``execute`` with the same plan), ``host_overhead_us`` = the difference of those two medians, the vote's
-median, and ``sync_us`` (a synchronize of an idle device: the wake-up alone, part of every host-to-completion
-number). ``paired_us`` (the metric ``--compare-revs`` compares), with ``paired_p25_us`` / ``paired_p75_us``: the
-same difference taken per iteration, one host-timed call and one event-timed launch back to back
-(``timing.paired_overhead``), so the drift of a shared host between the two loops cancels. The plan that ran is
-asserted. Each geometry starts with a ``floor`` row: one plain torch op on the same bytes (``out.copy_(x)``) timed
-the same way, what any single-kernel call pays in this metric. On CPU it is a dry run on ``GlooPlanTransport``
-(timings mean nothing).
+transport's ``execute`` with the same plan, on an idle device), ``host_overhead_us`` = the difference of those two
+medians, the vote's median, and ``sync_us`` (a synchronize of an idle device: the wake-up alone, part of every
+host-to-completion number). Two per-iteration overheads, each from one host-timed call and one event-timed launch
+back to back, so the drift of a shared host between two loops cancels (medians and quartiles):
+
+* ``paired_us`` (``paired_p25_us``, ``paired_p75_us``): host-to-completion minus the launch's event time taken on
+  an idle device (``timing.paired_overhead``). The start event fires as soon as it is recorded, so that event time
+  also holds the host's time inside ``execute`` before its library call and the launch latency: that host time is
+  subtracted away and never shows here. The metric ``--compare-revs`` compares (it compares one per case).
+* ``busy_us`` (``busy_p25_us``, ``busy_p75_us``): host-to-completion minus the launch's pure device time, the events
+  recorded behind a spin kernel that outlasts the host's enqueueing of the launch (``timing.busy_overhead``; an
+  iteration whose spin ended first is taken again with the spin doubled, and the run notes it): every host
+  microsecond of the call counts. ``device_busy_ms`` is the median of that pure device time, ``busy_spin_us`` the
+  spin's length and ``busy_spin_doubled`` how often it doubled. Recorded in every run, not compared by
+  ``--compare-revs``.
+
+The plan that ran is asserted. Each geometry starts with a ``floor`` row: one plain torch op on the same bytes
+(``out.copy_(x)``) timed the same way, what any single-kernel call pays in each metric. On CPU it is a dry run on
+``GlooPlanTransport`` (timings mean nothing).
 
 ``--decompose`` (this tree's helper only, not under ``--compare-revs`` against older trees): per untagged row the
-paired overhead of the call cut at its layers, each against the same launch: ``call_us`` (``UlyssesHelper.call``
-on validated input), ``voted_us`` (the transport's voted launch alone: the proposal, the library's vote and launch)
-and ``launch_us`` (the launch without a vote). ``paired_us - call_us`` is the public checks, ``call_us -
-voted_us`` the helper's own Python, ``voted_us - launch_us`` the vote; each output is checked too (``#wrong``).
+paired overhead of the call cut at its layers, each against the same launch, on ``paired_us``'s measurement only
+(no busy counterpart): ``call_us`` (``UlyssesHelper.call`` on validated input), ``voted_us`` (the transport's
+voted launch alone: the proposal, the library's vote and launch) and ``launch_us`` (the launch without a vote).
+``paired_us - call_us`` is the public checks, ``call_us - voted_us`` the helper's own Python, ``voted_us -
+launch_us`` the vote; each output is checked too (``#wrong``).
 
 ``--tag untagged|tagged|both`` (default ``untagged``, the rows as before): ``tagged`` calls
 ``helper.all_to_all(x, mode, tag=...)`` with a call-site tag (the vote's SEQ is then the tag's own count: one dict
@@ -54,20 +66,41 @@ def median_us(seconds: list[float]) -> float:
 STAGES = ("call", "voted", "launch")  # --decompose: product.call_stages, outermost first
 
 
-def paired_columns(seconds: list[float]) -> dict:
-    """A row's ``paired_us`` and its quartiles from ``timing.paired_overhead``'s differences."""
+def quartile_columns(prefix: str, seconds: list[float]) -> dict:
+    """``<prefix>_us`` and its quartiles ``<prefix>_p25_us``, ``<prefix>_p75_us`` of per-iteration seconds."""
     us = sorted(v * 1e6 for v in seconds)
     quartile = len(us) // 4
-    return {"paired_us": statistics.median(us), "paired_p25_us": us[quartile], "paired_p75_us": us[-1 - quartile]}
+    return {f"{prefix}_us": statistics.median(us), f"{prefix}_p25_us": us[quartile],
+            f"{prefix}_p75_us": us[-1 - quartile]}
+
+
+def paired_columns(seconds: list[float]) -> dict:
+    """A row's ``paired_us`` and its quartiles from ``timing.paired_overhead``'s differences."""
+    return quartile_columns("paired", seconds)
+
+
+def busy_columns(busy: dict) -> dict:
+    """A row's ``busy_us`` and its quartiles, ``device_busy_ms``, and the spin, from ``timing.busy_overhead``."""
+    return {**quartile_columns("busy", busy["overhead"]), "device_busy_ms": statistics.median(busy["device"]) * 1e3,
+            "busy_spin_us": busy["spin_s"] * 1e6, "busy_spin_doubled": busy["spin_doubled"]}
 
 
 def overhead_columns(host_fn, device_fn, device: torch.device, args) -> dict:
     """The timing columns of a row: ``host_fn``'s host-to-completion median, ``device_fn``'s event-timed median,
-    the difference of the two, and the paired overhead with its quartiles."""
+    the difference of the two, the paired overhead and the busy overhead with their quartiles."""
     host = statistics.median(timing.host_latencies(host_fn, device, args.iters, args.warmup))
     dev = statistics.median(timing.device_times(device_fn, device, args.iters, args.warmup))
     return {"host_ms": host * 1e3, "device_ms": dev * 1e3, "host_overhead_us": (host - dev) * 1e6,
-            **paired_columns(timing.paired_overhead(host_fn, device_fn, device, args.iters, args.warmup))}
+            **paired_columns(timing.paired_overhead(host_fn, device_fn, device, args.iters, args.warmup)),
+            **busy_columns(timing.busy_overhead(host_fn, device_fn, device, args.iters, args.warmup))}
+
+
+def add_row(ctx: Context, row: dict) -> None:
+    """Record ``row``, with a note where the busy measurement's spin had to grow."""
+    if row.get("busy_spin_doubled"):
+        ctx.note(f"{row['geometry']} mode {row['mode']} {row['label']}: the busy measurement's spin ended before "
+                 f"the launch was queued; doubled {row['busy_spin_doubled']} time(s), to {row['busy_spin_us']:.0f} us")
+    ctx.add_row(row)
 
 
 def measure(helper, x: torch.Tensor, mode: int, engine: str, ctas: int, args, tag: str | None = None) -> dict:
@@ -138,10 +171,14 @@ class FusedHostOverheadCase(Case):
         report.Column("chunks", "chunks"),
         report.Column("host_ms", "host ms"),
         report.Column("device_ms", "device ms"),
+        report.Column("device_busy_ms", "busy dev ms"),
         report.Column("host_overhead_us", "host us", fmt=".1f"),
         report.Column("paired_us", "paired us", fmt=".1f"),
         report.Column("paired_p25_us", "p25", fmt=".1f"),
         report.Column("paired_p75_us", "p75", fmt=".1f"),
+        report.Column("busy_us", "busy us", fmt=".1f"),
+        report.Column("busy_p25_us", "p25", fmt=".1f"),
+        report.Column("busy_p75_us", "p75", fmt=".1f"),
         report.Column("vote_us", "vote us", fmt=".1f"),
         report.Column("call_us", "call us", fmt=".1f"),
         report.Column("voted_us", "voted us", fmt=".1f"),
@@ -187,8 +224,8 @@ class FusedHostOverheadCase(Case):
                     ctx.skip(why, geometry=name, mode=None, label="")
                     continue
                 x = oracle.make_input(input_shape(shape, 0, args.at_sp), ctx.dtype, device, args.seed)
-                ctx.add_row({"geometry": name, "label": "floor: torch copy_", **floor(x, args),
-                             "sync_us": median_us(sync_s)})
+                add_row(ctx, {"geometry": name, "label": "floor: torch copy_", **floor(x, args),
+                              "sync_us": median_us(sync_s)})
                 for engine, ctas, splits in kinds:
                     table = (TunedRow(gpu, 1, x.dtype, x.shape[2], x.shape[3], ctas=ctas, planes_per_chunk=1,
                                       row_chunks=splits, engine=engine, source="fused_host_overhead (P = 1)"),)
@@ -205,7 +242,7 @@ class FusedHostOverheadCase(Case):
                             for tag in tags:
                                 row = measure(helper, x, mode, engine, ctas, args, tag)
                                 label = f"{engine} {ctas} CTAs x{splits}" + (" tagged" if tag is not None else "")
-                                ctx.add_row({"geometry": name, "label": label, **row, "sync_us": median_us(sync_s)})
+                                add_row(ctx, {"geometry": name, "label": label, **row, "sync_us": median_us(sync_s)})
                     finally:
                         helper.destroy()
                     ctx.advance(f"{name} {engine} x{splits}")
