@@ -170,6 +170,18 @@ _register(
 )
 _register(
     EnvVar(
+        "FASTVIDEO_ULYSSES_A2A_HOT_PATH",
+        "choice",
+        "1",
+        "`1`: where the voted launch is one kernel-library call and the hot-path extension is built for this torch "
+        "(`fastvideo-kernel/build_hot.py`), the later eager calls of a signature already launched fused make their "
+        "host path to the launch in one native call; `0`: every call takes the Python path. Rank-local (both make "
+        "the same proposal, vote and verdict), read when the helper is built.",
+        choices=("0", "1"),
+    )
+)
+_register(
+    EnvVar(
         "FASTVIDEO_KERNEL_LIBRARY",
         "str",
         "",

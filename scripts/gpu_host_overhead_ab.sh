@@ -13,6 +13,8 @@
 # same way). Then, unless TAGS=0, the same case on this tree alone with --tag both: an untagged and a tagged row per
 # plan and mode back to back, what a call-site tag costs the host. With DECOMPOSE=1, the same case on this tree
 # alone with --decompose: each row's overhead cut at the call's layers (public checks, helper, vote, launch). With
+# HOT=1: the hot-path check (tests/distributed/check_hot_path.py) and the same case with --hot both (a row with the
+# hot path off and one with it on per plan and mode, back to back; decomposed too with DECOMPOSE=1). With
 # HOST_PATH_BASE (another exported tree, e.g. an older one), also the helper's host path at P = 2 over the
 # shared-memory vote (host_path --vote shm), A/B between that tree and this one, each on its own library.
 # $OUT: summary.txt, commit.txt, logs.tar.gz (with every round's JSON under ab-NAME/), ab-NAME.json per base,
@@ -24,6 +26,7 @@ BASE="${BASE:?BASE=path of the older tree (an exported revision; several: space-
 export -f gpu_versions
 step versions 60 versions.log bash -c gpu_versions
 step "build this library" 240 build.log "$python" fastvideo-kernel/build_lib.py --out build/kernel
+step "build the hot-path extension" 240 build.log "$python" fastvideo-kernel/build_hot.py --out build/kernel
 results=()
 for base in $BASE; do
   name=$(basename "$base")
@@ -38,7 +41,15 @@ if [[ "${TAGS:-1}" != 0 ]]; then
     --tag both --kernel-library dev --json "$WORK/logs/tags.json"
   results+=(logs/tags.json)
 fi
-if [[ "${DECOMPOSE:-0}" == 1 ]]; then
+if [[ "${HOT:-0}" == 1 ]]; then
+  step "hot path check" 150 hot_check.log env FASTVIDEO_KERNEL_LIBRARY="$ROOT/build/kernel/libfastvideo_ulysses_a2a.so" \
+    "$python" tests/distributed/check_hot_path.py
+  decompose=()
+  [[ "${DECOMPOSE:-0}" == 1 ]] && decompose=(--decompose)
+  step "fused host overhead, hot path off and on" 240 hot.log "$python" -m benchmarks.run fused_host_overhead \
+    --hot both "${decompose[@]}" --kernel-library dev --json "$WORK/logs/hot.json"
+  results+=(logs/hot.json)
+elif [[ "${DECOMPOSE:-0}" == 1 ]]; then
   step "fused host overhead, decomposed" 120 decompose.log "$python" -m benchmarks.run fused_host_overhead \
     --decompose --kernel-library dev --json "$WORK/logs/decompose.json"
   results+=(logs/decompose.json)

@@ -24,7 +24,7 @@ else
   phase "clang-format (csrc/)"
   "$clang_format" --dry-run --Werror csrc/ulysses_a2a/*.cu csrc/ulysses_a2a/*.cuh csrc/ulysses_a2a/*.cpp \
     csrc/ulysses_a2a/*.h csrc/ulysses_a2a/testing/*.cu csrc/ulysses_a2a/testing/*.cuh csrc/ulysses_a2a/testing/*.cpp \
-    csrc/ulysses_a2a/testing/*.h
+    csrc/ulysses_a2a/testing/*.h csrc/ulysses_hot/*.cpp
 fi
 if lacks pytest; then
   echo "pytest is not installed on $PY: the test suite cannot run (pip install pytest)" >&2
@@ -48,6 +48,15 @@ elif command -v nvcc >/dev/null 2>&1; then
   PYTHON="$PY" bash scripts/build_kernel.sh 2.28.9 build/kernel
 else
   phase "nvcc not found: skipping the kernel build (CI machines have it)"
+fi
+# The hot-path extension (csrc/ulysses_hot/) against this torch, beside the 2.28.9 build the tests load.
+if [[ "${FASTVIDEO_SKIP_KERNEL_BUILD:-0}" == 1 ]]; then
+  :
+elif lacks ninja; then
+  phase "hot-path extension: SKIPPED, ninja is not installed on $PY (pip install ninja)"; skipped+=("hot-path extension")
+else
+  phase "hot-path extension (torch's extension builder)"
+  "$PY" fastvideo-kernel/build_hot.py --out build/kernel
 fi
 # Two workers (pytest-xdist) on a machine without GPUs: most of the suite waits on process start-up,
 # gloo rendezvous and deliberate vote timeouts, so two at a time roughly halve the wall time even on

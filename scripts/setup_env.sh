@@ -10,7 +10,7 @@
 #   whenever one of them is missing; FASTVIDEO_NO_INSTALL=1 installs nothing (the venv is then used as it is).
 #
 # A python used as it is may lack the dev tools: FASTVIDEO_MISSING lists what it lacks (pytest-timeout,
-# pytest-xdist, ruff, clang-format, matplotlib, safetensors), printed here; run_tests.sh skips each step that
+# pytest-xdist, ruff, clang-format, matplotlib, safetensors, ninja), printed here; run_tests.sh skips each step that
 # needs one with a note saying so, and the recipe skips its plot with a note. torch itself is required.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -21,7 +21,8 @@ _fv_missing() {
   "$1" - <<'PY' 2>/dev/null || echo "torch"
 import importlib.util
 names = {"torch": "torch", "safetensors": "safetensors", "pytest": "pytest", "pytest_timeout": "pytest-timeout",
-         "xdist": "pytest-xdist", "ruff": "ruff", "clang_format": "clang-format", "matplotlib": "matplotlib"}
+         "xdist": "pytest-xdist", "ruff": "ruff", "clang_format": "clang-format", "matplotlib": "matplotlib",
+         "ninja": "ninja"}
 print(" ".join(pkg for mod, pkg in names.items() if importlib.util.find_spec(mod) is None))
 PY
 }

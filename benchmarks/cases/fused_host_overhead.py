@@ -56,6 +56,7 @@ from benchmarks.harness.case import Case, Context
 from benchmarks.harness.cli import divisible, input_shape
 
 TAG_CHOICES = ("untagged", "tagged", "both")
+HOT_CHOICES = ("built", "both")
 TAG = "blocks.0.attn.qkv"  # what DistributedAttention(prefix="blocks.0.attn") tags its first call
 
 
@@ -103,15 +104,21 @@ def add_row(ctx: Context, row: dict) -> None:
     ctx.add_row(row)
 
 
-def measure(helper, x: torch.Tensor, mode: int, engine: str, ctas: int, args, tag: str | None = None) -> dict:
+def measure(helper, x: torch.Tensor, mode: int, engine: str, ctas: int, args, tag: str | None = None,
+            hot: bool | None = None) -> dict:
     """One row: the helper's call (with ``tag``, None: untagged) and the launch alone, for ``x`` in ``mode``; the
-    plan that ran asserted (the row's engine and CTAs, tuned) and the tag it was recorded with."""
+    plan that ran asserted (the row's engine and CTAs, tuned) and the tag it was recorded with. ``hot``: the hot
+    path turned off or on for the row (``product.hot_path``) and its use asserted (every call after the first on
+    it, none off it); None: as the helper was built (the --compare-revs rows, older trees too)."""
     from fastvideo.distributed.ulysses.policy import Geometry
 
     device = x.device
     geom = Geometry.from_input(x.shape, mode, 1, x.dtype)
+    if hot is not None:
+        product.hot_path(helper, hot)
     with torch.no_grad():  # the helper is called directly: no route setting
         mark = helper.stats()["calls"]
+        hot_mark = helper.stats().get("hot_calls", 0)
         # Untagged rows call without the keyword, so --compare-revs against a tree from before tags runs them.
         call = (lambda: helper.all_to_all(x, mode)) if tag is None else (lambda: helper.all_to_all(x, mode, tag=tag))
         out = call()
@@ -125,8 +132,11 @@ def measure(helper, x: torch.Tensor, mode: int, engine: str, ctas: int, args, ta
             raise SystemExit(f"mode {mode}: expected a call tagged {tag!r}, ran {record}")
         execute = product.transport(helper).execute
         columns = overhead_columns(call, lambda: execute(x, geom, plan), device, args)
+    calls, hot_calls = helper.stats()["calls"] - mark, helper.stats().get("hot_calls", 0) - hot_mark
+    if hot is not None and (hot_calls < calls - 1 if hot else hot_calls != 0):
+        raise SystemExit(f"mode {mode}: the hot path {'on' if hot else 'off'} made {hot_calls} of {calls} calls")
     row = {"mode": mode, "engine": engine, "tagged": tag is not None, "plan": plan.describe(geom),
-           "chunks": plan.num_chunks(geom), "calls": helper.stats()["calls"] - mark, **columns,
+           "chunks": plan.num_chunks(geom), "calls": calls, "hot_calls": hot_calls, **columns,
            "vote_us": median_us(helper.vote_seconds(args.iters)),
            "wrong": wrong, "wrong_oracle": "the input (the all-to-all at P = 1 is the identity)"}
     if args.decompose and tag is None:
@@ -191,6 +201,10 @@ class FusedHostOverheadCase(Case):
                             help="per untagged row, also the paired overhead of the call cut at its layers (this "
                                  "tree only): helper.call without the public checks, the voted launch alone, the "
                                  "launch without a vote (product.call_stages)")
+        parser.add_argument("--hot", choices=HOT_CHOICES, default="built",
+                            help="the hot path (fastvideo/distributed/ulysses/hot.py) as the helper was built, or "
+                                 "both: a row with it off (labelled 'python') and one with it on ('hot') per plan and "
+                                 "mode, back to back on the same helper, each one's use asserted: the A/B")
         parser.add_argument("--tag", choices=TAG_CHOICES, default="untagged",
                             help="call the helper untagged (the rows as before), with a call-site tag, or both "
                                  "(an untagged and a tagged row per plan and mode, back to back: the A/B)")
@@ -208,7 +222,8 @@ class FusedHostOverheadCase(Case):
             t0 = time.perf_counter()
             timing.synchronize(device)
             sync_s.append(time.perf_counter() - t0)
-        ctx.header.update(sync_us=median_us(sync_s), at_sp=args.at_sp, dry_run=not cuda, tag=args.tag)
+        ctx.header.update(sync_us=median_us(sync_s), at_sp=args.at_sp, dry_run=not cuda, tag=args.tag, hot=args.hot)
+        hots = (None,) if args.hot == "built" else (False, True)
         tags = {"untagged": (None,), "tagged": (TAG,), "both": (None, TAG)}[args.tag]
         if not cuda:
             ctx.note("CPU: a dry run on GlooPlanTransport at P = 1 (timings mean nothing)")
@@ -238,11 +253,15 @@ class FusedHostOverheadCase(Case):
                     try:
                         if not helper.fused_available:
                             raise SystemExit(f"the one-rank helper declined: {helper.stats()['construction_detail']}")
+                        ctx.header.setdefault("hot_path", helper.stats().get("hot_path", "absent from this tree"))
                         for mode in (0, 1):
                             for tag in tags:
-                                row = measure(helper, x, mode, engine, ctas, args, tag)
-                                label = f"{engine} {ctas} CTAs x{splits}" + (" tagged" if tag is not None else "")
-                                add_row(ctx, {"geometry": name, "label": label, **row, "sync_us": median_us(sync_s)})
+                                for hot in hots:
+                                    row = measure(helper, x, mode, engine, ctas, args, tag, hot)
+                                    label = (f"{engine} {ctas} CTAs x{splits}" + (" tagged" if tag is not None else "")
+                                             + ("" if hot is None else " hot" if hot else " python"))
+                                    add_row(ctx, {"geometry": name, "label": label, **row,
+                                                  "sync_us": median_us(sync_s)})
                     finally:
                         helper.destroy()
                     ctx.advance(f"{name} {engine} x{splits}")

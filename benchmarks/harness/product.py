@@ -138,6 +138,19 @@ def one_rank_helpers() -> Iterator[None]:
         policy.MIN_WORLD_SIZE, checker.MIN_WORLD_SIZE = saved
 
 
+def hot_path(helper, on: bool) -> None:
+    """Turn ``helper``'s hot path (``fastvideo/distributed/ulysses/hot.py``) off or on between calls, for an A/B on
+    one helper: the table it holds is emptied either way, so an "on" row starts as a first call does (learned at
+    its first call). Local. Raises SystemExit for ``on`` where the helper cannot have it (saying why)."""
+    from fastvideo.distributed.ulysses import hot
+
+    if on and helper.hot_decline:
+        raise SystemExit(f"the hot path is unavailable here: {helper.hot_decline}")
+    helper._hot = helper.transport.hot_path(helper._call_vote) if helper.transport is not None else None
+    hot.forget(helper)
+    helper._hot, helper._hot_ok = None, on
+
+
 def one_rank_native_transport(device: torch.device, window_bytes: int):
     """A ``NativeTransport`` constructed at P = 1 on ``device`` (its own one-rank NCCL communicator and window),
     or ``(None, why)`` where the kernel library is unavailable. Local (no peers). Returns (transport, detail)."""

@@ -167,6 +167,8 @@ class _Adopter(Protocol):
     _votes: bool
     _logged: set[DeclineReason]
     _fused_vote: bool
+    hot_decline: str
+    _hot_ok: bool
 
 
 def adopt(helper: _Adopter, built: Construction) -> None:
@@ -190,6 +192,15 @@ def adopt(helper: _Adopter, built: Construction) -> None:
     helper._fused_vote = (helper._built and helper.transport is not None
                           and env_or_default("FASTVIDEO_ULYSSES_A2A_VOTED_LAUNCH") == "1"
                           and helper.transport.fuses_vote(helper._call_vote))
+    # The hot path (hot.py) where the launch is voted in the library and the extension is built for this torch.
+    # Rank-local: it runs the Python path's own proposals, votes and verdicts.
+    if not helper._fused_vote:
+        helper.hot_decline = "the vote and the launch are not one library call here"
+    elif env_or_default("FASTVIDEO_ULYSSES_A2A_HOT_PATH") != "1":
+        helper.hot_decline = "FASTVIDEO_ULYSSES_A2A_HOT_PATH=0"
+    else:
+        helper.hot_decline = helper.transport.hot_decline()
+    helper._hot_ok = not helper.hot_decline
 
 
 def _agree_settings_and_generation(sp: GroupCoordinator, peers: list[tuple]) -> None:

@@ -28,6 +28,7 @@ import torch
 from fastvideo.distributed import settings as _settings
 from fastvideo.distributed.parallel_state import GroupCoordinator, get_sp_group
 from fastvideo.distributed.ulysses import contract, lifecycle, mismatch, planner
+from fastvideo.distributed.ulysses import hot as hot_path
 from fastvideo.distributed.ulysses.construction import (
     adopt,
     construct,
@@ -37,6 +38,7 @@ from fastvideo.distributed.ulysses.construction import (
 )
 from fastvideo.distributed.ulysses.contract import DeclineReason, Field, Phase, Verdict
 from fastvideo.distributed.ulysses.layout import EVEN, Splits, mode_for_dims, validate_input
+from fastvideo.distributed.ulysses.lifecycle import HelperDisposedError
 from fastvideo.distributed.ulysses.nccl import nccl_route
 from fastvideo.distributed.ulysses.planner import PlanConfig, Planner, Proposal, Signature
 from fastvideo.distributed.ulysses.policy import CAPTURE_ENGINES, TUNED_TABLE, Choice, Geometry, TunedRow
@@ -48,10 +50,6 @@ from fastvideo.distributed.ulysses.watchdog import FusedCallWatchdog, InFlight, 
 logger = logging.getLogger(__name__)
 
 __all__ = ["CallRecord", "HelperDisposedError", "UlyssesHelper", "host_identity", "live_helper"]
-
-
-class HelperDisposedError(RuntimeError):
-    """The helper was destroyed, or disposed itself after a failed vote; build a new one."""
 
 
 _IDS = itertools.count(1)
@@ -162,6 +160,8 @@ class UlyssesHelper:
         self._capturing: Callable[[torch.Tensor], bool] = stream_capturing
         self._on_watchdog_timeout = on_watchdog_timeout or end_process
         self._watchdog: FusedCallWatchdog | None = None  # built at the first launch that leaves work in flight
+        self._hot = None  # the transport's hot path (hot.HotPath) once it holds a signature; None: every call Python
+        self._hot_proposals: list[Proposal] = []  # per slot of the hot path's table, the proposal it holds
         # Reusable state must not depend on the grad mode of the call that builds the helper lazily: buffers
         # made under inference mode are inference tensors, which no later call outside it may update.
         with torch.inference_mode(False):
@@ -182,6 +182,7 @@ class UlyssesHelper:
                        (), CAPTURE_ENGINES, cap.dtypes, self.device, self.construction_reason,
                        self.transport.capture_decline if self.transport is not None else None),
             tuned_table, cap.entry_points if cap.present else None)
+        self.planner.on_replan = lambda: hot_path.forget(self)  # the hot path holds proposals: they may change
         _LIVE[self.id] = self
 
     def follow(self, agreed: _settings.AgreedSettings) -> bool:
@@ -211,7 +212,6 @@ class UlyssesHelper:
         A call that raises is not counted for its tag (on every rank alike)."""
         if self._disposed_error is not None or self._destroyed:
             self._check_alive()  # raises
-        capturing = self._capturing(x)
         phase = _BACKWARD if outcome is not None else _FORWARD_GRAD if grad else _FORWARD_NO_GRAD
         seq = word = self._seq
         self._seq += 1  # also the call count (``stats()["calls"]``)
@@ -222,16 +222,25 @@ class UlyssesHelper:
             word = entry[phase + 3] ^ count
         if not self._votes:  # declined at construction (agreed), unchecked: no call needs a vote
             return self._declined(x, mode, seq, phase, self.construction_reason, fallback, splits, tag=tag)
-        # 1. propose: pure, cached per signature (the key holds a Signature's fields: equal to it, hashed alike)
-        key = (x.shape, x.dtype, x.device, mode, phase, outcome, capturing, x.is_contiguous(),
-               x.data_ptr() % x.element_size() == 0, splits)
-        proposal = self.planner.cache.get(key) or self._propose(Signature._make(key))
-        # 2. vote (and, where the transport fuses them, launch in the same library call)
-        out, error = None, proposal.error
-        if proposal.plan is not None and self._fused_vote and not capturing:
-            out, rows, error = self._vote_and_launch(x, proposal, word, seq)
+        hot = self._hot  # 1-2 in one native call for a signature launched fused before (hot.py); else None
+        hit = hot.run(x, mode, word) if hot is not None and phase is _FORWARD_NO_GRAD and splits is EVEN else None
+        if hit is not None:
+            capturing, proposal = False, self._hot_proposals[hit[1]]
+            out, rows, error = self._vote_and_launch(x, proposal, word, seq, hit)
         else:
-            rows = self._exchange(contract.with_seq(proposal.fields, word))
+            capturing = self._capturing(x)
+            # 1. propose: pure, cached per signature (the key holds a Signature's fields: equal to it, hashed alike)
+            key = (x.shape, x.dtype, x.device, mode, phase, outcome, capturing, x.is_contiguous(),
+                   x.data_ptr() % x.element_size() == 0, splits)
+            proposal = self.planner.cache.get(key) or self._propose(Signature._make(key))
+            # 2. vote (and, where the transport fuses them, launch in the same library call)
+            out, error = None, proposal.error
+            if proposal.plan is not None and self._fused_vote and not capturing:
+                out, rows, error = self._vote_and_launch(x, proposal, word, seq)
+                if out is not None and self._hot_ok and phase is _FORWARD_NO_GRAD and splits is EVEN:
+                    hot_path.learn(self, x, proposal)  # its later calls take the hot path
+            else:
+                rows = self._exchange(contract.with_seq(proposal.fields, word))
         if out is None:
             # 3. decide: the same verdict on every rank
             decision = contract.decide(rows)
@@ -285,14 +294,15 @@ class UlyssesHelper:
         self._stats.vote_s.append(self._call_vote.last_s)
         return rows
 
-    def _vote_and_launch(self, x: torch.Tensor, proposal: Proposal, word: int, seq: int
+    def _vote_and_launch(self, x: torch.Tensor, proposal: Proposal, word: int, seq: int, hit: tuple | None = None
                          ) -> tuple[torch.Tensor | None, torch.Tensor | None, BaseException | None]:
-        """The hot path: one library call votes (the proposal's fields, SEQ = ``word``) and, where every rank
-        proposed this same call, launches. Returns (output, None, None) when it launched, else (None, the gathered
-        votes, a local error)."""
+        """One library call votes (the proposal's fields, SEQ = ``word``) and, where every rank proposed this same
+        call, launches: the transport's voted ``execute``, or (``hit``) the hot path's, already made. Returns
+        (output, None, None) when it launched, else (None, the gathered votes, a local error)."""
         try:
-            out = self.transport.execute(x, proposal.geom, proposal.plan, vote=self._call_vote, fields=proposal.fields,
-                                         seq=word)
+            out = (self.transport.execute(x, proposal.geom, proposal.plan, vote=self._call_vote,
+                                          fields=proposal.fields, seq=word) if hit is None
+                   else self._hot.finish(x, hit, self._call_vote))
         except VoteNotStarted as exc:
             # This rank has not voted yet: vote its failure, so that every rank raises together.
             fields = contract.with_seq(proposal.fields, word)
@@ -423,16 +433,7 @@ class UlyssesHelper:
         return votes if last is None else votes[-last:]
 
     def _check_alive(self) -> None:
-        if self._disposed_error is not None:
-            raise HelperDisposedError(
-                f"Ulysses helper gen{self.generation} was disposed after a failed vote ({self._disposed_error}); "
-                "its vote group is unusable. Tear down and rebuild the process groups."
-            )
-        if self._destroyed:
-            self._stats.declines[DeclineReason.DISPOSED] += 1
-            raise HelperDisposedError(
-                f"Ulysses helper gen{self.generation} was destroyed; construct a new UlyssesHelper (collective)."
-            )
+        lifecycle.check_alive(self)
 
     def _dispose(self, why: str) -> None:
         lifecycle.dispose(self, why)

@@ -26,6 +26,7 @@ class _Helper(Protocol):
     """The part of a ``UlyssesHelper`` these functions use."""
 
     sp: _Group
+    generation: int
     transport: Transport | None
     _stats: CallStats
     _vote: GlooVote
@@ -34,6 +35,24 @@ class _Helper(Protocol):
     _built: bool
     _destroyed: bool
     _disposed_error: str | None
+
+
+class HelperDisposedError(RuntimeError):
+    """The helper was destroyed, or disposed itself after a failed vote; build a new one."""
+
+
+def check_alive(helper: _Helper) -> None:
+    """Local: raise ``HelperDisposedError`` for a disposed or destroyed helper (counted), else nothing."""
+    if helper._disposed_error is not None:
+        raise HelperDisposedError(
+            f"Ulysses helper gen{helper.generation} was disposed after a failed vote ({helper._disposed_error}); "
+            "its vote group is unusable. Tear down and rebuild the process groups."
+        )
+    if helper._destroyed:
+        helper._stats.declines[DeclineReason.DISPOSED] += 1
+        raise HelperDisposedError(
+            f"Ulysses helper gen{helper.generation} was destroyed; construct a new UlyssesHelper (collective)."
+        )
 
 
 def dispose(helper: _Helper, why: str) -> None:

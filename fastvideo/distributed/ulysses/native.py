@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from fastvideo.distributed.ulysses import hot
 from fastvideo.distributed.ulysses.contract import DeclineReason, Field
 from fastvideo.distributed.ulysses.launch import Launch, build_launch
 from fastvideo.distributed.ulysses.nccl_runtime import nccl_libraries_mapped, nccl_mismatch
@@ -85,6 +86,7 @@ class NativeTransport(Transport):
         self._vote_ref: Any = None
         self._vote_owner: Any = None  # the vote channel it was built for
         self._streams: dict[tuple[int, int], torch.cuda.Stream] = {}  # (device, raw handle) -> Stream
+        self._hot: hot.HotPath | None = None  # the hot signatures (hot_learn), built at the first one
 
     # ------------------------------------------------------------------ probing (local)
 
@@ -291,6 +293,7 @@ class NativeTransport(Transport):
         made by ``ShmVote.send_row`` at a proposal's first call) with SEQ = ``seq`` written into it. Raises the
         vote's failure once it is destroyed (its handle is then gone)."""
         if vote is not self._vote_owner:
+            self._close_hot()  # its table points at the previous vote's fvk_vote
             handle, recv, timeout = vote.native_channel()
             fvk = self._fvk
             self._vote = fvk.Vote(size=ctypes.sizeof(fvk.Vote), stage=fvk.STAGE_REFUSED, handle=handle.value,
@@ -333,6 +336,12 @@ class NativeTransport(Transport):
                 raise
             raise VoteNotStarted(f"before the vote: {type(exc).__name__}: {exc}") from exc
         status = launch.fn(self._handle, launch.call, x.data_ptr(), out.data_ptr(), raw, vote_ref)
+        return self._finish(out, status, vote, launch, plan, index, raw, capture)
+
+    def _finish(self, out: torch.Tensor, status: int, vote, launch: Launch, plan: Plan, index: int, raw: int,
+                capture: bool = False) -> torch.Tensor | None:
+        """After the library call: the voted form's stage (a refusal, a failed exchange, no launch: None), the
+        status, the completion record. The same for ``execute`` and the hot path."""
         if vote is not None:
             stage = self._vote.stage
             vote.last_s = self._vote.vote_ns * 1e-9
@@ -347,6 +356,29 @@ class NativeTransport(Transport):
         if not capture:  # nothing runs at capture: no completion to watch
             self._record_completion(self._stream(index, raw))
         return out
+
+    # ------------------------------------------------------------------ the hot path (hot.py)
+
+    def hot_decline(self) -> str:
+        """Local, never raises. Why this transport cannot keep hot signatures (the extension's load), or ""."""
+        if self._fvk is None or self._fvk.VOTED not in self._offerings:
+            return "this kernel build has no voted launch"
+        return hot.load(self._fvk.library_path().parent)[1]
+
+    def hot_path(self, vote) -> hot.HotPath | None:
+        """Local. The hot-path table for ``vote`` (built after its first voted launch), or None where none."""
+        if self._hot is None and vote is self._vote_owner and self._vote is not None:
+            module = hot.load(self._fvk.library_path().parent)[0]
+            if module is not None:
+                self._hot = hot.HotPath(module, ctypes.cast(self._lib.fvk_launch, ctypes.c_void_p).value,
+                                        self._handle.value or 0, ctypes.addressof(self._vote), self._launch_for,
+                                        self._finish)
+        return self._hot
+
+    def _close_hot(self) -> None:
+        table, self._hot = self._hot, None
+        if table is not None:
+            table.close()
 
     def capture_decline(self, geom: Geometry, plan: Plan) -> str | None:
         """Local, host-only. None when ``plan`` can be frozen into the graph being captured: a plan word this code
@@ -364,10 +396,8 @@ class NativeTransport(Transport):
         return None
 
     def native_context(self) -> tuple[Any, ctypes.c_void_p, int]:
-        """Local. The loaded library, this transport's context handle and this rank's place in the communicator,
-        for launches the product transport does not make on the same communicator (the test library's
-        epoch-checked launch and fabric copy: tests/kernel/native_testing.py). Raises before construction or
-        after destroy."""
+        """Local. The loaded library, the context handle and this rank, for the test library's launches on the same
+        communicator (tests/kernel/native_testing.py). Raises before construction or after destroy."""
         if self._handle is None or self._ctx is None:
             raise NativeKernelError("no context: before construction (or after destroy)")
         return self._lib, self._handle, self._ctx.rank
@@ -406,6 +436,7 @@ class NativeTransport(Transport):
         self._check(self._lib.fvk_destroy(handle), "fvk_destroy")
 
     def _reset(self) -> None:
+        self._close_hot()
         self._handle = None
         self._ctx = None
         self._launches.clear()

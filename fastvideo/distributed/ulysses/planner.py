@@ -153,7 +153,8 @@ class Planner:
     def __init__(self, config: PlanConfig, table: Sequence[TunedRow], entries: frozenset[str] | None) -> None:
         self._table, self._entries = tuple(table), entries
         self.config = config
-        self.cache: dict[Signature, Proposal] = {}  # the hot path reads it directly: one dict lookup per call
+        self.cache: dict[Signature, Proposal] = {}  # the call reads it directly: one dict lookup per call
+        self.on_replan: Callable[[], None] | None = None  # told when the cache is dropped (the helper's hot path)
         self._replan()
 
     def propose(self, sig: Signature) -> Proposal:
@@ -174,6 +175,8 @@ class Planner:
         """Change configuration fields (``PlanConfig._replace``) and replan."""
         self.config = self.config._replace(**changes)
         self.cache.clear()
+        if self.on_replan is not None:
+            self.on_replan()
 
     def _replan(self) -> None:
         eager, capture = tables(self._table, self._entries, self.config.capture_engines)

@@ -90,6 +90,10 @@ def report(helper) -> dict:
         **helper._stats.report(),
         "vote": type(helper._call_vote).__name__.removesuffix("Vote").lower(),
         "voted_launch": helper.fused_available and helper._fused_vote,  # the vote and the launch in one call
+        # the hot path (hot.py): "on", or why not; the calls it made and the signatures it holds
+        "hot_path": "on" if helper._hot_ok else helper.hot_decline,
+        "hot_calls": helper._hot.hits if helper._hot is not None else 0,
+        "hot_signatures": len(helper._hot_proposals),
         "checked": helper.checked,
         "tags": len(helper._tags),  # distinct call tags seen (each with its own per-phase count)
         "long_training": helper.long_training,

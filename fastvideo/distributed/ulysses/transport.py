@@ -132,6 +132,15 @@ class Transport(abc.ABC):
         then executes."""
         return False
 
+    def hot_decline(self) -> str:
+        """Local, never raises: why this transport keeps no hot signatures (``hot.py``: a signature's later eager
+        calls in one native call), or "" where it can. By default it cannot."""
+        return f"the {self.name} transport has no hot path"
+
+    def hot_path(self, vote):
+        """Local: this transport's hot-path table (``hot.HotPath``) for ``vote``, or None (by default)."""
+        return None
+
     @abc.abstractmethod
     def execute(self, x: torch.Tensor, geom: Geometry, plan: Plan, *, capture: bool = False, vote=None,
                 fields: tuple[int, ...] = (), seq: int = 0) -> torch.Tensor | None:

@@ -1,0 +1,195 @@
+"""The fused call's hot case in one native call: the hot-path extension (``csrc/ulysses_hot/hot_calls.cpp``) and
+the table a native transport keeps in it.
+
+A DiT's layers repeat a few call signatures. Once the helper has proposed, voted and launched one of them fused
+on its Python path, the transport holds that signature in a ``HotCalls`` table: the output shape, the launch's
+call description and the proposal's vote row. The signature's later eager calls (a forward autograd does not
+record, not captured, untagged or tagged, even splits) then make their host path to the launch in one native call,
+``HotCalls.run``: match the tensor's metadata, check the stream is not capturing, allocate the output, write the
+call's SEQ word, and make the voted ``fvk_launch``. Everything after it (the library's stage, the verdict where it
+did not launch, the record, the watchdog) is the Python path's own code. Python stays the oracle: the table holds
+only what the Python path decided, and a call it does not hold comes back as None with nothing done.
+
+The extension is built per torch install (``fastvideo-kernel/build_hot.py``) and loaded from beside the kernel
+library; a missing, stale or foreign build is a reason (``load``), never an error: calls take the Python path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.machinery
+import importlib.util
+import json
+import logging
+import re
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any, NamedTuple, Protocol
+
+import torch
+
+from fastvideo.distributed.ulysses.contract import Field
+from fastvideo.distributed.ulysses.launch import Launch
+from fastvideo.distributed.ulysses.policy import Plan
+
+logger = logging.getLogger(__name__)
+
+NAME = "fastvideo_ulysses_hot"
+INTERFACE = 1  # hot_calls.cpp's kInterface: what run() returns and add() takes
+LIMIT = 64  # signatures per table, past which it starts again (a DiT has a few; run() scans them)
+BUILD_HINT = "python fastvideo-kernel/build_hot.py --out {directory}"
+
+
+def torch_version() -> tuple[int, int, int]:
+    """(major, minor, patch) of the running torch: what a build of the extension must have been built against."""
+    found = re.match(r"(\d+)\.(\d+)\.(\d+)", torch.__version__)
+    return (int(found[1]), int(found[2]), int(found[3])) if found else (0, 0, 0)
+
+
+def build_record(directory: Path) -> Path:
+    """The file ``build_hot.py`` writes beside the extension: what it was built against (read before loading it)."""
+    return directory / f"{NAME}.json"
+
+
+def check_record(record: dict) -> str:
+    """Local, pure. Why a build described by ``record`` (``build_record``'s JSON) cannot be loaded here, or ""."""
+    if record.get("interface") != INTERFACE:
+        return f"built with interface {record.get('interface')}, this code needs {INTERFACE}"
+    if tuple(record.get("torch", ())) != torch_version():
+        return f"built for torch {record.get('torch')}, this is torch {torch.__version__}"
+    if bool(record.get("cuda")) != (torch.version.cuda is not None):
+        return f"built {'with' if record.get('cuda') else 'without'} CUDA, this torch is the other kind"
+    return ""
+
+
+@functools.cache
+def load(directory: Path) -> tuple[ModuleType | None, str]:
+    """Local, never raises, once per directory: (the extension module, "") or (None, why not). ``directory``: the
+    kernel library's. A build is loaded only when its record says it was built for this torch (an extension
+    built against another torch may not even import)."""
+    hint = BUILD_HINT.format(directory=directory)
+    try:
+        record = json.loads(build_record(directory).read_text())
+    except FileNotFoundError:
+        return None, f"not built beside the kernel library ({hint})"
+    except (OSError, ValueError) as exc:
+        return None, f"unreadable build record {build_record(directory)} ({exc}); rebuild: {hint}"
+    stale = check_record(record)
+    if stale:
+        return None, f"{stale}; rebuild: {hint}"
+    path = directory / str(record.get("file", ""))
+    try:
+        loader = importlib.machinery.ExtensionFileLoader(NAME, str(path))
+        spec = importlib.util.spec_from_loader(NAME, loader)
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - any failure is a reason: calls take the Python path
+        return None, f"cannot load {path}: {type(exc).__name__}: {exc}; rebuild: {hint}"
+    if getattr(module, "INTERFACE", None) != INTERFACE:
+        return None, f"{path} has interface {getattr(module, 'INTERFACE', None)}, this code needs {INTERFACE}"
+    return module, ""
+
+
+class Held(NamedTuple):
+    """What one slot of the table points at, kept alive with it: the launch (its call description), the vote row's
+    words, and the plan (for messages)."""
+
+    launch: Launch
+    words: Any
+    plan: Plan
+
+
+class HotPath:
+    """One native transport's table of hot signatures, in the extension. Local to the rank; not thread-safe (one
+    call at a time, as the transport). ``run``: the extension's ``HotCalls.run`` itself, what the helper calls:
+    ``run(x, mode, seq)`` -> None (not a held signature, or a capture: nothing done) or ``hit``, which ``finish``
+    takes."""
+
+    def __init__(self, module: ModuleType, launch: int, ctx: int, vote: int,
+                 launch_for: Callable[[Any, Plan, torch.dtype, bool], Launch], finish: Callable[..., Any]) -> None:
+        self._calls = module.HotCalls(launch, ctx, vote, int(Field.SEQ))
+        self.run = self._calls.run
+        self._launch_for, self._finish = launch_for, finish
+        self._held: list[Held] = []
+
+    def add(self, x: torch.Tensor, geom: Any, plan: Plan, row: tuple[Any, int]) -> int:
+        """Hold ``x``'s signature (its shape, dtype, device; ``geom.mode``) with ``plan`` and its vote row ``row``
+        (``ShmVote.send_row``'s ``(words, address)``). Returns its slot. Raises for a plan this build cannot
+        launch through the one entry."""
+        launch = self._launch_for(geom, plan, x.dtype, False)
+        if launch.desc is None:
+            raise ValueError("the hot path needs the one launch entry (fvk_launch)")
+        slot = self._calls.add(x, geom.mode, list(launch.out_shape), ctypes.addressof(launch.desc), row[1])
+        self._held.append(Held(launch, row[0], plan))
+        return slot
+
+    def finish(self, x: torch.Tensor, hit: tuple, vote) -> torch.Tensor | None:
+        """The transport's end of ``execute`` for a call ``run`` launched (``hit``): its stage, status and
+        completion record, as after the transport's own launch."""
+        out, slot, _stage, status, raw = hit
+        held = self._held[slot]
+        return self._finish(out, status, vote, held.launch, held.plan, x.get_device(), raw)
+
+    def clear(self) -> None:
+        """Forget every signature (a replan changes what the Python path would propose)."""
+        self._calls.clear()
+        self._held.clear()
+
+    def close(self) -> None:
+        """Forget every signature for good (the transport or its vote is gone): ``run`` then finds none."""
+        self._calls.close()
+        self._held.clear()
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    @property
+    def hits(self) -> int:
+        """The calls ``run`` made the library call for (whatever the library's stage), since the table was built."""
+        return self._calls.hits
+
+
+class _Helper(Protocol):
+    """The part of a ``UlyssesHelper`` ``learn`` and ``forget`` use."""
+
+    generation: int
+    transport: Any
+    _call_vote: Any
+    _hot: HotPath | None
+    _hot_ok: bool
+    _hot_proposals: list
+    hot_decline: str
+
+
+def learn(helper: _Helper, x: torch.Tensor, proposal: Any) -> None:
+    """Local, host-only. After the Python path's own voted launch of a call the hot path may take: hold its
+    signature in the transport's table, its proposal at the same slot in the helper's list (filled and cleared
+    together). Its later calls then take the hot path. Any failure turns the hot path off for the helper, once,
+    with a warning: every call runs on the Python path as before."""
+    try:
+        table = helper.transport.hot_path(helper._call_vote)
+        if table is None:
+            helper._hot_ok, helper.hot_decline = False, helper.transport.hot_decline() or "the transport built no table"
+            return
+        if len(table) >= LIMIT:
+            forget(helper)
+        slot = table.add(x, proposal.geom, proposal.plan, helper._call_vote.send_row(proposal.fields))
+        if slot != len(helper._hot_proposals):
+            raise RuntimeError(f"the table's slot {slot} is not the helper's next, {len(helper._hot_proposals)}")
+    except Exception as exc:  # noqa: BLE001 - the Python path still runs every call
+        logger.warning("Ulysses hot path off for helper gen%d (%s: %s); calls take the Python path.",
+                       helper.generation, type(exc).__name__, exc)
+        helper._hot_ok, helper._hot = False, None
+        helper.hot_decline = f"turned off after {type(exc).__name__}: {exc}"
+        return
+    helper._hot_proposals.append(proposal)
+    helper._hot = table
+
+
+def forget(helper: _Helper) -> None:
+    """Local: a replan may change every held signature's proposal; the Python path learns them again."""
+    if helper._hot is not None:
+        helper._hot.clear()
+    helper._hot_proposals.clear()
