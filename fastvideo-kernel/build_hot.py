@@ -49,7 +49,7 @@ def build(out: Path, *, verbose: bool = False) -> Path:
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # the venv's ninja
     start = time.monotonic()
     module = cpp_extension.load(name=NAME, sources=[str(source)], extra_include_paths=[str(root / "ulysses_a2a")],
-                       extra_cflags=["-O2", "-std=c++17", *(["-DFVK_HOT_CUDA"] if cuda else [])], with_cuda=cuda,
+                       extra_cflags=["-O2", *(["-DFVK_HOT_CUDA"] if cuda else [])], with_cuda=cuda,
                        build_directory=str(work), verbose=verbose, is_python_module=True)
     built = next(work.glob(f"{NAME}*.so"))
     target = out / built.name

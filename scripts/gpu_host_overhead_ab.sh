@@ -28,6 +28,15 @@ step versions 60 versions.log bash -c gpu_versions
 step "build this library" 240 build.log "$python" fastvideo-kernel/build_lib.py --out build/kernel
 step "build the hot-path extension" 240 build.log "$python" fastvideo-kernel/build_hot.py --out build/kernel
 results=()
+if [[ "${HOT:-0}" == 1 ]]; then
+  step "hot path check" 150 hot_check.log env FASTVIDEO_KERNEL_LIBRARY="$ROOT/build/kernel/libfastvideo_ulysses_a2a.so" \
+    "$python" tests/distributed/check_hot_path.py
+  decompose=()
+  [[ "${DECOMPOSE:-0}" == 1 ]] && decompose=(--decompose)
+  step "fused host overhead, hot path off and on" 240 hot.log "$python" -m benchmarks.run fused_host_overhead \
+    --hot both "${decompose[@]}" --kernel-library dev --json "$WORK/logs/hot.json"
+  results+=(logs/hot.json)
+fi
 for base in $BASE; do
   name=$(basename "$base")
   step "build $name library" 240 build.log "$python" "$base/fastvideo-kernel/build_lib.py" --out "$base/build/kernel"
@@ -41,15 +50,7 @@ if [[ "${TAGS:-1}" != 0 ]]; then
     --tag both --kernel-library dev --json "$WORK/logs/tags.json"
   results+=(logs/tags.json)
 fi
-if [[ "${HOT:-0}" == 1 ]]; then
-  step "hot path check" 150 hot_check.log env FASTVIDEO_KERNEL_LIBRARY="$ROOT/build/kernel/libfastvideo_ulysses_a2a.so" \
-    "$python" tests/distributed/check_hot_path.py
-  decompose=()
-  [[ "${DECOMPOSE:-0}" == 1 ]] && decompose=(--decompose)
-  step "fused host overhead, hot path off and on" 240 hot.log "$python" -m benchmarks.run fused_host_overhead \
-    --hot both "${decompose[@]}" --kernel-library dev --json "$WORK/logs/hot.json"
-  results+=(logs/hot.json)
-elif [[ "${DECOMPOSE:-0}" == 1 ]]; then
+if [[ "${HOT:-0}" != 1 && "${DECOMPOSE:-0}" == 1 ]]; then
   step "fused host overhead, decomposed" 120 decompose.log "$python" -m benchmarks.run fused_host_overhead \
     --decompose --kernel-library dev --json "$WORK/logs/decompose.json"
   results+=(logs/decompose.json)
