@@ -32,6 +32,10 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+try:
+    import fastvideo_kernel  # noqa: F401
+except ImportError:  # the loader is pure Python: use it from the source tree
+    sys.path.insert(0, str(REPO / "fastvideo-kernel"))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
