@@ -75,7 +75,7 @@ def reentered(entered: list[str]) -> list[str]:
     return sorted({m for m in order if order.count(m) > 1})
 
 
-def _traced_call(rank: int, world_size: int):
+def _traced_call(rank: int, world_size: int, hot: bool = False):
     import torch
 
     from fastvideo.distributed import sequence_model_parallel_all_to_all_4D
@@ -93,16 +93,23 @@ def _traced_call(rank: int, world_size: int):
     native, lib = stand_in_transport(world_size, rank=rank)
     native._events = [Event() for _ in native._events]
     lib.fvk_relax_capture_mode = lambda: 0
-    launched: list[int] = []
-    launch = lib.fvk_launch
+    launched: list = []
+    if hot:  # a C-callable stand-in (the extension calls the launch by its address); it appends per launch
+        from tests.distributed.test_ulysses_hot_path import _stand_in
 
-    def counted(*args):
-        launched.append(1)
-        return launch(*args)
+        lib.fvk_launch = _stand_in(world_size, launched)
+    else:
+        launch = lib.fvk_launch
 
-    lib.fvk_launch = counted
+        def counted(*args):
+            launched.append(1)
+            return launch(*args)
+
+        lib.fvk_launch = counted
     plan_transport, helper.transport = helper.transport, native
     helper._fused_vote = native.fuses_vote(helper._call_vote)
+    helper.hot_decline = native.hot_decline() if hot else "off in this test"  # as construction decides
+    helper._hot_ok = not helper.hot_decline
     registry.ROUTE = helper
     x = rank_input(rank, SHAPE, torch.float32)
     try:
@@ -111,22 +118,41 @@ def _traced_call(rank: int, world_size: int):
                 sequence_model_parallel_all_to_all_4D(x, 2, 1)
             ran = (helper.history[-1].route, helper._fused_vote)
             launched.clear()
+            hot_calls = helper.stats()["hot_calls"]
             entered, chain = record(lambda: sequence_model_parallel_all_to_all_4D(x, 2, 1), launched)
+            hot_calls = helper.stats()["hot_calls"] - hot_calls
     finally:
         registry.ROUTE = registry.UNRESOLVED
         helper.transport = plan_transport  # destroy tears down the transport it built
         helper.destroy()
-    return ran, len(launched), entered, chain
+    return ran, len(launched), entered, chain, hot_calls
 
 
 def test_the_fused_call_enters_six_modules_once_each_before_the_library_call(ranks):
     for r in ranks(2, _traced_call, env=SHM_VOTE_ENV):
-        ran, launches, entered, chain = r
-        assert ran == ("fused", True)  # the voted form on the native transport: the hot path
-        assert launches == 1
+        ran, launches, entered, chain, hot_calls = r
+        assert ran == ("fused", True)  # the voted form on the native transport
+        assert launches == 1 and hot_calls == 0
         assert tuple(stays(entered)) == PATH, stays(entered)
         assert reentered(entered) == []
         assert chain == CHAIN
+
+
+def test_on_the_hot_path_the_call_enters_five_modules_then_one_native_call(ranks):
+    """A signature launched fused before: the public function's modules and the helper, then the extension's one
+    call (``HotCalls.run``) up to the library; the transport's module is not entered before the launch."""
+    from tests.distributed.test_ulysses_hot_path import _hot_unavailable
+    from tests.kernel.built import unavailable
+
+    why = _hot_unavailable()
+    if why is not None:
+        unavailable(f"hot-path extension: {why}")
+    for r in ranks(2, _traced_call, True, env=SHM_VOTE_ENV):
+        ran, launches, entered, chain, hot_calls = r
+        assert ran == ("fused", True) and launches == 1 and hot_calls == 1
+        assert tuple(stays(entered)) == PATH[:-1], stays(entered)
+        assert reentered(entered) == []
+        assert chain == CHAIN[:-1]
 
 
 def test_negative_control_a_module_entered_twice_is_seen():

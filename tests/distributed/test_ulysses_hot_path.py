@@ -199,3 +199,32 @@ def test_negative_control_a_python_path_run_fails_the_hot_path_check():
     with pytest.raises(AssertionError, match="hot path"):
         hot_ran(too_rarely, 0)
     hot_ran(([], [], [], {}, "on", HOT_CALLS[1], 1, True), 1)
+
+
+def test_the_loader_refuses_a_missing_stale_or_foreign_build_with_its_reason(tmp_path: Path):
+    """``hot.load`` reads the build record before loading anything: no record, another torch, another interface,
+    the other CUDA kind, or a file that is not the extension each come back as (None, why), never an error."""
+    import json
+
+    import torch
+
+    from fastvideo.distributed.ulysses import hot
+
+    def attempt(record: dict | None, name: str) -> str:
+        directory = tmp_path / name
+        directory.mkdir()
+        if record is not None:
+            hot.build_record(directory).write_text(json.dumps(record))
+            (directory / "fastvideo_ulysses_hot.so").write_bytes(b"not an extension")
+        module, why = hot.load(directory)
+        assert module is None
+        return why
+
+    here = {"file": "fastvideo_ulysses_hot.so", "interface": hot.INTERFACE, "torch": list(hot.torch_version()),
+            "cuda": torch.version.cuda is not None}
+    assert "not built beside the kernel library" in attempt(None, "none")
+    assert "built for torch [1, 0, 0]" in attempt({**here, "torch": [1, 0, 0]}, "torch")
+    assert f"this code needs {hot.INTERFACE}" in attempt({**here, "interface": hot.INTERFACE + 1}, "interface")
+    assert "this torch is the other kind" in attempt({**here, "cuda": not here["cuda"]}, "cuda")
+    assert "cannot load" in attempt(here, "garbage")  # the record matches; the file is no extension
+    assert hot.check_record(here) == ""
