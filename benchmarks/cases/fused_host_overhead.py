@@ -35,7 +35,14 @@ paired overhead of the call cut at its layers, each against the same launch, on 
 (no busy counterpart): ``call_us`` (``UlyssesHelper.call`` on validated input), ``voted_us`` (the transport's
 voted launch alone: the proposal, the library's vote and launch) and ``launch_us`` (the launch without a vote).
 ``paired_us - call_us`` is the public checks, ``call_us - voted_us`` the helper's own Python, ``voted_us -
-launch_us`` the vote; each output is checked too (``#wrong``).
+launch_us`` the vote; each output is checked too (``#wrong``). With the hot path on, ``call_us`` is the hot call
+(no ``execute`` in it, so it can read below ``voted_us``): decompose the Python path with ``--hot both``'s
+``python`` rows.
+
+``--hot built|both`` (default ``built``): the hot path (``fastvideo/distributed/ulysses/hot.py``) as the helper was
+built (on where the extension is built for this torch), or ``both``: per plan and mode a row with it off
+(``<plan> python``) and one with it on (``<plan> hot``), back to back on the same helper, which path ran asserted
+(``stats()["hot_calls"]``): the A/B of what it saves.
 
 ``--tag untagged|tagged|both`` (default ``untagged``, the rows as before): ``tagged`` calls
 ``helper.all_to_all(x, mode, tag=...)`` with a call-site tag (the vote's SEQ is then the tag's own count: one dict

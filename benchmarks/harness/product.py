@@ -140,14 +140,14 @@ def one_rank_helpers() -> Iterator[None]:
 
 def hot_path(helper, on: bool) -> None:
     """Turn ``helper``'s hot path (``fastvideo/distributed/ulysses/hot.py``) off or on between calls, for an A/B on
-    one helper: the table it holds is emptied either way, so an "on" row starts as a first call does (learned at
-    its first call). Local. Raises SystemExit for ``on`` where the helper cannot have it (saying why)."""
+    one helper: the table it holds is emptied either way, so an "on" row starts as a first call does (learned at its
+    first call; ``stats()["hot_calls"]`` counts the calls that then take it). Local. Raises SystemExit for ``on``
+    where the helper cannot have it (saying why)."""
     from fastvideo.distributed.ulysses import hot
 
     if on and helper.hot_decline:
         raise SystemExit(f"the hot path is unavailable here: {helper.hot_decline}")
-    helper._hot = helper.transport.hot_path(helper._call_vote) if helper.transport is not None else None
-    hot.forget(helper)
+    hot.forget(helper)  # the next learn takes the table over, emptied (hot.learn)
     helper._hot, helper._hot_ok = None, on
 
 

@@ -42,8 +42,8 @@ struct Entry {
   c10::ScalarType dtype;
   c10::Device device;
   std::vector<int64_t> out_shape;
-  const fvk_call* call;  // the transport's cached description (it keeps it alive while the entry lives)
-  int64_t* row;          // the vote's send row for this signature's proposal (the vote keeps it alive)
+  const fvk_call* call;  // the launch's call description (hot.HotPath keeps it alive while the entry lives)
+  int64_t* row;          // the proposal's vote send row (hot.HotPath keeps its words alive likewise)
 };
 
 class HotCalls {

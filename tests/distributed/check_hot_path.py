@@ -103,17 +103,18 @@ def check_kind(engine: str, ctas: int, chunks: int) -> None:
             plans = {(r.route, r.plan.word) for r in list(hot.history)[-6:] + list(python.history)[-6:]}
             check(len(plans) == 1 and next(iter(plans))[0] == "fused", f"{name} mode {mode}: one fused plan ({plans})")
         side = torch.cuda.Stream()
-        y = x.clone()
+        y, fresh = torch.zeros_like(x), torch.randn_like(x)
         torch.cuda.synchronize()
         with torch.no_grad(), torch.cuda.stream(side):
             torch.cuda._sleep(50_000_000)  # the side stream busy for tens of ms: the call queues behind it there
+            y.copy_(fresh)  # y holds the data only once the side stream gets here: another stream would read zeros
             mark = hot.stats()["hot_calls"]
             out = hot.all_to_all(y, 0)
             recorded = hot.transport.completion_marker()
             pending = not recorded.query()  # recorded on the busy side stream, not on an idle one
         side.synchronize()
-        check(hot.stats()["hot_calls"] == mark + 1 and torch.equal(out.view(torch.int16), x.view(torch.int16)),
-              f"{name}: a side-stream call on the hot path, exact after that stream's synchronize")
+        check(hot.stats()["hot_calls"] == mark + 1 and torch.equal(out.view(torch.int16), fresh.view(torch.int16)),
+              f"{name}: a side-stream call on the hot path launched on that stream (it read what the stream wrote)")
         check(pending and recorded.query(), f"{name}: its completion event is recorded on the side stream (pending "
               "behind that stream's work, complete with it)")
         graph = torch.cuda.CUDAGraph()
@@ -130,7 +131,9 @@ def check_kind(engine: str, ctas: int, chunks: int) -> None:
         hot.long_training = "chunked"
         check(held == 2 and hot.stats()["hot_signatures"] == 0 and len(hot._hot) == 0,
               f"{name}: a replan empties the table ({held} held before)")
+        calls(hot, x, 0, 2)  # held again, so that destroy has something to close
         table = hot._hot
+        check(len(table) == 1, f"{name}: the signature held again after the replan")
     finally:
         hot.destroy()
         python.destroy()

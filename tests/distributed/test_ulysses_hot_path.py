@@ -5,10 +5,10 @@ Each rank runs one script of calls twice, on two helpers built one after the oth
 (``FASTVIDEO_ULYSSES_A2A_HOT_PATH=0``: every call on the Python path) and on. The native transport drives a C
 stand-in for ``fvk_launch`` (a ctypes callback, so the extension calls it through its address as it calls the
 library's): it runs the real exchange (the product library's ``fvk_vote_exchange``) and the library's own verdict
-(``fvk_vote_would_run``), records what it received (the call description, the 12 voted fields with SEQ, whether
-``x`` is the call's input), and for a launch copies the input's bytes into the output (the all-to-all at the
-library boundary is out of reach on a CPU; what is checked is that the output handed back is the one the library
-wrote). The script covers held and new signatures, both modes, tagged calls, a non-contiguous input, an
+(``fvk_vote_would_run``), records what it received (the call description, the 12 voted fields with SEQ), and for a
+launch copies the input's bytes into the output (the all-to-all at the library boundary is out of reach on a CPU;
+what is checked is that the library read the call's input and wrote the output handed back). The script covers
+held and new signatures, both modes, a held shape in another dtype, tagged calls, a non-contiguous input, an
 autograd-recorded call, a replan, and a call on which the ranks disagree. Both runs must agree on every record,
 output and outcome, and the hot run must have taken the hot path for the calls it holds (``stats()["hot_calls"]``);
 a negative control shows that check fails for the Python-path run. A GPU runs the real library through the same
@@ -91,6 +91,8 @@ def _script(rank: int, helper):
             step(f"mode 0 #{i}", lambda: a2a(x0, 2, 1))
         for i in range(2):
             step(f"mode 1 #{i}", lambda: a2a(x1, 1, 2))
+        for i in range(2):  # a held shape and mode in another dtype: another signature
+            step(f"bf16 #{i}", lambda: a2a(x0.to(torch.bfloat16), 2, 1))
         for i in range(2):
             step(f"tagged #{i}", lambda: a2a(x0, 2, 1, tag=TAG))
         strided = rank_input(rank, (SHAPE0[0], SHAPE0[2], SHAPE0[1], SHAPE0[3])).transpose(1, 2)
@@ -151,9 +153,9 @@ def _both(rank: int, world: int):
     return _run(rank, world, False), _run(rank, world, True)
 
 
-# Calls of the script the hot path makes: mode 0 #1-2, mode 1 #1, tagged #0-1, held again, after replan #1, the
-# disagreeing call on rank 0 (a held signature: the vote runs in the hot call, the verdict in Python), after it.
-HOT_CALLS = {0: 9, 1: 8}
+# Calls of the script the hot path makes: mode 0 #1-2, mode 1 #1, bf16 #1, tagged #0-1, held again, after replan
+# #1, the disagreeing call on rank 0 (a held signature: the vote runs in the hot call, the verdict in Python), after.
+HOT_CALLS = {0: 10, 1: 9}
 
 
 def hot_ran(result, rank: int) -> None:
@@ -186,15 +188,15 @@ def test_the_hot_path_makes_the_python_paths_library_calls_votes_and_outcomes(ra
         assert history_on == history_off
         assert counts_on == counts_off
         hot_ran(on, rank)
+        with pytest.raises(AssertionError, match="hot path"):  # the negative control: the Python-path run
+            hot_ran(off, rank)
         assert off[4] == "FASTVIDEO_ULYSSES_A2A_HOT_PATH=0" and off[5] == 0
         assert on[7], "the table still answered after the helper was destroyed"
 
 
-def test_negative_control_a_python_path_run_fails_the_hot_path_check():
-    """The check above fails for a run that never took the hot path, and for one that took it too rarely."""
-    python_path = ([], [], [], {}, "FASTVIDEO_ULYSSES_A2A_HOT_PATH=0", 0, 0, True)
-    with pytest.raises(AssertionError, match="hot path"):
-        hot_ran(python_path, 0)
+def test_negative_control_a_run_that_took_the_hot_path_too_rarely_fails_the_check():
+    """The check above fails for a run that took the hot path one call short (the Python-path run is the test's
+    own negative control)."""
     too_rarely = ([], [], [], {}, "on", HOT_CALLS[0] - 1, 1, True)
     with pytest.raises(AssertionError, match="hot path"):
         hot_ran(too_rarely, 0)

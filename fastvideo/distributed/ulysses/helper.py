@@ -161,7 +161,6 @@ class UlyssesHelper:
         self._on_watchdog_timeout = on_watchdog_timeout or end_process
         self._watchdog: FusedCallWatchdog | None = None  # built at the first launch that leaves work in flight
         self._hot = None  # the transport's hot path (hot.HotPath) once it holds a signature; None: every call Python
-        self._hot_proposals: list[Proposal] = []  # per slot of the hot path's table, the proposal it holds
         # Reusable state must not depend on the grad mode of the call that builds the helper lazily: buffers
         # made under inference mode are inference tensors, which no later call outside it may update.
         with torch.inference_mode(False):
@@ -223,9 +222,11 @@ class UlyssesHelper:
         if not self._votes:  # declined at construction (agreed), unchecked: no call needs a vote
             return self._declined(x, mode, seq, phase, self.construction_reason, fallback, splits, tag=tag)
         hot = self._hot  # 1-2 in one native call for a signature launched fused before (hot.py); else None
-        hit = hot.run(x, mode, word) if hot is not None and phase is _FORWARD_NO_GRAD and splits is EVEN else None
+        hit = (hot.run(x, mode, word) if hot is not None and phase is _FORWARD_NO_GRAD and splits is EVEN
+               and self._capturing is stream_capturing else None)  # (a test's capture stand-in: the Python path)
         if hit is not None:
-            capturing, proposal = False, self._hot_proposals[hit[1]]
+            capturing, proposal = False, hot.proposal(hit[1])
+            self._stats.hot += 1
             out, rows, error = self._vote_and_launch(x, proposal, word, seq, hit)
         else:
             capturing = self._capturing(x)

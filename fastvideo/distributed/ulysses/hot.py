@@ -93,12 +93,12 @@ def load(directory: Path) -> tuple[ModuleType | None, str]:
 
 
 class Held(NamedTuple):
-    """What one slot of the table points at, kept alive with it: the launch (its call description), the vote row's
-    words, and the plan (for messages)."""
+    """One slot of the table: the proposal it runs, and what the C++ entry points at, kept alive with it (the
+    launch's call description, the vote row's words: the vote may drop its own reference to them)."""
 
+    proposal: Any
     launch: Launch
     words: Any
-    plan: Plan
 
 
 class HotPath:
@@ -114,23 +114,34 @@ class HotPath:
         self._launch_for, self._finish = launch_for, finish
         self._held: list[Held] = []
 
-    def add(self, x: torch.Tensor, geom: Any, plan: Plan, row: tuple[Any, int]) -> int:
-        """Hold ``x``'s signature (its shape, dtype, device; ``geom.mode``) with ``plan`` and its vote row ``row``
-        (``ShmVote.send_row``'s ``(words, address)``). Returns its slot. Raises for a plan this build cannot
-        launch through the one entry."""
-        launch = self._launch_for(geom, plan, x.dtype, False)
+    def add(self, x: torch.Tensor, proposal: Any, row: tuple[Any, int]) -> int:
+        """Hold ``x``'s signature (its shape, dtype, device; the proposal's mode) with ``proposal`` (its geometry and
+        plan) and its vote row ``row`` (``ShmVote.send_row``'s ``(words, address)``). Returns its slot. Raises for a
+        plan this build cannot launch through the one entry (nothing held then)."""
+        launch = self._launch_for(proposal.geom, proposal.plan, x.dtype, False)
         if launch.desc is None:
             raise ValueError("the hot path needs the one launch entry (fvk_launch)")
-        slot = self._calls.add(x, geom.mode, list(launch.out_shape), ctypes.addressof(launch.desc), row[1])
-        self._held.append(Held(launch, row[0], plan))
+        self._held.append(Held(proposal, launch, row[0]))  # first: a slot the table reports is always held here
+        try:
+            slot = self._calls.add(x, proposal.geom.mode, list(launch.out_shape), ctypes.addressof(launch.desc),
+                                   row[1])
+        except BaseException:
+            self._held.pop()
+            raise
+        if slot != len(self._held) - 1:
+            raise RuntimeError(f"the table's slot {slot} is not the next one, {len(self._held) - 1}")
         return slot
+
+    def proposal(self, slot: int) -> Any:
+        """The proposal of ``slot`` (what ``run`` reported it launched)."""
+        return self._held[slot].proposal
 
     def finish(self, x: torch.Tensor, hit: tuple, vote) -> torch.Tensor | None:
         """The transport's end of ``execute`` for a call ``run`` launched (``hit``): its stage, status and
         completion record, as after the transport's own launch."""
         out, slot, _stage, status, raw = hit
         held = self._held[slot]
-        return self._finish(out, status, vote, held.launch, held.plan, x.get_device(), raw)
+        return self._finish(out, status, vote, held.launch, held.proposal.plan, x.get_device(), raw)
 
     def clear(self) -> None:
         """Forget every signature (a replan changes what the Python path would propose)."""
@@ -159,32 +170,29 @@ class _Helper(Protocol):
     _call_vote: Any
     _hot: HotPath | None
     _hot_ok: bool
-    _hot_proposals: list
     hot_decline: str
 
 
 def learn(helper: _Helper, x: torch.Tensor, proposal: Any) -> None:
     """Local, host-only. After the Python path's own voted launch of a call the hot path may take: hold its
-    signature in the transport's table, its proposal at the same slot in the helper's list (filled and cleared
-    together). Its later calls then take the hot path. Any failure turns the hot path off for the helper, once,
+    signature, with its proposal, in the transport's table; its later calls then take the hot path. A table the
+    helper did not hold yet (the first, or a new one after the transport closed its last) is emptied first, so it
+    holds only proposals of the helper's current plan. Any failure turns the hot path off for the helper, once,
     with a warning: every call runs on the Python path as before."""
     try:
         table = helper.transport.hot_path(helper._call_vote)
         if table is None:
             helper._hot_ok, helper.hot_decline = False, helper.transport.hot_decline() or "the transport built no table"
             return
-        if len(table) >= LIMIT:
-            forget(helper)
-        slot = table.add(x, proposal.geom, proposal.plan, helper._call_vote.send_row(proposal.fields))
-        if slot != len(helper._hot_proposals):
-            raise RuntimeError(f"the table's slot {slot} is not the helper's next, {len(helper._hot_proposals)}")
+        if table is not helper._hot or len(table) >= LIMIT:
+            table.clear()
+        table.add(x, proposal, helper._call_vote.send_row(proposal.fields))
     except Exception as exc:  # noqa: BLE001 - the Python path still runs every call
         logger.warning("Ulysses hot path off for helper gen%d (%s: %s); calls take the Python path.",
                        helper.generation, type(exc).__name__, exc)
         helper._hot_ok, helper._hot = False, None
         helper.hot_decline = f"turned off after {type(exc).__name__}: {exc}"
         return
-    helper._hot_proposals.append(proposal)
     helper._hot = table
 
 
@@ -192,4 +200,3 @@ def forget(helper: _Helper) -> None:
     """Local: a replan may change every held signature's proposal; the Python path learns them again."""
     if helper._hot is not None:
         helper._hot.clear()
-    helper._hot_proposals.clear()

@@ -86,7 +86,7 @@ class NativeTransport(Transport):
         self._vote_ref: Any = None
         self._vote_owner: Any = None  # the vote channel it was built for
         self._streams: dict[tuple[int, int], torch.cuda.Stream] = {}  # (device, raw handle) -> Stream
-        self._hot: hot.HotPath | None = None  # the hot signatures (hot_learn), built at the first one
+        self._hot: hot.HotPath | None = None  # the hot signatures' table (hot_path), built after the first
 
     # ------------------------------------------------------------------ probing (local)
 

@@ -36,6 +36,7 @@ class CallStats:
 
     def __init__(self, history: int) -> None:
         self.fused = self.raised = self.captured = 0  # the call count is the helper's SEQ counter
+        self.hot = 0  # calls the hot path made its library call for (hot.py), whatever the library's stage
         self.declines: Counter[DeclineReason] = Counter()
         # Fused calls per proposal, keyed by its fields (a tuple of ints: one hash per call): [count, the proposal]
         # (its plan and geometry name the row in report()).
@@ -92,8 +93,8 @@ def report(helper) -> dict:
         "voted_launch": helper.fused_available and helper._fused_vote,  # the vote and the launch in one call
         # the hot path (hot.py): "on", or why not; the calls it made and the signatures it holds
         "hot_path": "on" if helper._hot_ok else helper.hot_decline,
-        "hot_calls": helper._hot.hits if helper._hot is not None else 0,
-        "hot_signatures": len(helper._hot_proposals),
+        "hot_calls": helper._stats.hot,
+        "hot_signatures": len(helper._hot) if helper._hot is not None else 0,
         "checked": helper.checked,
         "tags": len(helper._tags),  # distinct call tags seen (each with its own per-phase count)
         "long_training": helper.long_training,
