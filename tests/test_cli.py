@@ -293,6 +293,9 @@ def test_doctor_with_the_variable_on_the_development_build_loads_it(capsys, fake
     assert f"$FASTVIDEO_KERNEL_LIBRARY: {fake_kernel.dev}  [found; the loader opens this one]" in out
     assert f"development build: {fake_kernel.dev}  [found; the loader opens this one]" in out
     assert "to use a development build" not in out
+    # The hot-path extension is looked for beside the library the loader opens (none built beside the fake one).
+    assert f"hot-path extension: not built beside the kernel library (python fastvideo-kernel/build_hot.py --out " \
+           f"{fake_kernel.dev.parent})" in out
 
 
 def test_doctor_variable_on_a_missing_file_is_a_problem(capsys, fake_kernel, settings, tmp_path):

@@ -313,6 +313,10 @@ def _doctor_kernel(doc: _Doctor, repo_root: Path) -> None:
         if "error" not in info:
             for key, value in info.items():
                 doc.line("kernel", f"{key}: {value}")
+            from fastvideo.distributed.ulysses import hot  # loads torch: doctor runs in the user's environment
+
+            why = hot.load(Path(str(info.get("path", ""))).parent)[1]  # beside the library the loader opens
+            doc.line("kernel", f"hot-path extension: {why or 'built for this torch, loaded'}")
         elif override:
             doc.finding("kernel", f"${_ENV_LIBRARY} is set but unusable: {info['error']}")
         else:
