@@ -87,9 +87,6 @@ class HotCalls {
 
   int64_t size() const { return static_cast<int64_t>(entries_.size()); }
 
-  // The calls run() made the library call for (every stage), since construction.
-  int64_t hits() const { return hits_; }
-
   // One call of a held signature: None when x is not one (nothing done, nothing voted); else
   // (out, slot, stage, status, stream): the library's voted fvk_launch made, SEQ = `seq`.
   py::object run(const at::Tensor& x, int64_t mode, int64_t seq) {
@@ -123,7 +120,6 @@ class HotCalls {
       py::gil_scoped_release unlocked;
       status = launch_(ctx_, e.call, x.data_ptr(), out.data_ptr(), stream, vote_);
     }
-    ++hits_;
     return py::make_tuple(std::move(out), slot, vote_->stage, status, reinterpret_cast<uint64_t>(stream));
   }
 
@@ -148,7 +144,6 @@ class HotCalls {
   fvk_vote* vote_;
   int64_t seq_field_;
   std::vector<Entry> entries_;
-  int64_t hits_ = 0;
   bool closed_ = false;
 };
 
@@ -171,6 +166,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("clear", &HotCalls::clear)
       .def("close", &HotCalls::close)
       .def("__len__", &HotCalls::size)
-      .def_property_readonly("hits", &HotCalls::hits)
       .def("run", &HotCalls::run, py::arg("x"), py::arg("mode"), py::arg("seq"));
 }

@@ -77,6 +77,33 @@ def build_helper(*, window_bytes: int = 1 << 20, transport=None, tuned: bool = T
     )
 
 
+def stand_in_native_helper(rank: int, world_size: int, launch, hot: bool):
+    """A shared-memory-vote helper whose transport is swapped for the native one on the stand-in library of
+    ``tests/kernel/test_native_dispatch.py``, its completion events always complete, and ``launch(lib)`` (given
+    the stand-in library) as its ``fvk_launch``. The fused vote and the hot path as construction would set them for
+    that transport (the hot path off unless ``hot``). Returns ``(helper, native, built)``: give ``helper`` back
+    ``built``, the transport it was constructed with, before ``destroy()``."""
+    from tests.kernel.test_native_dispatch import transport as stand_in_transport
+
+    class Event:  # the completion ring's stand-in: recorded, and always complete for the watchdog
+        def record(self, stream) -> None:
+            pass
+
+        def query(self) -> bool:
+            return True
+
+    helper = build_helper(vote="shm")
+    native, lib = stand_in_transport(world_size, rank=rank)
+    native._events = [Event() for _ in native._events]
+    lib.fvk_relax_capture_mode = lambda: 0
+    lib.fvk_launch = launch(lib)
+    built, helper.transport = helper.transport, native
+    helper._fused_vote = native.fuses_vote(helper._call_vote)
+    helper.hot_decline = native.hot_decline() if hot else "FASTVIDEO_ULYSSES_A2A_HOT_PATH=0"
+    helper._hot_ok = not helper.hot_decline
+    return helper, native, built
+
+
 def construction_fault(rank: int, scenario: str, faulty_rank: int = 1):
     """``(transport, helper kwargs)`` that make helper construction decline in ``scenario`` as seen from
     ``rank``: ``missing`` (no kernel on ``faulty_rank``), ``abi`` (another ABI there), ``alloc`` (its window

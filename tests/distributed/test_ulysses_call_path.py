@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from tests.distributed.conftest import SHM_VOTE_ENV, SHM_VOTE_SKIP, build_helper, rank_input
+from tests.distributed.conftest import SHM_VOTE_ENV, SHM_VOTE_SKIP, rank_input, stand_in_native_helper
 
 pytestmark = pytest.mark.skipif(SHM_VOTE_SKIP is not None, reason=SHM_VOTE_SKIP or "")
 
@@ -80,36 +80,22 @@ def _traced_call(rank: int, world_size: int, hot: bool = False):
 
     from fastvideo.distributed import sequence_model_parallel_all_to_all_4D
     from fastvideo.distributed.ulysses import registry
-    from tests.kernel.test_native_dispatch import transport as stand_in_transport
-
-    class Event:  # the completion ring's stand-in: recorded, and always complete for the watchdog
-        def record(self, stream) -> None:
-            pass
-
-        def query(self) -> bool:
-            return True
-
-    helper = build_helper(vote="shm")
-    native, lib = stand_in_transport(world_size, rank=rank)
-    native._events = [Event() for _ in native._events]
-    lib.fvk_relax_capture_mode = lambda: 0
     launched: list = []
-    if hot:  # a C-callable stand-in (the extension calls the launch by its address); it appends per launch
-        from tests.distributed.test_ulysses_hot_path import _stand_in
 
-        lib.fvk_launch = _stand_in(world_size, launched)
-    else:
-        launch = lib.fvk_launch
+    def launch(lib):
+        if hot:  # a C-callable stand-in (the extension calls the launch by its address); it appends per launch
+            from tests.distributed.test_ulysses_hot_path import _stand_in
+
+            return _stand_in(world_size, launched)
+        python_launch = lib.fvk_launch
 
         def counted(*args):
             launched.append(1)
-            return launch(*args)
+            return python_launch(*args)
 
-        lib.fvk_launch = counted
-    plan_transport, helper.transport = helper.transport, native
-    helper._fused_vote = native.fuses_vote(helper._call_vote)
-    helper.hot_decline = native.hot_decline() if hot else "off in this test"  # as construction decides
-    helper._hot_ok = not helper.hot_decline
+        return counted
+
+    helper, _, plan_transport = stand_in_native_helper(rank, world_size, launch, hot)
     registry.ROUTE = helper
     x = rank_input(rank, SHAPE, torch.float32)
     try:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed.conftest import SHM_VOTE_ENV, SHM_VOTE_SKIP, build_helper, catch, rank_input
+from tests.distributed.conftest import SHM_VOTE_ENV, SHM_VOTE_SKIP, catch, rank_input, stand_in_native_helper
 from tests.kernel.built import unavailable
 
 pytestmark = pytest.mark.skipif(SHM_VOTE_SKIP is not None, reason=SHM_VOTE_SKIP or "")
@@ -112,26 +112,9 @@ def _script(rank: int, helper):
 
 def _run(rank: int, world: int, hot_on: bool):
     from fastvideo.distributed.ulysses import registry
-    from tests.kernel.test_native_dispatch import transport as stand_in_transport
 
-    class Event:  # the completion ring's stand-in: recorded, and always complete for the watchdog
-        def record(self, stream) -> None:
-            pass
-
-        def query(self) -> bool:
-            return True
-
-    helper = build_helper(vote="shm")
-    native, lib = stand_in_transport(world, rank=rank)
-    native._events = [Event() for _ in native._events]
-    lib.fvk_relax_capture_mode = lambda: 0
     records: list = []
-    lib.fvk_launch = _stand_in(world, records)
-    plan_transport, helper.transport = helper.transport, native
-    helper._fused_vote = native.fuses_vote(helper._call_vote)
-    # What construction decides for a native transport (this one was swapped in after it).
-    helper.hot_decline = native.hot_decline() if hot_on else "FASTVIDEO_ULYSSES_A2A_HOT_PATH=0"
-    helper._hot_ok = not helper.hot_decline
+    helper, native, plan_transport = stand_in_native_helper(rank, world, lambda lib: _stand_in(world, records), hot_on)
     registry.ROUTE = helper
     try:
         steps = _script(rank, helper)

@@ -156,11 +156,6 @@ class HotPath:
     def __len__(self) -> int:
         return len(self._calls)
 
-    @property
-    def hits(self) -> int:
-        """The calls ``run`` made the library call for (whatever the library's stage), since the table was built."""
-        return self._calls.hits
-
 
 class _Helper(Protocol):
     """The part of a ``UlyssesHelper`` ``learn`` and ``forget`` use."""
