@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The correctness command: the SP attention block forward + backward against its single-device reference, on
-# both all-to-all routes (fastvideo/entrypoints/sp_attention_demo.py). 2+ GPUs: one rank per GPU over NCCL
+# both all-to-all routes (fastvideo/sp_recipes/sp_attention_demo.py). 2+ GPUs: one rank per GPU over NCCL
 # (bf16). Otherwise: 2 ranks over gloo on CPU (float32).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
@@ -10,4 +10,4 @@ if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.device_count() >= 2 els
 else
   NPROC=2
 fi
-exec "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" -m fastvideo.entrypoints.sp_attention_demo "$@"
+exec "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" -m fastvideo.sp_recipes.sp_attention_demo "$@"

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from fastvideo.entrypoints import sp_attention_demo
+from fastvideo.sp_recipes import sp_attention_demo
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ROW = re.compile(r"^(?P<route>(off|auto)->\S+(?: \([a-z_, ]+\))?)\s+x\[\S+\] qkv\[\S+\]\s+(?P<median>\d+\.\d)\s+"
@@ -23,7 +23,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "FASTVIDEO_ULYSSES_A2A"):
         env.pop(key, None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "fastvideo.entrypoints.sp_attention_demo", "--device", "cpu", *args]
+           "-m", "fastvideo.sp_recipes.sp_attention_demo", "--device", "cpu", *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
 
 

@@ -126,7 +126,7 @@ BELOW_HELPER = [f"{U}.{m}" for m in ("layout", "nccl", "transport", "native", "v
                                      "watchdog", "planner", "stats", "mismatch", "lifecycle", "nccl_runtime")]
 ABOVE = {f"{U}.helper", f"{U}.ops", f"{U}.registry", f"{U}.construction", "fastvideo.distributed.communication_op",
          "fastvideo.distributed.parallel_state", "fastvideo.distributed.sp_groups",
-         "fastvideo.layers.attention", "fastvideo.entrypoints.sp_attention_demo", "fastvideo.attention.layer",
+         "fastvideo.sp_recipes.attention_block", "fastvideo.sp_recipes.sp_attention_demo", "fastvideo.attention.layer",
          "fastvideo.distributed.device_communicators.ulysses_a2a"}
 
 
@@ -135,7 +135,7 @@ def test_the_graph_sees_the_package():
     assert {f"{U}.helper", "fastvideo.distributed.communication_op", "fastvideo.envs"} <= set(GRAPH)
     assert f"{U}.ops" in GRAPH["fastvideo.distributed.communication_op"]
     assert f"{U}.helper" in GRAPH[f"{U}.ops"]
-    assert "fastvideo.distributed.parallel_state" in GRAPH["fastvideo.entrypoints.sp_attention_demo"]
+    assert "fastvideo.distributed.parallel_state" in GRAPH["fastvideo.sp_recipes.sp_attention_demo"]
     assert f"{U}.native" in GRAPH[f"{U}.construction"]  # imported inside a function
     assert {f"{U}.mismatch", f"{U}.lifecycle"} <= GRAPH[f"{U}.helper"]
     assert "fastvideo.distributed.sp_groups" in GRAPH["fastvideo.distributed.parallel_state"]
@@ -172,9 +172,9 @@ def test_validation_lives_in_one_place():
 # them to layers that validate them.
 _TABLES_UNVALIDATED = {f"{U}.layout.validate_input", f"{U}.ops._splits", f"{U}.ops.all_to_all",
                        f"{U}.policy.Geometry.from_input", f"{U}.ops._op_fake",
-                       "fastvideo.layers.attention.SPSelfAttention.forward",
-                       "fastvideo.models.video_dit.VideoDiTBlock.forward",
-                       "fastvideo.models.video_dit.VideoDiTBlock._forward"}
+                       "fastvideo.sp_recipes.attention_block.SPSelfAttention.forward",
+                       "fastvideo.sp_recipes.video_dit.VideoDiTBlock.forward",
+                       "fastvideo.sp_recipes.video_dit.VideoDiTBlock._forward"}
 
 
 def _functions(tree: ast.AST, prefix: str):

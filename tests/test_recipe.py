@@ -71,7 +71,7 @@ def test_the_plot_is_written_or_its_absence_explained(recipe):
 
 
 def _compare(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fastvideo.entrypoints.train_video_dit", "compare", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "fastvideo.sp_recipes.train_video_dit", "compare", *args], cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
 
 

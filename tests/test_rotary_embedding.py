@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastvideo.layers.rotary_embedding import _apply_rotary_emb, apply_rotary_emb, rotary_3d
+from fastvideo.attention.rotary import _apply_rotary_emb, apply_rotary_emb, rotary_3d
 
 
 def _angles(s: int, half: int) -> torch.Tensor:

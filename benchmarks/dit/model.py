@@ -1,5 +1,5 @@
-"""The model the DiT step benchmark runs: the product's video DiT blocks (``fastvideo/models/video_dit.py``) on
-video tokens alone, under FSDP2 (``fastvideo/training/fsdp.py``).
+"""The model the DiT step benchmark runs: the product's video DiT blocks (``fastvideo/sp_recipes/video_dit.py``) on
+video tokens alone, under FSDP2 (``fastvideo/sp_recipes/fsdp.py``).
 
 What the runner needs from it:
 
@@ -29,8 +29,8 @@ import torch
 from torch import nn
 
 from benchmarks.harness.cli import DTYPES
-from fastvideo.models.video_dit import VideoDiTBlock, VideoDiTConfig
-from fastvideo.training.fsdp import shard_dit, world_mesh
+from fastvideo.sp_recipes.fsdp import shard_dit, world_mesh
+from fastvideo.sp_recipes.video_dit import VideoDiTBlock, VideoDiTConfig
 
 SPARSE_BLOCK = 128
 SPARSE_KEEP_EVERY = 10  # keep 1 key block in 10: 90% block sparsity
@@ -40,13 +40,13 @@ AllToAll = Callable[[torch.Tensor, int, int, str], torch.Tensor]
 
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """The product's attention (flash-attn where installed, SDPA otherwise) on ``[B, S, H, D]``."""
-    from fastvideo.layers.attention import attention
+    from fastvideo.attention.dense import attention
 
     return attention(q, k, v)
 
 
 def attention_backend(probe: torch.Tensor) -> str:
-    from fastvideo.layers.attention import attention_backend as backend
+    from fastvideo.attention.dense import attention_backend as backend
 
     return backend(probe)
 

@@ -25,14 +25,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fastvideo.attention.dense import attention, attention_backend
+from fastvideo.attention.rotary import apply_rotary_emb
 from fastvideo.distributed.communication_op import (
     sequence_model_parallel_all_gather,
     sequence_model_parallel_all_to_all_4D,
 )
 from fastvideo.distributed.parallel_state import get_sp_parallel_rank, get_sp_world_size
 from fastvideo.distributed.ulysses.layout import balanced_splits, shares
-from fastvideo.layers.attention import attention, attention_backend
-from fastvideo.layers.rotary_embedding import apply_rotary_emb
 
 __all__ = ["DistributedAttention", "LocalAttention"]
 

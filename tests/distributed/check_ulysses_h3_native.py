@@ -661,9 +661,9 @@ class Gate:
         and backward under ``route``, against the single-device reference each rank computes from the same seeded
         global tensors: (relative errors, routes of the helper's calls, the error of this rank's output read at
         the balanced shards' rows, seq_splits)."""
+        from fastvideo.attention.dense import attention
         from fastvideo.attention.layer import DistributedAttention
-        from fastvideo.layers.attention import attention
-        from fastvideo.layers.rotary_embedding import apply_rotary_emb
+        from fastvideo.attention.rotary import apply_rotary_emb
 
         seq, text, heads, dim = self.attention_sizes()
         splits = skewed_splits(seq, self.p, zero_rank=1 if self.p > 2 else None)

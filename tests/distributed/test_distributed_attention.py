@@ -42,8 +42,8 @@ def _globals(seq: int, text: int, dtype: torch.dtype, heads: int = H) -> dict[st
 
 
 def _reference(t: dict, text: int, causal: bool, rotary: bool) -> dict[str, torch.Tensor]:
-    from fastvideo.layers.attention import attention
-    from fastvideo.layers.rotary_embedding import apply_rotary_emb
+    from fastvideo.attention.dense import attention
+    from fastvideo.attention.rotary import apply_rotary_emb
 
     leaves = {n: t[n].clone().requires_grad_() for n in ("q", "k", "v", *(("rq", "rk", "rv") if text else ()))}
     q, k, v = leaves["q"], leaves["k"], leaves["v"]

@@ -22,6 +22,6 @@ FASTVIDEO_ULYSSES_A2A=auto bash "$HERE/train.sh" --out-dir "$out/auto" "$@"
 middle=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["checkpoints"][0]["path"])' "$out/auto/run.json")
 echo "recipe: resuming the auto run from $middle" >&2
 FASTVIDEO_ULYSSES_A2A=auto bash "$HERE/train.sh" --out-dir "$out/auto_resumed" --resume "$middle" "$@"
-"$PY" -m fastvideo.entrypoints.train_video_dit compare "$out/off/run.json" "$out/auto/run.json" \
+"$PY" -m fastvideo.sp_recipes.train_video_dit compare "$out/off/run.json" "$out/auto/run.json" \
   --resumed "$out/auto_resumed/run.json" --plot "$out/loss_and_step_time.png"
 echo "recipe: done in $((SECONDS - start)) s; runs under $out"

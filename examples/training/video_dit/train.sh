@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One training run of the video DiT recipe (fastvideo/entrypoints/train_video_dit.py): exports the two Ulysses
+# One training run of the video DiT recipe (fastvideo/sp_recipes/train_video_dit.py): exports the two Ulysses
 # switches, then launches one rank per GPU with torchrun (2 gloo ranks on the CPU where there is no GPU to use).
 #
 #   FASTVIDEO_ULYSSES_A2A=auto bash examples/training/video_dit/train.sh --out-dir build/video_dit/auto
@@ -30,5 +30,5 @@ case "$device" in
 esac
 if [[ $device == cuda ]]; then nproc="${NPROC:-$gpus}"; else nproc="${NPROC:-2}"; fi
 echo "recipe: FASTVIDEO_ULYSSES_A2A=$FASTVIDEO_ULYSSES_A2A FASTVIDEO_ULYSSES_A2A_LONG_TRAINING=$FASTVIDEO_ULYSSES_A2A_LONG_TRAINING, $nproc rank(s) on $device" >&2
-exec "$PY" -m torch.distributed.run --standalone --nproc_per_node="$nproc" -m fastvideo.entrypoints.train_video_dit \
+exec "$PY" -m torch.distributed.run --standalone --nproc_per_node="$nproc" -m fastvideo.sp_recipes.train_video_dit \
   train --device "$device" "$@"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fastvideo.models.video_dit import VideoDiTConfig
+from fastvideo.sp_recipes.video_dit import VideoDiTConfig
 
 __all__ = ["Batch", "SyntheticVideoLatents"]
 

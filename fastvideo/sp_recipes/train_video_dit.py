@@ -1,8 +1,8 @@
-"""The training recipe: the video DiT (``fastvideo/models/video_dit.py``) trained with sequence parallelism under
+"""The training recipe: the video DiT (``fastvideo/sp_recipes/video_dit.py``) trained with sequence parallelism under
 FSDP2 on synthetic video latents, and the comparison of the two all-to-all routes.
 
-    torchrun --standalone --nproc_per_node=N -m fastvideo.entrypoints.train_video_dit train --out-dir D [options]
-    python -m fastvideo.entrypoints.train_video_dit compare OFF/run.json AUTO/run.json [--resumed R/run.json]
+    torchrun --standalone --nproc_per_node=N -m fastvideo.sp_recipes.train_video_dit train --out-dir D [options]
+    python -m fastvideo.sp_recipes.train_video_dit compare OFF/run.json AUTO/run.json [--resumed R/run.json]
 
 ``examples/training/video_dit/`` holds the recipe scripts (they export ``FASTVIDEO_ULYSSES_A2A`` and
 ``FASTVIDEO_ULYSSES_A2A_LONG_TRAINING`` and launch this), and ``scripts/run_demo.sh`` runs the whole recipe.
@@ -11,7 +11,7 @@ FSDP2 on synthetic video latents, and the comparison of the two all-to-all route
 SP group spans ``--sp`` ranks (default: all), DP groups run across them; FSDP2 shards every block and the root
 over the whole world. Each step draws its batch from ``(seed, step, DP rank)``, takes one AdamW step, and
 rank 0 draws a progress line with the loss (mean over DP ranks), the step time (rank max) and the route the
-step's all-to-alls took. Checkpoints (safetensors, ``fastvideo/training/checkpoint.py``) every ``--ckpt-every``
+step's all-to-alls took. Checkpoints (safetensors, ``fastvideo/sp_recipes/checkpoint.py``) every ``--ckpt-every``
 steps and at the end; ``--resume`` continues from one. ``run.json`` in ``--out-dir`` records every step.
 
 ``compare``: the closing table of the runs, an assertion that every run's losses equal the first run's (the
@@ -32,15 +32,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from fastvideo.attention.dense import attention_backend
 from fastvideo.distributed import parallel_state as ps
 from fastvideo.distributed.communication_op import warmup_sequence_parallel_communication
 from fastvideo.distributed.device_communicators.ulysses_a2a import current_default_helper
-from fastvideo.layers.attention import attention_backend
-from fastvideo.models.video_dit import CONFIGS, VideoDiT, VideoDiTConfig, flow_matching_loss
-from fastvideo.training.checkpoint import load_checkpoint, save_checkpoint
-from fastvideo.training.data import SyntheticVideoLatents
-from fastvideo.training.fsdp import shard_dit, world_mesh
-from fastvideo.training.progress import ProgressBar
+from fastvideo.sp_recipes.checkpoint import load_checkpoint, save_checkpoint
+from fastvideo.sp_recipes.data import SyntheticVideoLatents
+from fastvideo.sp_recipes.fsdp import shard_dit, world_mesh
+from fastvideo.sp_recipes.progress import ProgressBar
+from fastvideo.sp_recipes.video_dit import CONFIGS, VideoDiT, VideoDiTConfig, flow_matching_loss
 
 ROUTE, LONG = "FASTVIDEO_ULYSSES_A2A", "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"
 # Per device: the config, steps and batch a run takes unless told (tiny: 2 CPU ranks in seconds).

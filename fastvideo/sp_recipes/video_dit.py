@@ -35,13 +35,13 @@ import torch.utils.checkpoint
 from torch import nn
 
 from fastvideo.attention.layer import DistributedAttention
+from fastvideo.attention.rotary import rotary_3d
 from fastvideo.distributed.communication_op import (
     balanced_splits,
     sequence_model_parallel_all_gather_with_unpad,
     sequence_model_parallel_shard,
 )
 from fastvideo.distributed.parallel_state import get_sp_world_size
-from fastvideo.layers.rotary_embedding import rotary_3d
 
 __all__ = ["CONFIGS", "VideoDiT", "VideoDiTBlock", "VideoDiTConfig", "config_with", "flow_matching_loss", "patchify",
            "unpatchify"]
