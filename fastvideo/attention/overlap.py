@@ -77,6 +77,7 @@ def schedule(chunks: int) -> tuple[Step, ...]:
 class ScheduleReport(NamedTuple):
     waits_on: dict[str, str]  # consumer -> the event its stream waited on for the data it reads
     unsafe: list[str]  # consumers that read data not yet landed on their stream (must be empty)
+    unwaited: list[str]  # compute consumers whose stream never waited on their exchange's own event (must be empty)
     overlapped: list[str]  # exchanges in flight while an attention ran on the compute stream
 
 
@@ -85,13 +86,15 @@ def schedule_model(steps: Sequence[Step]) -> ScheduleReport:
     compute stream (it reads what the compute stream wrote), writes its exchange there and records an event;
     every wait makes the compute stream wait on that event. A consumer (an attention reads its group's q/k/v
     exchange, an output start reads its group's attention, the join reads every output exchange) is safe when
-    the write it reads happens before it on its stream. Pure."""
+    the write it reads happens before it on its stream, and a compute consumer must have waited on its own
+    exchange's event (not merely on a later one of the same stream). Pure."""
     clock = {"compute": {"compute": 0, "comm": 0}, "comm": {"compute": 0, "comm": 0}}
     writes: dict[str, tuple[str, int]] = {"input": ("compute", 0)}
     events: dict[str, dict[str, int]] = {}
     waited: dict[str, str] = {}  # data name -> event name the compute stream last waited on for it
     waits_on: dict[str, str] = {}
     unsafe: list[str] = []
+    unwaited: list[str] = []
     overlapped: list[str] = []
     flying: set[str] = set()
 
@@ -103,8 +106,11 @@ def schedule_model(steps: Sequence[Step]) -> ScheduleReport:
         src, at = writes.get(data, ("never", 1))
         if src == "never" or clock[stream][src] < at:
             unsafe.append(consumer)
-        if stream == "compute" and data in waited:
-            waits_on[consumer] = waited[data]
+        if stream == "compute":
+            if data in waited:
+                waits_on[consumer] = waited[data]
+            else:  # safe at most through a later exchange's event: the schedule must not rely on that
+                unwaited.append(consumer)
 
     for step in steps:
         name = f"{step.role}{step.group}"
@@ -128,7 +134,7 @@ def schedule_model(steps: Sequence[Step]) -> ScheduleReport:
             groups = sorted({s.group for s in steps if s.kind == "attend"})
             for g in groups:
                 read(f"join out{g}", "compute", f"xout{g}")
-    return ScheduleReport(waits_on, unsafe, overlapped)
+    return ScheduleReport(waits_on, unsafe, unwaited, overlapped)
 
 
 def _tag(layer, role: str, group: int) -> dict[str, str]:
