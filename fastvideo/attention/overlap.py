@@ -137,6 +137,19 @@ def schedule_model(steps: Sequence[Step]) -> ScheduleReport:
     return ScheduleReport(waits_on, unsafe, unwaited, overlapped)
 
 
+def group_calls(shape: Sequence[int], world_size: int, chunks: int) -> list[tuple[tuple[int, ...], tuple[int, ...],
+                                                                            tuple[int, ...] | None]]:
+    """Each head group's two exchanges for a layer whose packed q/k/v exchange input is ``shape`` ``[3B, S_local, H,
+    D]`` on every rank (even shards): ``(qkv input shape, out input shape on rank 0, head_splits or None when even)``.
+    Pure (``explain``)."""
+    b, s, h, d = shape
+    calls = []
+    for hg in head_groups(h, chunks):
+        heads = _group_heads(hg, world_size)
+        calls.append(((b, s, hg, d), (b // 3, s * world_size, heads[0], d), None if hg % world_size == 0 else heads))
+    return calls
+
+
 def _tag(layer, role: str, group: int) -> dict[str, str]:
     """The call tag of ``role``'s exchange of ``group``: the layer's tag for the role with ``.g{group}`` appended."""
     tag = layer.tags[role]

@@ -169,3 +169,73 @@ def test_ranks_that_disagree_on_the_setting_raise_together(ranks):
     assert sorted(errors) == [0, 1]
     for kind, message, _ in errors.values():
         assert kind == "SettingsMismatchError" and OVERLAP in message
+
+
+# ------------------------------------------------------------------------------------- the recipe's model trains alike
+
+STEPS = 4
+
+
+def _train_losses(rank, p, runs):
+    """The recipe's tiny video DiT trained ``STEPS`` AdamW steps (the recipe's loss, data and optimiser; gradients
+    summed over the SP ranks, as the recipe's sharding does) ``runs`` times from the same seed: losses per run, and
+    which exchanges the attention made (per-group tags or not)."""
+    import torch.distributed as dist
+
+    from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D
+    from fastvideo.sp_recipes.data import SyntheticVideoLatents
+    from fastvideo.sp_recipes.video_dit import CONFIGS, VideoDiT, flow_matching_loss
+
+    tags = set()
+
+    def counted(x, sd, gd, name, **kwargs):
+        tags.add(kwargs.get("tag"))
+        return sequence_model_parallel_all_to_all_4D(x, sd, gd, **kwargs)
+
+    cfg = CONFIGS["tiny"]
+    out = []
+    for _ in range(runs):
+        torch.manual_seed(0)
+        model = VideoDiT(cfg)
+        for block in model.blocks:
+            block.attn.all_to_all = counted
+        opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.95), weight_decay=0.01)
+        data = SyntheticVideoLatents(cfg, seed=0)
+        losses = []
+        for step in range(1, STEPS + 1):
+            batch = data.batch(step, batch_size=2)
+            loss = flow_matching_loss(model(batch.xt, batch.t, batch.text), batch.x0, batch.noise)
+            loss.backward()
+            for param in model.parameters():
+                dist.all_reduce(param.grad)
+                param.grad /= p
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+        out.append(losses)
+    return out, sorted(t for t in tags if t)
+
+
+# float32 ulps of the loss allowed per step after the first (see the test): the bound, not a fit to one run.
+ULPS_PER_STEP = 64
+
+
+def test_the_recipe_model_trains_to_the_same_losses_with_overlap(ranks):
+    """The recipe's tiny DiT (6 heads; 2 groups of 3 heads, split 2 + 1 over 2 ranks) with overlap on against off.
+
+    Calibration: repeated runs with overlap off are bit-identical (asserted: a spread of 0). The first step's loss
+    (the forward alone) is then exact. Later steps may differ in the last bits, and only there: the replicated text
+    tokens' gradient is partial per rank over the heads it attended (another partition when grouped), and the
+    RMSNorm on q and k sums it over all heads before the ranks' gradients are summed, so float32 rounds in another
+    order. Allowed: ``ULPS_PER_STEP`` float32 ulps of the loss per step after the first."""
+    off = ranks(2, _train_losses, 2, env={OVERLAP: "0"}, timeout_s=120)
+    on = ranks(2, _train_losses, 1, env={OVERLAP: "2"}, timeout_s=120)
+    (first, again), tags_off = off[0]
+    (pipelined,), tags_on = on[0]
+    assert first == again  # the calibration run: no spread at all
+    assert tags_off == ["blocks.0.attn.out", "blocks.0.attn.qkv", "blocks.1.attn.out", "blocks.1.attn.qkv"]
+    assert tags_on == sorted(f"blocks.{b}.attn.{r}.g{g}" for b in (0, 1) for r in ("qkv", "out") for g in (0, 1))
+    assert pipelined[0] == first[0]
+    for step in range(1, STEPS):
+        ulp = abs(first[step]) * 2.0 ** -23
+        assert abs(pipelined[step] - first[step]) <= ULPS_PER_STEP * step * ulp, (step, pipelined, first)
