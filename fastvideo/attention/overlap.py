@@ -150,6 +150,39 @@ def group_calls(shape: Sequence[int], world_size: int, chunks: int) -> list[tupl
     return calls
 
 
+def describe_plan(args, world_size: int, dtype: torch.dtype) -> tuple[int, list[str]]:
+    """``explain --overlap N``'s exit status and lines (``args``: its parsed arguments; ``shape`` a layer's packed
+    q/k/v exchange input): the head groups, and each group's two exchanges with the policy's route and kind for
+    them; status 2 and an error line for arguments that describe no such layer. Pure."""
+    from fastvideo.distributed.ulysses.policy import ENGINE_CE, Geometry, choose_plan
+
+    shape, chunks = args.shape, args.overlap
+    if args.mode != 0 or args.seq_splits is not None or args.head_splits is not None:
+        return 2, ["error: --overlap explains a layer's packed q/k/v exchange: mode 0 with even shards (no splits)"]
+    if not 1 < chunks <= shape[2]:
+        return 2, [f"error: --overlap {chunks} must be in 2..H ({shape[2]}): each group needs a head"]
+    gpu, window_bytes, grad, long_training = args.gpu, args.window_bytes, args.grad, args.long_training
+
+    calls = group_calls(shape, world_size, chunks)
+    lines = [f"overlap    {chunks} head groups of {[c[0][2] for c in calls]} heads; each group's q/k/v and output "
+             "exchanges run on the communication stream (started before, waited after, the neighbouring group's "
+             "attention on the compute stream)"]
+    for g, (qkv, out, heads) in enumerate(calls):
+        for role, call_shape, mode in (("qkv", qkv, 0), ("out", out, 1)):
+            geom = Geometry.from_input(call_shape, mode, world_size, dtype, head_splits=heads)
+            choice = choose_plan(geom, gpu=gpu, window_bytes=window_bytes, grad=grad, long_training=long_training)
+            if choice.plan is None:
+                what = f"nccl route on the communication stream (fused declined: {choice.reason.label})"
+            elif choice.plan.engine == ENGINE_CE:
+                what = f"fused, copy engines, no SMs beside the attention ({choice.plan.describe(geom)})"
+            else:
+                what = (f"fused, SM kind: {choice.plan.ctas} CTAs compete with the attention for SMs "
+                        f"({choice.plan.describe(geom)})")
+            split = f", head splits {list(heads)}" if heads else ""
+            lines.append(f"group {g} {role:<3} {list(call_shape)} mode {mode}{split}: {what}")
+    return 0, lines
+
+
 def _tag(layer, role: str, group: int) -> dict[str, str]:
     """The call tag of ``role``'s exchange of ``group``: the layer's tag for the role with ``.g{group}`` appended."""
     tag = layer.tags[role]

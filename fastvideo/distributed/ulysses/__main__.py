@@ -8,9 +8,7 @@
 ``explain`` applies the same pure policy the helper applies on every call and prints the plan
 (route, CTAs, chunking, window bytes) or the decline reason; no GPU or process group is needed. With
 ``--seq-splits`` / ``--head-splits`` (every rank's shares) ``--shape`` is rank ``--rank``'s input.
-With ``--overlap N`` (default ``FASTVIDEO_ULYSSES_A2A_OVERLAP``; N > 1) ``--shape`` is the packed q/k/v input
-``[3B, S/P, H, D]`` of a ``DistributedAttention`` and it prints the overlap plan: the head groups, and each
-group's two exchanges with their route and kind, all on the communication stream.
+``--overlap N`` (N > 1): ``--shape`` is a ``DistributedAttention``'s packed q/k/v; its head groups' plans.
 Bad arguments are argparse errors (exit 2) that name the argument and the fix.
 ``doctor`` prints versions, the kernel library (every place it looked), GPUs and peer access, the
 host identity and the environment variables. It reports problems (an invalid ``FASTVIDEO_*`` value,
@@ -92,7 +90,6 @@ def _bounded_int(minimum: int, expected: str, below: str):
     return parse
 
 
-_overlap = _bounded_int(0, "a non-negative int (head groups)", "head groups: 0 or 1 (off), or more")
 _world_size = _bounded_int(1, "a positive integer (the SP size)",
                            "the SP size must be a positive integer (1, 2, 4, ...)")
 _rank = _bounded_int(0, "a rank, 0 <= rank < the SP size", "a rank is non-negative (0 <= rank < the SP size)")
@@ -217,44 +214,15 @@ def explain(args: argparse.Namespace) -> int:
     else:
         print(f"route      fused ({choice.plan.describe(geom)})")
     print(f"why        {choice.why}")
-    if args.overlap > 1:
-        return _explain_overlap(args, dtype, p)
+    if args.overlap > 1:  # a DistributedAttention's head groups (fastvideo/attention/overlap.py)
+        from fastvideo.attention.overlap import describe_plan
+        rc, lines = describe_plan(args, p, dtype)
+        print("\n".join(lines))
+        return rc
     if geom.uneven and choice.plan is not None:
         # The policy's plan runs only on a transport that offers uneven plans (the planner requires it).
         print(f"transport  uneven splits need a transport offering '{ENTRY_UNEVEN}': the native one with a kernel "
               "build of ABI 5 or later; on an older build every rank declines uneven_splits and the NCCL route runs")
-    return 0
-
-
-def _explain_overlap(args: argparse.Namespace, dtype: torch.dtype, p: int) -> int:
-    """The overlap plan of a ``DistributedAttention`` whose packed q/k/v exchange input is ``args.shape``."""
-    from fastvideo.attention.overlap import group_calls
-
-    if args.mode != 0 or args.seq_splits is not None or args.head_splits is not None:
-        print("error: --overlap explains a layer's packed q/k/v exchange: mode 0 with even shards (no splits)")
-        return 2
-    if not 1 < args.overlap <= args.shape[2]:
-        print(f"error: --overlap {args.overlap} must be in 2..H ({args.shape[2]}): each group needs a head")
-        return 2
-    calls = group_calls(args.shape, p, args.overlap)
-    print(f"overlap    {args.overlap} head groups of {[c[0][2] for c in calls]} heads; each group's q/k/v and output "
-          "exchanges run on the communication stream (started before, waited after, the neighbouring group's "
-          "attention on the compute stream)")
-    for g, (qkv, out, heads) in enumerate(calls):
-        for role, shape, mode in (("qkv", qkv, 0), ("out", out, 1)):
-            geom = Geometry.from_input(shape, mode, p, dtype, head_splits=heads)
-            choice = choose_plan(geom, gpu=args.gpu, window_bytes=args.window_bytes, grad=args.grad,
-                                 long_training=args.long_training)
-            if choice.plan is None:
-                assert choice.reason is not None
-                what = f"nccl route on the communication stream (fused declined: {choice.reason.label})"
-            elif choice.plan.engine == "ce":
-                what = f"fused, copy engines, no SMs beside the attention ({choice.plan.describe(geom)})"
-            else:
-                what = (f"fused, SM kind: {choice.plan.ctas} CTAs compete with the attention for SMs "
-                        f"({choice.plan.describe(geom)})")
-            split = f", head splits {list(heads)}" if heads else ""
-            print(f"group {g} {role:<3} {list(shape)} mode {mode}{split}: {what}")
     return 0
 
 
@@ -455,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--head-splits", type=_splits, default=None, metavar="H0,H1,...",
                     help="every rank's heads (default: even)")
     ex.add_argument("--rank", type=_rank, default=0, help="the rank whose input --shape is (with splits; default 0)")
-    ex.add_argument("--overlap", type=_overlap, default=None, metavar="N",
+    ex.add_argument("--overlap", type=int, default=None, metavar="N",
                     help="head groups of a DistributedAttention's pipeline (default: FASTVIDEO_ULYSSES_A2A_OVERLAP)")
     sub.add_parser("doctor", help="versions, kernel library, GPUs, host, env; exits 1 if it found a problem")
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from fastvideo.distributed.parallel_state import get_sp_group
 from fastvideo.distributed.ulysses import registry
@@ -179,6 +180,13 @@ def _start(x: torch.Tensor, mode: int, grad: bool, outcome: torch.Tensor | None,
 
 @_start.register_fake
 def _start_fake(x, mode, grad, outcome, helper, *, seq_splits=None, head_splits=None, tag=None):
+    if not is_fake(x):  # the Meta dispatch key outside tracing: raise (as the synchronous op), never a fake token
+        sp = get_sp_group()
+        try:
+            validate_input(x, mode, sp.world_size, rank=sp.rank_in_group, seq_splits=seq_splits,
+                           head_splits=head_splits)
+        except ValueError as exc:
+            fail(x, mode, exc)
     return torch.empty(1, dtype=torch.float64), torch.empty(2, dtype=torch.int64)
 
 
