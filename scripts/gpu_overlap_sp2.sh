@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The overlap measurements on 2 GPUs of one host (for later), from the repository root:
 #
-#   OUT=/tmp/overlap_sp2 bash scripts/gpu_overlap_sp2.sh [GEOMETRIES]      (default: wan720p h3-32k h3-128k)
+#   OUT=/tmp/overlap_sp2 [GEOMETRIES="wan720p h3-32k h3-128k"] bash scripts/gpu_overlap_sp2.sh
 #
 # 1. tests/distributed/check_overlap.py at SP 2: the waits, the pipelined block captured and replayed exactly with
 #    real exchanges, compile fullgraph.
@@ -18,18 +18,29 @@ gpu_init overlap_sp2
 BUDGET_S="${BUDGET_S:-1500}"
 L="$WORK/logs"
 TORCHRUN=("$python" -m torch.distributed.run --standalone --nproc_per_node=2)
-geometries=("${@:-wan720p h3-32k h3-128k}")
-# shellcheck disable=SC2206
-geometries=(${geometries[*]})
+GEOMETRIES="${GEOMETRIES:-wan720p h3-32k h3-128k}"
+want() { [[ " $GEOMETRIES " == *" $1 "* ]]; }
+CASE=(benchmarks/run.py overlap --groups 1,2,4,8 --direction fwd,fwd_bwd --group-rows derive --iters 5 --warmup 2)
 step "versions" 60 versions.log gpu_versions
 step "check_overlap SP2" 300 check.log "${TORCHRUN[@]}" tests/distributed/check_overlap.py \
   --json "$L/overlap_check_sp2.json"
-for g in "${geometries[@]}"; do
-  step "overlap $g off+ce" 600 case.log "${TORCHRUN[@]}" benchmarks/run.py overlap --geometry "$g" \
-    --groups 1,2,4,8 --direction fwd,fwd_bwd --routes off,auto --engine ce --group-rows derive \
-    --iters 5 --warmup 2 --json "$L/overlap_${g}_ce.json"
-  step "overlap $g sm" 600 case.log "${TORCHRUN[@]}" benchmarks/run.py overlap --geometry "$g" \
-    --groups 1,2,4,8 --direction fwd,fwd_bwd --routes auto --engine sm --group-rows derive \
-    --iters 5 --warmup 2 --json "$L/overlap_${g}_sm.json"
-done
-gpu_finish logs/overlap_check_sp2.json "logs/overlap_${geometries[0]}_ce.json" "logs/overlap_${geometries[0]}_sm.json"
+if want wan720p; then
+  step "overlap wan720p off+ce" 600 case.log "${TORCHRUN[@]}" "${CASE[@]}" --geometry wan720p --routes off,auto \
+    --engine ce --json "$L/overlap_wan720p_ce.json"
+  step "overlap wan720p sm" 600 case.log "${TORCHRUN[@]}" "${CASE[@]}" --geometry wan720p --routes auto --engine sm \
+    --json "$L/overlap_wan720p_sm.json"
+fi
+if want h3-32k; then
+  step "overlap h3-32k off+ce" 600 case.log "${TORCHRUN[@]}" "${CASE[@]}" --geometry h3-32k --routes off,auto \
+    --engine ce --json "$L/overlap_h3-32k_ce.json"
+  step "overlap h3-32k sm" 600 case.log "${TORCHRUN[@]}" "${CASE[@]}" --geometry h3-32k --routes auto --engine sm \
+    --json "$L/overlap_h3-32k_sm.json"
+fi
+if want h3-128k; then
+  step "overlap h3-128k off+ce" 600 case.log "${TORCHRUN[@]}" "${CASE[@]}" --geometry h3-128k --routes off,auto \
+    --engine ce --json "$L/overlap_h3-128k_ce.json"
+  step "overlap h3-128k sm" 600 case.log "${TORCHRUN[@]}" "${CASE[@]}" --geometry h3-128k --routes auto --engine sm \
+    --json "$L/overlap_h3-128k_sm.json"
+fi
+gpu_finish logs/overlap_check_sp2.json logs/overlap_wan720p_ce.json logs/overlap_wan720p_sm.json \
+  logs/overlap_h3-32k_ce.json logs/overlap_h3-128k_ce.json
