@@ -410,7 +410,9 @@ def choose_plan(
         return Choice(None, DeclineReason.WINDOW,
                       f"one row ({geom.row_bytes} B) exceeds the usable window ({usable} of {window_bytes} B)")
     rows = even_rows(geom.S, min(max_rows, -(-geom.S // row.row_chunks)))
+    limit = (f"the usable window, half the window for the copy-engine kind ({usable} of {window_bytes} B)"
+             if row.engine == ENGINE_CE else f"the window ({window_bytes} B)")
     return Choice(
         Plan(row.ctas, 1, rows, tuned=True, engine=row.engine), None,
-        f"{name}, plane exceeds the window: even row chunks of at most {max_rows}",
+        f"{name}, plane ({geom.plane_bytes} B) exceeds {limit}: even row chunks of at most {max_rows} rows",
     )
