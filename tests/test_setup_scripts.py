@@ -75,3 +75,105 @@ def test_negative_control_without_pytest_the_test_command_fails(tmp_path):
     proc = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 1 and "pytest is not installed" in proc.stderr
+
+
+# ------------------------------------------------------------------------------------- offline kernel builds
+
+
+def _offline(tmp_path: pathlib.Path, hidden: str = "") -> dict[str, str]:
+    """This python as on a host without a package registry: ``pip download`` fails as pip does there; an
+    nvidia-nccl-cu13 2.28.9 is installed (headers, library, metadata), as a GPU host's torch brings one; the NCCL
+    cache is empty and no wheel is carried."""
+    _, env = _shim(tmp_path, hidden)
+    python = pathlib.Path(env["FASTVIDEO_PYTHON"])
+    python.write_text(
+        '#!/bin/sh\nif [ "$1" = -m ] && [ "$2" = pip ] && [ "$3" = download ]; then\n'
+        '  echo "ERROR: No matching distribution found for $*" >&2; exit 1\nfi\n'
+        f'exec "{sys.executable}" "$@"\n')
+    site = tmp_path / "site"
+    nccl = site / "nvidia" / "nccl"
+    (nccl / "include").mkdir(parents=True)
+    (nccl / "lib").mkdir()
+    (nccl / "include" / "nccl.h").write_text(
+        "#define NCCL_MAJOR 2\n#define NCCL_MINOR 28\n#define NCCL_PATCH 9\n")
+    (nccl / "include" / "nccl_device.h").write_text("")
+    (nccl / "lib" / "libnccl.so.2").write_text("")
+    meta = site / "nvidia_nccl_cu13-2.28.9.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: nvidia-nccl-cu13\nVersion: 2.28.9\n")
+    env["PYTHONPATH"] = f"{site}{os.pathsep}{env['PYTHONPATH']}"
+    env.update(PYTHON=str(python), FASTVIDEO_KERNEL_CACHE=str(tmp_path / "cache"),
+               FASTVIDEO_WHEEL_DIR=str(tmp_path / "whl"))
+    for name in ("CI", "NCCL_HOME", "FASTVIDEO_SKIP_KERNEL_BUILD"):
+        env.pop(name, None)
+    return env
+
+
+def _nccl_home(env: dict[str, str], version: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "scripts/build_kernel.sh", "--print-nccl-home", version], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_offline_the_installed_nccl_serves_its_own_version(tmp_path):
+    env = _offline(tmp_path)
+    proc = _nccl_home(env, "2.28.9")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"NCCL_HOME={tmp_path / 'site' / 'nvidia' / 'nccl'}" in proc.stdout
+    assert "from the installed nvidia-nccl-cu13" in proc.stdout and "fetching" not in proc.stdout
+
+
+def test_offline_another_version_is_unavailable_with_a_note_naming_it(tmp_path):
+    """Exit 3 (the test command's 'skip'), naming the package, the places looked in and the installed version.
+    Control: the installed 2.28.9 is not taken for 2.30.7."""
+    proc = _nccl_home(_offline(tmp_path), "2.30.7")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "UNAVAILABLE offline: nvidia-nccl-cu13==2.30.7" in proc.stderr
+    assert "the installed nvidia-nccl-cu13 is 2.28.9" in proc.stderr and str(tmp_path / "whl") in proc.stderr
+    assert "NCCL_HOME=" not in proc.stdout
+
+
+def test_offline_under_ci_a_missing_download_fails(tmp_path):
+    env = _offline(tmp_path)
+    env["CI"] = "true"
+    proc = _nccl_home(env, "2.30.7")
+    assert proc.returncode == 1 and "FAILED under CI, which must download it" in proc.stderr
+
+
+def test_offline_a_carried_wheel_is_used(tmp_path):
+    import zipfile
+
+    env = _offline(tmp_path)
+    (tmp_path / "whl").mkdir()
+    with zipfile.ZipFile(tmp_path / "whl" / "nvidia_nccl_cu13-2.30.7-py3-none-manylinux_2_27_x86_64.whl", "w") as z:
+        z.writestr("nvidia/nccl/include/nccl_device.h", "")
+        z.writestr("nvidia/nccl/lib/libnccl.so.2", "")
+    proc = _nccl_home(env, "2.30.7")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"NCCL_HOME={tmp_path / 'cache' / 'nccl-2.30.7' / 'nvidia' / 'nccl'}" in proc.stdout
+    assert "fetching" not in proc.stdout
+
+
+def _fake_nvcc(tmp_path: pathlib.Path, env: dict[str, str]) -> None:
+    """An nvcc on PATH, so the test command reaches its kernel build step (it must not get as far as compiling)."""
+    bin_dir = tmp_path / "nvcc-bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvcc").write_text("#!/bin/sh\necho 'fake nvcc: nothing compiles here' >&2\nexit 1\n")
+    (bin_dir / "nvcc").chmod(0o755)
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+
+
+def test_the_test_command_offline_skips_the_build_it_cannot_download_and_says_so(tmp_path):
+    env = _offline(tmp_path, "ruff clang_format ninja")
+    _fake_nvcc(tmp_path, env)
+    env.update(FASTVIDEO_KERNEL_NCCL_VERSIONS="2.30.7", FASTVIDEO_PYTEST_ARGS="tests/test_rotary_embedding.py")
+    proc = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "== kernel build against NCCL 2.30.7: SKIPPED, its headers are not available here" in proc.stdout
+    assert "4 passed" in proc.stdout
+    assert "kernel build against NCCL 2.30.7 (nvidia-nccl-cu13==2.30.7 unavailable offline)" in \
+        proc.stdout.splitlines()[-1]
+    env["CI"] = "true"  # the control: CI can download, so there it is a failure, not a skip
+    proc = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 1 and "FAILED under CI" in proc.stderr and "4 passed" not in proc.stdout
