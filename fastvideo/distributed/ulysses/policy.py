@@ -269,7 +269,7 @@ TUNED_TABLE: tuple[TunedRow, ...] = (
         128,
         ctas=144,
         planes_per_chunk=1,
-        source="upstream H3 measurements, 4x GB200, NCCL 2.29.7 (docs/ulysses_performance.md)",
+        source="upstream H3 measurements, 4x GB200, NCCL 2.29.7 (docs/ulysses_policy.md)",
     ),
     # 2x H200 (NV18), bf16: the tuner's winners over both engines, then the SM kernel's best for the same keys
     # (where the copy-engine kind does not apply: a build without it, CUDA-graph capture). Where each was
