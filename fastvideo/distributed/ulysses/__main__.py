@@ -33,33 +33,11 @@ from types import ModuleType
 import torch
 
 from fastvideo import envs
-from fastvideo.distributed.ulysses.policy import (
-    DEFAULT_WINDOW_BYTES,
-    ENGINE_CE,
-    ENGINE_SM,
-    TUNED_TABLE,
-    Geometry,
-    Plan,
-    TunedRow,
-    choose_plan,
-    lookup,
-    normalize_gpu_name,
-)
-from fastvideo.distributed.ulysses.transport import ENTRY_UNEVEN
+from fastvideo.distributed.ulysses.explain import ASSUMED_GPU, DTYPES, ROUTE_VAR, default_gpu, explain
+from fastvideo.distributed.ulysses.policy import DEFAULT_WINDOW_BYTES
 
-_DTYPES = {
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float64": torch.float64,
-}
 _WINDOW_VAR = "FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES"
 _LONG_VAR = "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"
-_ROUTE_VAR = "FASTVIDEO_ULYSSES_A2A"
-_ASSUMED_GPU = "H200"  # explain's model on a machine without a GPU (printed as an assumption)
 # Kept in step with fastvideo_kernel.LIBRARY_NAME / ENV_LIBRARY; doctor must work without that package.
 _LIBRARY_NAME = "libfastvideo_ulysses_a2a.so"
 _ENV_LIBRARY = "FASTVIDEO_KERNEL_LIBRARY"
@@ -131,8 +109,8 @@ def _splits(text: str) -> list[int]:
 
 def _dtype(text: str) -> str:
     low = text.strip().lower()
-    if low not in _DTYPES:
-        raise argparse.ArgumentTypeError(f"{text!r}: choose one of {', '.join(sorted(_DTYPES))} (any case)")
+    if low not in DTYPES:
+        raise argparse.ArgumentTypeError(f"{text!r}: choose one of {', '.join(sorted(DTYPES))} (any case)")
     return low
 
 
@@ -149,128 +127,6 @@ def _negative_values_as_values(argv: list[str], options: tuple[str, ...]) -> lis
             out.append(argv[i])
             i += 1
     return out
-
-
-# ----------------------------------------------------------------------------------- explain
-
-# The two plan kinds by the names the docs use: what moves the data across NVLink, and the window rule each obeys.
-KIND_NAMES = {ENGINE_SM: "SM kind", ENGINE_CE: "copy-engine kind"}
-_KIND_HOW = {
-    ENGINE_SM: "the fused kernel's CTAs store into the peers' windows over NVLink",
-    ENGINE_CE: "the copy engines move the data across NVLink, CTAs copy on the device",
-}
-
-
-def _rows_text(rows: list[TunedRow]) -> str:
-    return "; ".join(f"SP{r.world_size} {r.dtype} H={r.heads} D={r.head_dim} ({KIND_NAMES[r.engine]})" for r in rows)
-
-
-def tuned_row_note(gpu: str, geom: Geometry, table: tuple[TunedRow, ...] = TUNED_TABLE) -> str:
-    """Which tuned row the policy will use, or why none applies (an unknown GPU must not pass silently)."""
-    row = lookup(table, gpu, geom)
-    if row is not None:
-        chunking = f"{row.planes_per_chunk} plane(s) per chunk"
-        if row.row_chunks > 1:
-            chunking += f", {row.row_chunks} row chunks per plane"
-        return f"{row.gpu}/SP{row.world_size}: {KIND_NAMES[row.engine]}, {row.ctas} CTAs, {chunking} ({row.source})"
-    name = normalize_gpu_name(gpu)
-    gpus = sorted({r.gpu for r in table})
-    listed = ", ".join(gpus) if gpus else "none"
-    same_gpu = [r for r in table if r.gpu == name]
-    if not name:
-        return f"none: no GPU model given (--gpu {gpu!r}); GPUs with tuned rows: {listed}. The original policy applies."
-    if not same_gpu:
-        return (
-            f"none: no tuned row exists for GPU {gpu!r} (model {name!r}); GPUs with tuned rows: {listed}. "
-            "The original policy applies."
-        )
-    return (
-        f"none for {name} at SP{geom.world_size} {geom.dtype} H={geom.H} D={geom.D}; {name} rows: "
-        f"{_rows_text(same_gpu)}. The original policy applies."
-    )
-
-
-def kind_note(plan: Plan, geom: Geometry, window_bytes: int) -> str:
-    """The plan's kind, how it moves data, and the window rule it obeys, with the numbers."""
-    how = f"{KIND_NAMES[plan.engine]}: {_KIND_HOW[plan.engine]}"
-    if plan.engine == ENGINE_CE:
-        return (f"{how}; two chunk buffers, so each chunk must fit half the window ({window_bytes // 2} of "
-                f"{window_bytes} B); this plan's chunks take {plan.window_bytes(geom) // 2} B each")
-    return f"{how}; each chunk must fit the window ({window_bytes} B); this plan's take {plan.window_bytes(geom)} B"
-
-
-def default_gpu() -> tuple[str, str]:
-    """The GPU model explain plans for when ``--gpu`` is not given, and where it came from (said in the output)."""
-    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
-        return torch.cuda.get_device_name(0), "GPU 0 of this machine"
-    return _ASSUMED_GPU, "assumed: this machine has no GPU; pass --gpu to plan for another model"
-
-
-def explain_rows(args: argparse.Namespace) -> tuple[int, list[tuple[str, str]]]:
-    """``explain``'s output as ``(label, text)`` rows, and its exit status (2: no route can serve the input)."""
-    from fastvideo.distributed.communication_op import validate_input
-
-    rows: list[tuple[str, str]] = []
-    mode, p = args.mode, args.world_size
-    dtype = _DTYPES[args.dtype]
-    try:
-        splits = validate_input(torch.empty(args.shape, device="meta"), mode, p, rank=args.rank,
-                                seq_splits=args.seq_splits, head_splits=args.head_splits, allow_meta=True)
-    except ValueError as exc:
-        return 2, [("error:", str(exc))]
-    rows.append(("input", f"{list(args.shape)} {dtype} mode {mode} "
-                          f"({'scatter heads' if mode == 0 else 'scatter sequence'})"))
-    if p == 1:
-        # sequence_model_parallel_all_to_all_4D returns x itself at SP1: no route, no vote, no plan.
-        rows.append(("route", "identity (SP size 1: the op returns its input unchanged; no collective, no vote)"))
-        return 0, rows
-    geom = Geometry.from_input(args.shape, mode, p, dtype, seq_splits=splits.seq, head_splits=splits.heads)
-    choice = choose_plan(
-        geom, gpu=args.gpu, window_bytes=args.window_bytes, grad=args.grad, long_training=args.long_training
-    )
-    share = "S_local" if geom.seq_splits is None else "largest S_local share"
-    rows.append(("geometry", f"SP {p}, B={geom.B} planes, {share}={geom.S}, H={geom.H}, D={geom.D}, "
-                             f"plane {geom.plane_bytes} B, operand {geom.operand_bytes} B"))
-    if geom.uneven:
-        rows.append(("splits", f"seq {list(geom.seq_table)}, heads {list(geom.head_table)} (uneven: chunks and the "
-                               "window are sized by the largest share)"))
-    else:
-        rows.append(("splits", f"even ({geom.S} rows and {geom.H // p} heads per rank)"))
-    rows.append(("gpu", f"{args.gpu} ({args.gpu_source})"))
-    rows.append(("policy", f"grad={args.grad} long_training={args.long_training} window={args.window_bytes} B"))
-    rows.append(("switch", f"{_ROUTE_VAR}={args.a2a} ({args.a2a_source})"))
-    rows.append(("tuned row", tuned_row_note(args.gpu, geom)))
-    if choice.plan is None:
-        assert choice.reason is not None
-        fused = f"nccl (declined: {choice.reason.label})"
-    else:
-        fused = f"fused ({choice.plan.describe(geom)})"
-    if args.a2a == "off":
-        # The helper is never built under off: every call takes the NCCL route, whatever the policy would choose.
-        rows.append(("route", f"nccl ({_ROUTE_VAR}=off: every call takes the NCCL route, no vote; "
-                              f"{_ROUTE_VAR}=auto would choose the plan below)"))
-        rows.append(("with auto", fused))
-    else:
-        rows.append(("route", fused))
-    if choice.plan is not None:
-        rows.append(("kind", kind_note(choice.plan, geom, args.window_bytes)))
-    rows.append(("why", choice.why))
-    if choice.plan is not None and args.a2a == "auto":
-        rows.append(("needs", "every SP rank on one host, NVLink between them and the kernel library (doctor checks "
-                              "this host); where any rank lacks one, every rank takes the NCCL route together"))
-    if geom.uneven and choice.plan is not None:
-        # The policy's plan runs only on a transport that offers uneven plans (the planner requires it).
-        rows.append(("transport", f"uneven splits need a transport offering '{ENTRY_UNEVEN}': the native one with a "
-                                  "kernel build of ABI 5 or later; on an older build every rank declines "
-                                  "uneven_splits and the NCCL route runs"))
-    return 0, rows
-
-
-def explain(args: argparse.Namespace) -> int:
-    rc, rows = explain_rows(args)
-    for label, text in rows:
-        print(f"{label:10s} {text}")
-    return rc
 
 
 # ----------------------------------------------------------------------------------- doctor
@@ -343,10 +199,10 @@ def _doctor_kernel(doc: _Doctor, repo_root: Path, switch: str | None) -> None:
 
     def unavailable(text: str) -> None:
         if switch == "auto":
-            doc.finding("kernel", f"not available while {_ROUTE_VAR}=auto, so every call takes the NCCL route "
+            doc.finding("kernel", f"not available while {ROUTE_VAR}=auto, so every call takes the NCCL route "
                                   f"(declined: transport_missing): {text}")
         else:
-            doc.line("kernel", f"not available: {text} (not needed while {_ROUTE_VAR}={switch or 'off'})")
+            doc.line("kernel", f"not available: {text} (not needed while {ROUTE_VAR}={switch or 'off'})")
 
     try:
         loader: ModuleType | None = _loader()
@@ -395,7 +251,7 @@ def doctor(_: argparse.Namespace, repo_root: Path | None = None) -> int:
 
     doc = _Doctor()
     try:
-        switch: str | None = envs.get(_ROUTE_VAR)
+        switch: str | None = envs.get(ROUTE_VAR)
     except ValueError:
         switch = None  # reported by the environment check
 
@@ -464,13 +320,13 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--world-size", type=_world_size, required=True, help="SP size (a positive integer)")
     ex.add_argument("--shape", type=_shape, required=True, help="input shape B,S,H,D as passed to the op")
     ex.add_argument(
-        "--dtype", type=_dtype, default="bfloat16", metavar="DTYPE", help=f"one of {', '.join(sorted(_DTYPES))}"
+        "--dtype", type=_dtype, default="bfloat16", metavar="DTYPE", help=f"one of {', '.join(sorted(DTYPES))}"
     )
     ex.add_argument("--gpu", default=None,
-                    help=f"GPU model, e.g. GB200, H200 (default: GPU 0's model; without a GPU, {_ASSUMED_GPU}, "
+                    help=f"GPU model, e.g. GB200, H200 (default: GPU 0's model; without a GPU, {ASSUMED_GPU}, "
                          "printed as an assumption)")
     ex.add_argument("--a2a", type=str.lower, choices=("off", "auto"), default=None,
-                    help=f"the route switch (default: {_ROUTE_VAR}, as the helper reads it)")
+                    help=f"the route switch (default: {ROUTE_VAR}, as the helper reads it)")
     ex.add_argument("--mode", type=int, choices=(0, 1), default=0, help="0: scatter heads (2,1); 1: the inverse (1,2)")
     ex.add_argument("--grad", action="store_true", help="the operand is grad-tracked (training)")
     ex.add_argument(
@@ -495,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "explain":
         args.a2a_source = "--a2a" if args.a2a is not None else "from the environment"
         for attr, flag, var in (
-            ("a2a", "--a2a", _ROUTE_VAR),
+            ("a2a", "--a2a", ROUTE_VAR),
             ("long_training", "--long-training", _LONG_VAR),
             ("window_bytes", "--window-bytes", _WINDOW_VAR),
         ):
