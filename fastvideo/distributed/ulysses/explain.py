@@ -130,7 +130,7 @@ def explain_rows(args: argparse.Namespace) -> tuple[int, list[tuple[str, str]]]:
         fused = f"fused ({choice.plan.describe(geom)})"
     if args.a2a == "off":
         # The helper is never built under off: every call takes the NCCL route, whatever the policy would choose.
-        rows.append(("route", f"nccl ({ROUTE_VAR}=off: every call takes the NCCL route, no vote; "
+        rows.append(("route", f"nccl ({ROUTE_VAR}=off: every call takes the NCCL route, voting only in checked mode; "
                               f"{ROUTE_VAR}=auto would choose the plan below)"))
         rows.append(("with auto", fused))
     else:
