@@ -4,13 +4,21 @@
 # FASTVIDEO_ULYSSES_A2A or _LONG_TRAINING without the test setting it) runs once per value of each
 # variable it names, and every other test sees both pinned to their defaults (tests/conftest.py). Exit
 # code 5 (no tests collected) is a failure. On a python used as it is (scripts/setup_env.sh: a GPU host's)
-# a step whose tool is not installed is skipped with a note, and the last line names what did not run.
+# a step whose tool is not installed, or whose NCCL release cannot be downloaded, is skipped with a note, and the
+# last line names what did not run; under CI=true either is a failure (CI installs and downloads them). On a host
+# with GPUs the GPU tests run in a second, serial session (below).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 cd "$ROOT"
 phase() { echo "== $*  [${SECONDS}s]"; }
 skipped=()
 lacks() { [[ " ${FASTVIDEO_MISSING:-} " == *" $1 "* ]]; }
+# CI installs every tool the steps below need (the dev extras): there a missing one is a failure, never a skip.
+if [[ -n "${CI:-}" && "${CI:-}" != false && "${CI:-}" != 0 && -n "${FASTVIDEO_MISSING:-}" ]]; then
+  echo "CI=true but $PY lacks: $FASTVIDEO_MISSING (CI installs them: pip install -e '.[dev]'); failing instead of" \
+    "skipping what needs them" >&2
+  exit 1
+fi
 if lacks ruff; then
   phase "ruff: SKIPPED, not installed on $PY (pip install ruff)"; skipped+=(ruff)
 else

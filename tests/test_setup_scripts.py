@@ -40,6 +40,7 @@ def _shim(tmp_path: pathlib.Path, hidden: str) -> tuple[pathlib.Path, dict[str, 
     env = {**os.environ, "FASTVIDEO_PYTHON": str(python), "FASTVIDEO_TEST_HIDE": hidden,
            "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "FASTVIDEO_SKIP_KERNEL_BUILD": "1"}
     env.pop("FASTVIDEO_MISSING", None)
+    env.pop("CI", None)  # a host python, not CI's (the tests that need CI set it)
     return python, env
 
 
@@ -68,6 +69,17 @@ def test_the_test_command_skips_what_the_python_lacks_and_says_so(tmp_path):
     assert "4 passed" in proc.stdout and "failed" not in proc.stdout
     assert proc.stdout.splitlines()[-1].startswith(
         "== done; NOT RUN here: ruff, clang-format, kernel build, per-test timeouts (pytest-timeout)")
+
+
+def test_under_ci_a_missing_tool_fails_instead_of_skipping(tmp_path):
+    """The control of the skip above: CI can install every tool, so there a missing one fails the command."""
+    _, env = _shim(tmp_path, "ruff clang_format pytest_timeout")
+    env.update(CI="true", PYTEST_ADDOPTS="-p no:timeout", FASTVIDEO_PYTEST_ARGS="tests/test_rotary_embedding.py")
+    proc = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 1 and "CI=true but" in proc.stderr
+    assert all(tool in proc.stderr for tool in ("ruff", "clang-format", "pytest-timeout"))
+    assert "passed" not in proc.stdout
 
 
 def test_negative_control_without_pytest_the_test_command_fails(tmp_path):
@@ -173,7 +185,12 @@ def test_the_test_command_offline_skips_the_build_it_cannot_download_and_says_so
     assert "4 passed" in proc.stdout
     assert "kernel build against NCCL 2.30.7 (nvidia-nccl-cu13==2.30.7 unavailable offline)" in \
         proc.stdout.splitlines()[-1]
-    env["CI"] = "true"  # the control: CI can download, so there it is a failure, not a skip
+    # The control: CI can download, so there it is a failure, not a skip. CI has every tool (a missing one fails
+    # first, tested above): nothing hidden, and clang-format beside this python as in CI's venv.
+    env.update(CI="true", FASTVIDEO_TEST_HIDE="")
+    clang_format = pathlib.Path(sys.executable).parent / "clang-format"
+    if clang_format.exists():
+        (pathlib.Path(env["FASTVIDEO_PYTHON"]).parent / "clang-format").symlink_to(clang_format)
     proc = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 1 and "FAILED under CI" in proc.stderr and "4 passed" not in proc.stdout
