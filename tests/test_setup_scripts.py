@@ -67,6 +67,7 @@ def test_the_test_command_skips_what_the_python_lacks_and_says_so(tmp_path):
     assert "== clang-format (csrc/): SKIPPED, not installed" in proc.stdout
     assert "== kernel build: SKIPPED (FASTVIDEO_SKIP_KERNEL_BUILD=1" in proc.stdout
     assert "4 passed" in proc.stdout and "failed" not in proc.stdout
+    assert "== pytest -n 2 (ambient-marked tests" in proc.stdout and "the GPUs hidden" not in proc.stdout  # no GPU
     assert proc.stdout.splitlines()[-1].startswith(
         "== done; NOT RUN here: ruff, clang-format, kernel build, per-test timeouts (pytest-timeout)")
 
@@ -194,3 +195,34 @@ def test_the_test_command_offline_skips_the_build_it_cannot_download_and_says_so
     proc = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 1 and "FAILED under CI" in proc.stderr and "4 passed" not in proc.stdout
+
+
+FAKE_GPU = '''
+import os
+
+if os.environ.get("FASTVIDEO_TEST_FAKE_GPU") == "1":
+    import torch
+
+    def _visible() -> bool:  # one GPU, hidden as CUDA hides it
+        return os.environ.get("CUDA_VISIBLE_DEVICES") != ""
+
+    torch.cuda.is_available = _visible
+    torch.cuda.device_count = lambda: 1 if _visible() else 0
+'''
+
+
+def test_on_a_gpu_host_the_gpu_tests_run_in_a_second_serial_session(tmp_path):
+    """A python whose torch reports one GPU (a stand-in: torch.cuda answers as a one-GPU host's, and as a host with
+    the GPUs hidden under CUDA_VISIBLE_DEVICES=''): every other test runs first on workers with the GPUs hidden,
+    then the tests marked gpu serially; a session that collects nothing is fine when the other collected tests.
+    Control: without the stand-in, one session (test_the_test_command_skips_what_the_python_lacks_and_says_so)."""
+    _, env = _shim(tmp_path, "ruff clang_format")
+    (tmp_path / "hide" / "sitecustomize.py").write_text(HIDE + FAKE_GPU)
+    env.update(FASTVIDEO_TEST_FAKE_GPU="1", FASTVIDEO_PYTEST_ARGS="tests/test_rotary_embedding.py",
+               FASTVIDEO_PYTEST_WORKERS="2")
+    proc = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "== pytest -n 2, the GPUs hidden: every test not marked gpu" in proc.stdout
+    assert "== pytest, serial, the GPUs visible: the tests marked gpu" in proc.stdout
+    assert "4 passed" in proc.stdout and "4 deselected" in proc.stdout  # the second session deselects them
