@@ -162,6 +162,8 @@ def describe_plan(args, world_size: int, dtype: torch.dtype) -> tuple[int, list[
     if not 1 < chunks <= shape[2]:
         return 2, [f"error: --overlap {chunks} must be in 2..H ({shape[2]}): each group needs a head"]
     gpu, window_bytes, grad, long_training = args.gpu, args.window_bytes, args.grad, args.long_training
+    if world_size == 1:
+        return 0, [f"overlap    {chunks} head groups; SP size 1: nothing is exchanged (the op returns its input)"]
 
     calls = group_calls(shape, world_size, chunks)
     lines = [f"overlap    {chunks} head groups of {[c[0][2] for c in calls]} heads; each group's q/k/v and output "
@@ -171,7 +173,9 @@ def describe_plan(args, world_size: int, dtype: torch.dtype) -> tuple[int, list[
         for role, call_shape, mode in (("qkv", qkv, 0), ("out", out, 1)):
             geom = Geometry.from_input(call_shape, mode, world_size, dtype, head_splits=heads)
             choice = choose_plan(geom, gpu=gpu, window_bytes=window_bytes, grad=grad, long_training=long_training)
-            if choice.plan is None:
+            if getattr(args, "a2a", "auto") == "off":
+                what = "nccl route on the communication stream (FASTVIDEO_ULYSSES_A2A=off)"
+            elif choice.plan is None:
                 what = f"nccl route on the communication stream (fused declined: {choice.reason.label})"
             elif choice.plan.engine == ENGINE_CE:
                 what = f"fused, copy engines, no SMs beside the attention ({choice.plan.describe(geom)})"
