@@ -219,7 +219,7 @@ class UlyssesHelper:
             count = entry[phase]
             entry[phase] = count + 1
             word = entry[phase + 3] ^ count
-        if not self._votes:  # declined at construction (agreed), unchecked: no call needs a vote
+        if not self._votes:  # declined at construction (agreed), checked mode off: no call needs a vote
             return self._declined(x, mode, seq, phase, self.construction_reason, fallback, splits, tag=tag)
         hot = self._hot  # 1-2 in one native call for a signature launched fused before (hot.py); else None
         hit = (hot.run(x, mode, word) if hot is not None and phase is _FORWARD_NO_GRAD and splits is EVEN
@@ -251,7 +251,7 @@ class UlyssesHelper:
                     entry[phase] = count  # not counted: every rank raises this call, and each rolls its own back
                 # each rank's tags or tables, where the votes carried only their digests (one more exchange)
                 raise mismatch.with_detail(self, decision.error, proposal, seq, phase, tag,
-                                           count if tag is not None else 0) from error
+                                           count if tag is not None else 0, error) from error
             if decision.verdict is Verdict.DECLINE:
                 return self._declined(x, mode, seq, phase, decision.reason, fallback, splits, proposal.why, tag)
             # 4. execute: every rank runs (or captures) this plan: the capture bit is in the agreed fields
@@ -344,11 +344,27 @@ class UlyssesHelper:
             return None, code
         return nccl_route(x, mode, self.sp.device_group, splits=splits), code
 
+    @property
+    def votes(self) -> bool:
+        """Whether every call of this helper votes (agreed, so the same on every rank): a helper that built its
+        transport always does; one that declined at construction does in checked mode (the default under ``auto``).
+        Where it does, a caller error on one rank is voted too (``vote_caller_error``)."""
+        return self._votes
+
     def vote_caller_error(self, mode: int, grad: bool, error: BaseException) -> NoReturn:
-        """Checked mode: this rank's call failed before any collective (invalid input, a meta tensor). Vote
-        ``LOCAL_ERROR`` so that every peer raises ``PeerCallError`` for this same call instead of waiting in it,
-        then raise ``error`` here. Collective (one vote); always raises."""
+        """This rank's call failed before any collective (invalid input, a meta tensor) where every call votes
+        (``votes``). Vote ``LOCAL_ERROR`` (a poisoned proposal) so that every peer raises ``PeerCallError`` for this
+        same call, naming ``error``, instead of waiting in it or pairing it with this rank's next call; then raise
+        ``error`` here. Collective (one vote and one exchange of the errors); always raises."""
         mismatch.vote_caller_error(self, mode, grad, error)
+
+    def _caller_error(self, x: object, mode: int, error: BaseException) -> NoReturn:
+        """Raise ``error``, found before any collective; where every call votes, after voting it (so every rank
+        raises). Collective where this helper votes; always raises."""
+        if not self._votes or torch.compiler.is_compiling():
+            raise error
+        self.vote_caller_error(mode, torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad,
+                               error)
 
     def _watch(self, call: InFlight) -> None:
         if self._watchdog is None:
@@ -370,9 +386,12 @@ class UlyssesHelper:
         (the public function, or ``ops.all_to_all(x, mode, helper=this)`` for this helper), whose backward runs the
         inverse with the plan its forward ran and still votes. A call autograd would record raises instead of losing
         the gradient."""
-        splits = validate_input(x, mode, self.world_size, self.sp.rank_in_group, seq_splits, head_splits)
-        if tag is not None:
-            contract.check_tag(tag, "UlyssesHelper.all_to_all")
+        try:
+            splits = validate_input(x, mode, self.world_size, self.sp.rank_in_group, seq_splits, head_splits)
+            if tag is not None:
+                contract.check_tag(tag, "UlyssesHelper.all_to_all")
+        except (TypeError, ValueError, RuntimeError) as exc:
+            self._caller_error(x, mode, exc)
         if torch.is_grad_enabled() and x.requires_grad:
             raise RuntimeError(
                 "UlyssesHelper.all_to_all is not differentiable and x requires grad: call "
@@ -387,11 +406,15 @@ class UlyssesHelper:
         """The fused route or nothing: collective; blocks the host for the vote; capture-safe; not differentiable.
         Returns the output, or None on every rank when every rank declined (the caller then runs the NCCL
         route). Every rank must call it with matching tensors, split tables and tags, in the same order."""
-        mode = mode_for_dims(scatter_dim, gather_dim)
-        splits = validate_input(x, mode, self.world_size, rank=self.sp.rank_in_group, seq_splits=seq_splits,
-                                head_splits=head_splits)
-        if tag is not None:
-            contract.check_tag(tag, "UlyssesHelper.try_all_to_all_4D")
+        mode = -1  # in the vote of an invalid dim pair
+        try:
+            mode = mode_for_dims(scatter_dim, gather_dim)
+            splits = validate_input(x, mode, self.world_size, rank=self.sp.rank_in_group, seq_splits=seq_splits,
+                                    head_splits=head_splits)
+            if tag is not None:
+                contract.check_tag(tag, "UlyssesHelper.try_all_to_all_4D")
+        except (TypeError, ValueError, RuntimeError) as exc:
+            self._caller_error(x, mode, exc)
         return self.call(x, mode, torch.is_grad_enabled() and x.requires_grad, fallback=False, splits=splits,
                          tag=tag)[0]
 
