@@ -93,8 +93,9 @@ _register(
         "FASTVIDEO_ULYSSES_A2A",
         "choice",
         "off",
-        "Ulysses all-to-all transport: `off` always takes the NCCL route (no vote); `auto` votes on every "
-        "call and takes the fused NCCL-device-API route where every rank agrees it can.",
+        "Ulysses all-to-all transport: `off` always takes the NCCL route (no vote unless checked mode is on); "
+        "`auto` votes on every call, on every route (FASTVIDEO_ULYSSES_A2A_CHECKED=0: the fused route's calls "
+        "only), and takes the fused NCCL-device-API route where every rank agrees it can.",
         choices=("off", "auto"),
         agreed=True,
     )
