@@ -4,15 +4,15 @@ the public op with checked mode at its default (every call votes) and with ``FAS
 (no vote), the NCCL route stubbed with an identity in both, so that the difference is the vote's host path alone
 (the proposal, the exchange, the verdict).
 
-Per vote channel (``--vote shm``: the same-host shared-memory vote, which needs the kernel library; ``gloo``: the
-vote group, with each rank naming a host of its own, the stand-in for ranks on several hosts): ``--alternations`` rounds,
-each ``--iters / --rounds`` calls with the vote then as many without (one settings re-agreement between them), so
-both variants see the same load. Rows per channel: ``voted`` and ``unvoted`` (median, p10, p90 microseconds per
-call, the worst rank), and ``vote cost``: the difference of the two medians (the worst rank's), the spread of that
-difference over the rounds (p10/p90 of the per-round differences), and the exchange alone as the helper times it
-(``vote_seconds``: median, p10, p90). ``--nccl-us T`` adds each cost as a share of a recorded NCCL-route time ``T``
-(the docs cite which). The calls' data are not checked: the route is stubbed (the vote is; every call's verdict is
-asserted to be the decline the construction agreed).
+Per vote channel (``--vote shm``: the same-host shared-memory vote, which needs the kernel library; ``gloo``:
+the vote group, with each rank naming a host of its own, the stand-in for ranks on several hosts):
+``--alternations`` rounds, each ``--iters / --alternations`` calls with the vote, then as many without (one
+settings re-agreement between them), so both variants see the same load. Rows per channel: ``voted`` and
+``unvoted`` (median, p10, p90 microseconds per call, the worst rank), and ``vote cost``: the difference of the two
+medians (the worst rank's), the spread of that difference over the rounds (p10/p90 of the per-round
+differences), and the exchange alone as the helper times it (``vote_seconds``: median, p10, p90). ``--nccl-us T``
+adds each cost as a share of a recorded NCCL-route time ``T`` (the docs cite which). The calls' data are not
+checked: the route is stubbed (every call's decline reason is asserted, and no unvoted call may vote).
 """
 
 from __future__ import annotations

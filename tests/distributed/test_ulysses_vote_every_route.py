@@ -132,7 +132,7 @@ def _assert_every_rank_raised(results: list, cases: list[str], world: int) -> No
     odd = world - 1
     for case in cases:
         got = [seen[case] for seen, _ in results]
-        for kind, message, field, elapsed, after in got:
+        for *_, elapsed, after in got:
             assert elapsed < VOTE_TIMEOUT_S, (case, elapsed)
             assert after, (case, "a matching call after the case was not exact")
         if CASES[case] is None:  # the invalid call: its own error on its rank, named on every other
@@ -233,7 +233,7 @@ def test_an_invalid_call_on_the_helper_raises_on_every_rank(ranks):
     naming it on the others; the next call runs exact."""
     results = ranks(3, _invalid_on_the_helper, env=ENV, timeout_s=60)
     assert results[2][0][0] == "ValueError"
-    for got, exact in results[:2]:
+    for got, _ in results[:2]:
         assert got[0] == "PeerCallError" and "rank 2: ValueError" in got[1], got
     assert all(exact for _, exact in results)
 

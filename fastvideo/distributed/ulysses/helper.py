@@ -199,8 +199,10 @@ class UlyssesHelper:
 
     def call(self, x: torch.Tensor, mode: int, grad: bool = False, outcome: int | None = None, *,
              fallback: bool = True, splits: Splits = EVEN, tag: str | None = None) -> tuple[torch.Tensor | None, int]:
-        """One call on validated input: propose, vote, decide, execute, record. Collective; blocks the host for the
-        vote; capture-safe (one vote at capture, see the class). Not differentiable (the op is).
+        """One call on validated input: propose, vote, decide (``_decide``), execute, record. Collective; blocks the
+        host for the vote; capture-safe (one vote at capture, see the class). Not differentiable (the op is). Every
+        call votes where ``votes`` holds (a built helper; a declined one in checked mode, the default under
+        ``auto``); a declined helper with checked mode off takes the NCCL route without one.
 
         ``grad``: the call is recorded by autograd (the vote's PHASE; the long-training policy). ``outcome``: for a
         backward, its forward's ``contract.outcome_code`` (it runs that plan, never a re-decision). ``splits``: the
@@ -243,15 +245,8 @@ class UlyssesHelper:
             else:
                 rows = self._exchange(contract.with_seq(proposal.fields, word))
         if out is None:
-            # 3. decide: the same verdict on every rank
-            decision = contract.decide(rows)
-            if decision.verdict is Verdict.RAISE:
-                self._stats.raised += 1
-                if tag is not None:
-                    entry[phase] = count  # not counted: every rank raises this call, and each rolls its own back
-                # each rank's tags or tables, where the votes carried only their digests (one more exchange)
-                raise mismatch.with_detail(self, decision.error, proposal, seq, phase, tag,
-                                           count if tag is not None else 0, error) from error
+            # 3. decide: the same verdict on every rank (a RAISE raises here, on every rank)
+            decision = self._decide(rows, proposal, seq, phase, tag, error)
             if decision.verdict is Verdict.DECLINE:
                 return self._declined(x, mode, seq, phase, decision.reason, fallback, splits, proposal.why, tag)
             # 4. execute: every rank runs (or captures) this plan: the capture bit is in the agreed fields
@@ -265,6 +260,24 @@ class UlyssesHelper:
                                      lambda: f"{phase.name.lower()}{f', tag {tag!r}' if tag else ''}, {proposal.geom}",
                                      lambda: proposal.plan.describe(proposal.geom), marker, time.monotonic()))
         return out, proposal.fields[_PLAN]
+
+    def _decide(self, rows: torch.Tensor, proposal: Proposal, seq: int, phase: Phase, tag: str | None,
+                error: BaseException | None) -> contract.Decision:
+        """Step 3 of a call, the one place its gathered votes become a verdict: the same on every rank. RUN or
+        DECLINE is returned; RAISE raises here on every rank (the call not counted for its tag), with each rank's
+        tags, tables or local error where the votes carried only digests or a bit (one more exchange, which every
+        rank enters). ``error``: this rank's own error in the call, if it voted ``LOCAL_ERROR``. Collective only
+        for such a RAISE."""
+        decision = contract.decide(rows)
+        if decision.verdict is not Verdict.RAISE:
+            return decision
+        self._stats.raised += 1
+        count = 0
+        if tag is not None:
+            entry = self._tags[tag]
+            count = entry[phase] - 1
+            entry[phase] = count  # not counted: every rank raises this call, and each rolls its own back
+        raise mismatch.with_detail(self, decision.error, proposal, seq, phase, tag, count, error) from error
 
     def _new_tag(self, tag: str) -> list[int]:
         """The first call tagged ``tag``: its counts and per-phase SEQ words (hashed here, once per tag)."""
