@@ -37,7 +37,7 @@ from fastvideo.distributed.ulysses.construction import (
     limits,
 )
 from fastvideo.distributed.ulysses.contract import DeclineReason, Field, Phase, Verdict
-from fastvideo.distributed.ulysses.layout import EVEN, Splits, mode_for_dims, validate_input
+from fastvideo.distributed.ulysses.layout import EVEN, Splits
 from fastvideo.distributed.ulysses.lifecycle import HelperDisposedError
 from fastvideo.distributed.ulysses.nccl import nccl_route
 from fastvideo.distributed.ulysses.planner import PlanConfig, Planner, Proposal, Signature
@@ -200,9 +200,8 @@ class UlyssesHelper:
     def call(self, x: torch.Tensor, mode: int, grad: bool = False, outcome: int | None = None, *,
              fallback: bool = True, splits: Splits = EVEN, tag: str | None = None) -> tuple[torch.Tensor | None, int]:
         """One call on validated input: propose, vote, decide (``_decide``), execute, record. Collective; blocks the
-        host for the vote; capture-safe (one vote at capture, see the class). Not differentiable (the op is). Every
-        call votes where ``votes`` holds (a built helper; a declined one in checked mode, the default under
-        ``auto``); a declined helper with checked mode off takes the NCCL route without one.
+        host for the vote; capture-safe (one vote at capture, see the class). Not differentiable (the op is). A helper
+        that declined at construction votes only in checked mode (the default under ``auto``).
 
         ``grad``: the call is recorded by autograd (the vote's PHASE; the long-training policy). ``outcome``: for a
         backward, its forward's ``contract.outcome_code`` (it runs that plan, never a re-decision). ``splits``: the
@@ -263,21 +262,12 @@ class UlyssesHelper:
 
     def _decide(self, rows: torch.Tensor, proposal: Proposal, seq: int, phase: Phase, tag: str | None,
                 error: BaseException | None) -> contract.Decision:
-        """Step 3 of a call, the one place its gathered votes become a verdict: the same on every rank. RUN or
-        DECLINE is returned; RAISE raises here on every rank (the call not counted for its tag), with each rank's
-        tags, tables or local error where the votes carried only digests or a bit (one more exchange, which every
-        rank enters). ``error``: this rank's own error in the call, if it voted ``LOCAL_ERROR``. Collective only
-        for such a RAISE."""
+        """Step 3 of a call, where its gathered votes become the verdict every rank computes alike: RUN or DECLINE
+        is returned, RAISE raised (``mismatch.raised``; ``error``: this rank's own, if it voted ``LOCAL_ERROR``)."""
         decision = contract.decide(rows)
         if decision.verdict is not Verdict.RAISE:
             return decision
-        self._stats.raised += 1
-        count = 0
-        if tag is not None:
-            entry = self._tags[tag]
-            count = entry[phase] - 1
-            entry[phase] = count  # not counted: every rank raises this call, and each rolls its own back
-        raise mismatch.with_detail(self, decision.error, proposal, seq, phase, tag, count, error) from error
+        raise mismatch.raised(self, decision.error, proposal, seq, phase, tag, error)
 
     def _new_tag(self, tag: str) -> list[int]:
         """The first call tagged ``tag``: its counts and per-phase SEQ words (hashed here, once per tag)."""
@@ -357,27 +347,12 @@ class UlyssesHelper:
             return None, code
         return nccl_route(x, mode, self.sp.device_group, splits=splits), code
 
-    @property
-    def votes(self) -> bool:
-        """Whether every call of this helper votes (agreed, so the same on every rank): a helper that built its
-        transport always does; one that declined at construction does in checked mode (the default under ``auto``).
-        Where it does, a caller error on one rank is voted too (``vote_caller_error``)."""
-        return self._votes
-
     def vote_caller_error(self, mode: int, grad: bool, error: BaseException) -> NoReturn:
-        """This rank's call failed before any collective (invalid input, a meta tensor) where every call votes
-        (``votes``). Vote ``LOCAL_ERROR`` (a poisoned proposal) so that every peer raises ``PeerCallError`` for this
+        """Checked mode (the default under ``auto``): this rank's call failed before any collective (invalid input,
+        a meta tensor). Vote ``LOCAL_ERROR`` (a poisoned proposal) so that every peer raises ``PeerCallError`` for this
         same call, naming ``error``, instead of waiting in it or pairing it with this rank's next call; then raise
         ``error`` here. Collective (one vote and one exchange of the errors); always raises."""
         mismatch.vote_caller_error(self, mode, grad, error)
-
-    def _caller_error(self, x: object, mode: int, error: BaseException) -> NoReturn:
-        """Raise ``error``, found before any collective; where every call votes, after voting it (so every rank
-        raises). Collective where this helper votes; always raises."""
-        if not self._votes or torch.compiler.is_compiling():
-            raise error
-        self.vote_caller_error(mode, torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad,
-                               error)
 
     def _watch(self, call: InFlight) -> None:
         if self._watchdog is None:
@@ -399,12 +374,8 @@ class UlyssesHelper:
         (the public function, or ``ops.all_to_all(x, mode, helper=this)`` for this helper), whose backward runs the
         inverse with the plan its forward ran and still votes. A call autograd would record raises instead of losing
         the gradient."""
-        try:
-            splits = validate_input(x, mode, self.world_size, self.sp.rank_in_group, seq_splits, head_splits)
-            if tag is not None:
-                contract.check_tag(tag, "UlyssesHelper.all_to_all")
-        except (TypeError, ValueError, RuntimeError) as exc:
-            self._caller_error(x, mode, exc)
+        splits = mismatch.checked_input(self, x, mode, None, seq_splits, head_splits, tag,
+                                        "UlyssesHelper.all_to_all")[1]
         if torch.is_grad_enabled() and x.requires_grad:
             raise RuntimeError(
                 "UlyssesHelper.all_to_all is not differentiable and x requires grad: call "
@@ -419,15 +390,8 @@ class UlyssesHelper:
         """The fused route or nothing: collective; blocks the host for the vote; capture-safe; not differentiable.
         Returns the output, or None on every rank when every rank declined (the caller then runs the NCCL
         route). Every rank must call it with matching tensors, split tables and tags, in the same order."""
-        mode = -1  # in the vote of an invalid dim pair
-        try:
-            mode = mode_for_dims(scatter_dim, gather_dim)
-            splits = validate_input(x, mode, self.world_size, rank=self.sp.rank_in_group, seq_splits=seq_splits,
-                                    head_splits=head_splits)
-            if tag is not None:
-                contract.check_tag(tag, "UlyssesHelper.try_all_to_all_4D")
-        except (TypeError, ValueError, RuntimeError) as exc:
-            self._caller_error(x, mode, exc)
+        mode, splits = mismatch.checked_input(self, x, -1, (scatter_dim, gather_dim), seq_splits, head_splits, tag,
+                                              "UlyssesHelper.try_all_to_all_4D")
         return self.call(x, mode, torch.is_grad_enabled() and x.requires_grad, fallback=False, splits=splits,
                          tag=tag)[0]
 

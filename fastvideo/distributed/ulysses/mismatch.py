@@ -13,12 +13,14 @@ does); the helper imports this module, so this module imports nothing above it (
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NoReturn, Protocol
 
 import torch
 
 from fastvideo.distributed.ulysses import contract
 from fastvideo.distributed.ulysses.contract import ContractMismatchError, DeclineReason, Field, PeerCallError, Phase
+from fastvideo.distributed.ulysses.layout import Splits, mode_for_dims, validate_input
 from fastvideo.distributed.ulysses.planner import Proposal
 from fastvideo.distributed.ulysses.stats import CallStats
 from fastvideo.distributed.ulysses.vote import GlooVote, VoteError
@@ -34,7 +36,10 @@ class _Helper(Protocol):
 
     sp: _Group
     generation: int
+    world_size: int
+    checked: bool
     _seq: int
+    _tags: dict[str, list[int]]
     _stats: CallStats
     _vote: GlooVote  # the construction vote group: every rank is still in step on it after a voted mismatch
 
@@ -43,6 +48,45 @@ class _Helper(Protocol):
     def _dispose(self, why: str) -> None: ...
 
     def _exchange(self, fields: list[int]) -> torch.Tensor: ...
+
+
+def raised(helper: _Helper, error: BaseException, proposal: Proposal, seq: int, phase: Phase, tag: str | None,
+           local: BaseException | None) -> BaseException:
+    """A RAISE verdict's error (``UlyssesHelper._decide``), raised ``from local`` by the caller: counted, the call not
+    counted for its tag (every rank raises it and rolls its own count back), with the detail the votes lacked
+    (``with_detail``: collective for the three kinds it names)."""
+    helper._stats.raised += 1
+    count = 0
+    if tag is not None:
+        entry = helper._tags[tag]
+        count = entry[phase] - 1
+        entry[phase] = count
+    return with_detail(helper, error, proposal, seq, phase, tag, count, local)
+
+
+def checked_input(helper: _Helper, x: torch.Tensor, mode: int, dims: tuple[int, int] | None,
+                  seq_splits: Sequence[int] | None, head_splits: Sequence[int] | None, tag: str | None,
+                  where: str) -> tuple[int, Splits]:
+    """``(mode, split tables)`` of a call of the helper's own entry points: ``mode``, or the mode of ``dims``
+    (``(scatter_dim, gather_dim)``), the input validated (``layout.validate_input``) and the tag checked; an error
+    raises through ``caller_error`` (voted in checked mode). Local unless it raises in checked mode."""
+    try:
+        if dims is not None:
+            mode = mode_for_dims(*dims)
+        splits = validate_input(x, mode, helper.world_size, helper.sp.rank_in_group, seq_splits, head_splits)
+        if tag is not None:
+            contract.check_tag(tag, where)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        caller_error(helper, x, mode, exc)
+    return mode, splits
+
+
+def caller_error(helper: _Helper, x: object, mode: int, error: BaseException) -> NoReturn:
+    """Raise ``error``, found by the helper's own entry points before any collective; in checked mode after voting
+    it (``vote_caller_error``), so that every rank raises. Collective in checked mode; always raises."""
+    if not helper.checked or torch.compiler.is_compiling():
+        raise error
+    vote_caller_error(helper, mode, torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad, error)
 
 
 def with_detail(helper: _Helper, error: BaseException, proposal: Proposal, seq: int, phase: Phase, tag: str | None,

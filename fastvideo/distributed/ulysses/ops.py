@@ -115,14 +115,13 @@ def call(x: torch.Tensor, mode: int, helper_id: int, splits: Splits, tag: str | 
 
 
 def fail(x: object, mode: int, error: BaseException) -> NoReturn:
-    """Raise ``error``, a caller error found before any collective (invalid input, a meta tensor). Where the route's
-    calls vote (``UlyssesHelper.votes``: the ``auto`` route by default, checked mode on ``off``) first vote it, so
-    that every peer raises for this same call instead of waiting inside it or pairing it with this rank's next
-    call. Collective where calls vote; always raises."""
+    """Raise ``error``, a caller error found before any collective (invalid input, a meta tensor). In checked mode
+    (the default under ``auto``) first vote it, so that every peer raises for this same call, naming it, instead of
+    waiting inside it or pairing it with this rank's next call. Collective in checked mode; always raises."""
     if torch.compiler.is_compiling() or get_sp_group().world_size == 1:
         raise error
     target = registry.route()
-    if target is None or not target.votes:
+    if target is None or not target.checked:
         raise error  # as with any torch collective: the peers of a rank that raised alone wait for it
     target.vote_caller_error(mode, torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad, error)
 
