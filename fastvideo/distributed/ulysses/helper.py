@@ -21,7 +21,6 @@ import logging
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import NoReturn
 
 import torch
 
@@ -37,7 +36,7 @@ from fastvideo.distributed.ulysses.construction import (
     limits,
 )
 from fastvideo.distributed.ulysses.contract import DeclineReason, Field, Phase, Verdict
-from fastvideo.distributed.ulysses.layout import EVEN, Splits
+from fastvideo.distributed.ulysses.layout import EVEN, Splits, mode_for_dims, validate_input
 from fastvideo.distributed.ulysses.lifecycle import HelperDisposedError
 from fastvideo.distributed.ulysses.nccl import nccl_route
 from fastvideo.distributed.ulysses.planner import PlanConfig, Planner, Proposal, Signature
@@ -200,8 +199,7 @@ class UlyssesHelper:
     def call(self, x: torch.Tensor, mode: int, grad: bool = False, outcome: int | None = None, *,
              fallback: bool = True, splits: Splits = EVEN, tag: str | None = None) -> tuple[torch.Tensor | None, int]:
         """One call on validated input: propose, vote, decide (``_decide``), execute, record. Collective; blocks the
-        host for the vote; capture-safe (one vote at capture, see the class). Not differentiable (the op is). A helper
-        that declined at construction votes only in checked mode (the default under ``auto``).
+        host for the vote; capture-safe (one vote at capture, see the class). Not differentiable (the op is).
 
         ``grad``: the call is recorded by autograd (the vote's PHASE; the long-training policy). ``outcome``: for a
         backward, its forward's ``contract.outcome_code`` (it runs that plan, never a re-decision). ``splits``: the
@@ -347,12 +345,8 @@ class UlyssesHelper:
             return None, code
         return nccl_route(x, mode, self.sp.device_group, splits=splits), code
 
-    def vote_caller_error(self, mode: int, grad: bool, error: BaseException) -> NoReturn:
-        """Checked mode (the default under ``auto``): this rank's call failed before any collective (invalid input,
-        a meta tensor). Vote ``LOCAL_ERROR`` (a poisoned proposal) so that every peer raises ``PeerCallError`` for this
-        same call, naming ``error``, instead of waiting in it or pairing it with this rank's next call; then raise
-        ``error`` here. Collective (one vote and one exchange of the errors); always raises."""
-        mismatch.vote_caller_error(self, mode, grad, error)
+    # Checked mode: this rank's call failed before any collective (invalid input); every peer raises for it too.
+    vote_caller_error = mismatch.vote_caller_error
 
     def _watch(self, call: InFlight) -> None:
         if self._watchdog is None:
@@ -374,8 +368,11 @@ class UlyssesHelper:
         (the public function, or ``ops.all_to_all(x, mode, helper=this)`` for this helper), whose backward runs the
         inverse with the plan its forward ran and still votes. A call autograd would record raises instead of losing
         the gradient."""
-        splits = mismatch.checked_input(self, x, mode, None, seq_splits, head_splits, tag,
-                                        "UlyssesHelper.all_to_all")[1]
+        try:  # a caller error is voted in checked mode (mismatch.caller_error), so that every rank raises
+            splits = validate_input(x, mode, self.world_size, self.sp.rank_in_group, seq_splits, head_splits)
+            contract.check_tag(tag, "UlyssesHelper.all_to_all")
+        except (TypeError, ValueError, RuntimeError) as exc:
+            mismatch.caller_error(self, x, mode, exc)
         if torch.is_grad_enabled() and x.requires_grad:
             raise RuntimeError(
                 "UlyssesHelper.all_to_all is not differentiable and x requires grad: call "
@@ -390,8 +387,13 @@ class UlyssesHelper:
         """The fused route or nothing: collective; blocks the host for the vote; capture-safe; not differentiable.
         Returns the output, or None on every rank when every rank declined (the caller then runs the NCCL
         route). Every rank must call it with matching tensors, split tables and tags, in the same order."""
-        mode, splits = mismatch.checked_input(self, x, -1, (scatter_dim, gather_dim), seq_splits, head_splits, tag,
-                                              "UlyssesHelper.try_all_to_all_4D")
+        mode = -1  # in the vote of an invalid dim pair
+        try:
+            mode = mode_for_dims(scatter_dim, gather_dim)
+            splits = validate_input(x, mode, self.world_size, self.sp.rank_in_group, seq_splits, head_splits)
+            contract.check_tag(tag, "UlyssesHelper.try_all_to_all_4D")
+        except (TypeError, ValueError, RuntimeError) as exc:
+            mismatch.caller_error(self, x, mode, exc)
         return self.call(x, mode, torch.is_grad_enabled() and x.requires_grad, fallback=False, splits=splits,
                          tag=tag)[0]
 

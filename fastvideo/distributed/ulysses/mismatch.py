@@ -13,14 +13,12 @@ does); the helper imports this module, so this module imports nothing above it (
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import NoReturn, Protocol
 
 import torch
 
 from fastvideo.distributed.ulysses import contract
 from fastvideo.distributed.ulysses.contract import ContractMismatchError, DeclineReason, Field, PeerCallError, Phase
-from fastvideo.distributed.ulysses.layout import Splits, mode_for_dims, validate_input
 from fastvideo.distributed.ulysses.planner import Proposal
 from fastvideo.distributed.ulysses.stats import CallStats
 from fastvideo.distributed.ulysses.vote import GlooVote, VoteError
@@ -36,7 +34,6 @@ class _Helper(Protocol):
 
     sp: _Group
     generation: int
-    world_size: int
     checked: bool
     _seq: int
     _tags: dict[str, list[int]]
@@ -62,23 +59,6 @@ def raised(helper: _Helper, error: BaseException, proposal: Proposal, seq: int, 
         count = entry[phase] - 1
         entry[phase] = count
     return with_detail(helper, error, proposal, seq, phase, tag, count, local)
-
-
-def checked_input(helper: _Helper, x: torch.Tensor, mode: int, dims: tuple[int, int] | None,
-                  seq_splits: Sequence[int] | None, head_splits: Sequence[int] | None, tag: str | None,
-                  where: str) -> tuple[int, Splits]:
-    """``(mode, split tables)`` of a call of the helper's own entry points: ``mode``, or the mode of ``dims``
-    (``(scatter_dim, gather_dim)``), the input validated (``layout.validate_input``) and the tag checked; an error
-    raises through ``caller_error`` (voted in checked mode). Local unless it raises in checked mode."""
-    try:
-        if dims is not None:
-            mode = mode_for_dims(*dims)
-        splits = validate_input(x, mode, helper.world_size, helper.sp.rank_in_group, seq_splits, head_splits)
-        if tag is not None:
-            contract.check_tag(tag, where)
-    except (TypeError, ValueError, RuntimeError) as exc:
-        caller_error(helper, x, mode, exc)
-    return mode, splits
 
 
 def caller_error(helper: _Helper, x: object, mode: int, error: BaseException) -> NoReturn:
