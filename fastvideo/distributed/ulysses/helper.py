@@ -265,7 +265,7 @@ class UlyssesHelper:
         decision = contract.decide(rows)
         if decision.verdict is not Verdict.RAISE:
             return decision
-        raise mismatch.raised(self, decision.error, proposal, seq, phase, tag, error)
+        raise mismatch.raised(self, decision.error, proposal, seq, phase, tag, error) from error
 
     def _new_tag(self, tag: str) -> list[int]:
         """The first call tagged ``tag``: its counts and per-phase SEQ words (hashed here, once per tag)."""
