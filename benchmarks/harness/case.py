@@ -34,6 +34,7 @@ CASES: dict[str, str] = {
     "public_op_overhead": "benchmarks.cases.public_op_overhead",
     "route_vote": "benchmarks.cases.route_vote",
     "copy_engine": "benchmarks.cases.copy_engine",
+    "overlap": "benchmarks.cases.overlap",
     "dit_step": "benchmarks.dit.case",
 }
 

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fastvideo.attention import overlap as _overlap
 from fastvideo.attention.dense import attention, attention_backend
 from fastvideo.attention.rotary import apply_rotary_emb
 from fastvideo.distributed.communication_op import (
@@ -112,6 +113,11 @@ class DistributedAttention(_Attention):
     every rank naming the tag, where layers of one shape would otherwise pair the wrong calls silently. An empty
     prefix leaves the calls untagged (``call_tags``). Give every layer of a model its own prefix, the same on
     every rank.
+
+    ``overlap_chunks`` (this package's): pipeline the heads in that many groups, each group's exchanges in flight
+    under its neighbours' attention (``fastvideo/attention/overlap.py``; the same result); None: the agreed
+    ``FASTVIDEO_ULYSSES_A2A_OVERLAP`` (0, off, by default); 0 or 1: off. An ``all_to_all`` override must then
+    take ``async_op=True`` and return a handle with ``wait()``, as the public op does.
     """
 
     def __init__(self, num_heads: int, head_size: int, num_kv_heads: int | None = None,
@@ -119,7 +125,7 @@ class DistributedAttention(_Attention):
                  supported_attention_backends: Sequence[Any] | None = None, prefix: str = "", *,
                  all_to_all: AllToAll | None = None,
                  attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-                 **extra_impl_args: Any) -> None:
+                 overlap_chunks: int | None = None, **extra_impl_args: Any) -> None:
         super().__init__("DistributedAttention", num_heads, head_size, num_kv_heads, softmax_scale, causal,
                          supported_attention_backends, extra_impl_args)
         if self.num_kv_heads != num_heads:
@@ -131,6 +137,7 @@ class DistributedAttention(_Attention):
         self._tag_kw = {role: {"tag": tag} if tag is not None else {} for role, tag in self.tags.items()}
         self.all_to_all = all_to_all or _public_all_to_all  # a module function: the module holds no reference cycle
         self.attend = attend
+        self.overlap_chunks = _overlap.check_chunks(num_heads, overlap_chunks)
 
     def forward(
         self,
@@ -159,6 +166,10 @@ class DistributedAttention(_Attention):
         loss on it counts once per rank; each rank's ``replicated_*`` gradient covers its own heads.
         """
         self._check(q, k, v, replicated_q, replicated_k, replicated_v)
+        chunks = _overlap.chunks_for(self.num_heads, self.overlap_chunks)
+        if chunks > 1:  # head groups pipelined under their exchanges (fastvideo/attention/overlap.py)
+            return _overlap.forward(self, q, k, v, original_seq_len, replicated_q, replicated_k, replicated_v,
+                                    freqs_cis, seq_splits, chunks)
         b = q.shape[0]
         p, rank = get_sp_world_size(), get_sp_parallel_rank()
         # Heads the SP size does not divide are split as evenly as they go; the op's keywords only where uneven,

@@ -20,6 +20,7 @@ included: on by default under ``auto`` (``FASTVIDEO_ULYSSES_A2A_CHECKED=0`` turn
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import torch
@@ -29,7 +30,9 @@ from fastvideo.distributed.device_communicators import ulysses_a2a as _ulysses_a
 from fastvideo.distributed.parallel_state import get_sp_group
 from fastvideo.distributed.parallel_state import get_tp_group as _get_tp_group
 from fastvideo.distributed.parallel_state import model_parallel_is_initialized as _model_parallel_is_initialized
+from fastvideo.distributed.ulysses import async_ops as _async_ops
 from fastvideo.distributed.ulysses import ops as _ops
+from fastvideo.distributed.ulysses.async_ops import AllToAllHandle
 from fastvideo.distributed.ulysses.contract import check_tag as _check_tag
 from fastvideo.distributed.ulysses.layout import (
     EVEN,
@@ -47,10 +50,13 @@ from fastvideo.distributed.ulysses.layout import (
 )
 from fastvideo.distributed.ulysses.nccl import nccl_route
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
     "EVEN",
     "MODE_HEAD_GATHER",
     "MODE_SEQ_GATHER",
+    "AllToAllHandle",
     "Splits",
     "balanced_splits",
     "mode_for_dims",
@@ -65,7 +71,8 @@ __all__ = [
 def sequence_model_parallel_all_to_all_4D(input_: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1, *,
                                           seq_splits: Sequence[int] | None = None,
                                           head_splits: Sequence[int] | None = None,
-                                          tag: str | None = None) -> torch.Tensor:
+                                          tag: str | None = None,
+                                          async_op: bool = False) -> torch.Tensor | AllToAllHandle:
     """Ulysses all-to-all over the SP group: collective; blocks the host only for a vote (``auto``, checked mode);
     capture-safe; differentiable (twice too).
 
@@ -92,6 +99,22 @@ def sequence_model_parallel_all_to_all_4D(input_: torch.Tensor, scatter_dim: int
     runs.
     Under CUDA-graph capture every rank votes once and the agreed plan (with the tables) is frozen into the
     graph (or the NCCL route is captured); replay graphs in the same order on every rank.
+
+    ``async_op=True``: returns an ``AllToAllHandle`` at once (after the vote, which stays on the host at issue) and
+    the exchange runs on the communication stream: ``handle.wait()`` returns the output, the only way to get it,
+    so nothing reads it before it landed; call ``wait()`` once, in the same order relative to other collectives
+    on every rank. Streams, as torch states them for ``async_op`` collectives: the exchange is issued on this
+    process's communication stream of ``input_``'s device after it waited for the current stream (so the input
+    is read as it stood at the call); ``wait()`` makes the then-current stream wait for the exchange (it does not
+    block the host) and returns the output ready on that stream. The caching allocator is told through
+    ``record_stream``: the input is not reused before the communication stream has read it, so it may be freed or
+    overwritten on the current stream after the call, and the output (allocated on the communication stream) not
+    before the stream that waited has used it. On CPU (gloo) the NCCL route runs in gloo's threads and ``wait()``
+    blocks until it landed. Differentiable (twice): the backward starts the reverse exchange where autograd
+    reaches the ``wait`` and waits for it where it reaches the call, so the gradient exchange is in flight across
+    the backward of what ran in between. ``torch.compile(fullgraph=True)`` traces a start and a wait node; under a
+    manual CUDA-graph capture the side stream is forked and joined inside the graph (wait before the capture
+    ends). Underneath: ``ulysses/async_ops.py``.
     """
     sp = get_sp_group()
     world = sp.world_size  # read once: the call enters the SP group's module once (docs/architecture.md)
@@ -104,7 +127,9 @@ def sequence_model_parallel_all_to_all_4D(input_: torch.Tensor, scatter_dim: int
     except (TypeError, ValueError, RuntimeError) as exc:
         _ops.fail(input_, mode, exc)  # checked mode: votes first, so every rank raises
     if world == 1:
-        return input_
+        return _async_ops.done(input_) if async_op else input_
+    if async_op:
+        return _async_ops.start(input_, mode, 0, splits, tag)
     return _ops.call(input_, mode, 0, splits, tag)
 
 
@@ -201,20 +226,13 @@ def warmup_sequence_parallel_communication(device: torch.device | None = None) -
     _WARMED_UP = sp
 
 
-def _tp_size_one(what: str) -> None:
-    size = _get_tp_group().world_size
-    if size != 1:
-        raise NotImplementedError(f"{what}: TP collectives are not part of this package (TP size {size}); it "
-                                  "serves sequence parallelism (docs/fastvideo_migration.md).")
-
-
 def tensor_model_parallel_all_reduce(input_: torch.Tensor) -> torch.Tensor:
-    """Upstream's TP all-reduce at TP size 1: ``input_`` itself; raises NotImplementedError at TP size > 1."""
-    _tp_size_one("tensor_model_parallel_all_reduce")
-    return input_
+    """Upstream's TP all-reduce: the sum of ``input_`` over the TP group, out of place (TP size 1: ``input_``).
+    Collective over the TP group; differentiable (the gradient is the all-reduced gradient)."""
+    return _get_tp_group().all_reduce(input_)
 
 
 def tensor_model_parallel_all_gather(input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """Upstream's TP all-gather at TP size 1: ``input_`` itself; raises NotImplementedError at TP size > 1."""
-    _tp_size_one("tensor_model_parallel_all_gather")
-    return input_
+    """Upstream's TP all-gather: every TP rank's ``input_`` joined along ``dim`` in group order (TP size 1:
+    ``input_``). Collective over the TP group; differentiable (the gradient is reduce-scattered)."""
+    return _get_tp_group().all_gather(input_, dim)

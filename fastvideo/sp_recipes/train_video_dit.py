@@ -152,7 +152,8 @@ def train(args) -> int:
             bar.close()
         if rank0:
             run = {
-                "route": route, "long_training": long_training, "config": args.config or name,
+                "route": route, "long_training": long_training, "overlap": agreed["FASTVIDEO_ULYSSES_A2A_OVERLAP"],
+                "config": args.config or name,
                 "model": cfg.to_dict(), "seq_shard": args.seq_shard, "world_size": world.world_size,
                 "sp_size": sp.world_size, "dp_size": dp.world_size, "device": device.type,
                 "backend": dist.get_backend(),
