@@ -165,8 +165,9 @@ _register(
         "FASTVIDEO_ULYSSES_A2A",
         "choice",
         "off",
-        "Ulysses all-to-all transport: `off` always takes the NCCL route (no vote); `auto` votes on every "
-        "call and takes the fused NCCL-device-API route where every rank agrees it can.",
+        "Ulysses all-to-all transport: `off` always takes the NCCL route (no vote unless checked mode is on); "
+        "`auto` votes on every call, on every route (FASTVIDEO_ULYSSES_A2A_CHECKED=0: the fused route's calls "
+        "only), and takes the fused NCCL-device-API route where every rank agrees it can.",
         choices=("off", "auto"),
         agreed=True,
     )
@@ -198,10 +199,12 @@ _register(
         "choice",
         "auto",
         "Checked mode: every call of the Ulysses all-to-all votes its 12-field contract whatever the route "
-        "(`off`, a helper that declined at construction, fused, compiled), so ranks that pass different shapes, "
-        "dtypes, modes, split tables or grad flags all raise instead of hanging or returning wrong data, and so "
-        "does a rank that skips or repeats a tagged call (`tag=`; an untagged skip is not seen); one vote per call. "
-        "`1` on, `0` off, `auto` on when torch's distributed debug level is DETAIL (TORCH_DISTRIBUTED_DEBUG=DETAIL).",
+        "(`off`, a helper that declined at construction or a call that declined, fused, compiled), so ranks that "
+        "pass different shapes, dtypes, modes, split tables or grad flags all raise instead of hanging or returning "
+        "wrong data, and so does a rank that skips or repeats a tagged call (`tag=`; an untagged skip is not seen) "
+        "or whose call fails before the exchange (invalid input on one rank); one vote per call. `1` on, `0` off "
+        "(under `auto` only the fused route's own vote remains), `auto` on under FASTVIDEO_ULYSSES_A2A=auto and, "
+        "under `off`, on when torch's distributed debug level is DETAIL (TORCH_DISTRIBUTED_DEBUG=DETAIL).",
         choices=("auto", "0", "1"),
         agreed=True,
     )
