@@ -4,11 +4,11 @@ FastVideo 0.2.1 (``docs/fastvideo_migration.md``).
 Alone, ``import fastvideo`` imports nothing else (no side effects, no torch), and upstream's top-level names
 (``VideoGenerator``, ``PipelineConfig``, ``SamplingParam``) raise an ImportError on first use saying they need
 upstream FastVideo. In the overlay (upstream's ``fastvideo.configs`` present) it imports them eagerly, in upstream's
-order, as upstream's ``__init__`` does: upstream's modules depend on that order to break an import cycle. ``__version__`` is
-upstream's release where upstream's ``fastvideo/version.py`` is present (the overlay is upstream FastVideo 0.2.1
-with this subsystem in it, and upstream's CLI reads that file), else this package's own version,
-``ULYSSES_PACKAGE_VERSION``. Upstream's subpackages (``fastvideo.configs``, ...) also resolve as attributes, as
-upstream's eager imports made them.
+order, as upstream's ``__init__`` does: upstream's modules depend on that order to break an import cycle.
+``__version__`` is upstream's release where upstream's ``fastvideo/version.py`` is present (the overlay is
+upstream FastVideo 0.2.1 with this subsystem in it, and upstream's CLI reads that file), else this package's own
+version, ``ULYSSES_PACKAGE_VERSION``. Upstream's subpackages (``fastvideo.configs``, ...) also resolve as
+attributes, as upstream's eager imports made them.
 """
 
 from __future__ import annotations
