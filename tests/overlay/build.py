@@ -23,6 +23,7 @@ with no network; ``/.whl/overlay/`` in the repository root (git-ignored) is used
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -244,9 +245,19 @@ def _install(python: str, wheels: Path | None, info: dict) -> Path:
     if (target / "DONE").exists():
         _log(f"install cached: {target}")
         return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # One build at a time per cache (pytest workers, a test beside the training job): the others wait, then reuse it.
+    with open(cache_dir() / f"install-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "DONE").exists():
+            _log(f"install cached (built meanwhile): {target}")
+            return target
+        return _build_install(python, wheels, info, key, target)
+
+
+def _build_install(python: str, wheels: Path | None, info: dict, key: str, target: Path) -> Path:
     t0 = time.monotonic()
     wheel = _fetch_upstream(python, wheels)
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"install-{key}.", dir=target.parent))
     try:
         _log(f"unpacking {wheel.name}")
@@ -266,11 +277,9 @@ def _install(python: str, wheels: Path | None, info: dict) -> Path:
                 write_stand_in(tmp / "stand_ins", name)
         (tmp / "DONE").write_text(json.dumps({"pins": _pins(), "python": info["version"],
                                               "seconds": round(time.monotonic() - t0, 1)}) + "\n")
-        try:
-            tmp.rename(target)
-        except OSError:
-            if not (target / "DONE").exists():  # not a concurrent build that finished first
-                raise
+        if target.exists():  # an unfinished earlier build (no DONE)
+            shutil.rmtree(target)
+        tmp.rename(target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     _log(f"installed in {time.monotonic() - t0:.1f} s: {target}")
