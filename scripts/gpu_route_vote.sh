@@ -13,7 +13,8 @@
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_lib.sh"
 gpu_init route-vote
-step "versions" 60 versions.log gpu_versions
+export -f gpu_versions
+step "versions" 60 versions.log bash -c gpu_versions
 step "dev build" 200 build.log "$python" fastvideo-kernel/build_lib.py --out build/kernel
 export FASTVIDEO_KERNEL_LIBRARY="$ROOT/build/kernel/libfastvideo_ulysses_a2a.so"
 run=("$python" -m benchmarks.run)
