@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["closing_table", "route_kind", "route_name", "run_label", "spread", "step_route_text", "write_plot"]
+__all__ = ["closing_table", "plot_series", "route_kind", "route_name", "run_label", "spread", "step_route_text",
+           "timed_steps", "write_plot"]
 
 Run = dict[str, Any]
 
@@ -140,14 +141,19 @@ def closing_table(runs: Sequence[Run], *, resumed: Run | None = None, warmup: in
             verdict = "reference" if run is ref else (f"identical to {ref['switch']}" if same
                                                        else f"DIFFER from {ref['switch']}")
         ok &= same
-        s = spread([t["step_ms"] for t in timed_steps(run, warmup)])
-        rows.append((run, s))
+        timed = [t["step_ms"] for t in timed_steps(run, warmup)]
         first, last = run["steps"][0], run["steps"][-1]
-        lines.append(f"{run_label(run):28s} {first['step']:>3d}-{last['step']:<3d} {first['loss']:11.6f} "
-                     f"{last['loss']:11.6f}  {s['median']:8.1f} {_span(s['min'], s['max']):>15s} "
-                     f"{_span(s['q1'], s['q3']):>15s}  {verdict}")
+        head = (f"{run_label(run):28s} {first['step']:>3d}-{last['step']:<3d} {first['loss']:11.6f} "
+                f"{last['loss']:11.6f}  ")
+        if timed:
+            s = spread(timed)
+            rows.append((run, s))
+            lines.append(head + f"{s['median']:8.1f} {_span(s['min'], s['max']):>15s} "
+                         f"{_span(s['q1'], s['q3']):>15s}  {verdict}")
+        else:
+            lines.append(head + f"{'-':>8s} {'-':>15s} {'-':>15s}  {verdict} (no step after the warm-up: untimed)")
     lines.append("all-to-all route per run (from the Ulysses helper's records):")
-    for run, _ in rows:
+    for run in all_runs:
         lines.append(f"  {run_label(run)}: {_route_summary(run)}")
     if resumed is not None:
         start = resumed["resumed_from"]["step"]
@@ -180,6 +186,13 @@ def _noise_notes(rows: list[tuple[Run, dict[str, float]]]) -> list[str]:
     return notes
 
 
+def plot_series(run: Run, warmup: int) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """``(loss points, step-time points)`` of a run as plotted: every step's loss, the step times after the
+    first ``warmup`` steps."""
+    return ([(s["step"], s["loss"]) for s in run["steps"]],
+            [(s["step"], s["step_ms"]) for s in timed_steps(run, warmup)])
+
+
 def write_plot(runs: Sequence[Run], path: Path, *, warmup: int = 1) -> str:
     """Loss (every step) and step time (after each run's first ``warmup`` steps) per run, resumed runs labelled.
     Returns what happened: ``plot: PATH``, or why it was skipped."""
@@ -196,10 +209,10 @@ def write_plot(runs: Sequence[Run], path: Path, *, warmup: int = 1) -> str:
               {"linewidth": 0, "marker": "o", "markersize": 4, "markerfacecolor": "none"}]
     for i, run in enumerate(runs):
         label, style = run_label(run), styles[i % len(styles)]
-        steps = run["steps"]
-        ax_loss.plot([s["step"] for s in steps], [s["loss"] for s in steps], label=label, **style)
-        timed = timed_steps(run, warmup)
-        ax_time.plot([s["step"] for s in timed], [s["step_ms"] for s in timed], label=label, **style)
+        losses, times = plot_series(run, warmup)
+        ax_loss.plot(*zip(*losses), label=label, **style)
+        if times:
+            ax_time.plot(*zip(*times), label=label, **style)
     ax_loss.set(xlabel="step", ylabel="loss", title="loss per run (every step)")
     ax_time.set(xlabel="step", ylabel="ms (slowest rank)")
     ax_time.set_title(f"step time per run (warm-up left out: the first {warmup} step(s) of each run)", fontsize=10)
