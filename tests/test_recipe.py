@@ -22,6 +22,9 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+# Each recipe fixture launches three trainings of 2 ranks (the Wan one inside the overlay, whose imports take most
+# of a launch's time): minutes on a 2-core machine under load, so the tests that use one get a longer limit.
+SLOW = pytest.mark.timeout(900)
 MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 GLOO_ROUTE = "gloo all_to_all (NCCL-route code path)"
 
@@ -62,6 +65,7 @@ def wan(tmp_path_factory):
     return proc, out
 
 
+@SLOW
 def test_the_main_job_trains_upstreams_wan_dit_to_identical_losses_on_both_switches(wan):
     proc, out = wan
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -89,6 +93,7 @@ def test_the_main_job_trains_upstreams_wan_dit_to_identical_losses_on_both_switc
     assert (out / "closing_table.txt").read_text().splitlines()[-1] == lines[-2]  # recorded as printed
 
 
+@SLOW
 def test_the_main_job_resumes_from_its_middle_checkpoint(wan):
     proc, out = wan
     resumed = json.loads((out / "auto_resumed" / "run.json").read_text())
@@ -116,6 +121,7 @@ def _tampered(path: pathlib.Path, to: pathlib.Path) -> pathlib.Path:
     return to
 
 
+@SLOW
 def test_negative_control_the_main_jobs_comparison_fails_when_a_loss_differs(wan, tmp_path):
     _, out = wan
     proc = _compare("train_wan", str(out / "off" / "run.json"),
@@ -131,6 +137,7 @@ def video_dit(tmp_path_factory):
     return proc, out
 
 
+@SLOW
 def test_the_benchmark_recipe_trains_both_routes_to_identical_losses(video_dit):
     proc, out = video_dit
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -148,6 +155,7 @@ def test_the_benchmark_recipe_trains_both_routes_to_identical_losses(video_dit):
                                                                                 "step_000004.safetensors"]
 
 
+@SLOW
 def test_negative_control_the_benchmark_recipes_comparison_fails_when_a_loss_differs(video_dit, tmp_path):
     _, out = video_dit
     off, auto = str(out / "off" / "run.json"), str(out / "auto" / "run.json")
