@@ -1,14 +1,19 @@
-"""Typed registry of FastVideo's environment variables.
+"""FastVideo's environment variables: upstream FastVideo 0.2.1's registry, and this package's typed settings.
 
-Values are read from ``os.environ`` every time they are asked for (never frozen at import). The settings that
-decide collectives are then agreed across the SP group at set points (``fastvideo/distributed/settings.py``),
-never re-read per call. ``docs/env_vars.md`` lists the same
-variables; ``tests/test_envs.py`` fails when the two drift apart.
+Two kinds of variable, one module (it replaces upstream's ``fastvideo/envs.py`` in the overlay):
 
-Choices are case- and whitespace-insensitive (``" AUTO "`` reads as ``auto``); anything else outside
-the choices is a ValueError naming the variable, the value and the choices. Variables marked
-``agreed`` must be identical on every rank of an SP group: ``fastvideo/distributed/settings.py``
-validates every variable and agrees those across the group, raising on every rank on a mismatch.
+* **Upstream's** (``FASTVIDEO_ATTENTION_BACKEND``, ``FASTVIDEO_CONFIGURE_LOGGING``, ``LOCAL_RANK``, ...): the same
+  names, defaults and parsing as upstream's, read at each access (``envs.NAME``, ``environment_variables[NAME]()``),
+  so no other module can tell the difference. Parsing is upstream's, errors included (``int("x")``'s ValueError);
+  they are not validated ahead nor agreed across ranks, as upstream's are not.
+* **This package's** (``EnvVar``, ``registry()``): typed, validated with an error that names the variable, the value
+  and the choices, and the ``agreed`` ones agreed across the SP group at set points
+  (``fastvideo/distributed/settings.py``), never re-read per call. ``docs/env_vars.md`` lists both kinds;
+  ``tests/test_envs.py`` fails when they drift apart.
+
+``FASTVIDEO_ULYSSES_A2A`` is both: upstream's name and default, this package's parsing (``" AUTO "`` reads as
+``auto`` as upstream's does; a value other than ``off``/``auto`` raises where upstream's passes it through and
+its readers treat it as ``off``; an empty value is ``off``).
 
     >>> from fastvideo import envs
     >>> envs.get("FASTVIDEO_ULYSSES_A2A")
@@ -19,22 +24,84 @@ validates every variable and agrees those across the group, raising on every ran
     >>> envs.FASTVIDEO_ULYSSES_A2A      # upstream FastVideo's spelling: the same parsed value, read now
     'off'
 
-Assigning one (``envs.FASTVIDEO_ULYSSES_A2A = "auto"``) raises: upstream FastVideo reads the environment
-on every use, so an assignment there is silently ignored by most readers; here the settings are validated
-and agreed across the SP group when it is initialised, and an assignment cannot reach that agreement. The
-error says how to change a setting (``ASSIGNMENT_HELP``).
+Assigning one of this package's variables (``envs.FASTVIDEO_ULYSSES_A2A = "auto"``) raises: upstream FastVideo
+reads the environment on every use, so an assignment there is silently ignored by most readers; here the
+settings are validated and agreed across the SP group when it is initialised, and an assignment cannot reach
+that agreement. The error says how to change a setting (``ASSIGNMENT_HELP``). Upstream's other variables
+assign as upstream's do (the stored attribute then answers ``envs.NAME``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:  # what ``envs.NAME`` returns, for type checkers (the module answers them at run time)
+    FASTVIDEO_TARGET_DEVICE: str
+    MAX_JOBS: str | None
+    NVCC_THREADS: str | None
+    FASTVIDEO_USE_PRECOMPILED: bool
+    CMAKE_BUILD_TYPE: str | None
+    VERBOSE: bool
+    FASTVIDEO_CONFIG_ROOT: str
+    FASTVIDEO_CACHE_ROOT: str
+    FASTVIDEO_HOST_IP: str
+    FASTVIDEO_LOOPBACK_IP: str
+    FASTVIDEO_RAY_PER_WORKER_GPUS: float
+    FASTVIDEO_RINGBUFFER_WARNING_INTERVAL: int
+    FASTVIDEO_NCCL_SO_PATH: str | None
+    LD_LIBRARY_PATH: str | None
+    FASTVIDEO_TEST_DYNAMO_FULLGRAPH_CAPTURE: bool
+    LOCAL_RANK: int
+    CUDA_VISIBLE_DEVICES: str | None
+    FASTVIDEO_ENGINE_ITERATION_TIMEOUT_S: int
+    FASTVIDEO_CONFIGURE_LOGGING: int
+    FASTVIDEO_LOGGING_CONFIG_PATH: str | None
+    FASTVIDEO_LOGGING_LEVEL: str
+    FASTVIDEO_LOGGING_PREFIX: str
+    FASTVIDEO_TRACE_FUNCTION: int
+    FASTVIDEO_ATTENTION_BACKEND: str | None
+    FASTVIDEO_FA4: bool
+    FASTVIDEO_MINIMAX_H3_FA4_PACKED_VARLEN: bool
+    FASTVIDEO_INFERENCE_TORCH_COMPILE: bool
+    FASTVIDEO_VAE_PARALLEL_DECODE: bool
+    FASTVIDEO_VAE_PARALLEL_ENCODE: bool
+    FASTVIDEO_VAE_PARALLEL_DECODE_STRATEGY: str | None
+    FASTVIDEO_MINIMAX_H3_FUSIONS: str
+    FASTVIDEO_ULYSSES_A2A: str
+    FASTVIDEO_WORKER_MULTIPROC_METHOD: str
+    FASTVIDEO_NVTX_PROFILE: bool
+    FASTVIDEO_TORCH_PROFILER_DIR: str | None
+    FASTVIDEO_TORCH_PROFILER_RECORD_SHAPES: bool
+    FASTVIDEO_TORCH_PROFILER_WITH_PROFILE_MEMORY: bool
+    FASTVIDEO_TORCH_PROFILER_WITH_STACK: bool
+    FASTVIDEO_TORCH_PROFILER_WITH_FLOPS: bool
+    FASTVIDEO_TORCH_PROFILE_REGIONS: str
+    FASTVIDEO_TRACE_ACTIVATIONS: bool
+    FASTVIDEO_TRACE_LAYERS: str
+    FASTVIDEO_TRACE_STATS: str
+    FASTVIDEO_TRACE_OUTPUT: str
+    FASTVIDEO_TRACE_STEPS: str
+    FASTVIDEO_SERVER_DEV_MODE: bool
+    FASTVIDEO_STAGE_LOGGING: bool
+    FASTVIDEO_CFG_GATE_STEP: float
+    FASTVIDEO_ULYSSES_A2A_LONG_TRAINING: str
+    FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES: int
+    FASTVIDEO_ULYSSES_A2A_CHECKED: str
+    FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S: float
+    FASTVIDEO_ULYSSES_A2A_WATCHDOG_TIMEOUT_S: float
+    FASTVIDEO_ULYSSES_A2A_VOTED_LAUNCH: str
+    FASTVIDEO_ULYSSES_A2A_HOT_PATH: str
+    FASTVIDEO_KERNEL_LIBRARY: str
+
+
+# ------------------------------------------------------------------------------------ this package's typed settings
 
 @dataclass(frozen=True)
 class EnvVar:
@@ -191,8 +258,159 @@ _register(
 )
 
 
+
+# ------------------------------------------------------------------------------------------- upstream's variables
+
+
+def get_default_cache_root() -> str:
+    """``$XDG_CACHE_HOME``, else ``~/.cache`` (upstream's helper of the same name)."""
+    return os.getenv("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))
+
+
+def get_default_config_root() -> str:
+    """``$XDG_CONFIG_HOME``, else ``~/.config`` (upstream's helper of the same name)."""
+    return os.getenv("XDG_CONFIG_HOME", os.path.join(os.path.expanduser("~"), ".config"))
+
+
+def maybe_convert_int(value: str | None) -> int | None:
+    """``int(value)``, or None for None (upstream's helper of the same name)."""
+    return None if value is None else int(value)
+
+
+# Upstream's parsers, as functions of the variable's name. Each reproduces upstream's reading exactly: an empty
+# value is a value (not "unset"), nothing is stripped, and a value a cast refuses raises its ValueError.
+Reader = Callable[[str], Any]
+
+
+def _text(default: str | None = None) -> Reader:
+    """The raw string, ``default`` when unset."""
+    return lambda name: os.environ.get(name, default)
+
+
+def _number(cast: Callable[[str], Any], default: str) -> Reader:
+    """``cast`` of the raw string (``default`` when unset)."""
+    return lambda name: cast(os.environ.get(name, default))
+
+
+def _not_zero(default: str = "0") -> Reader:
+    """True unless the raw string (``default`` when unset) is exactly ``"0"`` (so ``""`` and ``"false"`` are True)."""
+    return lambda name: os.environ.get(name, default) != "0"
+
+
+def _int_flag(name: str) -> bool:
+    """``bool(int(raw))``, False when unset."""
+    return bool(int(os.environ.get(name, "0")))
+
+
+def _under(root: Callable[[], str]) -> Reader:
+    """The raw path (``root()/fastvideo`` when unset), ``~`` expanded."""
+    return lambda name: os.path.expanduser(os.environ.get(name, os.path.join(root(), "fastvideo")))
+
+
+def _optional_path(name: str) -> str | None:
+    """The raw path with ``~`` expanded, None when unset."""
+    value = os.environ.get(name)
+    return None if value is None else os.path.expanduser(value)
+
+
+def _precompiled(name: str) -> bool:
+    """Set (non-empty), or a precompiled wheel's location is."""
+    return bool(os.environ.get(name)) or bool(os.environ.get("FASTVIDEO_PRECOMPILED_WHEEL_LOCATION"))
+
+
+def _typed(name: str) -> Any:
+    """One of this package's variables, parsed and validated (``get``)."""
+    return get(name)
+
+
+# Upstream FastVideo 0.2.1's variables in its order: (name, parser, what it controls).
+_UPSTREAM: tuple[tuple[str, Reader, str], ...] = (
+    ("FASTVIDEO_TARGET_DEVICE", _text("cuda"), "Device family the install targets."),
+    ("MAX_JOBS", _text(), "Parallel compile jobs for source builds (None: one per CPU)."),
+    ("NVCC_THREADS", _text(), "nvcc threads per compile job for source builds."),
+    ("FASTVIDEO_USE_PRECOMPILED", _precompiled,
+     "Install precompiled binaries (also true when FASTVIDEO_PRECOMPILED_WHEEL_LOCATION is set)."),
+    ("CMAKE_BUILD_TYPE", _text(), "CMake build type of source builds (Debug, Release, RelWithDebInfo)."),
+    ("VERBOSE", _int_flag, "Verbose install logs (an integer, 0 off)."),
+    ("FASTVIDEO_CONFIG_ROOT", _under(get_default_config_root), "Configuration directory."),
+    ("FASTVIDEO_CACHE_ROOT", _under(get_default_cache_root), "Cache directory."),
+    ("FASTVIDEO_HOST_IP", _text(""), "This node's IP address for distributed set-up (multi-NIC hosts)."),
+    ("FASTVIDEO_LOOPBACK_IP", _text(""), "Forces the loopback IP address."),
+    ("FASTVIDEO_RAY_PER_WORKER_GPUS", _number(float, "1.0"), "GPUs per Ray worker (a fraction co-locates actors)."),
+    ("FASTVIDEO_RINGBUFFER_WARNING_INTERVAL", _number(int, "60"), "Seconds between full-ring-buffer warnings."),
+    ("FASTVIDEO_NCCL_SO_PATH", _text(), "Path of the NCCL library to load."),
+    ("LD_LIBRARY_PATH", _text(), "Where the NCCL library is searched when FASTVIDEO_NCCL_SO_PATH is unset."),
+    ("FASTVIDEO_TEST_DYNAMO_FULLGRAPH_CAPTURE", _not_zero("1"), "Dynamo full-graph capture in tests (internal)."),
+    ("LOCAL_RANK", _number(int, "0"), "torchrun's local rank: the GPU index of this process."),
+    ("CUDA_VISIBLE_DEVICES", _text(), "CUDA's visible devices."),
+    ("FASTVIDEO_ENGINE_ITERATION_TIMEOUT_S", _number(int, "60"), "Seconds one engine iteration may take."),
+    ("FASTVIDEO_CONFIGURE_LOGGING", _number(int, "1"),
+     "1: FastVideo configures logging (FASTVIDEO_LOGGING_CONFIG_PATH or its default); 0: it leaves logging alone."),
+    ("FASTVIDEO_LOGGING_CONFIG_PATH", _text(), "A logging configuration file (JSON dictConfig)."),
+    ("FASTVIDEO_LOGGING_LEVEL", _text("INFO"), "Default logging level."),
+    ("FASTVIDEO_LOGGING_PREFIX", _text(""), "Prefix of every log message."),
+    ("FASTVIDEO_TRACE_FUNCTION", _number(int, "0"), "1: trace function calls (debugging)."),
+    ("FASTVIDEO_ATTENTION_BACKEND", _text(),
+     "Attention backend override (TORCH_SDPA, FLASH_ATTN, VIDEO_SPARSE_ATTN, SAGE_ATTN, ...); None: the platform's."),
+    ("FASTVIDEO_FA4", _not_zero(), "FLASH_ATTN runs FlashAttention-4 (opt-in)."),
+    ("FASTVIDEO_MINIMAX_H3_FA4_PACKED_VARLEN", _not_zero(),
+     "MiniMax-H3 self-attention through FA4's packed-varlen entry (inference, changes reduction order)."),
+    ("FASTVIDEO_INFERENCE_TORCH_COMPILE", _not_zero(), "Regional torch.compile of the DiT at inference."),
+    ("FASTVIDEO_VAE_PARALLEL_DECODE", _not_zero(), "MiniMax-H3 VAE decode spread over the SP ranks."),
+    ("FASTVIDEO_VAE_PARALLEL_ENCODE", _not_zero(), "MiniMax-H3 reference-video encode spread over the SP ranks."),
+    ("FASTVIDEO_VAE_PARALLEL_DECODE_STRATEGY", _text(), "Collective of the parallel VAE: gather or all_gather."),
+    ("FASTVIDEO_MINIMAX_H3_FUSIONS", _text(""), "MiniMax-H3 inference Triton fusions: all, 1, or a comma list."),
+    ("FASTVIDEO_ULYSSES_A2A", _typed, "Ulysses all-to-all transport (this package's parsing: see the registry)."),
+    ("FASTVIDEO_WORKER_MULTIPROC_METHOD", _text("spawn"), "Start method of worker processes."),
+    ("FASTVIDEO_NVTX_PROFILE", _not_zero(), "Emit NVTX ranges for external profilers."),
+    ("FASTVIDEO_TORCH_PROFILER_DIR", _optional_path, "Directory of torch profiler traces (None: profiler off)."),
+    ("FASTVIDEO_TORCH_PROFILER_RECORD_SHAPES", _not_zero(), "torch profiler records shapes."),
+    ("FASTVIDEO_TORCH_PROFILER_WITH_PROFILE_MEMORY", _not_zero(), "torch profiler profiles memory."),
+    ("FASTVIDEO_TORCH_PROFILER_WITH_STACK", _not_zero(), "torch profiler captures stacks."),
+    ("FASTVIDEO_TORCH_PROFILER_WITH_FLOPS", _not_zero(), "torch profiler counts flops."),
+    ("FASTVIDEO_TORCH_PROFILE_REGIONS", _text(""), "Regions the torch profiler covers."),
+    ("FASTVIDEO_TRACE_ACTIVATIONS", _not_zero(), "Activation trace hooks."),
+    ("FASTVIDEO_TRACE_LAYERS", _text(""), "Regex of the traced module names (empty: all)."),
+    ("FASTVIDEO_TRACE_STATS", _text("abs_mean,sum"), "Activation statistics to trace, comma-separated."),
+    ("FASTVIDEO_TRACE_OUTPUT", _text("/tmp/fv_trace_<pid>.jsonl"), "Activation trace file (<pid> replaced)."),
+    ("FASTVIDEO_TRACE_STEPS", _text(""), "Denoising steps to trace, comma-separated (empty: all)."),
+    ("FASTVIDEO_SERVER_DEV_MODE", _int_flag, "Server development endpoints (an integer, 0 off)."),
+    ("FASTVIDEO_STAGE_LOGGING", _int_flag, "Log each pipeline stage's time (an integer, 0 off)."),
+    ("FASTVIDEO_CFG_GATE_STEP", _number(float, "1.0"),
+     "Fraction of denoising steps that run the unconditional pass (1.0: every step, exact CFG)."),
+)
+
+# name -> reader of its value now: upstream's meaning (what Ray copies to its workers), upstream's variables in
+# upstream's order, then this package's. Readers added here are answered by ``envs.NAME`` too, as upstream's.
+environment_variables: dict[str, Callable[[], Any]] = {
+    **{name: functools.partial(read, name) for name, read, _ in _UPSTREAM},
+    **{name: functools.partial(_typed, name) for name in _REGISTRY if name not in {n for n, _, _ in _UPSTREAM}},
+}
+
+
+def upstream_names() -> tuple[str, ...]:
+    """Upstream FastVideo 0.2.1's variable names, in its order (``FASTVIDEO_ULYSSES_A2A`` among them)."""
+    return tuple(name for name, _, _ in _UPSTREAM)
+
+
+def describe(name: str) -> str:
+    """The one-line description of any FastVideo variable (upstream's or this package's)."""
+    if name in _REGISTRY:
+        return _REGISTRY[name].doc
+    for upstream_name, _, doc in _UPSTREAM:
+        if upstream_name == name:
+            return doc
+    raise KeyError(_unknown(name))
+
+
+def _unknown(name: str) -> str:
+    return (f"{name} is not a FastVideo environment variable; known: this package's {', '.join(_REGISTRY)}, and "
+            "upstream FastVideo's (envs.environment_variables)")
+
+
+
 def registry() -> dict[str, EnvVar]:
-    """All registered variables, by name."""
+    """This package's typed variables, by name (upstream's are ``environment_variables``)."""
     return dict(_REGISTRY)
 
 
@@ -213,10 +431,11 @@ def snapshot(names: tuple[str, ...]) -> tuple[object, ...]:
 
 
 def read_all() -> tuple[dict[str, Any], list[str]]:
-    """Every registered variable parsed now: ``(values, errors)``. Never raises.
+    """Every one of this package's typed variables parsed now: ``(values, errors)``. Never raises.
 
     An invalid value is left out of ``values`` and its error (naming the variable, the value and the
     choices) is in ``errors``, so callers can exchange errors across ranks before raising together.
+    Upstream's variables are not read: upstream parses them where they are used, and so does this module.
     """
     values: dict[str, Any] = {}
     errors: list[str] = []
@@ -229,7 +448,7 @@ def read_all() -> tuple[dict[str, Any], list[str]]:
 
 
 def validate_all() -> dict[str, Any]:
-    """Parse every registered variable; one ValueError listing every invalid value, else the values."""
+    """Parse every typed variable; one ValueError listing every invalid value, else the values."""
     values, errors = read_all()
     if errors:
         raise ValueError("Invalid FastVideo environment: " + " ".join(errors))
@@ -237,20 +456,23 @@ def validate_all() -> dict[str, Any]:
 
 
 def get(name: str) -> Any:
-    """Current parsed value of ``name`` (read from the environment now)."""
-    try:
-        var = _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"{name} is not a FastVideo environment variable; known: {', '.join(_REGISTRY)}") from None
-    return var.parse(os.environ.get(name))
+    """Current value of ``name`` (read from the environment now): parsed and validated for this package's
+    variables, parsed as upstream parses it for upstream's."""
+    var = _REGISTRY.get(name)
+    if var is not None:
+        return var.parse(os.environ.get(name))
+    reader = environment_variables.get(name)
+    if reader is None:
+        raise KeyError(_unknown(name))
+    return reader()
 
 
 @contextlib.contextmanager
 def override(**values: str | None) -> Iterator[None]:
     """Temporarily set (or with ``None`` unset) variables; restores the previous environment on exit."""
     for name in values:
-        if name not in _REGISTRY:
-            raise KeyError(f"{name} is not a FastVideo environment variable; known: {', '.join(_REGISTRY)}")
+        if name not in _REGISTRY and name not in environment_variables:
+            raise KeyError(_unknown(name))
     saved = {name: os.environ.get(name) for name in values}
     try:
         for name, value in values.items():
@@ -269,9 +491,6 @@ def override(**values: str | None) -> Iterator[None]:
 
 # ---------------------------------------------------------------------------------------- module attributes
 
-# Read as upstream FastVideo reads it (``envs.LOCAL_RANK``): torchrun's variable, not a FastVideo setting.
-_PROCESS_VARS: dict[str, Callable[[], Any]] = {"LOCAL_RANK": lambda: int(os.environ.get("LOCAL_RANK", "0"))}
-
 ASSIGNMENT_HELP = (
     "Set {name} in the environment before the SP groups are initialised (initialize_sequence_parallel, or "
     "maybe_init_distributed_environment_and_model_parallel), where every rank's value is validated and agreed; "
@@ -281,31 +500,30 @@ ASSIGNMENT_HELP = (
 
 
 class _EnvsModule(types.ModuleType):
-    """This module, with upstream FastVideo's attribute access: ``envs.NAME`` is ``get(NAME)``, read now;
-    assigning or deleting a registered name raises (see the module docstring)."""
+    """This module, with upstream FastVideo's attribute access: ``envs.NAME`` is ``environment_variables[NAME]()``,
+    read now; assigning or deleting one of this package's variables raises (see the module docstring)."""
 
     def __getattr__(self, name: str) -> Any:  # only for names the module itself does not define
-        if name in _REGISTRY:
-            return get(name)
-        if name in _PROCESS_VARS:
-            return _PROCESS_VARS[name]()
+        reader = environment_variables.get(name)
+        if reader is not None:
+            return reader()
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}; the FastVideo environment variables "
-                             f"are {', '.join(_REGISTRY)} (and {', '.join(_PROCESS_VARS)})")
+                             f"are this package's {', '.join(_REGISTRY)} and upstream's {', '.join(upstream_names())}")
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _REGISTRY or name in _PROCESS_VARS:
+        if name in _REGISTRY:
             raise AttributeError(f"envs.{name} cannot be assigned: it is read from the environment, and assigning "
                                  "the attribute would change nothing the SP group agreed on. "
                                  + ASSIGNMENT_HELP.format(name=name))
         super().__setattr__(name, value)
 
     def __delattr__(self, name: str) -> None:
-        if name in _REGISTRY or name in _PROCESS_VARS:
+        if name in _REGISTRY:
             raise AttributeError(f"envs.{name} cannot be deleted. " + ASSIGNMENT_HELP.format(name=name))
         super().__delattr__(name)
 
     def __dir__(self) -> list[str]:
-        return sorted({*super().__dir__(), *_REGISTRY, *_PROCESS_VARS})
+        return sorted({*super().__dir__(), *environment_variables})
 
 
 sys.modules[__name__].__class__ = _EnvsModule

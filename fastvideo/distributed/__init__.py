@@ -26,8 +26,8 @@ _COMMUNICATION_OP = (
     "tensor_model_parallel_all_reduce", "warmup_sequence_parallel_communication",
 )
 _UTILS = (
-    "compute_padding_for_sp", "divide", "ensure_divisibility", "pad_sequence_tensor", "split_tensor_along_last_dim",
-    "unpad_sequence_tensor",
+    "StatelessProcessGroup", "compute_padding_for_sp", "divide", "ensure_divisibility", "pad_sequence_tensor",
+    "split_tensor_along_last_dim", "unpad_sequence_tensor",
 )
 _WHERE = {**dict.fromkeys(_PARALLEL_STATE, "parallel_state"), **dict.fromkeys(_COMMUNICATION_OP, "communication_op"),
           **dict.fromkeys(_UTILS, "utils")}

@@ -19,6 +19,7 @@ Like any torch collective, every SP rank must call the op with matching tensors 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import torch
@@ -45,6 +46,8 @@ from fastvideo.distributed.ulysses.layout import (
     validate_input,
 )
 from fastvideo.distributed.ulysses.nccl import nccl_route
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "EVEN",

@@ -13,18 +13,24 @@ builds on them and changes nothing in how they are built, and ``sp_groups`` neve
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import logging
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from fastvideo.distributed import sp_groups as _sp_groups
+from fastvideo.distributed.group_transfers import GraphCaptureContext, TensorMetadata
+from fastvideo.distributed.node_groups import get_same_node_ranks, is_the_same_node_as
 from fastvideo.distributed.sp_groups import (
     GroupCoordinator,
     _destroy_groups,
     _device_for_backend,
+    _groups,
     agree_ulysses_settings,
     destroy_sequence_parallel,
     get_dp_group,
@@ -37,8 +43,12 @@ from fastvideo.distributed.sp_groups import (
 )
 
 __all__ = [
+    "GraphCaptureContext",
     "GroupCoordinator",
+    "TensorMetadata",
     "agree_ulysses_settings",
+    "all_reduce",
+    "all_reduce_fake",
     "cleanup_dist_env_and_memory",
     "destroy_distributed_environment",
     "destroy_model_parallel",
@@ -47,6 +57,8 @@ __all__ = [
     "get_dp_rank",
     "get_dp_world_size",
     "get_local_torch_device",
+    "get_node_group",
+    "get_same_node_ranks",
     "get_sp_group",
     "get_sp_parallel_rank",
     "get_sp_rank",
@@ -58,16 +70,29 @@ __all__ = [
     "get_world_rank",
     "get_world_size",
     "init_distributed_environment",
+    "init_model_parallel_group",
+    "init_node_group",
+    "init_world_group",
     "initialize_model_parallel",
     "initialize_sequence_parallel",
+    "initialize_sequence_parallel_group",
+    "initialize_tensor_parallel_group",
+    "is_the_same_node_as",
     "maybe_init_distributed_environment_and_model_parallel",
     "model_parallel_is_initialized",
     "override_ulysses_settings",
+    "patch_tensor_parallel_group",
+    "set_custom_all_reduce",
     "state",
 ]
 
+logger = logging.getLogger(__name__)
+
 _WORLD: GroupCoordinator | None = None
+_NODE: GroupCoordinator | None = None  # the ranks of this rank's node (upstream's weight loaders read it)
 _TP: GroupCoordinator | None = None
+_TP_STATE_PATCHED = False
+_ENABLE_CUSTOM_ALL_REDUCE = True  # upstream's switch; read by nothing here (this package has no custom all-reduce)
 _TP_GROUPS: list[dist.ProcessGroup] = []  # every TP group this rank created (each rank creates all of them)
 
 
@@ -168,11 +193,13 @@ def init_distributed_environment(
         assert default is not None
         # The default group carries the world group's device collectives; gloo for its host side.
         cpu_group = default if backend == "gloo" else dist.new_group(list(range(world)), backend="gloo")
-        _WORLD = GroupCoordinator(list(range(world)), dist.get_rank(), default, cpu_group,
-                                  _device_for_backend(backend), local_rank=local_rank, unique_name="world")
+        _WORLD = GroupCoordinator.of(list(range(world)), dist.get_rank(), default, cpu_group,
+                                     _device_for_backend(backend), local_rank=local_rank, unique_name="world")
     elif _WORLD.world_size != dist.get_world_size():
         raise RuntimeError(f"init_distributed_environment: the world group has {_WORLD.world_size} ranks but the "
                            f"default group {dist.get_world_size()}; call cleanup_dist_env_and_memory() first.")
+    if _NODE is None:
+        init_node_group(local_rank, dist.get_backend())
     return _WORLD
 
 
@@ -212,8 +239,8 @@ def initialize_model_parallel(
     elif get_sp_world_size() != sequence_model_parallel_size:
         raise ValueError(f"initialize_model_parallel: SP groups of size {get_sp_world_size()} already exist, not "
                          f"{sequence_model_parallel_size}; call destroy_sequence_parallel() first.")
-    for coordinator, name in ((get_sp_group(), "sp"), (get_dp_group(), "dp")):  # the SP and DP groups exist now
-        coordinator.local_rank, coordinator.unique_name = world.local_rank, name
+    for coordinator in (get_sp_group(), get_dp_group()):  # the SP and DP groups exist now
+        coordinator.local_rank = world.local_rank
     rank, dev_backend = dist.get_rank(), dist.get_backend()
     tp: GroupCoordinator | None = None
     for start in range(0, n, tensor_model_parallel_size):
@@ -222,9 +249,104 @@ def initialize_model_parallel(
         cpu_group = dist.new_group(ranks, backend="gloo")
         _TP_GROUPS.extend([dev_group, cpu_group])
         if rank in ranks:
-            tp = GroupCoordinator(ranks, ranks.index(rank), dev_group, cpu_group, world.device,
-                                  local_rank=world.local_rank, unique_name="tp")
+            tp = GroupCoordinator.of(ranks, ranks.index(rank), dev_group, cpu_group, world.device,
+                                     local_rank=world.local_rank, unique_name="tp")
     _TP = tp
+
+
+def init_model_parallel_group(group_ranks: list[list[int]], local_rank: int, backend: str,
+                              use_message_queue_broadcaster: bool = False,
+                              group_name: str | None = None) -> GroupCoordinator:
+    """Upstream's factory: a coordinator over this rank's list of ``group_ranks`` (every rank creates every group:
+    collective over the world). ``use_message_queue_broadcaster`` builds nothing here."""
+    return GroupCoordinator(group_ranks, local_rank, backend, True, use_message_queue_broadcaster, group_name)
+
+
+def init_world_group(ranks: list[int], local_rank: int, backend: str) -> GroupCoordinator:
+    """Upstream's factory: a coordinator over ``ranks`` named ``world`` (collective). ``init_distributed_environment``
+    builds the world group over the default group instead, creating no device group."""
+    return GroupCoordinator([ranks], local_rank, backend, True, group_name="world")
+
+
+def get_node_group() -> GroupCoordinator:
+    """The ranks of this rank's node (built by ``init_distributed_environment``). Local."""
+    if _NODE is None:
+        raise RuntimeError("The node group is not initialised: call init_distributed_environment() first.")
+    return _NODE
+
+
+def init_node_group(local_rank: int, backend: str) -> None:
+    """Build the node groups: consecutive blocks of as many ranks as share rank 0's node (``get_same_node_ranks``
+    over the world's CPU group). Collective over the world. Every node must hold as many ranks (ValueError
+    otherwise, before any group is created)."""
+    global _NODE
+    size = len(get_same_node_ranks(get_world_group().cpu_group))
+    world = dist.get_world_size()
+    if world % size:
+        raise ValueError(f"init_node_group: rank 0's node holds {size} of the {world} ranks; every node must hold as "
+                         "many ranks (launch the same number of processes on each node).")
+    _NODE = GroupCoordinator([list(range(start, start + size)) for start in range(0, world, size)], local_rank,
+                             backend, True, group_name="node")
+
+
+def set_custom_all_reduce(enable: bool) -> None:
+    """Upstream's switch for its custom all-reduce. Recorded; this package has none, so it changes nothing."""
+    global _ENABLE_CUSTOM_ALL_REDUCE
+    _ENABLE_CUSTOM_ALL_REDUCE = enable
+
+
+@contextlib.contextmanager
+def patch_tensor_parallel_group(tp_group: GroupCoordinator) -> Iterator[None]:
+    """Local: ``get_tp_group()`` is ``tp_group`` for the block (upstream: models with another TP size), restored
+    after it. Not reentrant: a nested patch raises RuntimeError."""
+    global _TP, _TP_STATE_PATCHED
+    if _TP_STATE_PATCHED:
+        raise RuntimeError("patch_tensor_parallel_group: the TP group is already patched; nesting is not supported.")
+    previous = get_tp_group()
+    _TP_STATE_PATCHED, _TP = True, tp_group
+    try:
+        yield
+    finally:
+        _TP_STATE_PATCHED, _TP = False, previous
+
+
+def _consecutive(caller: str, size: int) -> list[list[int]]:
+    world = dist.get_world_size()
+    if not isinstance(size, int) or size < 1 or world % size:
+        raise ValueError(f"{caller}: size {size!r} must be a positive integer dividing the world size {world}.")
+    return [list(range(start, start + size)) for start in range(0, world, size)]
+
+
+def initialize_tensor_parallel_group(tensor_model_parallel_size: int = 1, backend: str | None = None,
+                                     group_name_suffix: str = "") -> GroupCoordinator:
+    """Upstream's: a further TP coordinator (consecutive ranks) for ``patch_tensor_parallel_group``; the global TP
+    group is left as it is. Collective over the world."""
+    groups = _consecutive("initialize_tensor_parallel_group", tensor_model_parallel_size)
+    return init_model_parallel_group(groups, get_world_group().local_rank, backend or dist.get_backend(), True,
+                                     f"tp_{group_name_suffix}" if group_name_suffix else "tp")
+
+
+def initialize_sequence_parallel_group(sequence_model_parallel_size: int = 1, backend: str | None = None,
+                                       group_name_suffix: str = "") -> GroupCoordinator:
+    """Upstream's: a further SP coordinator (consecutive ranks); the global SP group, its settings and its Ulysses
+    helper are left as they are (its ``all_to_all_4D`` is the NCCL route). Collective over the world."""
+    groups = _consecutive("initialize_sequence_parallel_group", sequence_model_parallel_size)
+    return init_model_parallel_group(groups, get_world_group().local_rank, backend or dist.get_backend(),
+                                     group_name=f"sp_{group_name_suffix}" if group_name_suffix else "sp")
+
+
+def all_reduce(tensor: torch.Tensor, group_name: str) -> torch.Tensor:
+    """Collective over the coordinator named ``group_name`` (its ``unique_name``): out-of-place all-reduce (SUM)."""
+    ref = _groups.get(group_name)
+    group = ref() if ref is not None else None
+    if group is None:
+        raise ValueError(f"all_reduce: no live group named {group_name!r}; known: {sorted(_groups)}.")
+    return group.device_communicator.all_reduce(tensor)
+
+
+def all_reduce_fake(tensor: torch.Tensor, group_name: str) -> torch.Tensor:
+    """``all_reduce``'s shape function (for tracing): a new tensor like ``tensor``. Local."""
+    return torch.empty_like(tensor)
 
 
 def maybe_init_distributed_environment_and_model_parallel(tp_size: int, sp_size: int,
@@ -248,14 +370,18 @@ def maybe_init_distributed_environment_and_model_parallel(tp_size: int, sp_size:
 
 
 def destroy_model_parallel() -> None:
-    """Tear down the SP and DP groups (their helpers first, collectively) and the TP groups. Collective."""
-    global _TP
+    """Tear down the SP and DP groups (their helpers first, collectively), the TP groups and the node group.
+    Collective."""
+    global _TP, _NODE
     try:
         destroy_sequence_parallel()
     finally:
         _destroy_groups(list(_TP_GROUPS))
         _TP_GROUPS.clear()
         _TP = None
+        node, _NODE = _NODE, None
+        if node is not None:
+            node.destroy()
 
 
 def destroy_distributed_environment() -> None:
@@ -292,5 +418,5 @@ def cleanup_dist_env_and_memory(shutdown_ray: bool = False) -> None:
 def state() -> dict[str, Any]:
     """What exists now (for tests and diagnostics): which groups, and how many TP process groups."""
     sp, dp = _sp_groups._SP, _sp_groups._DP  # read where they live: sp_groups rebinds them
-    return {"world": _WORLD is not None, "sp": sp is not None, "dp": dp is not None, "tp": _TP is not None,
-            "tp_process_groups": len(_TP_GROUPS), "default_group": dist.is_initialized()}
+    return {"world": _WORLD is not None, "node": _NODE is not None, "sp": sp is not None, "dp": dp is not None,
+            "tp": _TP is not None, "tp_process_groups": len(_TP_GROUPS), "default_group": dist.is_initialized()}

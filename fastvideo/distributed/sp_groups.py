@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,15 +36,34 @@ import torch.distributed as dist
 from fastvideo import envs
 from fastvideo.distributed import settings as _settings
 from fastvideo.distributed.device_communicators.base_device_communicator import DeviceCommunicatorBase
+from fastvideo.distributed.group_transfers import CoordinatorTransfers
 from fastvideo.distributed.host_exchange import job_timeout_s
 from fastvideo.distributed.settings import AgreedSettings
 
+_group_name_counter: dict[str, int] = {}
+# unique_name -> the coordinator (upstream's registry, which its module-level ``all_reduce(tensor, group_name)`` reads)
+_groups: dict[str, Callable[[], GroupCoordinator | None]] = {}
 
-@dataclass
-class GroupCoordinator:
+
+def _get_unique_name(name: str) -> str:
+    """``name:<n>``, n counting the coordinators of that name this process built (upstream's group names)."""
+    n = _group_name_counter.get(name, 0)
+    _group_name_counter[name] = n + 1
+    return f"{name}:{n}"
+
+
+def _register_group(group: GroupCoordinator) -> None:
+    _groups[group.unique_name] = weakref.ref(group)
+
+
+@dataclass(init=False, eq=False)
+class GroupCoordinator(CoordinatorTransfers):
     """One process group as seen from this rank: its ranks, device group and CPU (gloo) group.
 
-    SP coordinators also own the vote group, the agreed settings and the helper generation counter.
+    SP coordinators also own the vote group, the agreed settings and the helper generation counter. The transfers
+    of upstream's coordinator (broadcasts, point-to-point objects and tensors, tensor dictionaries, the
+    graph-capture context) come from ``CoordinatorTransfers``. ``GroupCoordinator(...)`` is upstream's constructor
+    (it creates the process groups); this package builds its own with ``GroupCoordinator.of``.
     """
 
     ranks: list[int]
@@ -60,7 +81,57 @@ class GroupCoordinator:
     # Upstream FastVideo's coordinator attributes (``device_communicator`` is built on first use).
     local_rank: int = 0
     unique_name: str = ""
+    use_device_communicator: bool = True
+    mq_broadcaster: Any = None  # upstream's shared-memory broadcaster: none here (objects go over the CPU group)
+    use_custom_op_call: bool = False
     _communicator: DeviceCommunicatorBase | None = field(default=None, repr=False)
+
+    def __init__(self, group_ranks: list[list[int]], local_rank: int, torch_distributed_backend: str | dist.Backend,
+                 use_device_communicator: bool, use_message_queue_broadcaster: bool = False,
+                 group_name: str | None = None) -> None:
+        """Upstream's constructor. Collective over the world (``torch.distributed.new_group`` needs every rank):
+        every rank creates a device group (``torch_distributed_backend``) and a gloo CPU group for each rank list of
+        ``group_ranks`` and keeps the one it belongs to. ``use_message_queue_broadcaster`` is accepted and builds
+        nothing (objects travel over the CPU group). Raises ValueError when this rank is in none of them."""
+        rank = dist.get_rank()
+        mine: tuple[list[int], dist.ProcessGroup, dist.ProcessGroup] | None = None
+        for ranks in group_ranks:
+            device_group = dist.new_group(list(ranks), backend=torch_distributed_backend)
+            cpu_group = dist.new_group(list(ranks), backend="gloo")
+            if rank in ranks:
+                mine = (list(ranks), device_group, cpu_group)
+        if mine is None:
+            raise ValueError(f"GroupCoordinator: this process's rank {rank} is in none of group_ranks={group_ranks}; "
+                             "every rank of the world must appear in one list.")
+        ranks, device_group, cpu_group = mine
+        self._assign(ranks, ranks.index(rank), device_group, cpu_group,
+                     _device_for_backend(str(torch_distributed_backend)), local_rank=local_rank,
+                     unique_name=_get_unique_name(group_name or "anonymous"))
+        self.use_device_communicator = use_device_communicator
+
+    @classmethod
+    def of(cls, ranks: list[int], rank_in_group: int, device_group: dist.ProcessGroup, cpu_group: dist.ProcessGroup,
+           device: torch.device, *, vote_group: dist.ProcessGroup | None = None, timeout_s: float | None = None,
+           local_rank: int = 0, unique_name: str = "") -> GroupCoordinator:
+        """A coordinator over process groups that exist already (local: creates none). ``unique_name``: upstream's
+        ``name:<n>`` is derived from it (``"sp"`` -> ``"sp:0"``); empty: ``anonymous:<n>``."""
+        self = cls.__new__(cls)
+        self._assign(ranks, rank_in_group, device_group, cpu_group, device, vote_group=vote_group,
+                     timeout_s=timeout_s, local_rank=local_rank,
+                     unique_name=_get_unique_name(unique_name or "anonymous"))
+        return self
+
+    def _assign(self, ranks: list[int], rank_in_group: int, device_group: dist.ProcessGroup,
+                cpu_group: dist.ProcessGroup, device: torch.device, *, vote_group: dist.ProcessGroup | None = None,
+                timeout_s: float | None = None, local_rank: int = 0, unique_name: str = "") -> None:
+        self.ranks, self.rank_in_group, self.device = list(ranks), rank_in_group, device
+        self.device_group, self.cpu_group, self.vote_group = device_group, cpu_group, vote_group
+        self.settings, self.vote_failure, self.timeout_s = None, None, timeout_s
+        self._generation, self._teardown, self._on_settings = 0, {}, {}
+        self.local_rank, self.unique_name = local_rank, unique_name
+        self.use_device_communicator, self.mq_broadcaster, self.use_custom_op_call = True, None, False
+        self._communicator = None
+        _register_group(self)
 
     @property
     def world_size(self) -> int:
@@ -159,6 +230,23 @@ class GroupCoordinator:
         for hook in reversed(list(hooks.values())):
             hook()
 
+    def destroy(self) -> None:
+        """Collective over the group, blocking: upstream's teardown of one coordinator. The registered hooks first
+        (the Ulysses helpers, collective: they need the groups), then the device communicator, then this group's
+        device, CPU and vote process groups (never the default group: ``destroy_distributed_environment`` ends
+        that one); the coordinator is unusable afterwards. A second call does nothing."""
+        try:
+            self.run_teardown()
+            if self._communicator is not None:
+                self._communicator.destroy()
+        finally:
+            default = dist.group.WORLD if dist.is_initialized() else None
+            groups = {id(g): g for g in (self.device_group, self.cpu_group, self.vote_group)
+                      if g is not None and g is not default}
+            _destroy_groups(list(groups.values()))
+            self.device_group = self.cpu_group = self.vote_group = None  # type: ignore[assignment]
+            self._communicator = None
+
 
 _SP: GroupCoordinator | None = None
 _DP: GroupCoordinator | None = None
@@ -213,8 +301,8 @@ def initialize_sequence_parallel(sp_size: int, *, timeout: datetime.timedelta | 
         vote_group = dist.new_group(ranks, backend="gloo", timeout=vote_timeout)
         created += [dev_group, cpu_group, vote_group]
         if rank in ranks:
-            sp = GroupCoordinator(ranks, ranks.index(rank), dev_group, cpu_group, device, vote_group=vote_group,
-                                  timeout_s=timeout.total_seconds())
+            sp = GroupCoordinator.of(ranks, ranks.index(rank), dev_group, cpu_group, device, vote_group=vote_group,
+                                     timeout_s=timeout.total_seconds(), unique_name="sp")
     dp: GroupCoordinator | None = None
     for offset in range(sp_size):
         ranks = list(range(offset, world, sp_size))
@@ -222,8 +310,8 @@ def initialize_sequence_parallel(sp_size: int, *, timeout: datetime.timedelta | 
         cpu_group = dist.new_group(ranks, backend="gloo", **kwargs)
         created += [dev_group, cpu_group]
         if rank in ranks:
-            dp = GroupCoordinator(ranks, ranks.index(rank), dev_group, cpu_group, device,
-                                  timeout_s=timeout.total_seconds())
+            dp = GroupCoordinator.of(ranks, ranks.index(rank), dev_group, cpu_group, device,
+                                     timeout_s=timeout.total_seconds(), unique_name="dp")
     assert sp is not None and dp is not None
     try:
         sp.settings = _settings.agree(

@@ -1,15 +1,25 @@
-"""Small tensor helpers of upstream FastVideo's ``fastvideo.distributed.utils`` that models import: divisibility
-checks, splitting along the last dim, and the sequence padding that sequence parallelism needs when the
-sequence does not divide by the SP size. Pure tensor code: no collective, no process group.
+"""Small helpers of upstream FastVideo's ``fastvideo.distributed.utils`` that models import: divisibility checks,
+splitting along the last dim, and the sequence padding that sequence parallelism needs when the sequence does not
+divide by the SP size (pure tensor code: no collective, no process group); and ``StatelessProcessGroup``, the
+metadata exchange over a TCP store that upstream's pynccl/pyhccl communicators accept in place of a process group.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import pickle
+import time
+from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
+    "StatelessProcessGroup",
     "compute_padding_for_sp",
     "divide",
     "ensure_divisibility",
@@ -60,3 +70,84 @@ def pad_sequence_tensor(tensor: torch.Tensor, target_seq_len: int, seq_dim: int 
 def unpad_sequence_tensor(tensor: torch.Tensor, original_seq_len: int, seq_dim: int = 1) -> torch.Tensor:
     """The first ``original_seq_len`` rows of ``tensor`` along ``seq_dim`` (a view)."""
     return tensor.narrow(seq_dim, 0, min(original_seq_len, tensor.shape[seq_dim]))
+
+
+@dataclasses.dataclass
+class StatelessProcessGroup:
+    """Objects between ``world_size`` processes through a ``torch.distributed`` store, without a process group (so
+    without touching torch's global state): for metadata only, not tensors in bulk. Every value is pickled under a
+    key that names sender, receiver and a per-pair counter, so every rank must make matching calls in the same order.
+    Values this rank wrote are deleted once older than ``data_expiration_seconds`` (checked when it writes again).
+    Pickled objects are trusted: they come from the job's own ranks."""
+
+    rank: int
+    world_size: int
+    store: Any  # a torch.distributed Store
+    data_expiration_seconds: int = 3600
+    send_dst_counter: dict[int, int] = dataclasses.field(default_factory=dict)
+    recv_src_counter: dict[int, int] = dataclasses.field(default_factory=dict)
+    broadcast_send_counter: int = 0
+    broadcast_recv_src_counter: dict[int, int] = dataclasses.field(default_factory=dict)
+    entries: deque[tuple[str, float]] = dataclasses.field(default_factory=deque)  # (key, when written), oldest first
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"StatelessProcessGroup: rank={self.rank} must be in 0..{self.world_size - 1}.")
+        self.send_dst_counter = dict.fromkeys(range(self.world_size), 0)
+        self.recv_src_counter = dict.fromkeys(range(self.world_size), 0)
+        self.broadcast_recv_src_counter = dict.fromkeys(range(self.world_size), 0)
+
+    def _put(self, key: str, obj: Any) -> None:
+        self.expire_data()
+        self.store.set(key, pickle.dumps(obj))
+        self.entries.append((key, time.perf_counter()))
+
+    def _get(self, key: str) -> Any:
+        return pickle.loads(self.store.get(key))
+
+    def send_obj(self, obj: Any, dst: int) -> None:
+        """Point to point, non-blocking: ``obj`` for rank ``dst``'s next ``recv_obj(src=<this rank>)``."""
+        self._put(f"send_to/{dst}/{self.send_dst_counter[dst]}", obj)
+        self.send_dst_counter[dst] += 1
+
+    def recv_obj(self, src: int) -> Any:
+        """Point to point, blocking (up to the store's timeout): the next object rank ``src`` sent to this rank.
+        The key names the receiver and a counter of receptions, so sends to one rank pair in order."""
+        obj = self._get(f"send_to/{self.rank}/{self.recv_src_counter[src]}")
+        self.recv_src_counter[src] += 1
+        return obj
+
+    def expire_data(self) -> None:
+        """Delete this rank's values older than ``data_expiration_seconds``. Local."""
+        while self.entries and time.perf_counter() - self.entries[0][1] > self.data_expiration_seconds:
+            key, _ = self.entries.popleft()
+            self.store.delete_key(key)
+
+    def broadcast_obj(self, obj: Any | None, src: int) -> Any:
+        """Collective, blocking: rank ``src``'s ``obj`` on every rank. Values stay in the store until they expire:
+        for a bounded number of uses (initialisation), not a loop."""
+        if self.rank == src:
+            self._put(f"broadcast_from/{src}/{self.broadcast_send_counter}", obj)
+            self.broadcast_send_counter += 1
+            return obj
+        value = self._get(f"broadcast_from/{src}/{self.broadcast_recv_src_counter[src]}")
+        self.broadcast_recv_src_counter[src] += 1
+        return value
+
+    def all_gather_obj(self, obj: Any) -> list[Any]:
+        """Collective, blocking: every rank's ``obj``, by rank."""
+        return [self.broadcast_obj(obj if src == self.rank else None, src=src) for src in range(self.world_size)]
+
+    def barrier(self) -> None:
+        """Collective, blocking: returns once every rank has reached it."""
+        self.all_gather_obj(None)
+
+    @staticmethod
+    def create(host: str, port: int, rank: int, world_size: int,
+               data_expiration_seconds: int = 3600) -> StatelessProcessGroup:
+        """A group over a new ``TCPStore`` at ``host:port`` (rank 0 serves it); every rank calls it."""
+        from torch.distributed import TCPStore
+
+        store = TCPStore(host_name=host, port=port, world_size=world_size, is_master=(rank == 0))
+        return StatelessProcessGroup(rank=rank, world_size=world_size, store=store,
+                                     data_expiration_seconds=data_expiration_seconds)

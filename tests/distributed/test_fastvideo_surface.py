@@ -207,7 +207,8 @@ def _init_and_cleanup(rank, world_size, tp_size, rendezvous_file):
 def test_init_is_idempotent_and_cleanup_tears_everything_down_in_order(tp_size, tmp_path):
     results = run_ranks(2, _init_and_cleanup, tp_size, str(tmp_path / "rendezvous"), initialize=False,
                         env={"FASTVIDEO_ULYSSES_A2A": "auto"}, timeout_s=120)
-    nothing = {"world": False, "sp": False, "dp": False, "tp": False, "tp_process_groups": 0, "default_group": False}
+    nothing = {"world": False, "node": False, "sp": False, "dp": False, "tp": False, "tp_process_groups": 0,
+               "default_group": False}
     for rank, (before, again, mismatch, info, during, after, rebuilt, end) in enumerate(results):
         assert before == nothing and end == nothing
         assert again == (True, True, True)

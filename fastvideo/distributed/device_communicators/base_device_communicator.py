@@ -85,13 +85,20 @@ class DeviceCommunicatorBase:
     def ulysses_a2a(self) -> Any:
         """The SP group's Ulysses helper (with ``try_all_to_all_4D`` and ``close``) when this is the SP group's
         communicator, its size is > 1 and the agreed route is ``auto``; None otherwise. Collective the first
-        time under ``auto``: it builds the op's helper, as the op's first call would."""
+        time under ``auto``: it builds the op's helper, as the op's first call would. A value assigned to it
+        (upstream's communicators assign ``maybe_create_helper(...)``'s) is what it is from then on."""
+        if "_ulysses_a2a" in self.__dict__:
+            return self.__dict__["_ulysses_a2a"]
         if _ULYSSES_PROVIDER is None:
             raise RuntimeError(
                 "device_communicator.ulysses_a2a: the Ulysses layer is not loaded. Import fastvideo.distributed "
                 "(or fastvideo.distributed.communication_op) before using it; both load it."
             )
         return _ULYSSES_PROVIDER(self)
+
+    @ulysses_a2a.setter
+    def ulysses_a2a(self, helper: Any) -> None:
+        self.__dict__["_ulysses_a2a"] = helper
 
     def all_to_all_4D(self, input_: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1, *,
                       seq_splits: Sequence[int] | None = None,
@@ -198,5 +205,64 @@ class DeviceCommunicatorBase:
         dist.gather(input_.contiguous(), parts, dst=self.ranks[dst], group=self.device_group)
         return torch.cat(parts, dim=dim) if parts is not None else None
 
+    def send(self, tensor: torch.Tensor, dst: int | None = None) -> None:
+        """Point to point over the device group, blocking: ``tensor`` to group rank ``dst`` (default: the next
+        rank)."""
+        dst = (self.rank_in_group + 1) % self.world_size if dst is None else dst
+        dist.send(tensor.contiguous(), self.ranks[self._group_rank("send", "dst", dst)], self.device_group)
+
+    def recv(self, size: torch.Size, dtype: torch.dtype, src: int | None = None) -> torch.Tensor:
+        """Point to point over the device group, blocking: a new ``size`` x ``dtype`` tensor on this communicator's
+        device, from group rank ``src`` (default: the previous rank)."""
+        src = (self.rank_in_group - 1) % self.world_size if src is None else src
+        tensor = torch.empty(size, dtype=dtype, device=self.device)
+        dist.recv(tensor, self.ranks[self._group_rank("recv", "src", src)], self.device_group)
+        return tensor
+
+    def _group_rank(self, caller: str, arg: str, rank: int) -> int:
+        if not isinstance(rank, int) or not 0 <= rank < self.world_size or rank == self.rank_in_group:
+            raise ValueError(f"{caller}: {arg}={rank!r} must be another rank of the group (0..{self.world_size - 1}, "
+                             f"not this rank {self.rank_in_group}).")
+        return rank
+
     def destroy(self) -> None:
         """Nothing to release: the Ulysses helper is destroyed with its SP group (``destroy_sequence_parallel``)."""
+
+
+class DistributedAutograd:
+    """Upstream's differentiable collectives, called as ``DistributedAutograd.AllGather.apply(group, x, P, dim)``.
+
+    Each ``apply`` is torch's differentiable functional collective (or this package's NCCL route for the
+    all-to-all), with upstream's argument order and gradients: all-reduce (gradient: the all-reduced gradient),
+    all-gather (reduce-scatter), slice (all-gather, divided by P when ``scale_grad``), all-to-all (the inverse
+    all-to-all). Collective over ``group``."""
+
+    class AllReduce:
+        @staticmethod
+        def apply(group: ProcessGroup, input_: torch.Tensor, op: ReduceOp | None = None) -> torch.Tensor:
+            return _on(group).all_reduce(input_, op)
+
+    class AllGather:
+        @staticmethod
+        def apply(group: ProcessGroup, input_: torch.Tensor, world_size: int, dim: int) -> torch.Tensor:
+            return _on(group, world_size).all_gather(input_, dim)
+
+    class Slice:
+        @staticmethod
+        def apply(group: ProcessGroup, input_: torch.Tensor, world_size: int, dim: int,
+                  scale_grad: bool) -> torch.Tensor:
+            return _on(group, world_size).slice(input_, dim, scale_grad=scale_grad)
+
+    class AllToAll4D:
+        @staticmethod
+        def apply(group: ProcessGroup, input_: torch.Tensor, world_size: int, scatter_dim: int,
+                  gather_dim: int) -> torch.Tensor:
+            return _on(group, world_size).all_to_all_4D(input_, scatter_dim, gather_dim)
+
+
+def _on(group: ProcessGroup, world_size: int | None = None) -> DeviceCommunicatorBase:
+    """A communicator over ``group`` (local: creates no process group), checked against upstream's ``world_size``."""
+    comm = DeviceCommunicatorBase(group, device_group=group)
+    if world_size is not None and world_size != comm.world_size:
+        raise ValueError(f"DistributedAutograd: world_size={world_size} but the group has {comm.world_size} ranks.")
+    return comm

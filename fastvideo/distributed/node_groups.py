@@ -1,0 +1,107 @@
+"""Which ranks share a node: upstream FastVideo's ``get_same_node_ranks`` (and its older name
+``is_the_same_node_as``), which ``parallel_state`` re-exports and uses to build the node group.
+
+"The same node" means "can open the same shared memory": the source rank creates a small POSIX shared-memory
+segment holding a random token, every rank tries to open it by name and compares the token, and the verdicts are
+combined on every rank. That is the property the node group stands for (local ranks that can hand each other
+memory), which a hostname comparison only approximates (containers may share a hostname and not ``/dev/shm``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+from multiprocessing import resource_tracker, shared_memory
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["get_same_node_ranks", "is_the_same_node_as"]
+
+_TOKEN_BYTES = 16
+
+
+def _attach(name: str) -> shared_memory.SharedMemory:
+    """Open an existing segment without this process's resource tracker adopting it (the creator unlinks it)."""
+    try:
+        return shared_memory.SharedMemory(name=name, track=False)  # Python >= 3.13
+    except TypeError:
+        shm = shared_memory.SharedMemory(name=name)
+        with contextlib.suppress(Exception):
+            resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+        return shm
+
+
+def get_same_node_ranks(pg: Any, source_rank: int = 0) -> list[int]:
+    """Collective over ``pg`` (a gloo ``ProcessGroup`` or a ``StatelessProcessGroup``), blocking: the global ranks
+    (for a stateless group, its ranks) that can open the shared memory group rank ``source_rank`` creates, in
+    order; ``source_rank``'s own rank always among them. An NCCL group raises ValueError (the exchange runs on
+    the host)."""
+    stateless = not isinstance(pg, dist.ProcessGroup)
+    if stateless:
+        rank, world, ranks = pg.rank, pg.world_size, list(range(pg.world_size))
+    else:
+        if dist.get_backend(pg) == dist.Backend.NCCL:
+            raise ValueError("get_same_node_ranks: pg is an NCCL group; pass a gloo group (the coordinator's "
+                             "cpu_group).")
+        rank, world, ranks = dist.get_rank(pg), dist.get_world_size(pg), dist.get_process_group_ranks(pg)
+    if not 0 <= source_rank < world:
+        raise ValueError(f"get_same_node_ranks: source_rank={source_rank} must be a rank of the group "
+                         f"(0..{world - 1}).")
+
+    def broadcast(obj: Any) -> Any:
+        if stateless:
+            return pg.broadcast_obj(obj, src=source_rank)
+        box = [obj]
+        dist.broadcast_object_list(box, src=ranks[source_rank], group=pg)
+        return box[0]
+
+    seen = torch.zeros(world, dtype=torch.int32)
+    created: shared_memory.SharedMemory | None = None
+    if rank == source_rank:
+        token = secrets.token_bytes(_TOKEN_BYTES)
+        try:
+            created = shared_memory.SharedMemory(create=True, size=_TOKEN_BYTES)
+            created.buf[:_TOKEN_BYTES] = token
+            offer: tuple[str, bytes] | None = (created.name, token)
+        except OSError as exc:  # no shared memory here: this rank alone is its node
+            logger.warning("get_same_node_ranks: cannot create shared memory (%s); each rank is its own node", exc)
+            offer = None
+        broadcast(offer)
+        seen[rank] = 1
+    else:
+        offer = broadcast(None)
+        if offer is not None:
+            name, token = offer
+            with contextlib.suppress(OSError, ValueError):
+                shm = _attach(name)
+                try:
+                    seen[rank] = int(bytes(shm.buf[:_TOKEN_BYTES]) == token)
+                finally:
+                    shm.close()
+    # Every rank has looked before the source removes the segment.
+    if stateless:
+        pg.barrier()
+    else:
+        dist.barrier(group=pg)
+    if created is not None:
+        created.close()
+        with contextlib.suppress(OSError):
+            created.unlink()
+    if stateless:
+        total = torch.zeros_like(seen)
+        for src in range(world):
+            total += pg.broadcast_obj(seen if src == rank else None, src=src)
+    else:
+        dist.all_reduce(seen, group=pg)
+        total = seen
+    return [ranks[i] for i, flag in enumerate(total.tolist()) if flag]
+
+
+def is_the_same_node_as(pg: Any, source_rank: int = 0) -> list[int]:
+    """``get_same_node_ranks`` under its older name (it returns ranks, as upstream's does since it was renamed)."""
+    return get_same_node_ranks(pg, source_rank)
