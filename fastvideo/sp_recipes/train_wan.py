@@ -60,6 +60,8 @@ def _upstream() -> dict[str, Any]:
     logging.getLogger("fastvideo.platforms").addFilter(_NoNpuProbeError())
     # FSDP2 warns that the model returns a view (upstream's unpatchify): the loss reads it, nothing writes in place.
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+    # requests (under huggingface_hub) warns when no charset detector is installed; nothing here decodes text.
+    warnings.filterwarnings("ignore", message=r"Unable to find acceptable character detection dependency")
     try:
         from fastvideo.configs.models.dits.wanvideo import WanVideoArchConfig, WanVideoConfig
         from fastvideo.forward_context import set_forward_context
