@@ -7,36 +7,90 @@
 #   scripts/build_kernel.sh 2.30.7 build/k230 # another output dir
 #   NCCL_HOME=/path/to/nccl scripts/build_kernel.sh   # an NCCL tree (include/, lib/) instead of a wheel
 #
-# The NCCL wheel (nvidia-nccl-cu13==VERSION) is fetched once with `pip download --no-deps` into
-# ${FASTVIDEO_KERNEL_CACHE:-$HOME/.cache/fastvideo-kernel} and unzipped there. The compile command
-# itself lives in fastvideo-kernel/build_lib.py (shared with the wheel build). CPU-only: no GPU needed.
+# NCCL VERSION's headers and library come from the first of: the cache
+# (${FASTVIDEO_KERNEL_CACHE:-$HOME/.cache/fastvideo-kernel}), a carried wheel directory (${FASTVIDEO_WHEEL_DIR:-.whl/}
+# at the repository root, git-ignored: nvidia_nccl_cu13-VERSION-*.whl), the nvidia-nccl-cu13 package installed in
+# $PYTHON when it is that version (a GPU host's torch brings one), or `pip download --no-deps` into the cache. A wheel
+# is unzipped into the cache. When none has it (a host without a package registry), the script exits 3 with a note
+# naming what is missing, and the test command skips that build saying so; under CI=true, where the download is
+# possible, it exits 1. `--print-nccl-home` prints where the headers were found and builds nothing. The compile
+# command itself lives in fastvideo-kernel/build_lib.py (shared with the wheel build). CPU-only: no GPU needed.
 set -euo pipefail
 
+print_only=0
+if [[ "${1:-}" == --print-nccl-home ]]; then
+  print_only=1
+  shift
+fi
 version="${1:-}"
 out_dir="${2:-build/kernel}"
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cache="${FASTVIDEO_KERNEL_CACHE:-$HOME/.cache/fastvideo-kernel}"
+wheel_dir="${FASTVIDEO_WHEEL_DIR:-$repo/.whl}"
 python="${PYTHON:-python3}"
+
+# The installed nvidia-nccl package's root when its headers are NCCL $1 (prints nothing otherwise).
+installed_nccl() {
+  "$python" - "$1" <<'PY' 2>/dev/null || true
+import importlib.util, pathlib, re, sys
+spec = importlib.util.find_spec("nvidia.nccl")
+if spec and spec.submodule_search_locations:
+    root = pathlib.Path(next(iter(spec.submodule_search_locations)))
+    try:
+        text = (root / "include" / "nccl.h").read_text()
+    except OSError:
+        sys.exit(0)
+    found = ".".join(re.search(rf"#define NCCL_{k}\s+(\d+)", text).group(1) for k in ("MAJOR", "MINOR", "PATCH"))
+    if found == sys.argv[1] and (root / "include" / "nccl_device.h").is_file() and (root / "lib" / "libnccl.so.2").exists():
+        print(root)
+PY
+}
 
 if [[ -z "${NCCL_HOME:-}" ]]; then
   if [[ -z "$version" ]]; then
-    echo "usage: $0 NCCL_VERSION [OUT_DIR]   (or set NCCL_HOME)" >&2
+    echo "usage: $0 [--print-nccl-home] NCCL_VERSION [OUT_DIR]   (or set NCCL_HOME)" >&2
     exit 2
   fi
   root="$cache/nccl-$version"
-  if [[ ! -f "$root/nvidia/nccl/include/nccl_device.h" ]]; then
-    mkdir -p "$cache/wheels"
-    wheel="$(ls "$cache"/wheels/nvidia_nccl_cu13-"$version"-*.whl 2>/dev/null | head -n1 || true)"
-    if [[ -z "$wheel" ]]; then
-      echo "fetching nvidia-nccl-cu13==$version"
-      "$python" -m pip download --quiet --no-deps --only-binary=:all: -d "$cache/wheels" "nvidia-nccl-cu13==$version"
-      wheel="$(ls "$cache"/wheels/nvidia_nccl_cu13-"$version"-*.whl | head -n1)"
+  if [[ -f "$root/nvidia/nccl/include/nccl_device.h" ]]; then
+    export NCCL_HOME="$root/nvidia/nccl"
+  else
+    wheel="$(ls "$cache"/wheels/nvidia_nccl_cu13-"$version"-*.whl "$wheel_dir"/nvidia_nccl_cu13-"$version"-*.whl \
+      2>/dev/null | head -n1 || true)"
+    installed="$(installed_nccl "$version")"
+    if [[ -z "$wheel" && -n "$installed" ]]; then
+      echo "build_kernel: NCCL $version headers from the installed nvidia-nccl-cu13 ($installed)"
+      export NCCL_HOME="$installed"
+    else
+      if [[ -z "$wheel" ]]; then
+        echo "fetching nvidia-nccl-cu13==$version"
+        mkdir -p "$cache/wheels"
+        if ! "$python" -m pip download --quiet --no-deps --only-binary=:all: -d "$cache/wheels" \
+            "nvidia-nccl-cu13==$version"; then
+          have="$("$python" -c 'import importlib.metadata as m; print(m.version("nvidia-nccl-cu13"))' 2>/dev/null \
+            || echo none)"
+          missing="nvidia-nccl-cu13==$version: not in $cache, no wheel in $wheel_dir, the installed nvidia-nccl-cu13 is $have, and pip could not download it (no package registry?)"
+          if [[ -n "${CI:-}" && "${CI:-}" != false && "${CI:-}" != 0 ]]; then
+            echo "build_kernel: FAILED under CI, which must download it: $missing" >&2
+            exit 1
+          fi
+          echo "build_kernel: UNAVAILABLE offline: $missing. Put the wheel in $wheel_dir to build against it." >&2
+          exit 3
+        fi
+        wheel="$(ls "$cache"/wheels/nvidia_nccl_cu13-"$version"-*.whl | head -n1)"
+      fi
+      echo "build_kernel: NCCL $version headers from $wheel"
+      mkdir -p "$cache"
+      rm -rf "$root.tmp" && mkdir -p "$root.tmp"
+      "$python" -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); [z.extract(n, sys.argv[2]) for n in z.namelist() if n.startswith("nvidia/nccl/")]' "$wheel" "$root.tmp"
+      rm -rf "$root" && mv "$root.tmp" "$root"
+      export NCCL_HOME="$root/nvidia/nccl"
     fi
-    rm -rf "$root.tmp" && mkdir -p "$root.tmp"
-    "$python" -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); [z.extract(n, sys.argv[2]) for n in z.namelist() if n.startswith("nvidia/nccl/")]' "$wheel" "$root.tmp"
-    rm -rf "$root" && mv "$root.tmp" "$root"
   fi
-  export NCCL_HOME="$root/nvidia/nccl"
+fi
+if ((print_only)); then
+  echo "NCCL_HOME=$NCCL_HOME"
+  exit 0
 fi
 
 start=$(date +%s)

@@ -52,9 +52,18 @@ else
     fi
     if [ -n "$(_fv_missing "$PY")" ]; then
       echo "setup: installing torch==2.13.0 and the project (dev extras) into $VENV"
-      "$PY" -m pip install -q --upgrade pip
-      "$PY" -m pip install -q "torch==2.13.0"
-      "$PY" -m pip install -q -e "$ROOT[dev]"
+      # torch is the one thing nothing runs without: where it cannot be installed (no package registry), say how
+      # to use a python that has it instead.
+      if ! { "$PY" -m pip install -q --upgrade pip && "$PY" -m pip install -q "torch==2.13.0" &&
+        "$PY" -m pip install -q -e "$ROOT[dev]"; }; then
+        if "$PY" -c 'import torch' 2>/dev/null; then
+          echo "setup: NOTE: the install into $VENV failed (no package registry?); going on with what it has"
+        else
+          echo "setup: could not install torch into $VENV (no package registry?): set FASTVIDEO_PYTHON to a python" \
+            "that has torch (its missing tools are then skipped with a note)" >&2
+          exit 1
+        fi
+      fi
     fi
   fi
 fi

@@ -9,6 +9,7 @@ marked ambient.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import types
@@ -23,7 +24,7 @@ from fastvideo.distributed.ulysses.policy import TUNED_TABLE
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
 H3 = ("--world-size", "4", "--shape", "3,62500,56,128", "--dtype", "bfloat16", "--gpu", "GB200")
-PINNED = ("--long-training", "auto", "--window-bytes", str(GIB))
+PINNED = ("--a2a", "auto", "--long-training", "auto", "--window-bytes", str(GIB))
 LIB = "libfastvideo_ulysses_a2a.so"
 
 
@@ -63,13 +64,13 @@ def test_explain_grad_declines_window_under_auto(capsys):
 
 
 def test_explain_grad_long_training_chunked_runs_144_ctas(capsys):
-    rc, out = explain(capsys, *H3, "--grad", "--long-training", "chunked", "--window-bytes", str(GIB))
+    rc, out = explain(capsys, *H3, "--grad", "--a2a", "auto", "--long-training", "chunked", "--window-bytes", str(GIB))
     assert rc == 0 and "144 CTAs" in line(out, "route") and "one plane per chunk" in line(out, "route")
 
 
 def test_explain_reads_long_training_from_env_when_not_given(capsys):
     with envs.override(FASTVIDEO_ULYSSES_A2A_LONG_TRAINING="chunked", FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES=None):
-        rc, out = explain(capsys, *H3, "--grad")
+        rc, out = explain(capsys, *H3, "--grad", "--a2a", "auto")
     assert rc == 0 and "long_training=chunked" in out and "144 CTAs" in line(out, "route")
 
 
@@ -162,7 +163,7 @@ def test_window_bytes_has_the_env_settings_minimum(capsys, value):
 
 
 def test_window_bytes_at_the_minimum_is_accepted(capsys):
-    rc, out = explain(capsys, *H3, "--long-training", "auto", "--window-bytes", "1")
+    rc, out = explain(capsys, *H3, "--a2a", "auto", "--long-training", "auto", "--window-bytes", "1")
     assert rc == 0 and "window=1 B" in out and line(out, "route") == "route      nccl (declined: window)"
 
 
@@ -185,14 +186,112 @@ def test_gpu_with_rows_but_not_for_this_geometry_lists_its_rows(capsys):
 
 def test_gpu_with_a_matching_row_names_it(capsys):
     rc, out = explain(capsys, *H3, *PINNED)
-    assert rc == 0 and line(out, "tuned row").startswith("tuned row  GB200/SP4: SM stores across the fabric, 144 CTAs")
+    assert rc == 0 and line(out, "tuned row").startswith("tuned row  GB200/SP4: SM kind, 144 CTAs")
+    assert line(out, "kind").startswith("kind       SM kind: the fused kernel's CTAs store")
 
 
 def test_h200_row_says_copy_engine_and_row_chunks(capsys):
     rc, out = explain(capsys, "--world-size", "2", "--shape", "1,37800,40,128", "--gpu", "H200", *PINNED)
     row = line(out, "tuned row")
-    assert rc == 0 and "copy engines across the fabric, 132 CTAs" in row and "2 row chunks per plane" in row
-    assert "copy engine" in line(out, "route")
+    assert rc == 0 and "copy-engine kind, 132 CTAs" in row and "2 row chunks per plane" in row
+    assert "copy engine" in line(out, "route") and line(out, "kind").startswith("kind       copy-engine kind: ")
+
+
+# ------------------------------------------------------------------------------------- explain: what it assumes
+
+
+def test_explain_applies_the_switch_off_is_the_nccl_route_saying_why(capsys):
+    """``FASTVIDEO_ULYSSES_A2A=off`` (the default): the NCCL route, as the helper would take, naming the switch;
+    the plan ``auto`` would run is still shown, labelled. Control: ``auto`` in the environment is the fused route."""
+    shape = ("--world-size", "2", "--shape", "1,37800,40,128", "--gpu", "H200", "--long-training", "auto")
+    with envs.override(FASTVIDEO_ULYSSES_A2A="off"):
+        rc, out = explain(capsys, *shape)
+    assert rc == 0 and line(out, "route").startswith("route      nccl (FASTVIDEO_ULYSSES_A2A=off: every call takes")
+    assert line(out, "switch") == "switch     FASTVIDEO_ULYSSES_A2A=off (from the environment)"
+    assert line(out, "with auto").startswith("with auto  fused (tuned, copy engine")
+    with envs.override(FASTVIDEO_ULYSSES_A2A="auto"):
+        rc, out = explain(capsys, *shape)
+    assert rc == 0 and line(out, "route").startswith("route      fused (tuned") and "with auto" not in out
+
+
+def test_explain_a2a_flag_overrides_the_variable(capsys):
+    with envs.override(FASTVIDEO_ULYSSES_A2A="auto"):
+        rc, out = explain(capsys, *H3, "--a2a", "OFF", "--long-training", "auto", "--window-bytes", str(GIB))
+    assert rc == 0 and line(out, "switch") == "switch     FASTVIDEO_ULYSSES_A2A=off (--a2a)"
+    assert line(out, "route").startswith("route      nccl (FASTVIDEO_ULYSSES_A2A=off")
+
+
+@pytest.mark.parametrize("value", ["on", "1", "fused"])
+def test_explain_refuses_an_invalid_switch_as_doctor_does(capsys, settings, value):
+    """The same message doctor reports as a problem, as an argparse error naming the variable and the flag.
+    Control: the valid spellings pass (the test above)."""
+    settings.setenv("FASTVIDEO_ULYSSES_A2A", value)
+    err = explain_error(capsys, *H3, "--long-training", "auto", "--window-bytes", str(GIB))
+    rc, out = doctor(capsys)
+    problem = line(out, "env        PROBLEM").removeprefix("env        PROBLEM: ")
+    assert rc == 1 and f"FASTVIDEO_ULYSSES_A2A={value!r} is not valid" in problem
+    assert f"{problem} Fix the variable or pass --a2a." in err
+
+
+def test_explain_without_a_gpu_prints_its_gpu_as_an_assumption(capsys, monkeypatch):
+    monkeypatch.setattr(cli.torch.cuda, "is_available", lambda: False)
+    rc, out = explain(capsys, "--world-size", "2", "--shape", "1,37800,40,128", *PINNED)
+    assert rc == 0 and line(out, "gpu") == ("gpu        H200 (assumed: this machine has no GPU; pass --gpu to plan "
+                                            "for another model)")
+    rc, out = explain(capsys, "--world-size", "2", "--shape", "1,37800,40,128", "--gpu", "H200", *PINNED)
+    assert rc == 0 and line(out, "gpu") == "gpu        H200 (--gpu)" and "assumed" not in out
+
+
+def test_explain_with_a_gpu_plans_for_gpu_0(capsys, monkeypatch):
+    monkeypatch.setattr(cli.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cli.torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(cli.torch.cuda, "get_device_name", lambda i=0: "NVIDIA GB200")
+    rc, out = explain(capsys, *H3[:-2], *PINNED)
+    assert rc == 0 and line(out, "gpu") == "gpu        NVIDIA GB200 (GPU 0 of this machine)" and "assumed" not in out
+    assert line(out, "tuned row").startswith("tuned row  GB200/SP4")
+
+
+def test_explain_lists_a_gpus_rows_once_each_naming_their_kind(capsys):
+    """H200 has a copy-engine row and an SM row per key: listed without a kind they read as duplicates."""
+    rc, out = explain(capsys, "--world-size", "8", "--shape", "1,3276,40,128", "--gpu", "H200", *PINNED)
+    listed = line(out, "tuned row").split("H200 rows: ")[1].removesuffix(". The original policy applies.").split("; ")
+    h200 = [r for r in TUNED_TABLE if r.gpu == "H200"]
+    assert rc == 0 and len(listed) == len(h200) == len(set(listed))  # control: the same rows without kinds repeat
+    assert len({f"SP{r.world_size} {r.dtype} H={r.heads} D={r.head_dim}" for r in h200}) < len(h200)
+    for row in h200:
+        kind = "copy-engine kind" if row.engine == "ce" else "SM kind"
+        assert f"SP{row.world_size} {row.dtype} H={row.heads} D={row.head_dim} ({kind})" in listed
+
+
+def _numbers(text: str) -> list[int]:
+    return [int(n) for n in re.findall(r"\((\d+) B\)|\((\d+) of", text) for n in n if n]
+
+
+def test_explain_copy_engine_reason_gives_the_half_window_limit_beside_the_plane(capsys):
+    """A plane smaller than the window but over half of it: the copy-engine kind chunks it, and the reason says the
+    limit is half the window, with the numbers, which agree with the geometry line beside it."""
+    rc, out = explain(capsys, "--world-size", "2", "--shape", "1,60000,40,128", "--gpu", "H200", *PINNED)
+    plane = int(re.search(r"plane (\d+) B", line(out, "geometry")).group(1))
+    why = line(out, "why")
+    assert rc == 0 and GIB // 2 < plane < GIB  # the case the old reason got wrong: "exceeds the window"
+    assert f"plane ({plane} B) exceeds the usable window, half the window for the copy-engine kind " \
+           f"({GIB // 2} of {GIB} B)" in why
+    stated_plane, stated_limit = _numbers(why)[:2]
+    assert stated_plane == plane and stated_plane > stated_limit
+    assert f"each chunk must fit half the window ({GIB // 2} of {GIB} B)" in line(out, "kind")
+
+
+def test_sm_kind_reason_gives_the_whole_window_beside_the_plane():
+    """The SM kind's limit is the whole window (control for the test above: no 'half')."""
+    from fastvideo.distributed.ulysses.policy import Geometry, choose_plan
+
+    sm = tuple(r for r in TUNED_TABLE if r.gpu == "H200" and r.engine == "sm")
+    geom = Geometry.from_input((1, 60000, 40, 128), 0, 2, cli.torch.bfloat16)
+    window = 1 << 29
+    choice = choose_plan(geom, gpu="H200", window_bytes=window, table=sm)
+    assert choice.plan is not None and choice.plan.engine == "sm"
+    assert f"plane ({geom.plane_bytes} B) exceeds the window ({window} B)" in choice.why and "half" not in choice.why
+    assert geom.plane_bytes > window
 
 
 @pytest.mark.parametrize("dtype, shown", [("BF16", "torch.bfloat16"), ("BFloat16", "torch.bfloat16"),
@@ -325,6 +424,34 @@ def test_doctor_a_check_that_raises_is_a_finding_and_the_rest_still_runs(capsys,
     rc, out = doctor(capsys)
     assert rc == 1 and "host       PROBLEM: check raised OSError: no hostname" in out
     assert "kernel     looked for the library" in out and "gpus " in out
+
+
+def test_doctor_counts_a_missing_kernel_library_as_a_problem_under_auto(capsys, fake_kernel, settings):
+    """Under ``auto`` no library means every call declines to the NCCL route: a problem, exit 1. Controls: the same
+    machine under ``off`` is fine (a note), and ``auto`` with a loadable library is fine."""
+    settings.setenv("FASTVIDEO_ULYSSES_A2A", "auto")
+    rc, out = doctor(capsys)
+    assert rc == 1 and "kernel     PROBLEM: not available while FASTVIDEO_ULYSSES_A2A=auto" in out
+    assert "declined: transport_missing" in out and "result     1 problem(s) found:" in out
+    assert "no problems found" not in out
+    settings.setenv("FASTVIDEO_ULYSSES_A2A", "off")
+    rc, out = doctor(capsys)
+    assert rc == 0 and "(not needed while FASTVIDEO_ULYSSES_A2A=off)" in line(out, "kernel     not available")
+    settings.setenv("FASTVIDEO_ULYSSES_A2A", "auto")
+    settings.setenv("FASTVIDEO_KERNEL_LIBRARY", str(fake_kernel.dev))
+    rc, out = doctor(capsys)
+    assert rc == 0 and "result     no problems found" in out
+
+
+def test_doctor_without_the_loader_package_under_auto_is_a_problem(capsys, fake_kernel, settings):
+    def missing():
+        raise ImportError("No module named 'fastvideo_kernel'")
+
+    settings.setattr(cli, "_loader", missing)
+    settings.setenv("FASTVIDEO_ULYSSES_A2A", "auto")
+    rc, out = doctor(capsys)
+    assert rc == 1 and "PROBLEM: not available while FASTVIDEO_ULYSSES_A2A=auto" in out
+    assert "fastvideo_kernel is not importable" in out
 
 
 def test_doctor_on_this_machine_never_raises(capsys, settings):

@@ -40,6 +40,7 @@ def _shim(tmp_path: pathlib.Path, hidden: str) -> tuple[pathlib.Path, dict[str, 
     env = {**os.environ, "FASTVIDEO_PYTHON": str(python), "FASTVIDEO_TEST_HIDE": hidden,
            "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "FASTVIDEO_SKIP_KERNEL_BUILD": "1"}
     env.pop("FASTVIDEO_MISSING", None)
+    env.pop("CI", None)  # a host python, not CI's (the tests that need CI set it)
     return python, env
 
 
@@ -66,8 +67,20 @@ def test_the_test_command_skips_what_the_python_lacks_and_says_so(tmp_path):
     assert "== clang-format (csrc/): SKIPPED, not installed" in proc.stdout
     assert "== kernel build: SKIPPED (FASTVIDEO_SKIP_KERNEL_BUILD=1" in proc.stdout
     assert "4 passed" in proc.stdout and "failed" not in proc.stdout
+    assert "== pytest -n 2 (ambient-marked tests" in proc.stdout and "the GPUs hidden" not in proc.stdout  # no GPU
     assert proc.stdout.splitlines()[-1].startswith(
         "== done; NOT RUN here: ruff, clang-format, kernel build, per-test timeouts (pytest-timeout)")
+
+
+def test_under_ci_a_missing_tool_fails_instead_of_skipping(tmp_path):
+    """The control of the skip above: CI can install every tool, so there a missing one fails the command."""
+    _, env = _shim(tmp_path, "ruff clang_format pytest_timeout")
+    env.update(CI="true", PYTEST_ADDOPTS="-p no:timeout", FASTVIDEO_PYTEST_ARGS="tests/test_rotary_embedding.py")
+    proc = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 1 and "CI=true but" in proc.stderr
+    assert all(tool in proc.stderr for tool in ("ruff", "clang-format", "pytest-timeout"))
+    assert "passed" not in proc.stdout
 
 
 def test_negative_control_without_pytest_the_test_command_fails(tmp_path):
@@ -75,3 +88,141 @@ def test_negative_control_without_pytest_the_test_command_fails(tmp_path):
     proc = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 1 and "pytest is not installed" in proc.stderr
+
+
+# ------------------------------------------------------------------------------------- offline kernel builds
+
+
+def _offline(tmp_path: pathlib.Path, hidden: str = "") -> dict[str, str]:
+    """This python as on a host without a package registry: ``pip download`` fails as pip does there; an
+    nvidia-nccl-cu13 2.28.9 is installed (headers, library, metadata), as a GPU host's torch brings one; the NCCL
+    cache is empty and no wheel is carried."""
+    _, env = _shim(tmp_path, hidden)
+    python = pathlib.Path(env["FASTVIDEO_PYTHON"])
+    python.write_text(
+        '#!/bin/sh\nif [ "$1" = -m ] && [ "$2" = pip ] && [ "$3" = download ]; then\n'
+        '  echo "ERROR: No matching distribution found for $*" >&2; exit 1\nfi\n'
+        f'exec "{sys.executable}" "$@"\n')
+    site = tmp_path / "site"
+    nccl = site / "nvidia" / "nccl"
+    (nccl / "include").mkdir(parents=True)
+    (nccl / "lib").mkdir()
+    (nccl / "include" / "nccl.h").write_text(
+        "#define NCCL_MAJOR 2\n#define NCCL_MINOR 28\n#define NCCL_PATCH 9\n")
+    (nccl / "include" / "nccl_device.h").write_text("")
+    (nccl / "lib" / "libnccl.so.2").write_text("")
+    meta = site / "nvidia_nccl_cu13-2.28.9.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: nvidia-nccl-cu13\nVersion: 2.28.9\n")
+    env["PYTHONPATH"] = f"{site}{os.pathsep}{env['PYTHONPATH']}"
+    env.update(PYTHON=str(python), FASTVIDEO_KERNEL_CACHE=str(tmp_path / "cache"),
+               FASTVIDEO_WHEEL_DIR=str(tmp_path / "whl"))
+    for name in ("CI", "NCCL_HOME", "FASTVIDEO_SKIP_KERNEL_BUILD"):
+        env.pop(name, None)
+    return env
+
+
+def _nccl_home(env: dict[str, str], version: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "scripts/build_kernel.sh", "--print-nccl-home", version], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_offline_the_installed_nccl_serves_its_own_version(tmp_path):
+    env = _offline(tmp_path)
+    proc = _nccl_home(env, "2.28.9")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"NCCL_HOME={tmp_path / 'site' / 'nvidia' / 'nccl'}" in proc.stdout
+    assert "from the installed nvidia-nccl-cu13" in proc.stdout and "fetching" not in proc.stdout
+
+
+def test_offline_another_version_is_unavailable_with_a_note_naming_it(tmp_path):
+    """Exit 3 (the test command's 'skip'), naming the package, the places looked in and the installed version.
+    Control: the installed 2.28.9 is not taken for 2.30.7."""
+    proc = _nccl_home(_offline(tmp_path), "2.30.7")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "UNAVAILABLE offline: nvidia-nccl-cu13==2.30.7" in proc.stderr
+    assert "the installed nvidia-nccl-cu13 is 2.28.9" in proc.stderr and str(tmp_path / "whl") in proc.stderr
+    assert "NCCL_HOME=" not in proc.stdout
+
+
+def test_offline_under_ci_a_missing_download_fails(tmp_path):
+    env = _offline(tmp_path)
+    env["CI"] = "true"
+    proc = _nccl_home(env, "2.30.7")
+    assert proc.returncode == 1 and "FAILED under CI, which must download it" in proc.stderr
+
+
+def test_offline_a_carried_wheel_is_used(tmp_path):
+    import zipfile
+
+    env = _offline(tmp_path)
+    (tmp_path / "whl").mkdir()
+    with zipfile.ZipFile(tmp_path / "whl" / "nvidia_nccl_cu13-2.30.7-py3-none-manylinux_2_27_x86_64.whl", "w") as z:
+        z.writestr("nvidia/nccl/include/nccl_device.h", "")
+        z.writestr("nvidia/nccl/lib/libnccl.so.2", "")
+    proc = _nccl_home(env, "2.30.7")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"NCCL_HOME={tmp_path / 'cache' / 'nccl-2.30.7' / 'nvidia' / 'nccl'}" in proc.stdout
+    assert "fetching" not in proc.stdout
+
+
+def _fake_nvcc(tmp_path: pathlib.Path, env: dict[str, str]) -> None:
+    """An nvcc on PATH, so the test command reaches its kernel build step (it must not get as far as compiling)."""
+    bin_dir = tmp_path / "nvcc-bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvcc").write_text("#!/bin/sh\necho 'fake nvcc: nothing compiles here' >&2\nexit 1\n")
+    (bin_dir / "nvcc").chmod(0o755)
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+
+
+def test_the_test_command_offline_skips_the_build_it_cannot_download_and_says_so(tmp_path):
+    env = _offline(tmp_path, "ruff clang_format ninja")
+    _fake_nvcc(tmp_path, env)
+    env.update(FASTVIDEO_KERNEL_NCCL_VERSIONS="2.30.7", FASTVIDEO_PYTEST_ARGS="tests/test_rotary_embedding.py")
+    proc = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "== kernel build against NCCL 2.30.7: SKIPPED, its headers are not available here" in proc.stdout
+    assert "4 passed" in proc.stdout
+    assert "kernel build against NCCL 2.30.7 (nvidia-nccl-cu13==2.30.7 unavailable offline)" in \
+        proc.stdout.splitlines()[-1]
+    # The control: CI can download, so there it is a failure, not a skip. CI has every tool (a missing one fails
+    # first, tested above): nothing hidden, and clang-format beside this python as in CI's venv.
+    env.update(CI="true", FASTVIDEO_TEST_HIDE="")
+    clang_format = pathlib.Path(sys.executable).parent / "clang-format"
+    if clang_format.exists():
+        (pathlib.Path(env["FASTVIDEO_PYTHON"]).parent / "clang-format").symlink_to(clang_format)
+    proc = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 1 and "FAILED under CI" in proc.stderr and "4 passed" not in proc.stdout
+
+
+FAKE_GPU = '''
+import os
+
+if os.environ.get("FASTVIDEO_TEST_FAKE_GPU") == "1":
+    import torch
+
+    def _visible() -> bool:  # one GPU, hidden as CUDA hides it
+        return os.environ.get("CUDA_VISIBLE_DEVICES") != ""
+
+    torch.cuda.is_available = _visible
+    torch.cuda.device_count = lambda: 1 if _visible() else 0
+'''
+
+
+def test_on_a_gpu_host_the_gpu_tests_run_in_a_second_serial_session(tmp_path):
+    """A python whose torch reports one GPU (a stand-in: torch.cuda answers as a one-GPU host's, and as a host with
+    the GPUs hidden under CUDA_VISIBLE_DEVICES=''): every other test runs first on workers with the GPUs hidden,
+    then the tests marked gpu serially; a session that collects nothing is fine when the other collected tests.
+    Control: without the stand-in, one session (test_the_test_command_skips_what_the_python_lacks_and_says_so)."""
+    _, env = _shim(tmp_path, "ruff clang_format")
+    (tmp_path / "hide" / "sitecustomize.py").write_text(HIDE + FAKE_GPU)
+    env.update(FASTVIDEO_TEST_FAKE_GPU="1", FASTVIDEO_PYTEST_ARGS="tests/test_rotary_embedding.py",
+               FASTVIDEO_PYTEST_WORKERS="2")
+    proc = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "== pytest -n 2, the GPUs hidden: every test not marked gpu" in proc.stdout
+    assert "== pytest, serial, the GPUs visible: the tests marked gpu" in proc.stdout
+    assert "4 passed" in proc.stdout and "4 deselected" in proc.stdout  # the second session deselects them

@@ -99,9 +99,10 @@ def decide(reports: Sequence[LocalReport], ranks: Sequence[int], rank_in_group: 
     """
     bad = [(ranks[i], e) for i, r in enumerate(reports) for e in r.errors]
     if bad:
-        detail = "; ".join(f"rank {rank}: {error}" for rank, error in bad)
+        # Each error is a sentence of its own (envs' messages end with a full stop): joined as clauses.
+        detail = "; ".join(f"rank {rank}: {error.rstrip().rstrip('.')}" for rank, error in bad)
         raise SettingsError(
-            f"Invalid FastVideo settings ({where}, SP ranks {list(ranks)}): {detail} Fix the value on that rank "
+            f"Invalid FastVideo settings ({where}, SP ranks {list(ranks)}): {detail}. Fix the value on that rank "
             "(every rank raises this error, so none is left waiting in a collective)."
         )
     differing = {

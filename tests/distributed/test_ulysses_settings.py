@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from fastvideo import envs
 from fastvideo.distributed.settings import AGREED, AgreedSettings, LocalReport, SettingsError, decide
 from tests.distributed.conftest import a2a, build_helper, catch, last, rank_input
 from tests.distributed.mp import RankError
@@ -90,6 +91,23 @@ def test_decide_is_pure_and_needs_a_real_difference():
             decide([same[0], LocalReport(same[0].raw, other, ())], [4, 5], 0, "test")
     with pytest.raises(SettingsError, match="rank 5: boom"):
         decide([same[0], LocalReport(same[0].raw, {}, ("boom",))], [4, 5], 0, "test")
+
+
+def test_settings_error_joins_each_ranks_error_as_one_sentence():
+    """Errors from envs end with a full stop; joined, no stray '.;' or '..' is left (the control: the raw errors
+    do end with one, so the test would see it)."""
+    errors = []
+    for raw in ("on", "sometimes"):
+        with pytest.raises(ValueError) as info:
+            envs.registry()[A2A].parse(raw)
+        errors.append(str(info.value))
+    assert all(e.endswith(".") for e in errors)
+    with pytest.raises(SettingsError) as info:
+        decide([LocalReport((), {}, (errors[0],)), LocalReport((), {}, (errors[1],))], [0, 1], 0, "test")
+    message = str(info.value)
+    assert ".;" not in message and ".." not in message and ".)." not in message
+    assert "(default 'off'); rank 1: FASTVIDEO_ULYSSES_A2A='sometimes'" in message
+    assert "(default 'off'). Fix the value on that rank" in message
 
 
 # ------------------------------------------------------------------------------------- after initialization

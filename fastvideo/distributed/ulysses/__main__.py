@@ -1,17 +1,21 @@
 """Ask the Ulysses helper why, without running anything.
 
     python -m fastvideo.distributed.ulysses explain --world-size 4 --shape 3,62500,56,128 \\
-        --dtype bfloat16 --gpu GB200 [--mode 0] [--grad] [--long-training chunked] [--window-bytes N] \\
+        --dtype bfloat16 [--gpu GB200] [--a2a auto] [--mode 0] [--grad] [--long-training chunked] \\
+        [--window-bytes N] \\
         [--seq-splits 62500,62500,62500,62499 --head-splits 14,14,14,14 --rank 0]
     python -m fastvideo.distributed.ulysses doctor
 
-``explain`` applies the same pure policy the helper applies on every call and prints the plan
-(route, CTAs, chunking, window bytes) or the decline reason; no GPU or process group is needed. With
-``--seq-splits`` / ``--head-splits`` (every rank's shares) ``--shape`` is rank ``--rank``'s input.
+``explain`` applies the switch (``FASTVIDEO_ULYSSES_A2A`` or ``--a2a``: ``off`` is the NCCL route) and the
+same pure policy the helper applies on every call, and prints the plan (route, kind, CTAs, chunking, window
+bytes) or the decline reason; no GPU or process group is needed (without a GPU and ``--gpu`` it plans for an
+H200 and says so). With ``--seq-splits`` / ``--head-splits`` (every rank's shares) ``--shape`` is rank
+``--rank``'s input.
 Bad arguments are argparse errors (exit 2) that name the argument and the fix.
 ``doctor`` prints versions, the kernel library (every place it looked), GPUs and peer access, the
 host identity and the environment variables. It reports problems (an invalid ``FASTVIDEO_*`` value,
-a ``FASTVIDEO_KERNEL_LIBRARY`` that cannot be loaded, a check that raised) as findings, goes on,
+a ``FASTVIDEO_KERNEL_LIBRARY`` that cannot be loaded, no kernel library while ``FASTVIDEO_ULYSSES_A2A=auto``,
+a check that raised) as findings, goes on,
 and exits 1 at the end if there were any.
 """
 
@@ -29,26 +33,9 @@ from types import ModuleType
 import torch
 
 from fastvideo import envs
-from fastvideo.distributed.ulysses.policy import (
-    DEFAULT_WINDOW_BYTES,
-    TUNED_TABLE,
-    Geometry,
-    TunedRow,
-    choose_plan,
-    lookup,
-    normalize_gpu_name,
-)
-from fastvideo.distributed.ulysses.transport import ENTRY_UNEVEN
+from fastvideo.distributed.ulysses.explain import ASSUMED_GPU, DTYPES, ROUTE_VAR, default_gpu, explain
+from fastvideo.distributed.ulysses.policy import DEFAULT_WINDOW_BYTES
 
-_DTYPES = {
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float64": torch.float64,
-}
 _WINDOW_VAR = "FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES"
 _LONG_VAR = "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"
 # Kept in step with fastvideo_kernel.LIBRARY_NAME / ENV_LIBRARY; doctor must work without that package.
@@ -122,8 +109,8 @@ def _splits(text: str) -> list[int]:
 
 def _dtype(text: str) -> str:
     low = text.strip().lower()
-    if low not in _DTYPES:
-        raise argparse.ArgumentTypeError(f"{text!r}: choose one of {', '.join(sorted(_DTYPES))} (any case)")
+    if low not in DTYPES:
+        raise argparse.ArgumentTypeError(f"{text!r}: choose one of {', '.join(sorted(DTYPES))} (any case)")
     return low
 
 
@@ -140,84 +127,6 @@ def _negative_values_as_values(argv: list[str], options: tuple[str, ...]) -> lis
             out.append(argv[i])
             i += 1
     return out
-
-
-# ----------------------------------------------------------------------------------- explain
-
-
-def _rows_text(rows: list[TunedRow]) -> str:
-    return "; ".join(f"SP{r.world_size} {r.dtype} H={r.heads} D={r.head_dim}" for r in rows)
-
-
-def tuned_row_note(gpu: str, geom: Geometry, table: tuple[TunedRow, ...] = TUNED_TABLE) -> str:
-    """Which tuned row the policy will use, or why none applies (an unknown GPU must not pass silently)."""
-    row = lookup(table, gpu, geom)
-    if row is not None:
-        chunking = f"{row.planes_per_chunk} plane(s) per chunk"
-        if row.row_chunks > 1:
-            chunking += f", {row.row_chunks} row chunks per plane"
-        engine = "copy engines across the fabric" if row.engine == "ce" else "SM stores across the fabric"
-        return f"{row.gpu}/SP{row.world_size}: {engine}, {row.ctas} CTAs, {chunking} ({row.source})"
-    name = normalize_gpu_name(gpu)
-    gpus = sorted({r.gpu for r in table})
-    listed = ", ".join(gpus) if gpus else "none"
-    same_gpu = [r for r in table if r.gpu == name]
-    if not name:
-        return f"none: no GPU model given (--gpu {gpu!r}); GPUs with tuned rows: {listed}. The original policy applies."
-    if not same_gpu:
-        return (
-            f"none: no tuned row exists for GPU {gpu!r} (model {name!r}); GPUs with tuned rows: {listed}. "
-            "The original policy applies."
-        )
-    return (
-        f"none for {name} at SP{geom.world_size} {geom.dtype} H={geom.H} D={geom.D}; {name} rows: "
-        f"{_rows_text(same_gpu)}. The original policy applies."
-    )
-
-
-def explain(args: argparse.Namespace) -> int:
-    from fastvideo.distributed.communication_op import validate_input
-
-    mode, p = args.mode, args.world_size
-    dtype = _DTYPES[args.dtype]
-    try:
-        splits = validate_input(torch.empty(args.shape, device="meta"), mode, p, rank=args.rank,
-                                seq_splits=args.seq_splits, head_splits=args.head_splits, allow_meta=True)
-    except ValueError as exc:
-        print(f"error: {exc}")
-        return 2
-    print(f"input      {list(args.shape)} {dtype} mode {mode} ({'scatter heads' if mode == 0 else 'scatter sequence'})")
-    if p == 1:
-        # sequence_model_parallel_all_to_all_4D returns x itself at SP1: no route, no vote, no plan.
-        print("route      identity (SP size 1: the op returns its input unchanged; no collective, no vote)")
-        return 0
-    geom = Geometry.from_input(args.shape, mode, p, dtype, seq_splits=splits.seq, head_splits=splits.heads)
-    choice = choose_plan(
-        geom, gpu=args.gpu, window_bytes=args.window_bytes, grad=args.grad, long_training=args.long_training
-    )
-    share = "S_local" if geom.seq_splits is None else "largest S_local share"
-    print(
-        f"geometry   SP {p}, B={geom.B} planes, {share}={geom.S}, H={geom.H}, D={geom.D}, plane {geom.plane_bytes} B, "
-        f"operand {geom.operand_bytes} B"
-    )
-    if geom.uneven:
-        print(f"splits     seq {list(geom.seq_table)}, heads {list(geom.head_table)} (uneven: chunks and the window "
-              "are sized by the largest share)")
-    else:
-        print(f"splits     even ({geom.S} rows and {geom.H // p} heads per rank)")
-    print(f"policy     gpu={args.gpu} grad={args.grad} long_training={args.long_training} window={args.window_bytes} B")
-    print(f"tuned row  {tuned_row_note(args.gpu, geom)}")
-    if choice.plan is None:
-        assert choice.reason is not None
-        print(f"route      nccl (declined: {choice.reason.label})")
-    else:
-        print(f"route      fused ({choice.plan.describe(geom)})")
-    print(f"why        {choice.why}")
-    if geom.uneven and choice.plan is not None:
-        # The policy's plan runs only on a transport that offers uneven plans (the planner requires it).
-        print(f"transport  uneven splits need a transport offering '{ENTRY_UNEVEN}': the native one with a kernel "
-              "build of ABI 5 or later; on an older build every rank declines uneven_splits and the NCCL route runs")
-    return 0
 
 
 # ----------------------------------------------------------------------------------- doctor
@@ -284,7 +193,17 @@ def kernel_places(repo_root: Path, loader: ModuleType | None) -> list[tuple[str,
     return places
 
 
-def _doctor_kernel(doc: _Doctor, repo_root: Path) -> None:
+def _doctor_kernel(doc: _Doctor, repo_root: Path, switch: str | None) -> None:
+    """The kernel library's places and state. Missing is a problem under ``switch == "auto"`` (every call would
+    take the NCCL route, declining ``transport_missing``), a note otherwise."""
+
+    def unavailable(text: str) -> None:
+        if switch == "auto":
+            doc.finding("kernel", f"not available while {ROUTE_VAR}=auto, so every call takes the NCCL route "
+                                  f"(declined: transport_missing): {text}")
+        else:
+            doc.line("kernel", f"not available: {text} (not needed while {ROUTE_VAR}={switch or 'off'})")
+
     try:
         loader: ModuleType | None = _loader()
     except ImportError:
@@ -307,7 +226,7 @@ def _doctor_kernel(doc: _Doctor, repo_root: Path) -> None:
                 f"importable, so nothing can load it: {fix}",
             )
         else:
-            doc.line("kernel", f"not available: the loader package fastvideo_kernel is not importable ({fix})")
+            unavailable(f"the loader package fastvideo_kernel is not importable ({fix})")
     else:
         info = loader.info()
         if "error" not in info:
@@ -320,7 +239,7 @@ def _doctor_kernel(doc: _Doctor, repo_root: Path) -> None:
         elif override:
             doc.finding("kernel", f"${_ENV_LIBRARY} is set but unusable: {info['error']}")
         else:
-            doc.line("kernel", f"not available: {info['error']}")
+            unavailable(info["error"])
     if dev and not override:
         doc.line("kernel", f"to use a development build: export {_ENV_LIBRARY}={dev[0]}")
     elif not dev and not override:
@@ -331,6 +250,10 @@ def doctor(_: argparse.Namespace, repo_root: Path | None = None) -> int:
     import platform
 
     doc = _Doctor()
+    try:
+        switch: str | None = envs.get(ROUTE_VAR)
+    except ValueError:
+        switch = None  # reported by the environment check
 
     def versions() -> None:
         doc.line("python", f"{platform.python_version()}  torch {torch.__version__}")
@@ -367,7 +290,7 @@ def doctor(_: argparse.Namespace, repo_root: Path | None = None) -> int:
                 doc.line("env", f"{name} is set but is not a setting: did you mean {close[0]}?")
 
     def kernel() -> None:
-        _doctor_kernel(doc, repo_root if repo_root is not None else _repo_root())
+        _doctor_kernel(doc, repo_root if repo_root is not None else _repo_root(), switch)
 
     def gpus() -> None:
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -397,9 +320,13 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--world-size", type=_world_size, required=True, help="SP size (a positive integer)")
     ex.add_argument("--shape", type=_shape, required=True, help="input shape B,S,H,D as passed to the op")
     ex.add_argument(
-        "--dtype", type=_dtype, default="bfloat16", metavar="DTYPE", help=f"one of {', '.join(sorted(_DTYPES))}"
+        "--dtype", type=_dtype, default="bfloat16", metavar="DTYPE", help=f"one of {', '.join(sorted(DTYPES))}"
     )
-    ex.add_argument("--gpu", default="H200", help="GPU model, e.g. GB200, H200")
+    ex.add_argument("--gpu", default=None,
+                    help=f"GPU model, e.g. GB200, H200 (default: GPU 0's model; without a GPU, {ASSUMED_GPU}, "
+                         "printed as an assumption)")
+    ex.add_argument("--a2a", type=str.lower, choices=("off", "auto"), default=None,
+                    help=f"the route switch (default: {ROUTE_VAR}, as the helper reads it)")
     ex.add_argument("--mode", type=int, choices=(0, 1), default=0, help="0: scatter heads (2,1); 1: the inverse (1,2)")
     ex.add_argument("--grad", action="store_true", help="the operand is grad-tracked (training)")
     ex.add_argument(
@@ -422,15 +349,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(_negative_values_as_values(
         argv, ("--shape", "--world-size", "--window-bytes", "--seq-splits", "--head-splits", "--rank")))
     if args.command == "explain":
+        args.a2a_source = "--a2a" if args.a2a is not None else "from the environment"
         for attr, flag, var in (
+            ("a2a", "--a2a", ROUTE_VAR),
             ("long_training", "--long-training", _LONG_VAR),
             ("window_bytes", "--window-bytes", _WINDOW_VAR),
         ):
-            if getattr(args, attr) is None:  # the flag's default is the setting's value
+            if getattr(args, attr) is None:  # the flag's default is the setting's value, refused as doctor does
                 try:
                     setattr(args, attr, envs.get(var))
                 except ValueError as exc:
                     ex.error(f"{exc} Fix the variable or pass {flag}.")
+        if args.gpu is None:
+            args.gpu, args.gpu_source = default_gpu()
+        else:
+            args.gpu_source = "--gpu"
         return explain(args)
     return doctor(args)
 

@@ -269,7 +269,7 @@ TUNED_TABLE: tuple[TunedRow, ...] = (
         128,
         ctas=144,
         planes_per_chunk=1,
-        source="upstream H3 measurements, 4x GB200, NCCL 2.29.7 (docs/ulysses_performance.md)",
+        source="upstream H3 measurements, 4x GB200, NCCL 2.29.7 (docs/ulysses_policy.md)",
     ),
     # 2x H200 (NV18), bf16: the tuner's winners over both engines, then the SM kernel's best for the same keys
     # (where the copy-engine kind does not apply: a build without it, CUDA-graph capture). Where each was
@@ -410,7 +410,9 @@ def choose_plan(
         return Choice(None, DeclineReason.WINDOW,
                       f"one row ({geom.row_bytes} B) exceeds the usable window ({usable} of {window_bytes} B)")
     rows = even_rows(geom.S, min(max_rows, -(-geom.S // row.row_chunks)))
+    limit = (f"the usable window, half the window for the copy-engine kind ({usable} of {window_bytes} B)"
+             if row.engine == ENGINE_CE else f"the window ({window_bytes} B)")
     return Choice(
         Plan(row.ctas, 1, rows, tuned=True, engine=row.engine), None,
-        f"{name}, plane exceeds the window: even row chunks of at most {max_rows}",
+        f"{name}, plane ({geom.plane_bytes} B) exceeds {limit}: even row chunks of at most {max_rows} rows",
     )

@@ -1,0 +1,139 @@
+"""Every repository path and command the docs name exists: README.md and every ``docs/**/*.md``.
+
+What is checked, in each file:
+
+* markdown links ``[text](target)`` (not web links or in-page anchors): the target, relative to the file, exists
+  inside the repository;
+* repository paths in the text (``scripts/...``, ``benchmarks/...``, ``tests/...``, ``fastvideo/...``,
+  ``fastvideo-kernel/...``, ``csrc/...``, ``examples/...``, ``docs/...``, ``.ci/...``), from the repository
+  root; a glob (``gpu_*.sh``) must match at least one path;
+* relative paths (``../x``), from the file: inside the repository and existing;
+* ``python -m MODULE``: a module of the repository (``fastvideo``, ``benchmarks``, ``tests``,
+  ``fastvideo_kernel``) must be a file of it; any other must be importable here.
+
+Nothing is exempt: a doc that names a path that does not exist fails here. A path outside the repository (an
+upstream file, a build output) is written so that it does not read as one of ours: ``build/`` outputs are not
+checked (they are made by the commands), and an upstream path is named with its package prefix spelled out
+(``upstream fastvideo 0.2.1: distributed/...``). The scanner's negative control feeds it made-up paths.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TOP = ("scripts", "benchmarks", "tests", "fastvideo", "fastvideo-kernel", "csrc", "examples", "docs", ".ci")
+REPO_MODULES = {"fastvideo": "fastvideo", "benchmarks": "benchmarks", "tests": "tests",
+                "fastvideo_kernel": "fastvideo-kernel/fastvideo_kernel"}
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+# A repository path: one of the top folders, not preceded by a path character (so `.revs/base/csrc/x` or
+# `$WORK/kernel` are not read as ours), then path characters; a trailing '.' or ',' ends the sentence, not the path.
+REPO_PATH = re.compile(rf"(?<![\w./$~-])((?:{'|'.join(re.escape(t) for t in TOP)})/[\w./*{{}},-]*)")
+RELATIVE = re.compile(r"(?<![\w./$~-])(\.\./[\w./*-]+)")
+MODULE = re.compile(r"python3?\s+-m\s+([A-Za-z_][\w.]*)")
+
+
+def doc_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def _clean(path: str) -> str:
+    return path.rstrip(".,:;)'\"`")
+
+
+def _exists(path: Path) -> bool:
+    """``path`` (possibly a glob in its last parts, or a brace list) exists inside the repository."""
+    text = str(path)
+    if "{" in text:  # a{b,c}d -> abd and acd
+        m = re.search(r"\{([^{}]*)\}", text)
+        if m:
+            return all(_exists(Path(text[:m.start()] + alt + text[m.end():])) for alt in m.group(1).split(","))
+    try:
+        path.resolve().relative_to(ROOT)
+    except ValueError:
+        return False  # outside the repository: nothing a reader of this repository can open
+    if "*" in text:
+        rel = path.resolve().relative_to(ROOT) if "*" not in path.parts[0] else path
+        return any(ROOT.glob(str(rel)))
+    return path.exists()
+
+
+def _module_exists(name: str) -> bool:
+    top = name.split(".")[0]
+    if top in REPO_MODULES:
+        base = ROOT / REPO_MODULES[top] / Path(*name.split(".")[1:])
+        return base.with_suffix(".py").is_file() or (base / "__main__.py").is_file() or (
+            base / "__init__.py").is_file()
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def dead_references(text: str, where: Path) -> list[str]:
+    """Every path or command in ``text`` (a markdown file at ``where``) that does not exist: ``kind: reference``."""
+    dead: list[str] = []
+    for target in LINK.findall(text):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            continue  # a web link, mailto:, or an anchor in this page
+        target = target.split("#")[0]
+        if target and not _exists(where.parent / target):
+            dead.append(f"link: {target}")
+    for raw in REPO_PATH.findall(text):
+        path = _clean(raw)
+        if path.endswith("/") and path.count("/") == 1 and path.rstrip("/") in TOP:
+            continue  # the top folder itself
+        if not _exists(ROOT / path):
+            dead.append(f"path: {path}")
+    for raw in RELATIVE.findall(text):
+        path = _clean(raw)
+        if not _exists(where.parent / path):
+            dead.append(f"relative path: {path}")
+    for name in MODULE.findall(text):
+        name = name.rstrip(".")
+        if not _module_exists(name):
+            dead.append(f"python -m: {name}")
+    return sorted(set(dead))
+
+
+@pytest.mark.parametrize("doc", doc_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_path_and_command_a_doc_names_exists(doc):
+    dead = dead_references(doc.read_text(), doc)
+    assert not dead, f"{doc.relative_to(ROOT)} names what does not exist in this repository: {dead}"
+
+
+def test_the_docs_are_all_scanned():
+    """The scan covers the README and every page under docs/ (a page added anywhere there is checked)."""
+    files = doc_files()
+    assert ROOT / "README.md" in files and ROOT / "docs" / "README.md" in files
+    assert len(files) == 1 + len(list((ROOT / "docs").rglob("*.md")))
+
+
+def test_negative_control_made_up_paths_and_commands_are_flagged():
+    where = ROOT / "docs" / "page.md"
+    text = """
+Run `bash scripts/no_such_script.sh` or `benchmarks/measure_nothing_*.py`, see [the guide](missing_guide.md)
+and [design](../../shared/DESIGN.md), read ../outside.md, then `python -m fastvideo.no_such_module` and
+`python -m no_such_package_anywhere`. The moved files: fastvideo/distributed/ulysses/no_such.py,
+tests/{test_cli,test_no_such}.py.
+Real ones pass: `scripts/run_tests.sh`, scripts/gpu_*.sh, [kernel](kernel.md#build), [home](../README.md),
+`python -m fastvideo.distributed.ulysses explain`, `python -m torch.distributed.run`, https://example.com/x.md,
+`$WORK/kernel/x.so`, `.revs/base/csrc/none.cu`, build/video_dit/loss.png, csrc/ulysses_a2a/*.cu.
+"""
+    assert dead_references(text, where) == sorted([
+        "path: scripts/no_such_script.sh",
+        "path: benchmarks/measure_nothing_*.py",
+        "link: missing_guide.md",
+        "link: ../../shared/DESIGN.md",
+        "relative path: ../../shared/DESIGN.md",
+        "relative path: ../outside.md",
+        "python -m: fastvideo.no_such_module",
+        "python -m: no_such_package_anywhere",
+        "path: fastvideo/distributed/ulysses/no_such.py",
+        "path: tests/{test_cli,test_no_such}.py",
+    ])
