@@ -33,7 +33,7 @@ def test_negative_control_a_file_without_the_line_is_refused(tmp_path):
 
 
 def test_a_missing_build_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="run scripts/build_upstream_comm.py"):
+    with pytest.raises(FileNotFoundError, match=r"run scripts/build_upstream_comm\.py"):
         upstream_peer.load(tmp_path)
 
 
