@@ -15,6 +15,8 @@ and ``build_info.json`` (the pins, torch, NCCL, the extension's sha256).
 The kernel needs NCCL 2.29 or later (its device-API initialisers, ``ncclCommQueryProperties``): ``--nccl-home``
 is an NCCL tree (``include/``, ``lib/``), e.g. the ``nvidia/nccl`` folder of an ``nvidia-nccl-cu13`` wheel, and the
 process that runs the extension must load that NCCL (``LD_PRELOAD`` its ``libnccl.so.2``; torch then uses it too).
+A tree with ``include/`` alone builds an extension that takes its NCCL symbols from the process at load time
+(torch's NCCL): it loads only where that NCCL is 2.29 or later, and the load error names the missing symbol.
 ``--compile-only``: compile both sources to objects with nvcc and stop (no CUDA torch needed to link; where the
 installed torch is a CPU build, the one generated header it lacks, ``c10/cuda/impl/cuda_cmake_macros.h``, is
 supplied in the build folder).
@@ -114,10 +116,12 @@ def build(src: Path, build_dir: Path, nccl_home: Path, arch: str) -> Path:
 
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", f"{arch[0]}.{arch[1:]}")
     lib = nccl_home / "lib"
+    # Headers only: leave the NCCL symbols to the process (torch's libnccl), resolved when the module loads.
+    ldflags = [f"-L{lib}", "-l:libnccl.so.2", f"-Wl,-rpath,{lib}"] if (lib / "libnccl.so.2").exists() else []
     load(name="fastvideo_kernel_ops", sources=[str(src / "binding.cpp"), str(src / "ulysses_all_to_all.cu")],
          extra_include_paths=[str(src / "include"), str(nccl_home / "include")],
          extra_cflags=["-O3"], extra_cuda_cflags=["-O3", "--expt-relaxed-constexpr"],
-         extra_ldflags=[f"-L{lib}", "-l:libnccl.so.2", f"-Wl,-rpath,{lib}"],
+         extra_ldflags=ldflags,
          build_directory=str(build_dir), verbose=True, is_python_module=True)
     found = sorted(build_dir.glob("fastvideo_kernel_ops*.so"))
     if not found:
@@ -149,7 +153,10 @@ def main(argv: list[str] | None = None) -> int:
 
     info = {"sdist": {"path": str(args.sdist), "sha256": SDIST_SHA256},
             "wheel": {"path": str(args.wheel), "sha256": WHEEL_SHA256}, "nccl": version,
-            "nccl_home": str(args.nccl_home), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "nccl_home": str(args.nccl_home),
+            "nccl_link": ("linked to its lib/libnccl.so.2" if (args.nccl_home / "lib" / "libnccl.so.2").exists()
+                          else "headers only: NCCL symbols from the process at load time"),
+            "torch": torch.__version__, "cuda": torch.version.cuda,
             "arch": args.arch, "compile_only": args.compile_only}
     if args.compile_only:
         compile_only(src, build_dir, args.nccl_home, args.arch)
