@@ -168,11 +168,14 @@ def star_names(tree: ast.Module) -> list[str]:
 
 def derive(root: Path) -> dict:
     files = {module_of(p, root): p for p in sorted((root / "fastvideo").rglob("*.py"))}
-    trees = {m: ast.parse(p.read_text(), filename=str(p)) for m, p in files.items()}
+    # Only files that can name the package (its own use relative imports) need parsing.
+    texts = {m: p.read_text() for m, p in files.items()}
+    trees = {m: ast.parse(t, filename=str(files[m])) for m, t in texts.items()
+             if m.startswith(PACKAGE) or PACKAGE in t}
     specs = {m: module_spec(trees[m]) for m in SHIPPED if m in files}
     imports: dict[tuple[str, str], set[str]] = {}
     for importer, path in files.items():
-        if importer in SHIPPED:
+        if importer in SHIPPED or importer not in trees:
             continue
         for target, name in imports_from_package(trees[importer], importer, path.name == "__init__.py"):
             if f"{target}.{name}" in files:

@@ -202,20 +202,13 @@ def warmup_sequence_parallel_communication(device: torch.device | None = None) -
     _WARMED_UP = sp
 
 
-def _tp_size_one(what: str) -> None:
-    size = _get_tp_group().world_size
-    if size != 1:
-        raise NotImplementedError(f"{what}: TP collectives are not part of this package (TP size {size}); it "
-                                  "serves sequence parallelism (docs/fastvideo_migration.md).")
-
-
 def tensor_model_parallel_all_reduce(input_: torch.Tensor) -> torch.Tensor:
-    """Upstream's TP all-reduce at TP size 1: ``input_`` itself; raises NotImplementedError at TP size > 1."""
-    _tp_size_one("tensor_model_parallel_all_reduce")
-    return input_
+    """Upstream's TP all-reduce: the sum of ``input_`` over the TP group, out of place (TP size 1: ``input_``).
+    Collective over the TP group; differentiable (the gradient is the all-reduced gradient)."""
+    return _get_tp_group().all_reduce(input_)
 
 
 def tensor_model_parallel_all_gather(input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """Upstream's TP all-gather at TP size 1: ``input_`` itself; raises NotImplementedError at TP size > 1."""
-    _tp_size_one("tensor_model_parallel_all_gather")
-    return input_
+    """Upstream's TP all-gather: every TP rank's ``input_`` joined along ``dim`` in group order (TP size 1:
+    ``input_``). Collective over the TP group; differentiable (the gradient is reduce-scattered)."""
+    return _get_tp_group().all_gather(input_, dim)

@@ -1,11 +1,12 @@
-"""Upstream FastVideo's ``parallel_state``: the world and TP groups, the init and cleanup entry points, and the
-SP layer (``sp_groups``) re-exported, so that everything upstream imports from here resolves here.
+"""Upstream FastVideo's ``parallel_state``: the world, node and TP groups, the init and cleanup entry points,
+upstream's group factories and helpers, and the SP layer (``sp_groups``) re-exported, so that everything upstream
+imports from here resolves here.
 
 ``maybe_init_distributed_environment_and_model_parallel(tp_size, sp_size)`` initialises the default group from
-torchrun's environment, a world group, the SP and DP groups (``initialize_sequence_parallel``) and the TP
-groups; ``cleanup_dist_env_and_memory()`` tears all of it down, helpers first. TP groups exist and answer
-``get_tp_group()`` / ``get_tp_world_size()`` / ``get_tp_rank()``; TP collectives are not part of this package
-(``docs/fastvideo_migration.md``).
+torchrun's environment, a world group, the node group, the SP and DP groups (``initialize_sequence_parallel``) and
+the TP groups; ``cleanup_dist_env_and_memory()`` tears all of it down, helpers first. Every group is a
+``GroupCoordinator`` with upstream's collectives and transfers (``group_transfers``); deliberate differences are in
+``docs/fastvideo_migration.md``.
 
 The SP and DP groups, their ``GroupCoordinator`` and the agreed settings live in ``sp_groups``: this module
 builds on them and changes nothing in how they are built, and ``sp_groups`` never imports it.

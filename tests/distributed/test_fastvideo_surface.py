@@ -171,6 +171,7 @@ def _init_and_cleanup(rank, world_size, tp_size, rendezvous_file):
         get_world_group,
         maybe_init_distributed_environment_and_model_parallel,
         model_parallel_is_initialized,
+        tensor_model_parallel_all_gather,
         tensor_model_parallel_all_reduce,
     )
     from fastvideo.distributed import parallel_state as ps
@@ -188,7 +189,11 @@ def _init_and_cleanup(rank, world_size, tp_size, rendezvous_file):
             "sp_rank": get_sp_parallel_rank(), "dp": get_dp_world_size(), "device": str(get_local_torch_device()),
             "backend": dist.get_backend(), "initialized": model_parallel_is_initialized()}
     x = rank_input(rank, (2, 4, 6, 8))
-    info["tp_all_reduce"] = catch(tensor_model_parallel_all_reduce, x)[0]
+    summed = tensor_model_parallel_all_reduce(x)  # upstream's: the sum over the TP group
+    info["tp_all_reduce"] = bit_equal(summed, sum(rank_input(r, (2, 4, 6, 8)) for r in tp.ranks)) and (
+        summed is x) == (tp_size == 1)
+    gathered = tensor_model_parallel_all_gather(x, 1)
+    info["tp_all_gather"] = bit_equal(gathered, torch.cat([rank_input(r, (2, 4, 6, 8)) for r in tp.ranks], dim=1))
     helper = sp.device_communicator.ulysses_a2a  # auto: the op's helper, built here (collectively)
     a2a(x, 2, 1)
     during = ps.state()
@@ -217,7 +222,7 @@ def test_init_is_idempotent_and_cleanup_tears_everything_down_in_order(tp_size, 
         assert info["tp"] == (tp_size, rank % tp_size, list(range(first, first + tp_size)))
         assert (info["world"], info["sp_rank"], info["dp"]) == (2, rank, 1)
         assert (info["device"], info["backend"], info["initialized"]) == ("cpu", "gloo", True)
-        assert info["tp_all_reduce"] == ("ok" if tp_size == 1 else "NotImplementedError")
+        assert info["tp_all_reduce"] and info["tp_all_gather"]
         assert during["tp_process_groups"] == 2 * (2 // tp_size) and during["default_group"]
         assert after == (nothing, True, None)  # the helper went with its group, the default group last
         assert rebuilt

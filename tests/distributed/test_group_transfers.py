@@ -107,7 +107,7 @@ def test_coordinator_transfers_have_upstreams_semantics():
         assert r["object"] and r["object is not mine"] and r["tensor"], rank
         assert r["broadcast"] and r["broadcast_object"] and r["broadcast_object_list"], rank
         assert r["broadcast_tensor_dict"] and r["send_tensor_dict"], rank
-        assert r["broadcast_tensor_dict vs other rank"] is False or rank == 0  # the control: it can fail
+        assert r["broadcast_tensor_dict vs other rank"] is False  # the control: the comparison can fail
         assert r["graph_capture"] and r["all_to_all_4D"], rank
         for key, fix in (("to self", "this rank"), ("bad src", "must be a rank of the group"),
                          ("bad broadcast src", "must be a rank of the group")):
@@ -243,6 +243,18 @@ def test_upstream_ulysses_a2a_names_over_the_ops_helper(ranks):
         assert r["grad"] == (True, True, "fused")  # differentiable, as upstream's helper
         assert r["run_armed"] and r["other group"] is None
         assert r["close"] == (True, True)
+
+
+def test_negative_control_the_dictionary_comparison_sees_one_element():
+    """``same_dict`` (every dictionary check above) flags one changed element, a dtype, a key order and a value."""
+    d = tensor_dict(0)
+    assert same_dict(d, tensor_dict(0))
+    changed = tensor_dict(0)
+    changed["hidden"].view(-1)[5] += 1
+    assert not same_dict(d, changed)
+    assert not same_dict(d, {**tensor_dict(0), "half": tensor_dict(0)["half"].float()})
+    assert not same_dict(d, dict(reversed(list(tensor_dict(0).items()))))
+    assert not same_dict(d, {**tensor_dict(0), "step": 8})
 
 
 def test_upstream_helper_declines_under_compile_before_any_distributed_state(monkeypatch):

@@ -215,8 +215,9 @@ class DeviceCommunicatorBase:
         """Point to point over the device group, blocking: a new ``size`` x ``dtype`` tensor on this communicator's
         device, from group rank ``src`` (default: the previous rank)."""
         src = (self.rank_in_group - 1) % self.world_size if src is None else src
+        peer = self.ranks[self._group_rank("recv", "src", src)]
         tensor = torch.empty(size, dtype=dtype, device=self.device)
-        dist.recv(tensor, self.ranks[self._group_rank("recv", "src", src)], self.device_group)
+        dist.recv(tensor, peer, self.device_group)
         return tensor
 
     def _group_rank(self, caller: str, arg: str, rank: int) -> int:
