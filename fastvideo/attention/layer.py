@@ -33,14 +33,10 @@ The forward is built from helpers an extension can reuse (``_layout``, ``_scatte
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import wraps
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -49,6 +45,7 @@ from torch import nn
 
 from fastvideo.attention.dense import attention
 from fastvideo.attention.rotary import _apply_rotary_emb as _dense_rotary
+from fastvideo.attention.sources import check_dense_backends, check_dense_extra, upstream_attention
 from fastvideo.distributed.communication_op import (
     sequence_model_parallel_all_gather,
     sequence_model_parallel_all_to_all_4D,
@@ -88,62 +85,6 @@ def _maybe_compiler_disable(fn: Callable) -> Callable:
     return dispatch
 
 
-# ------------------------------------------------------------------------------------- upstream's machinery, if any
-
-_SELECTOR = "fastvideo.attention.selector"
-
-
-def _installed(module: str) -> bool:
-    if module in sys.modules:
-        return True
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # a parent is missing, or a module without a spec
-        return False
-
-
-def upstream_attention() -> SimpleNamespace | None:
-    """Upstream FastVideo's attention machinery where it is installed (its attention selector present), else None.
-
-    Present means used: an upstream that is installed but fails to import raises here (a missing dependency of
-    upstream's is an install error, never a silent fall back to other kernels). Local, no collective; called at
-    construction."""
-    if not _installed(_SELECTOR):
-        return None
-    selector = importlib.import_module(_SELECTOR)
-    return SimpleNamespace(
-        get_attn_backend=selector.get_attn_backend,
-        backend_name_to_enum=selector.backend_name_to_enum,
-        get_forward_context=importlib.import_module("fastvideo.forward_context").get_forward_context,
-        get_compute_dtype=importlib.import_module("fastvideo.utils").get_compute_dtype,
-        apply_rotary=importlib.import_module("fastvideo.layers.rotary_embedding")._apply_rotary_emb,
-    )
-
-
-# Backend names the dense fall back honours (upstream's enum names and their short forms).
-_DENSE_NAMES = ("FLASH_ATTN", "TORCH_SDPA", "SDPA", "FLASH")
-# Upstream backend arguments the dense fall back accepts when they ask for nothing (no dropout).
-_DENSE_NEUTRAL = {"dropout_rate": 0, "dropout_p": 0}
-
-
-def _check_dense_backends(cls: str, backends: Sequence[Any] | None) -> None:
-    if backends is None:
-        return
-    names = tuple(str(getattr(b, "name", b)).upper() for b in backends)
-    if not any(n in _DENSE_NAMES for n in names):
-        raise ValueError(f"{cls}: supported_attention_backends={names} names none of flash-attn or SDPA, the only "
-                         "backends without upstream FastVideo (its sparse ones, e.g. VSA or sliding-tile attention, "
-                         "need upstream's attention backends: copy this tree over upstream FastVideo).")
-
-
-def _check_dense_extra(cls: str, extra: dict[str, Any]) -> None:
-    refused = sorted(k for k, v in extra.items() if k not in _DENSE_NEUTRAL or v not in (None, _DENSE_NEUTRAL[k]))
-    if refused:
-        raise TypeError(f"{cls}: {refused} are upstream backend arguments that flash-attn / SDPA without upstream "
-                        f"FastVideo do not implement (accepted only as {_DENSE_NEUTRAL}); drop them, or copy this "
-                        "tree over upstream FastVideo, whose backends take them.")
-
-
 class _Attention(nn.Module):
     """What the three layers share: arguments, and the attention chosen at construction."""
 
@@ -163,10 +104,10 @@ class _Attention(nn.Module):
         up = upstream_attention()
         self._upstream = up
         if up is None:
-            _check_dense_backends(cls, supported_attention_backends)
+            check_dense_backends(cls, supported_attention_backends)
             if default_backend is not None:
-                _check_dense_backends(cls, [default_backend])
-            _check_dense_extra(cls, extra)
+                check_dense_backends(cls, [default_backend])
+            check_dense_extra(cls, extra)
             self.attention_source = "dense"
             self.attn_impl = None
             self.backend = None  # upstream's AttentionBackendEnum; ``dense.attention_backend(q)`` says which here
