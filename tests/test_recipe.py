@@ -41,8 +41,8 @@ def _overlay_or_skip(tmp: pathlib.Path) -> dict[str, str]:
     """The overlay's PYTHONPATH (built by the recipe's builder), or a skip naming why it cannot be built here."""
     if os.environ.get("FASTVIDEO_OVERLAY_PYTHONPATH"):
         return {"FASTVIDEO_OVERLAY_PYTHONPATH": os.environ["FASTVIDEO_OVERLAY_PYTHONPATH"]}
-    proc = subprocess.run([sys.executable, "tests/overlay/build.py", "--python", sys.executable], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(["bash", "scripts/upstream_overlay.sh"], cwd=ROOT,
+                          env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=600)
     found = proc.stdout.strip().splitlines()[-1:] if proc.returncode == 0 else []
     if not found:
         why = (proc.stderr.strip().splitlines() or ["no output"])[-1]

@@ -19,6 +19,7 @@ what is missing; under CI (``CI=true``) they fail instead.
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import pickle
@@ -140,13 +141,25 @@ def test_upstream_sp_test_on_the_overlay(overlay, test_name, tmp_path, ulysses_a
 
 
 @pytest.fixture(scope="module")
-def parity(overlay, tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("wan_parity") / "results.pkl"
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "overlay" / "wan_parity.py"), "--out", str(out)],
-                          cwd=out.parent, env=_env(overlay), capture_output=True, text=True, timeout=TIMEOUT_S - 60)
-    print(proc.stdout[-4000:])
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"the Wan parity run failed (exit {proc.returncode}):\n{output[-8000:]}"
+def parity(overlay) -> dict:
+    # One run per pytest session: pytest-xdist workers share it through a file named by the session's id (each
+    # worker would otherwise run it again), under a lock; a new session runs it anew.
+    session = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
+    folder = overlay_build.cache_dir() / "parity"
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.iterdir():  # earlier sessions' results
+        if time.time() - old.stat().st_mtime > 86400:
+            old.unlink(missing_ok=True)
+    out = folder / f"{session}.pkl"
+    with open(folder / f"{session}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not out.exists():
+            proc = subprocess.run([sys.executable, str(ROOT / "tests" / "overlay" / "wan_parity.py"), "--out",
+                                   str(out)], cwd=folder, env=_env(overlay), capture_output=True, text=True,
+                                  timeout=TIMEOUT_S - 60)
+            print(proc.stdout[-4000:])
+            output = proc.stdout + proc.stderr
+            assert proc.returncode == 0, f"the Wan parity run failed (exit {proc.returncode}):\n{output[-8000:]}"
     with open(out, "rb") as f:
         return pickle.load(f)
 

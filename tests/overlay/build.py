@@ -16,8 +16,9 @@ training job use it). What it builds, under a cache outside the tree
 Run it with a python (``--python``, default this one) and it prints, on its last stdout line, the
 ``PYTHONPATH`` under which that python imports the overlay (overlay first, then the pinned dependencies, then the
 stand-ins); progress goes to stderr. Offline: ``--download-to DIR`` fills a wheel folder here (the upstream wheel,
-every pin, and for the compiled pins their wheels for CPython 3.11 and 3.12), ``--wheels DIR`` installs from one
-with no network; ``/.whl/overlay/`` in the repository root (git-ignored) is used by default when it exists.
+every pin, and for the compiled pins their wheels for CPython 3.11 and 3.12), ``--wheels DIR`` (or
+``$FASTVIDEO_OVERLAY_WHEELS``) installs from one with no network; ``/.whl/overlay/`` in the repository root
+(git-ignored) is used by default when it holds wheels.
 """
 
 from __future__ import annotations
@@ -401,9 +402,12 @@ def _make_overlay(install: Path, dest: Path | None) -> Path:
 
 
 def build_overlay(*, python: str = sys.executable, wheels: Path | str | None = None,
-                  dest: Path | None = None) -> Overlay:
-    """Build (or reuse) the cached install and make a fresh overlay copy; see the module docstring."""
-    if wheels is None and DEFAULT_WHEELS.is_dir() and any(DEFAULT_WHEELS.glob("*.whl")):
+                  dest: Path | None = None, index: bool = False) -> Overlay:
+    """Build (or reuse) the cached install and make a fresh overlay copy; see the module docstring. ``index``:
+    download from the package index even where a wheel folder is found."""
+    if wheels is None and not index and os.environ.get("FASTVIDEO_OVERLAY_WHEELS"):
+        wheels = os.environ["FASTVIDEO_OVERLAY_WHEELS"]
+    if wheels is None and not index and DEFAULT_WHEELS.is_dir() and any(DEFAULT_WHEELS.glob("*.whl")):
         wheels = DEFAULT_WHEELS
     wheels = Path(wheels).resolve() if wheels is not None else None
     if wheels is not None:
@@ -430,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
                                                     "when it holds wheels)")
     parser.add_argument("--download-to", type=Path, metavar="DIR", help="fill DIR with every wheel an offline "
                                                                         "build needs, then stop")
+    parser.add_argument("--index", action="store_true", help="download from the package index even where a wheel "
+                                                                 "folder exists")
     parser.add_argument("--dest", type=Path, help="make the overlay copy here (default: a new folder in the cache)")
     args = parser.parse_args(argv)
     try:
@@ -437,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
             download_to(args.download_to.resolve(), args.python)
             return 0
         t0 = time.monotonic()
-        overlay = build_overlay(python=args.python, wheels=args.wheels, dest=args.dest)
+        overlay = build_overlay(python=args.python, wheels=args.wheels, dest=args.dest, index=args.index)
     except OverlayError as exc:
         print(f"overlay: FAILED: {exc}", file=sys.stderr)
         return 1

@@ -9,8 +9,9 @@
 #
 # Outputs under FASTVIDEO_RECIPE_OUT (default build/wan): off/, auto/, auto_resumed/ (run.json, checkpoints/),
 # closing_table.txt and loss_and_step_time.png. The overlay: FASTVIDEO_OVERLAY_PYTHONPATH where it is set (an overlay
-# built before), else the overlay builder (tests/overlay/build.py: upstream's pinned wheel and the pinned packages
-# of its model path in a cache outside the tree, from .whl/overlay/ where it exists, this tree's fastvideo/ over it).
+# built before), else the overlay builder (scripts/upstream_overlay.sh: upstream's pinned wheel and the pinned
+# packages of its model path in a cache outside the tree, from .whl/overlay/ where it exists, this tree's fastvideo/
+# over it).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../../.." && pwd)
@@ -23,9 +24,9 @@ if [ -n "${FASTVIDEO_OVERLAY_PYTHONPATH:-}" ]; then
   echo "recipe: using the overlay given in FASTVIDEO_OVERLAY_PYTHONPATH=$FASTVIDEO_OVERLAY_PYTHONPATH" >&2
 else
   # The overlay builder prints the overlay's PYTHONPATH on its last line (progress and errors on stderr).
-  built=$("$PY" "$ROOT/tests/overlay/build.py" --python "$PY") || {
+  built=$(PYTHON="$PY" bash "$ROOT/scripts/upstream_overlay.sh") || {
     echo "recipe: the overlay could not be built (above: why; offline, put its wheels in .whl/overlay/ with" \
-         "'python tests/overlay/build.py --download-to .whl/overlay' on a machine with a registry)" >&2
+         "'bash scripts/upstream_overlay.sh --download-to .whl/overlay' on a machine with a registry)" >&2
     exit 1
   }
   FASTVIDEO_OVERLAY_PYTHONPATH=$(tail -n 1 <<<"$built")

@@ -14,7 +14,7 @@
 #                                       names the same backend itself)
 # FASTVIDEO_RECIPE_DEVICE: auto (default: every GPU, one rank each, on a host with 2+; else 2 gloo ranks on the
 # CPU), cuda (every GPU, also one: SP1), cpu. NPROC overrides the rank count. PY: the Python to use.
-# FASTVIDEO_OVERLAY_PYTHONPATH: the overlay (compare_switches.sh builds it with tests/overlay/build.py and sets it).
+# FASTVIDEO_OVERLAY_PYTHONPATH: the overlay (compare_switches.sh builds it with scripts/upstream_overlay.sh and sets it).
 set -euo pipefail
 PY="${PY:-python3}"
 if [ -z "${FASTVIDEO_OVERLAY_PYTHONPATH:-}" ]; then
