@@ -1,9 +1,10 @@
 """FastVideo: this tree is its sequence-parallel (Ulysses) subsystem, importable alone or copied over upstream
 FastVideo 0.2.1 (``docs/fastvideo_migration.md``).
 
-``import fastvideo`` imports nothing else (no side effects, no torch). Upstream's top-level names
-(``VideoGenerator``, ``PipelineConfig``, ``SamplingParam``) resolve on first use (PEP 562): in the overlay they are
-upstream's; alone, asking for one raises an ImportError saying it needs upstream FastVideo. ``__version__`` is
+Alone, ``import fastvideo`` imports nothing else (no side effects, no torch), and upstream's top-level names
+(``VideoGenerator``, ``PipelineConfig``, ``SamplingParam``) raise an ImportError on first use saying they need
+upstream FastVideo. In the overlay (upstream's ``fastvideo.configs`` present) it imports them eagerly, in upstream's
+order, as upstream's ``__init__`` does: upstream's modules depend on that order to break an import cycle. ``__version__`` is
 upstream's release where upstream's ``fastvideo/version.py`` is present (the overlay is upstream FastVideo 0.2.1
 with this subsystem in it, and upstream's CLI reads that file), else this package's own version,
 ``ULYSSES_PACKAGE_VERSION``. Upstream's subpackages (``fastvideo.configs``, ...) also resolve as attributes, as
@@ -27,6 +28,14 @@ _UPSTREAM_EXPORTS = {
 }
 
 __all__ = ["PipelineConfig", "SamplingParam", "VideoGenerator", "__version__"]
+
+# In the overlay, upstream's modules rely on its package importing these eagerly, in this order: importing
+# ``fastvideo.configs.pipelines`` first is what keeps upstream's pipelines -> fastvideo_args -> configs cycle from
+# seeing a partly initialised module. So where upstream is present its eager imports run as upstream's __init__
+# runs them; this tree alone has no ``fastvideo.configs`` and imports nothing.
+if importlib.util.find_spec(f"{__name__}.configs") is not None:
+    for _name, _module in _UPSTREAM_EXPORTS.items():
+        globals()[_name] = getattr(importlib.import_module(_module), _name)
 
 
 def _present(module: str) -> bool:

@@ -262,6 +262,19 @@ _register(
     )
 )
 
+_register(
+    EnvVar(
+        "FASTVIDEO_ULYSSES_A2A_OVERLAP",
+        "int",
+        0,
+        "Head groups `DistributedAttention` pipelines its all-to-alls over (each group's exchanges in flight on the "
+        "communication stream under its neighbours' attention; the same result): `0` or `1` off (default), `N` "
+        "groups (capped at the layer's heads). A layer's own `overlap_chunks` wins. Agreed across the SP group.",
+        minimum=0,
+        agreed=True,
+    )
+)
+
 
 # ------------------------------------------------------------------------------------------- upstream's variables
 

@@ -88,6 +88,7 @@ CASES = [  # (case, ranks, extra argv)
     ("lineup_skew", 2, []),
     ("public_op_overhead", 2, []),
     ("copy_engine", 1, []),
+    ("overlap", 2, ["--groups", "1,2,3", "--routes", "off,auto"]),
     ("dit_step", 2, ["--hidden", "32", "--heads", "2", "--blocks", "1", "--tokens", "64"]),
 ]
 

@@ -468,3 +468,19 @@ def test_doctor_subprocess_reports_a_bad_setting_without_a_traceback():
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     assert "PROBLEM: FASTVIDEO_ULYSSES_A2A='sometimes'" in proc.stdout and "result     1 problem(s)" in proc.stdout
+
+
+def test_overlap_plan_lists_each_groups_exchanges(capsys):
+    """``--overlap 3`` for 8 heads at SP2: groups of 3, 3, 2 heads, each with its q/k/v and output exchange (the
+    uneven groups with their head splits), every one with a route and kind; 9 groups of 8 heads is an error."""
+    rc, out = explain(capsys, "--world-size", "2", "--shape", "3,4096,8,64", "--overlap", "3", *PINNED)
+    assert rc == 0
+    assert line(out, "overlap").startswith("overlap    3 head groups of [3, 3, 2] heads")
+    assert line(out, "group 0 qkv").startswith("group 0 qkv [3, 4096, 3, 64] mode 0, head splits [2, 1]: ")
+    assert line(out, "group 2 out").startswith("group 2 out [1, 8192, 1, 64] mode 1: ")
+    for g in range(3):
+        for role in ("qkv", "out"):
+            assert any(k in line(out, f"group {g} {role}") for k in ("fused, SM kind", "fused, copy engines",
+                                                                      "nccl route"))
+    rc, out = explain(capsys, "--world-size", "2", "--shape", "3,4096,8,64", "--overlap", "9", *PINNED)
+    assert rc == 2 and "must be in 2..H (8)" in out

@@ -70,6 +70,10 @@ class DitStepCase(Case):
         g.add_argument("--grad-factor", type=float, default=4.0,
                        help="gradient threshold = factor x max abs diff of two repeated NCCL-route steps")
         g.add_argument("--clip", type=float, default=1.0, help="clip_grad_norm_ max norm")
+        g.add_argument("--overlap", type=int, default=None, metavar="N",
+                       help="attention head groups pipelined under their exchanges (DistributedAttention's "
+                            "overlap_chunks; default: the agreed FASTVIDEO_ULYSSES_A2A_OVERLAP; 0: off); the "
+                            "check pass then times the synchronous calls only")
         g.add_argument("--skip-share", action="store_true", help="skip the all-to-all share (no ideal gain then)")
         g.add_argument("--plot", help="PNG of step time per route against tokens (skipped without matplotlib)")
         g.add_argument("--plot-from", nargs="+", metavar="JSON", help="no run: plot these saved runs into --plot")
@@ -140,11 +144,17 @@ class DitStepCase(Case):
         probe = runner.Probe(device)
         dispatch = runner.Dispatch(probe)
         model = build_model(args, device, attn, dispatch)
+        from fastvideo.attention.overlap import check_chunks, chunks_for
+
+        overlap = chunks_for(args.heads, check_chunks(args.heads, args.overlap))
+        for block in model.blocks:
+            block.attn.overlap_chunks = overlap
         steps = runner.Runner(args, model, device, probe)
         ctx.header.update(
             hidden=args.hidden, heads=args.heads, blocks=args.blocks, params=sum(p.numel() for p in model.parameters()),
             attention=backend, offload_activations=args.offload_activations, offload_above=args.offload_above,
-            engine=args.engine, checkpointing=not args.no_checkpointing, trials=args.repeat, long_training=longs,
+            engine=args.engine, overlap=overlap, checkpointing=not args.no_checkpointing, trials=args.repeat,
+            long_training=longs,
             op_iters=args.iters, helper=helper.stats() if helper is not None else None,
             window_bytes=getattr(helper, "window_bytes", None),
             timing_note="CPU run over gloo: timings and memory are not measurements" if device.type != "cuda" else None,

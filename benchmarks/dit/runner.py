@@ -44,10 +44,22 @@ OPS = ("qkv", "out")  # the step's two all-to-alls: packed QKV (mode 0) and the 
 # ---------------------------------------------------------------------------------------------- the all-to-all
 
 
+class Landed:
+    """A stand-in's ``async_op`` handle: the output is already there."""
+
+    def __init__(self, out: torch.Tensor) -> None:
+        self.out = out
+
+    def wait(self) -> torch.Tensor:
+        return self.out
+
+
 def local_a2a(x: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1, *, tag: str | None = None,
-              **splits) -> torch.Tensor:
+              async_op: bool = False, **splits) -> torch.Tensor | Landed:
     """Communication-free stand-in with the op's output shape and about its memory traffic (even calls only; the
-    call tag has nothing to check without a vote)."""
+    call tag has nothing to check without a vote). ``async_op``: the output in a handle (the pipelined layer)."""
+    if async_op:
+        return Landed(local_a2a(x, scatter_dim, gather_dim, **splits))
     from fastvideo.distributed.parallel_state import get_sp_group
 
     if any(v is not None for v in splits.values()):
@@ -94,6 +106,8 @@ class Probe:
         return float(end) - float(start)  # type: ignore[arg-type]
 
     def call(self, x: torch.Tensor, scatter_dim: int, gather_dim: int, name: str, **kwargs) -> torch.Tensor:
+        if kwargs.get("async_op"):  # in flight (the pipelined layer): a start's time is not the exchange's; untimed
+            return self.dispatch.fn(x, scatter_dim, gather_dim, **kwargs)
         grad = torch.is_grad_enabled() and x.requires_grad
         phase = "recompute" if self.in_backward else ("fwd_grad" if grad else "fwd")
         h0 = time.perf_counter()

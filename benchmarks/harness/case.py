@@ -33,6 +33,7 @@ CASES: dict[str, str] = {
     "lineup_skew": "benchmarks.cases.lineup_skew",
     "public_op_overhead": "benchmarks.cases.public_op_overhead",
     "copy_engine": "benchmarks.cases.copy_engine",
+    "overlap": "benchmarks.cases.overlap",
     "dit_step": "benchmarks.dit.case",
 }
 

@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fastvideo.attention import overlap as _overlap
 from fastvideo.attention.dense import attention
 from fastvideo.attention.rotary import _apply_rotary_emb as _dense_rotary
 from fastvideo.attention.sources import check_dense_backends, check_dense_extra, upstream_attention
@@ -186,13 +187,18 @@ class DistributedAttention(_Attention):
     **kwargs)`` replaces the public op (``name``: ``"qkv"`` or ``"out"``; ``kwargs``: the public op's keywords,
     ``seq_splits`` and ``head_splits`` only where the call is uneven, ``tag`` only where the layer has a prefix),
     ``attend(q, k, v)`` the attention (e.g. a block-sparse one); both default to the package's.
+
+    ``overlap_chunks`` (this package's): pipeline the heads in that many groups, each group's exchanges in flight
+    under its neighbours' attention (``fastvideo/attention/overlap.py``; the same result); None: the agreed
+    ``FASTVIDEO_ULYSSES_A2A_OVERLAP`` (0, off, by default); 0 or 1: off. An ``all_to_all`` override must then
+    take ``async_op=True`` and return a handle with ``wait()``, as the public op does.
     """
 
     def __init__(self, num_heads: int, head_size: int, num_kv_heads: int | None = None,
                  softmax_scale: float | None = None, causal: bool = False,
                  supported_attention_backends: Sequence[Any] | None = None, prefix: str = "", *,
                  all_to_all: AllToAll | None = None, attend: Callable[..., torch.Tensor] | None = None,
-                 **extra_impl_args: Any) -> None:
+                 overlap_chunks: int | None = None, **extra_impl_args: Any) -> None:
         cls = type(self).__name__
         if num_kv_heads is not None and num_kv_heads != num_heads:
             raise ValueError(f"{cls}: num_kv_heads={num_kv_heads} must equal num_heads={num_heads}: q, k and v "
@@ -205,6 +211,7 @@ class DistributedAttention(_Attention):
         self._tag_kw = {role: {"tag": tag} if tag is not None else {} for role, tag in self.tags.items()}
         self.all_to_all = all_to_all or _public_all_to_all  # a module function: the module holds no reference cycle
         self.attend = attend
+        self.overlap_chunks = _overlap.check_chunks(num_heads, overlap_chunks)
         # Upstream's compile boundary, per instance (module docstring).
         self._compile_forward_enabled = not _attention_compile_disabled()
 
@@ -240,6 +247,10 @@ class DistributedAttention(_Attention):
         loss on it counts once per rank; each rank's ``replicated_*`` gradient covers its own heads.
         """
         replicated = self._check(q, k, v, replicated_q, replicated_k, replicated_v)
+        chunks = _overlap.chunks_for(self.num_heads, self.overlap_chunks)
+        if chunks > 1:  # head groups pipelined under their exchanges (fastvideo/attention/overlap.py)
+            return _overlap.forward(self, q, k, v, original_seq_len, replicated_q, replicated_k, replicated_v,
+                                    freqs_cis, seq_splits, chunks)
         layout = self._layout(q, original_seq_len, seq_splits)
         meta = self._metadata()
         qkv = self._scatter_heads(torch.cat([q, k, v], dim=0), layout)

@@ -29,7 +29,9 @@ from fastvideo.distributed.device_communicators import ulysses_a2a as _ulysses_a
 from fastvideo.distributed.parallel_state import get_sp_group
 from fastvideo.distributed.parallel_state import get_tp_group as _get_tp_group
 from fastvideo.distributed.parallel_state import model_parallel_is_initialized as _model_parallel_is_initialized
+from fastvideo.distributed.ulysses import async_ops as _async_ops
 from fastvideo.distributed.ulysses import ops as _ops
+from fastvideo.distributed.ulysses.async_ops import AllToAllHandle
 from fastvideo.distributed.ulysses.contract import check_tag as _check_tag
 from fastvideo.distributed.ulysses.layout import (
     EVEN,
@@ -53,6 +55,7 @@ __all__ = [
     "EVEN",
     "MODE_HEAD_GATHER",
     "MODE_SEQ_GATHER",
+    "AllToAllHandle",
     "Splits",
     "balanced_splits",
     "mode_for_dims",
@@ -67,7 +70,8 @@ __all__ = [
 def sequence_model_parallel_all_to_all_4D(input_: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1, *,
                                           seq_splits: Sequence[int] | None = None,
                                           head_splits: Sequence[int] | None = None,
-                                          tag: str | None = None) -> torch.Tensor:
+                                          tag: str | None = None,
+                                          async_op: bool = False) -> torch.Tensor | AllToAllHandle:
     """Ulysses all-to-all over the SP group: collective; blocks the host only for a vote (``auto``, checked mode);
     capture-safe; differentiable (twice too).
 
@@ -93,6 +97,22 @@ def sequence_model_parallel_all_to_all_4D(input_: torch.Tensor, scatter_dim: int
     runs.
     Under CUDA-graph capture every rank votes once and the agreed plan (with the tables) is frozen into the
     graph (or the NCCL route is captured); replay graphs in the same order on every rank.
+
+    ``async_op=True``: returns an ``AllToAllHandle`` at once (after the vote, which stays on the host at issue) and
+    the exchange runs on the communication stream: ``handle.wait()`` returns the output, the only way to get it,
+    so nothing reads it before it landed; call ``wait()`` once, in the same order relative to other collectives
+    on every rank. Streams, as torch states them for ``async_op`` collectives: the exchange is issued on this
+    process's communication stream of ``input_``'s device after it waited for the current stream (so the input
+    is read as it stood at the call); ``wait()`` makes the then-current stream wait for the exchange (it does not
+    block the host) and returns the output ready on that stream. The caching allocator is told through
+    ``record_stream``: the input is not reused before the communication stream has read it, so it may be freed or
+    overwritten on the current stream after the call, and the output (allocated on the communication stream) not
+    before the stream that waited has used it. On CPU (gloo) the NCCL route runs in gloo's threads and ``wait()``
+    blocks until it landed. Differentiable (twice): the backward starts the reverse exchange where autograd
+    reaches the ``wait`` and waits for it where it reaches the call, so the gradient exchange is in flight across
+    the backward of what ran in between. ``torch.compile(fullgraph=True)`` traces a start and a wait node; under a
+    manual CUDA-graph capture the side stream is forked and joined inside the graph (wait before the capture
+    ends). Underneath: ``ulysses/async_ops.py``.
     """
     sp = get_sp_group()
     world = sp.world_size  # read once: the call enters the SP group's module once (docs/architecture.md)
@@ -105,7 +125,9 @@ def sequence_model_parallel_all_to_all_4D(input_: torch.Tensor, scatter_dim: int
     except (TypeError, ValueError, RuntimeError) as exc:
         _ops.fail(input_, mode, exc)  # checked mode: votes first, so every rank raises
     if world == 1:
-        return input_
+        return _async_ops.done(input_) if async_op else input_
+    if async_op:
+        return _async_ops.start(input_, mode, 0, splits, tag)
     return _ops.call(input_, mode, 0, splits, tag)
 
 

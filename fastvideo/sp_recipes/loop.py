@@ -32,7 +32,7 @@ from fastvideo.sp_recipes.route_probe import RouteProbe
 
 __all__ = ["init_groups", "run_record", "train_steps", "write_run"]
 
-SWITCH, LONG = "FASTVIDEO_ULYSSES_A2A", "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"
+SWITCH, LONG, OVERLAP = "FASTVIDEO_ULYSSES_A2A", "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING", "FASTVIDEO_ULYSSES_A2A_OVERLAP"
 
 
 def init_groups(device: str, sp: int | None) -> torch.device:
@@ -116,7 +116,7 @@ def run_record(*, model: str, device: torch.device, steps: list[dict[str, Any]],
     world, sp, dp = ps.get_world_group(), ps.get_sp_group(), ps.get_dp_group()
     agreed = sp.settings
     assert agreed is not None
-    return {"switch": agreed[SWITCH], "long_training": agreed[LONG], "model": model,
+    return {"switch": agreed[SWITCH], "long_training": agreed[LONG], "overlap": agreed[OVERLAP], "model": model,
             "world_size": world.world_size, "sp_size": sp.world_size, "dp_size": dp.world_size,
             "device": device.type, "backend": dist.get_backend(), "torch": torch.__version__,
             "steps": steps, "checkpoints": checkpoints, "resumed_from": resumed_from,

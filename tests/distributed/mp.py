@@ -27,7 +27,7 @@ DEFAULT_TIMEOUT_S = 120.0
 GLOO_TIMEOUT_S = 30.0
 # Forwarded from the parent's environment to every rank (unset there: unset on the ranks).
 FORWARDED_VARS = ("FASTVIDEO_ULYSSES_A2A", "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING", "FASTVIDEO_ULYSSES_A2A_CHECKED",
-                  "TORCH_DISTRIBUTED_DEBUG")
+                  "FASTVIDEO_ULYSSES_A2A_OVERLAP", "TORCH_DISTRIBUTED_DEBUG")
 
 _CTX = mp.get_context("forkserver")
 _CTX.set_forkserver_preload(["torch", "torch.distributed"])

@@ -81,7 +81,8 @@ def test_case_and_space_differences_are_the_same_value(ranks):
 
 def test_decide_is_pure_and_needs_a_real_difference():
     """Negative control for the verdict: identical values pass; a difference in any agreed variable raises."""
-    values = {A2A: "off", LONG: "auto", WINDOW: 1 << 30, "FASTVIDEO_ULYSSES_A2A_CHECKED": False}
+    values = {A2A: "off", LONG: "auto", WINDOW: 1 << 30, "FASTVIDEO_ULYSSES_A2A_CHECKED": False,
+              "FASTVIDEO_ULYSSES_A2A_OVERLAP": 0}
     assert set(values) == set(AGREED)
     same = [LocalReport((None,) * len(AGREED), dict(values), ()) for _ in range(2)]
     assert isinstance(decide(same, [0, 1], 0, "test"), AgreedSettings)

@@ -9,6 +9,7 @@
 # initialised, so they are exported before the launch, never changed inside the job:
 #   FASTVIDEO_ULYSSES_A2A               auto (fused route where every rank agrees) or off (the NCCL route)
 #   FASTVIDEO_ULYSSES_A2A_LONG_TRAINING chunked (grad-tracked planes over 512 MiB may use tuned chunks) or auto
+#   FASTVIDEO_ULYSSES_A2A_OVERLAP       0 (default) or N: attention heads in N groups, exchanges under compute
 # FASTVIDEO_RECIPE_DEVICE: auto (default: every GPU, one rank each, on a host with 2+; else 2 gloo ranks on the
 # CPU), cuda (every GPU, also one: SP1), cpu. NPROC overrides the rank count. PY: the Python to use.
 set -euo pipefail
@@ -17,6 +18,7 @@ PY="${PY:-python3}"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export FASTVIDEO_ULYSSES_A2A="${FASTVIDEO_ULYSSES_A2A:-auto}"
 export FASTVIDEO_ULYSSES_A2A_LONG_TRAINING="${FASTVIDEO_ULYSSES_A2A_LONG_TRAINING:-chunked}"
+export FASTVIDEO_ULYSSES_A2A_OVERLAP="${FASTVIDEO_ULYSSES_A2A_OVERLAP:-0}"
 export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"  # never NVLink multicast on shared hosts
 # Deterministic cuBLAS, so that the two routes' runs can be compared bit for bit on GPUs too.
 export CUBLAS_WORKSPACE_CONFIG="${CUBLAS_WORKSPACE_CONFIG:-:4096:8}"
@@ -29,6 +31,6 @@ case "$device" in
   *) echo "train.sh: FASTVIDEO_RECIPE_DEVICE=$device must be auto, cuda or cpu" >&2; exit 2 ;;
 esac
 if [[ $device == cuda ]]; then nproc="${NPROC:-$gpus}"; else nproc="${NPROC:-2}"; fi
-echo "recipe: FASTVIDEO_ULYSSES_A2A=$FASTVIDEO_ULYSSES_A2A FASTVIDEO_ULYSSES_A2A_LONG_TRAINING=$FASTVIDEO_ULYSSES_A2A_LONG_TRAINING, $nproc rank(s) on $device" >&2
+echo "recipe: FASTVIDEO_ULYSSES_A2A=$FASTVIDEO_ULYSSES_A2A FASTVIDEO_ULYSSES_A2A_LONG_TRAINING=$FASTVIDEO_ULYSSES_A2A_LONG_TRAINING FASTVIDEO_ULYSSES_A2A_OVERLAP=$FASTVIDEO_ULYSSES_A2A_OVERLAP, $nproc rank(s) on $device" >&2
 exec "$PY" -m torch.distributed.run --standalone --nproc_per_node="$nproc" -m fastvideo.sp_recipes.train_video_dit \
   train --device "$device" "$@"

@@ -3,14 +3,15 @@
     python -m fastvideo.distributed.ulysses explain --world-size 4 --shape 3,62500,56,128 \\
         --dtype bfloat16 [--gpu GB200] [--a2a auto] [--mode 0] [--grad] [--long-training chunked] \\
         [--window-bytes N] \\
-        [--seq-splits 62500,62500,62500,62499 --head-splits 14,14,14,14 --rank 0]
+        [--seq-splits 62500,62500,62500,62499 --head-splits 14,14,14,14 --rank 0] [--overlap N]
     python -m fastvideo.distributed.ulysses doctor
 
 ``explain`` applies the switch (``FASTVIDEO_ULYSSES_A2A`` or ``--a2a``: ``off`` is the NCCL route) and the
 same pure policy the helper applies on every call, and prints the plan (route, kind, CTAs, chunking, window
 bytes) or the decline reason; no GPU or process group is needed (without a GPU and ``--gpu`` it plans for an
 H200 and says so). With ``--seq-splits`` / ``--head-splits`` (every rank's shares) ``--shape`` is rank
-``--rank``'s input.
+``--rank``'s input. ``--overlap N`` (N > 1): ``--shape`` is a ``DistributedAttention``'s packed q/k/v; it adds
+its head groups' plans.
 Bad arguments are argparse errors (exit 2) that name the argument and the fix.
 ``doctor`` prints versions, the kernel library (every place it looked), GPUs and peer access, the
 host identity and the environment variables. It reports problems (an invalid ``FASTVIDEO_*`` value,
@@ -344,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--head-splits", type=_splits, default=None, metavar="H0,H1,...",
                     help="every rank's heads (default: even)")
     ex.add_argument("--rank", type=_rank, default=0, help="the rank whose input --shape is (with splits; default 0)")
+    ex.add_argument("--overlap", type=int, default=None, metavar="N",
+                    help="head groups of a DistributedAttention's pipeline (default: FASTVIDEO_ULYSSES_A2A_OVERLAP)")
     sub.add_parser("doctor", help="versions, kernel library, GPUs, host, env; exits 1 if it found a problem")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(_negative_values_as_values(
@@ -354,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
             ("a2a", "--a2a", ROUTE_VAR),
             ("long_training", "--long-training", _LONG_VAR),
             ("window_bytes", "--window-bytes", _WINDOW_VAR),
+            ("overlap", "--overlap", "FASTVIDEO_ULYSSES_A2A_OVERLAP"),
         ):
             if getattr(args, attr) is None:  # the flag's default is the setting's value, refused as doctor does
                 try:

@@ -153,4 +153,9 @@ def explain(args: argparse.Namespace) -> int:
     rc, rows = explain_rows(args)
     for label, text in rows:
         print(f"{label:10s} {text}")
+    if rc == 0 and getattr(args, "overlap", 0) > 1:  # a DistributedAttention's head groups (fastvideo/attention)
+        from fastvideo.attention.overlap import describe_plan
+
+        rc, lines = describe_plan(args, args.world_size, DTYPES[args.dtype])
+        print("\n".join(lines))
     return rc

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -50,6 +51,35 @@ def nccl_route(x: torch.Tensor, mode: int, group: dist.ProcessGroup, *, splits: 
     except RuntimeError as exc:
         raise _failure(group, exc, time.perf_counter() - start) from exc
     return recv_layout(recv.view(x.dtype), mode, received)
+
+
+def nccl_route_start(x: torch.Tensor, mode: int, group: dist.ProcessGroup, *,
+                     splits: Splits = EVEN) -> Callable[[], torch.Tensor]:
+    """The NCCL route issued without waiting: collective over ``group``; does not block the host; not for CUDA-graph
+    capture (the async route runs ``nccl_route`` on its communication stream there). Returns ``finish()``, which
+    waits for the backend's work and lays the output out (call it once; ``x`` may be reused once it returned).
+
+    On gloo (CPU) the exchange then runs in the backend's own threads: the CPU form of an exchange in flight."""
+    world_size, rank = group.size(), group.rank()
+    sent, received = block_shapes(x.shape, mode, world_size, rank, splits)
+    total, recv_sizes = _split_sizes(received, x.element_size())
+    _, send_sizes = _split_sizes(sent, x.element_size())
+    recv = torch.empty(total, dtype=torch.uint8, device=x.device)
+    send = send_layout(x, mode, world_size, splits=splits).view(torch.uint8)
+    start = time.perf_counter()
+    try:
+        work = dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=group, async_op=True)
+    except RuntimeError as exc:
+        raise _failure(group, exc, time.perf_counter() - start) from exc
+
+    def finish(send: torch.Tensor = send) -> torch.Tensor:  # ``send`` held: the backend reads it until done
+        try:
+            work.wait()
+        except RuntimeError as exc:
+            raise _failure(group, exc, time.perf_counter() - start) from exc
+        return recv_layout(recv.view(x.dtype), mode, received)
+
+    return finish
 
 
 def _failure(group: dist.ProcessGroup, exc: RuntimeError, seconds: float) -> CollectiveError:

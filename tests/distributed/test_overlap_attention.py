@@ -1,0 +1,241 @@
+"""``DistributedAttention(overlap_chunks=N)``: heads in N groups, each group's exchanges in flight under its
+neighbours' attention (``fastvideo/attention/overlap.py``).
+
+* The stream-schedule model: for each consumer, the event it waits on; one wait dropped is flagged.
+* Over gloo at P = 2, 3, 4: the pipelined layer's forward and backward against the unpipelined one, with uneven
+  sequence shards, head counts the groups and the SP size do not divide, padding and replicated tokens. Exact:
+  attention does not mix heads, and SDPA on CPU computes each head alike whatever the number of heads in the call
+  (so no tolerance is needed here; none is used). Each rank's gradient of the replicated tokens covers the heads
+  it attended, which the grouping changes: their sum over the ranks is compared (a sum of disjoint supports,
+  exact). Every run asserts the exchanges the pipeline made (per-group tags, ``async_op=True``); the control shows
+  the comparison catches a head grouping put back in the wrong order.
+* The agreed setting: a layer without ``overlap_chunks`` follows it; ranks that disagree raise together.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastvideo.attention.overlap import Step, check_chunks, head_groups, schedule, schedule_model
+from tests.distributed.conftest import bit_equal, rank_input
+from tests.distributed.mp import RankError
+
+OVERLAP = "FASTVIDEO_ULYSSES_A2A_OVERLAP"
+
+# ------------------------------------------------------------------------------------- the schedule model
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 3, 4, 8])
+def test_every_consumer_waits_on_its_own_event(chunks):
+    """Each attention waits on its group's q/k/v event, the join on every output event; nothing reads unlanded
+    data; and (N > 1) group g+1's q/k/v and group g-1's output exchange are in flight under group g's attention."""
+    report = schedule_model(schedule(chunks))
+    assert report.unsafe == [] and report.unwaited == []
+    for g in range(chunks):
+        assert report.waits_on[f"attend {g}"] == f"event qkv{g}"
+        assert report.waits_on[f"join out{g}"] == f"event out{g}"
+    for g in range(chunks - 1):
+        assert f"qkv{g + 1} under attend {g}" in report.overlapped
+        assert f"out{g} under attend {g + 1}" in report.overlapped
+
+
+@pytest.mark.parametrize("dropped", [Step("wait", "qkv", 1), Step("wait", "qkv", 2), Step("wait", "out", 0),
+                                     Step("wait", "out", 2)])
+def test_one_wait_dropped_is_flagged(dropped):
+    """The negative control: without one wait, the consumer of that exchange waits on no event of its own; where no
+    later wait covers it on the in-order communication stream (all but output 0, which group 2's q/k/v wait
+    covers), it reads unlanded data."""
+    steps = [s for s in schedule(3) if s != dropped]
+    consumer = f"attend {dropped.group}" if dropped.role == "qkv" else f"join out{dropped.group}"
+    report = schedule_model(steps)
+    assert consumer in report.unwaited and consumer not in report.waits_on
+    assert (consumer in report.unsafe) == (dropped != Step("wait", "out", 0))
+
+
+def test_a_wait_too_early_loses_the_overlap_but_stays_safe():
+    """Waiting for group 1 before group 0's attention is safe but hides nothing under it: the model says so."""
+    steps = list(schedule(2))
+    steps.remove(Step("wait", "qkv", 1))
+    steps.insert(steps.index(Step("attend", "", 0)), Step("wait", "qkv", 1))
+    report = schedule_model(steps)
+    assert report.unsafe == [] and "qkv1 under attend 0" not in report.overlapped
+
+
+def test_head_groups_and_bad_chunk_counts():
+    assert head_groups(7, 3) == (3, 2, 2) and head_groups(8, 8) == (1,) * 8
+    for bad in (-1, 13, 2.0, True):
+        with pytest.raises(ValueError, match="overlap_chunks"):
+            check_chunks(12, bad)
+    assert check_chunks(12, None) is None and check_chunks(12, 0) == 0
+
+
+# ------------------------------------------------------------------------------------- pipelined against unpipelined
+
+
+def _layer_pair(rank, p, heads, chunks, replicated, seq_splits, original):
+    import torch.distributed as dist
+
+    from fastvideo.attention.layer import DistributedAttention
+    from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D
+    from fastvideo.distributed.parallel_state import get_sp_group
+
+    d = 4
+    rows = seq_splits[rank] if seq_splits else 5
+    q, k, v = (rank_input(rank, (2, rows, heads, d), seed=s, requires_grad=True) for s in (1, 2, 3))
+    rep = [rank_input(0, (2, 3, heads, d), seed=s, requires_grad=True) for s in (4, 5, 6)] if replicated else []
+    kw = {"seq_splits": seq_splits} if seq_splits else {"original_seq_len": original}
+    if rep:
+        kw.update(replicated_q=rep[0], replicated_k=rep[1], replicated_v=rep[2])
+    calls = []
+
+    def counted(x, sd, gd, name, **kwargs):
+        calls.append((name, kwargs.get("tag"), kwargs.get("async_op", False)))
+        return sequence_model_parallel_all_to_all_4D(x, sd, gd, **kwargs)
+
+    results = []
+    for n in (0, chunks):
+        layer = DistributedAttention(heads, d, overlap_chunks=n, prefix="blk", all_to_all=counted)
+        out, rep_out = layer(q, k, v, **kw)
+        loss = (out * rank_input(rank, out.shape, seed=9)).sum()
+        if rep_out is not None:
+            loss = loss + (rep_out * rank_input(0, rep_out.shape, seed=10)).sum()
+        grads = list(torch.autograd.grad(loss, [q, k, v, *rep]))
+        for i in range(3, len(grads)):  # each rank's share of the replicated tokens' gradient: summed over ranks
+            dist.all_reduce(grads[i], group=get_sp_group().device_group)
+        results.append([out.detach(), *([] if rep_out is None else [rep_out.detach()]), *grads])
+    exact = [bit_equal(a, b) for a, b in zip(*results, strict=True)]
+    # The control: the pipelined output with its head groups put back in reverse order is not the reference.
+    groups = list(results[1][0].split(list(head_groups(heads, chunks)), dim=2))
+    control = bit_equal(torch.cat(groups[::-1], dim=2), results[0][0]) if rows else None  # an idle rank: no rows
+    return exact, calls, control
+
+
+CASES = [  # (P, heads, chunks, replicated, seq_splits, original_seq_len)
+    (2, 4, 2, False, None, None),
+    (2, 6, 4, True, None, 9),  # padding; groups of 2, 2, 1, 1 heads: uneven head splits per group
+    (3, 7, 3, True, (4, 0, 6), None),  # an idle rank, uneven shards, 7 heads in groups of 3, 2, 2 over 3 ranks
+    (4, 5, 2, True, None, None),  # groups of 3 and 2 heads over 4 ranks: some ranks hold no head of a group
+    (4, 8, 4, False, (3, 5, 4, 4), None),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"P{c[0]}-H{c[1]}-N{c[2]}")
+def test_pipelined_layer_equals_unpipelined_forward_and_backward(ranks, case):
+    p, heads, chunks, replicated, seq_splits, original = case
+    for exact, calls, control in ranks(p, _layer_pair, heads, chunks, replicated, seq_splits, original,
+                                       timeout_s=120):
+        assert all(exact), exact
+        assert control is not True  # the comparison sees heads in the wrong place
+        # the unpipelined layer: two synchronous calls; the pipelined one: 2 per group, async, tagged per group
+        assert calls[:2] == [("qkv", "blk.qkv", False), ("out", "blk.out", False)]
+        pipelined = calls[2:]
+        assert sorted(pipelined) == sorted([(r, f"blk.{r}.g{g}", True) for g in range(chunks) for r in ("qkv", "out")])
+        assert pipelined[:2] == [("qkv", "blk.qkv.g0", True), ("qkv", "blk.qkv.g1", True)]  # g1 started before attend 0
+
+
+# ------------------------------------------------------------------------------------- the agreed setting
+
+
+def _follows_setting(rank, p):
+    from fastvideo.attention.layer import DistributedAttention
+    from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D
+
+    calls = []
+
+    def counted(x, sd, gd, name, **kwargs):
+        calls.append(kwargs.get("tag"))
+        return sequence_model_parallel_all_to_all_4D(x, sd, gd, **kwargs)
+
+    q = rank_input(rank, (1, 3, 4, 2), seed=1)
+    DistributedAttention(4, 2, prefix="a", all_to_all=counted)(q, q, q)
+    DistributedAttention(4, 2, prefix="b", all_to_all=counted, overlap_chunks=0)(q, q, q)
+    return calls
+
+
+def test_a_layer_follows_the_agreed_setting_unless_told(ranks):
+    for calls in ranks(2, _follows_setting, env={OVERLAP: "2"}):
+        assert calls == ["a.qkv.g0", "a.qkv.g1", "a.out.g0", "a.out.g1", "b.qkv", "b.out"]
+
+
+def _noop(rank, p):
+    return "ran"
+
+
+def test_ranks_that_disagree_on_the_setting_raise_together(ranks):
+    with pytest.raises(RankError) as info:
+        ranks(2, _noop, rank_env={0: {OVERLAP: "2"}, 1: {OVERLAP: "0"}}, timeout_s=20)
+    errors = info.value.errors
+    assert sorted(errors) == [0, 1]
+    for kind, message, _ in errors.values():
+        assert kind == "SettingsMismatchError" and OVERLAP in message
+
+
+# ------------------------------------------------------------------------------------- the recipe's model trains alike
+
+STEPS = 4
+
+
+def _train_losses(rank, p, runs):
+    """The recipe's tiny video DiT trained ``STEPS`` AdamW steps (the recipe's loss, data and optimiser; gradients
+    summed over the SP ranks, as the recipe's sharding does) ``runs`` times from the same seed: losses per run, and
+    which exchanges the attention made (per-group tags or not)."""
+    import torch.distributed as dist
+
+    from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D
+    from fastvideo.sp_recipes.data import SyntheticVideoLatents
+    from fastvideo.sp_recipes.video_dit import CONFIGS, VideoDiT, flow_matching_loss
+
+    tags = set()
+
+    def counted(x, sd, gd, name, **kwargs):
+        tags.add(kwargs.get("tag"))
+        return sequence_model_parallel_all_to_all_4D(x, sd, gd, **kwargs)
+
+    cfg = CONFIGS["tiny"]
+    out = []
+    for _ in range(runs):
+        torch.manual_seed(0)
+        model = VideoDiT(cfg)
+        for block in model.blocks:
+            block.attn.all_to_all = counted
+        opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.95), weight_decay=0.01)
+        data = SyntheticVideoLatents(cfg, seed=0)
+        losses = []
+        for step in range(1, STEPS + 1):
+            batch = data.batch(step, batch_size=2)
+            loss = flow_matching_loss(model(batch.xt, batch.t, batch.text), batch.x0, batch.noise)
+            loss.backward()
+            for param in model.parameters():
+                dist.all_reduce(param.grad)
+                param.grad /= p
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+        out.append(losses)
+    return out, sorted(t for t in tags if t)
+
+
+# float32 ulps of the loss allowed per step after the first (see the test): the bound, not a fit to one run.
+ULPS_PER_STEP = 64
+
+
+def test_the_recipe_model_trains_to_the_same_losses_with_overlap(ranks):
+    """The recipe's tiny DiT (6 heads; 2 groups of 3 heads, split 2 + 1 over 2 ranks) with overlap on against off.
+
+    Calibration: repeated runs with overlap off are bit-identical (asserted: a spread of 0). The first step's loss
+    (the forward alone) is then exact. Later steps may differ in the last bits, and only there: the replicated text
+    tokens' gradient is partial per rank over the heads it attended (another partition when grouped), and the
+    RMSNorm on q and k sums it over all heads before the ranks' gradients are summed, so float32 rounds in another
+    order. Allowed: ``ULPS_PER_STEP`` float32 ulps of the loss per step after the first."""
+    off = ranks(2, _train_losses, 2, env={OVERLAP: "0"}, timeout_s=120)
+    on = ranks(2, _train_losses, 1, env={OVERLAP: "2"}, timeout_s=120)
+    (first, again), tags_off = off[0]
+    (pipelined,), tags_on = on[0]
+    assert first == again  # the calibration run: no spread at all
+    assert tags_off == ["blocks.0.attn.out", "blocks.0.attn.qkv", "blocks.1.attn.out", "blocks.1.attn.qkv"]
+    assert tags_on == sorted(f"blocks.{b}.attn.{r}.g{g}" for b in (0, 1) for r in ("qkv", "out") for g in (0, 1))
+    assert pipelined[0] == first[0]
+    for step in range(1, STEPS):
+        ulp = abs(first[step]) * 2.0 ** -23
+        assert abs(pipelined[step] - first[step]) <= ULPS_PER_STEP * step * ulp, (step, pipelined, first)

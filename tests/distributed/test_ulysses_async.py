@@ -1,0 +1,231 @@
+"""The all-to-all in flight (``async_op=True``; ``fastvideo/distributed/ulysses/async_ops.py``) over gloo ranks.
+
+Outputs and gradients (first and second order) equal the synchronous op bit for bit on every CPU route, with the
+route and plan of every call asserted; several exchanges in flight are each waited for their own result in any
+order; a transport that lands its data late shows the wait really waits (the control reads the buffer without
+waiting and sees unlanded data); ``torch.compile(fullgraph=True)`` traces a start and a separate wait node.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+import pytest
+import torch
+
+from fastvideo.distributed.ulysses.transport import GlooPlanTransport
+from tests.distributed.conftest import a2a, bit_equal, build_helper, rank_input
+
+B, S, H, D = 2, 4, 12, 3
+
+
+def _records(h, n):
+    return [(r.phase.name, r.route, r.plan.word if r.plan else 0, None if r.reason is None else r.reason.label)
+            for r in list(h.history)[-n:]]
+
+
+def _both_orders(rank, p, mode, dtype, use_helper):
+    """The sync op and the async op on the same input: outputs, first- and second-order gradients, the route of
+    each async start, and (through a helper) the call records of both."""
+    from fastvideo.distributed.ulysses import async_ops, ops
+
+    h = build_helper(window_bytes=1 << 16) if use_helper else None
+    shape = (B, S, H, D) if mode == 0 else (B, S * p, H // p, D)
+    x = rank_input(rank, shape, dtype, seed=3, requires_grad=True)
+    out_shape = (B, S * p, H // p, D) if mode == 0 else (B, S, H, D)
+    w = rank_input(rank, out_shape, dtype, seed=4, requires_grad=True)
+    v = rank_input(rank, shape, dtype, seed=5)
+    routes = []
+    real = async_ops.launch
+
+    def spy(*args, **kw):  # the route each start took, read from the pending table
+        ident, saved = real(*args, **kw)
+        routes.append(async_ops.route_of(ident))
+        return ident, saved
+
+    async_ops.launch = spy
+    results = []
+    try:
+        for asynchronous in (False, True):
+            y = (async_ops.all_to_all_async(x, mode, h).wait() if asynchronous else ops.all_to_all(x, mode, h))
+            g, = torch.autograd.grad((y * w).sum(), x, create_graph=True)
+            gg, = torch.autograd.grad((g * v).sum(), w)
+            results.append((y.detach(), g.detach(), gg))
+    finally:
+        async_ops.launch = real
+    (y0, g0, s0), (y1, g1, s1) = results
+    recs = _records(h, 6) if h is not None else None
+    if h is not None:
+        h.destroy()
+    return (bit_equal(y0, y1), bit_equal(g0, g1), bit_equal(s0, s1)), routes, recs, async_ops.in_flight()
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("mode", [0, 1])
+def test_async_equals_sync_on_the_nccl_route(ranks, world_size, mode):
+    """``off``: the async start runs gloo's ``all_to_all_single(async_op=True)`` (route ``nccl-async``) for the
+    forward, the backward and the double backward; every result equals the synchronous op's bit for bit."""
+    for exact, routes, _, left in ranks(world_size, _both_orders, mode, torch.float32, False):
+        assert exact == (True, True, True)
+        assert routes == ["nccl-async"] * 3 and left == 0  # forward, backward, double backward; none left
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_async_equals_sync_on_the_fused_route_with_the_same_plans(ranks, world_size):
+    """Through a helper on the CPU plan transport: the async forward, backward and double backward run fused,
+    with the very plans and phases the synchronous calls ran (the call records of both are the same)."""
+    for exact, routes, recs, left in ranks(world_size, _both_orders, 0, torch.float32, True):
+        assert exact == (True, True, True) and left == 0
+        assert routes == ["fused"] * 3
+        assert recs[:3] == recs[3:] and [r[1] for r in recs] == ["fused"] * 6
+        assert [r[0] for r in recs[:3]] == ["FORWARD_GRAD", "BACKWARD", "BACKWARD"]
+
+
+def test_async_declines_like_sync_and_runs_the_nccl_route_in_flight(ranks):
+    """float64, which the fused transport does not move: the async calls decline ``dtype`` exactly as the
+    synchronous ones (the same records) and the declined exchange runs on the NCCL route in flight."""
+    for exact, routes, recs, _ in ranks(2, _both_orders, 0, torch.float64, True):
+        assert exact == (True, True, True)
+        assert routes == ["nccl-async"] * 3
+        assert recs[:3] == recs[3:] and all(r[1:] == ("nccl", 0, "dtype") for r in recs)
+
+
+def _many_in_flight(rank, p, order):
+    from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a_public
+    from fastvideo.distributed.ulysses import async_ops
+
+    xs = [rank_input(rank, (B, S, H, D), seed=10 + i) for i in range(4)]
+    handles = [a2a_public(x, 2, 1, async_op=True) for x in xs]
+    peak = async_ops.in_flight()
+    outs = {i: handles[i].wait() for i in order}
+    expected = [a2a_public(x, 2, 1) for x in xs]
+    try:
+        handles[order[0]].wait()
+        again = "no error"
+    except RuntimeError as exc:
+        again = str(exc)
+    return [bit_equal(outs[i], expected[i]) for i in range(4)], peak, async_ops.in_flight(), again
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("order", [(0, 1, 2, 3), (3, 1, 0, 2)])
+def test_exchanges_in_flight_each_give_their_own_result_in_any_wait_order(ranks, world_size, order):
+    """Four exchanges started back to back are all in flight at once; waited in issue order or shuffled, each
+    returns its own input's exchange; a second wait raises."""
+    for exact, peak, left, again in ranks(world_size, _many_in_flight, order):
+        assert exact == [True] * 4 and peak == 4 and left == 0
+        assert "not in flight" in again
+
+
+class _Landing:
+    """A completion marker that completes when the background copy has landed."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+    def query(self) -> bool:
+        return self.done.is_set()
+
+
+class DelayedTransport(GlooPlanTransport):
+    """The CPU plan transport with late data: ``execute`` returns a NaN-filled output at once and a thread writes
+    the real exchange into it after ``delay_s`` (as a device copy lands after the launch returns)."""
+
+    name = "gloo-plan"  # the same capability as every peer's
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+        self._marker: _Landing | None = None
+
+    def execute(self, x, geom, plan, **kw):
+        result = super().execute(x, geom, plan, **kw)
+        out = torch.full_like(result, float("nan"))
+        marker = self._marker = _Landing()
+
+        def land() -> None:
+            time.sleep(self.delay_s)
+            out.copy_(result)
+            marker.done.set()
+
+        threading.Thread(target=land, daemon=True).start()
+        return out
+
+    def completion_marker(self):
+        return self._marker
+
+
+def _delayed(rank, p, wait):
+    from fastvideo.distributed.ulysses import async_ops
+
+    h = build_helper(transport=DelayedTransport(0.3))
+    x = rank_input(rank, (B, S, H, D), seed=20)
+    handle = async_ops.all_to_all_async(x, 0, h)
+    if wait:
+        out = handle.wait()
+    else:  # the negative control: the consumer reads the output buffer without waiting
+        out = async_ops._PENDING[handle._ident].out.clone()
+        handle.wait()
+    expected = a2a(h, x, 0)
+    time.sleep(0.4)  # the synchronous call's own late landing
+    result = bit_equal(out, expected), _records(h, 1)[0][1]
+    h.destroy()
+    return result
+
+
+def test_a_consumer_really_waits_for_late_data(ranks):
+    """The transport lands its data 0.3 s after returning: the waited output is the exchange, bit for bit; the
+    control, which reads the buffer without the wait, sees unlanded data (so the check can fail)."""
+    for exact, route in ranks(2, _delayed, True):
+        assert exact and route == "fused"
+    for exact, route in ranks(2, _delayed, False):
+        assert not exact and route == "fused"
+
+
+def _compiled(rank, p, backend="aot_eager"):
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a_public
+
+    x = rank_input(rank, (B, S, H, D), seed=30, requires_grad=True)
+    w = rank_input(rank, (B, S * p, H // p, D), seed=31)
+
+    def f(x, w):
+        handle = a2a_public(x * 2, 2, 1, async_op=True)
+        z = torch.sin(w)  # compute between the start and the wait
+        return (handle.wait() * z).sum()
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend(backend)
+    loss = torch.compile(f, backend=counter, fullgraph=True)(x, w)
+    g, = torch.autograd.grad(loss, x)
+    loss_ref = f(x, w)
+    g_ref, = torch.autograd.grad(loss_ref, x)
+    nodes = [str(n.target) for n in counter.graphs[0].graph.nodes if n.op == "call_function"]
+    start = nodes.index("fastvideo.ulysses_all_to_all_4d_start")
+    wait = nodes.index("fastvideo.ulysses_all_to_all_4d_wait")
+    between = [n for n in nodes[start + 1:wait] if "sin" in n]
+    if backend != "aot_eager":  # inductor fuses the surrounding math: equal within float32 rounding
+        return (torch.allclose(loss, loss_ref, rtol=1e-5), torch.allclose(g, g_ref, rtol=1e-5, atol=1e-6),
+                counter.frame_count, wait > start, between)
+    return bit_equal(loss.reshape(1), loss_ref.reshape(1)), bit_equal(g, g_ref), counter.frame_count, wait > start, \
+        between
+
+
+def test_compile_fullgraph_traces_a_start_and_a_separate_wait(ranks):
+    """``torch.compile(fullgraph=True, backend="aot_eager")``: one frame, the start and the wait two nodes with the
+    compute between them; forward and gradient equal eager bit for bit."""
+    for exact_y, exact_g, frames, ordered, between in ranks(2, _compiled, timeout_s=180):
+        assert exact_y and exact_g and frames == 1 and ordered
+        assert between  # torch.sin sits between the two nodes in the traced graph
+
+
+@pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "clang++", "c++")),
+                    reason="inductor on CPU needs a C++ compiler")
+def test_compile_fullgraph_with_inductor_on_cpu(ranks):
+    """The same function through inductor (C++ on CPU): one frame, the two nodes, forward and gradient equal to
+    eager within float32 rounding (inductor fuses the sin and the products around the exchange)."""
+    for close_y, close_g, frames, ordered, between in ranks(2, _compiled, "inductor", timeout_s=300):
+        assert close_y and close_g and frames == 1 and ordered and between
