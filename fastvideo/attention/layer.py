@@ -139,6 +139,20 @@ class DistributedAttention(_Attention):
         self.attend = attend
         self.overlap_chunks = _overlap.check_chunks(num_heads, overlap_chunks)
 
+    def attend_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Attention on this rank's heads ``[B, S, h, D]`` (``attend`` where given, else ``_attend``). Local.
+
+        A rank may hold no head of a call (fewer heads than SP ranks, or a pipelined head group smaller than the
+        SP size): its empty output is built here without a kernel, since older torch's CPU SDPA kernel divides by
+        the head count (the process dies of SIGFPE). It stays differentiable in q, k and v, so every rank's
+        backward issues the same exchanges."""
+        if q.shape[2] == 0:
+            out = q.new_zeros((*q.shape[:3], v.shape[-1]))
+            if q.requires_grad or k.requires_grad or v.requires_grad:  # sums over no element: no kernel divides
+                out = out + (q.sum() + k.sum() + v.sum()) * 0
+            return out
+        return self._attend(q, k, v) if self.attend is None else self.attend(q, k, v)
+
     def forward(
         self,
         q: torch.Tensor,
@@ -200,7 +214,7 @@ class DistributedAttention(_Attention):
             mine = torch.cat([replicated_q, replicated_k, replicated_v], dim=0)[:, :, first:first + heads[rank]]
             qkv = torch.cat([qkv, mine], dim=1)
         q_, k_, v_ = qkv.chunk(3, dim=0)
-        out = self._attend(q_, k_, v_) if self.attend is None else self.attend(q_, k_, v_)  # [B, S0 (+ T), H/P, D]
+        out = self.attend_heads(q_, k_, v_)  # [B, S0 (+ T), H/P, D]
         replicated_out = None
         if replicated:
             replicated_out = sequence_model_parallel_all_gather(out[:, seq:].contiguous(), dim=2,

@@ -249,7 +249,7 @@ def forward(layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, original_s
                 mine = first[g] + sum(heads[g][:rank])
                 qkv = torch.cat([qkv, rep[:, :, mine:mine + heads[g][rank]]], dim=1)
             q_, k_, v_ = qkv.chunk(3, dim=0)
-            out = layer._attend(q_, k_, v_) if layer.attend is None else layer.attend(q_, k_, v_)
+            out = layer.attend_heads(q_, k_, v_)  # a group may give this rank no head
             if replicated:
                 rep_outs[g] = out[:, seq:]
                 out = out[:, :seq]
