@@ -1,3 +1,69 @@
-"""FastVideo: sequence-parallel (Ulysses) building blocks for video diffusion transformers."""
+"""FastVideo: this tree is its sequence-parallel (Ulysses) subsystem, importable alone or copied over upstream
+FastVideo 0.2.1 (``docs/fastvideo_migration.md``).
 
-__version__ = "0.1.0"
+Alone, ``import fastvideo`` imports nothing else (no side effects, no torch), and upstream's top-level names
+(``VideoGenerator``, ``PipelineConfig``, ``SamplingParam``) raise an ImportError on first use saying they need
+upstream FastVideo. In the overlay (upstream's ``fastvideo.configs`` present) it imports them eagerly, in upstream's
+order, as upstream's ``__init__`` does: upstream's modules depend on that order to break an import cycle.
+``__version__`` is upstream's release where upstream's ``fastvideo/version.py`` is present (the overlay is
+upstream FastVideo 0.2.1 with this subsystem in it, and upstream's CLI reads that file), else this package's own
+version, ``ULYSSES_PACKAGE_VERSION``. Upstream's subpackages (``fastvideo.configs``, ...) also resolve as
+attributes, as upstream's eager imports made them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any
+
+# This package's own version (pyproject.toml's), whether alone or in the overlay.
+ULYSSES_PACKAGE_VERSION = "0.1.0"
+
+# Upstream's eager exports: name -> the upstream module that defines it.
+_UPSTREAM_EXPORTS = {
+    "PipelineConfig": "fastvideo.configs.pipelines",
+    "SamplingParam": "fastvideo.api.sampling_param",
+    "VideoGenerator": "fastvideo.entrypoints.video_generator",
+}
+
+__all__ = ["PipelineConfig", "SamplingParam", "VideoGenerator", "__version__"]
+
+# In the overlay, upstream's modules rely on its package importing these eagerly, in this order: importing
+# ``fastvideo.configs.pipelines`` first is what keeps upstream's pipelines -> fastvideo_args -> configs cycle from
+# seeing a partly initialised module. So where upstream is present its eager imports run as upstream's __init__
+# runs them; this tree alone has no ``fastvideo.configs`` and imports nothing.
+if importlib.util.find_spec(f"{__name__}.configs") is not None:
+    for _name, _module in _UPSTREAM_EXPORTS.items():
+        globals()[_name] = getattr(importlib.import_module(_module), _name)
+
+
+def _present(module: str) -> bool:
+    """Whether ``module`` can be found (its parents imported, not the module itself)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        value = (importlib.import_module("fastvideo.version").__version__ if _present("fastvideo.version")
+                 else ULYSSES_PACKAGE_VERSION)
+    elif name in _UPSTREAM_EXPORTS:
+        module = _UPSTREAM_EXPORTS[name]
+        if not _present(module):
+            raise ImportError(f"fastvideo.{name} is upstream FastVideo's ({module}), which is not installed here: "
+                              "this tree alone is FastVideo's sequence-parallel subsystem. Copy it over an unpacked "
+                              "fastvideo==0.2.1 (docs/fastvideo_migration.md) to use it.", name=module)
+        value = getattr(importlib.import_module(module), name)
+    elif not name.startswith("_") and _present(f"{__name__}.{name}"):
+        return importlib.import_module(f"{__name__}.{name}")  # binds itself as an attribute of this package
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # resolved once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

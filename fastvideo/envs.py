@@ -1,14 +1,20 @@
-"""Typed registry of FastVideo's environment variables.
+"""FastVideo's environment variables: upstream FastVideo 0.2.1's registry, and this package's typed settings.
 
-Values are read from ``os.environ`` every time they are asked for (never frozen at import). The settings that
-decide collectives are then agreed across the SP group at set points (``fastvideo/distributed/settings.py``),
-never re-read per call. ``docs/env_vars.md`` lists the same
-variables; ``tests/test_envs.py`` fails when the two drift apart.
+Two kinds of variable, one module (it replaces upstream's ``fastvideo/envs.py`` in the overlay):
 
-Choices are case- and whitespace-insensitive (``" AUTO "`` reads as ``auto``); anything else outside
-the choices is a ValueError naming the variable, the value and the choices. Variables marked
-``agreed`` must be identical on every rank of an SP group: ``fastvideo/distributed/settings.py``
-validates every variable and agrees those across the group, raising on every rank on a mismatch.
+* **Upstream's** (``FASTVIDEO_ATTENTION_BACKEND``, ``FASTVIDEO_CONFIGURE_LOGGING``, ``LOCAL_RANK``, ...; their table
+  is ``fastvideo/upstream_envs.py``): the same names, defaults and parsing as upstream's, read at each access
+  (``envs.NAME``, ``environment_variables[NAME]()``), so no other module can tell the difference. Parsing is
+  upstream's, errors included (``int("x")``'s ValueError); they are not validated ahead nor agreed across ranks,
+  as upstream's are not.
+* **This package's** (``EnvVar``, ``registry()``): typed, validated with an error that names the variable, the value
+  and the choices, and the ``agreed`` ones agreed across the SP group at set points
+  (``fastvideo/distributed/settings.py``), never re-read per call. ``docs/env_vars.md`` lists both kinds;
+  ``tests/test_envs.py`` fails when they drift apart.
+
+``FASTVIDEO_ULYSSES_A2A`` is both: upstream's name and default, this package's parsing (``" AUTO "`` reads as
+``auto`` as upstream's does; a value other than ``off``/``auto`` raises where upstream's passes it through and
+its readers treat it as ``off``; an empty value is ``off``).
 
     >>> from fastvideo import envs
     >>> envs.get("FASTVIDEO_ULYSSES_A2A")
@@ -19,22 +25,88 @@ validates every variable and agrees those across the group, raising on every ran
     >>> envs.FASTVIDEO_ULYSSES_A2A      # upstream FastVideo's spelling: the same parsed value, read now
     'off'
 
-Assigning one (``envs.FASTVIDEO_ULYSSES_A2A = "auto"``) raises: upstream FastVideo reads the environment
-on every use, so an assignment there is silently ignored by most readers; here the settings are validated
-and agreed across the SP group when it is initialised, and an assignment cannot reach that agreement. The
-error says how to change a setting (``ASSIGNMENT_HELP``).
+Assigning one of this package's variables (``envs.FASTVIDEO_ULYSSES_A2A = "auto"``) raises: upstream FastVideo
+reads the environment on every use, so an assignment there is silently ignored by most readers; here the
+settings are validated and agreed across the SP group when it is initialised, and an assignment cannot reach
+that agreement. The error says how to change a setting (``ASSIGNMENT_HELP``). Upstream's other variables
+assign as upstream's do (the stored attribute then answers ``envs.NAME``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+# Upstream's variables, and its helpers of the same names (its envs.py defines them; code may import them here).
+from fastvideo.upstream_envs import VARIABLES as _UPSTREAM
+from fastvideo.upstream_envs import get_default_cache_root, get_default_config_root, maybe_convert_int  # noqa: F401
+
+if TYPE_CHECKING:  # what ``envs.NAME`` returns, for type checkers (the module answers them at run time)
+    FASTVIDEO_TARGET_DEVICE: str
+    MAX_JOBS: str | None
+    NVCC_THREADS: str | None
+    FASTVIDEO_USE_PRECOMPILED: bool
+    CMAKE_BUILD_TYPE: str | None
+    VERBOSE: bool
+    FASTVIDEO_CONFIG_ROOT: str
+    FASTVIDEO_CACHE_ROOT: str
+    FASTVIDEO_HOST_IP: str
+    FASTVIDEO_LOOPBACK_IP: str
+    FASTVIDEO_RAY_PER_WORKER_GPUS: float
+    FASTVIDEO_RINGBUFFER_WARNING_INTERVAL: int
+    FASTVIDEO_NCCL_SO_PATH: str | None
+    LD_LIBRARY_PATH: str | None
+    FASTVIDEO_TEST_DYNAMO_FULLGRAPH_CAPTURE: bool
+    LOCAL_RANK: int
+    CUDA_VISIBLE_DEVICES: str | None
+    FASTVIDEO_ENGINE_ITERATION_TIMEOUT_S: int
+    FASTVIDEO_CONFIGURE_LOGGING: int
+    FASTVIDEO_LOGGING_CONFIG_PATH: str | None
+    FASTVIDEO_LOGGING_LEVEL: str
+    FASTVIDEO_LOGGING_PREFIX: str
+    FASTVIDEO_TRACE_FUNCTION: int
+    FASTVIDEO_ATTENTION_BACKEND: str | None
+    FASTVIDEO_FA4: bool
+    FASTVIDEO_MINIMAX_H3_FA4_PACKED_VARLEN: bool
+    FASTVIDEO_INFERENCE_TORCH_COMPILE: bool
+    FASTVIDEO_VAE_PARALLEL_DECODE: bool
+    FASTVIDEO_VAE_PARALLEL_ENCODE: bool
+    FASTVIDEO_VAE_PARALLEL_DECODE_STRATEGY: str | None
+    FASTVIDEO_MINIMAX_H3_FUSIONS: str
+    FASTVIDEO_ULYSSES_A2A: str
+    FASTVIDEO_WORKER_MULTIPROC_METHOD: str
+    FASTVIDEO_NVTX_PROFILE: bool
+    FASTVIDEO_TORCH_PROFILER_DIR: str | None
+    FASTVIDEO_TORCH_PROFILER_RECORD_SHAPES: bool
+    FASTVIDEO_TORCH_PROFILER_WITH_PROFILE_MEMORY: bool
+    FASTVIDEO_TORCH_PROFILER_WITH_STACK: bool
+    FASTVIDEO_TORCH_PROFILER_WITH_FLOPS: bool
+    FASTVIDEO_TORCH_PROFILE_REGIONS: str
+    FASTVIDEO_TRACE_ACTIVATIONS: bool
+    FASTVIDEO_TRACE_LAYERS: str
+    FASTVIDEO_TRACE_STATS: str
+    FASTVIDEO_TRACE_OUTPUT: str
+    FASTVIDEO_TRACE_STEPS: str
+    FASTVIDEO_SERVER_DEV_MODE: bool
+    FASTVIDEO_STAGE_LOGGING: bool
+    FASTVIDEO_CFG_GATE_STEP: float
+    FASTVIDEO_ULYSSES_A2A_LONG_TRAINING: str
+    FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES: int
+    FASTVIDEO_ULYSSES_A2A_CHECKED: str
+    FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S: float
+    FASTVIDEO_ULYSSES_A2A_WATCHDOG_TIMEOUT_S: float
+    FASTVIDEO_ULYSSES_A2A_VOTED_LAUNCH: str
+    FASTVIDEO_ULYSSES_A2A_HOT_PATH: str
+    FASTVIDEO_KERNEL_LIBRARY: str
+
+
+# ------------------------------------------------------------------------------------ this package's typed settings
 
 @dataclass(frozen=True)
 class EnvVar:
@@ -93,8 +165,9 @@ _register(
         "FASTVIDEO_ULYSSES_A2A",
         "choice",
         "off",
-        "Ulysses all-to-all transport: `off` always takes the NCCL route (no vote); `auto` votes on every "
-        "call and takes the fused NCCL-device-API route where every rank agrees it can.",
+        "Ulysses all-to-all transport: `off` always takes the NCCL route (no vote unless checked mode is on); "
+        "`auto` votes on every call, on every route (FASTVIDEO_ULYSSES_A2A_CHECKED=0: the fused route's calls "
+        "only), and takes the fused NCCL-device-API route where every rank agrees it can.",
         choices=("off", "auto"),
         agreed=True,
     )
@@ -126,10 +199,12 @@ _register(
         "choice",
         "auto",
         "Checked mode: every call of the Ulysses all-to-all votes its 12-field contract whatever the route "
-        "(`off`, a helper that declined at construction, fused, compiled), so ranks that pass different shapes, "
-        "dtypes, modes, split tables or grad flags all raise instead of hanging or returning wrong data, and so "
-        "does a rank that skips or repeats a tagged call (`tag=`; an untagged skip is not seen); one vote per call. "
-        "`1` on, `0` off, `auto` on when torch's distributed debug level is DETAIL (TORCH_DISTRIBUTED_DEBUG=DETAIL).",
+        "(`off`, a helper that declined at construction or a call that declined, fused, compiled), so ranks that "
+        "pass different shapes, dtypes, modes, split tables or grad flags all raise instead of hanging or returning "
+        "wrong data, and so does a rank that skips or repeats a tagged call (`tag=`; an untagged skip is not seen) "
+        "or whose call fails before the exchange (invalid input on one rank); one vote per call. `1` on, `0` off "
+        "(under `auto` only the fused route's own vote remains), `auto` on under FASTVIDEO_ULYSSES_A2A=auto and, "
+        "under `off`, on when torch's distributed debug level is DETAIL (TORCH_DISTRIBUTED_DEBUG=DETAIL).",
         choices=("auto", "0", "1"),
         agreed=True,
     )
@@ -204,8 +279,45 @@ _register(
 )
 
 
+# ------------------------------------------------------------------------------------------- upstream's variables
+
+
+def _typed(name: str) -> Any:
+    """One of this package's variables, parsed and validated (``get``)."""
+    return get(name)
+
+
+# name -> reader of its value now: upstream's meaning (what Ray copies to its workers), upstream's variables in
+# upstream's order, then this package's. Readers added here are answered by ``envs.NAME`` too, as upstream's.
+environment_variables: dict[str, Callable[[], Any]] = {
+    **{name: functools.partial(read or _typed, name) for name, read, _ in _UPSTREAM},
+    **{name: functools.partial(_typed, name) for name in _REGISTRY if name not in {n for n, _, _ in _UPSTREAM}},
+}
+
+
+def upstream_names() -> tuple[str, ...]:
+    """Upstream FastVideo 0.2.1's variable names, in its order (``FASTVIDEO_ULYSSES_A2A`` among them)."""
+    return tuple(name for name, _, _ in _UPSTREAM)
+
+
+def describe(name: str) -> str:
+    """The one-line description of any FastVideo variable (upstream's or this package's)."""
+    if name in _REGISTRY:
+        return _REGISTRY[name].doc
+    for upstream_name, _, doc in _UPSTREAM:
+        if upstream_name == name:
+            return doc
+    raise KeyError(_unknown(name))
+
+
+def _unknown(name: str) -> str:
+    return (f"{name} is not a FastVideo environment variable; known: this package's {', '.join(_REGISTRY)}, and "
+            "upstream FastVideo's (envs.environment_variables)")
+
+
+
 def registry() -> dict[str, EnvVar]:
-    """All registered variables, by name."""
+    """This package's typed variables, by name (upstream's are ``environment_variables``)."""
     return dict(_REGISTRY)
 
 
@@ -226,10 +338,11 @@ def snapshot(names: tuple[str, ...]) -> tuple[object, ...]:
 
 
 def read_all() -> tuple[dict[str, Any], list[str]]:
-    """Every registered variable parsed now: ``(values, errors)``. Never raises.
+    """Every one of this package's typed variables parsed now: ``(values, errors)``. Never raises.
 
     An invalid value is left out of ``values`` and its error (naming the variable, the value and the
     choices) is in ``errors``, so callers can exchange errors across ranks before raising together.
+    Upstream's variables are not read: upstream parses them where they are used, and so does this module.
     """
     values: dict[str, Any] = {}
     errors: list[str] = []
@@ -242,7 +355,7 @@ def read_all() -> tuple[dict[str, Any], list[str]]:
 
 
 def validate_all() -> dict[str, Any]:
-    """Parse every registered variable; one ValueError listing every invalid value, else the values."""
+    """Parse every typed variable; one ValueError listing every invalid value, else the values."""
     values, errors = read_all()
     if errors:
         raise ValueError("Invalid FastVideo environment: " + " ".join(errors))
@@ -250,20 +363,23 @@ def validate_all() -> dict[str, Any]:
 
 
 def get(name: str) -> Any:
-    """Current parsed value of ``name`` (read from the environment now)."""
-    try:
-        var = _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"{name} is not a FastVideo environment variable; known: {', '.join(_REGISTRY)}") from None
-    return var.parse(os.environ.get(name))
+    """Current value of ``name`` (read from the environment now): parsed and validated for this package's
+    variables, parsed as upstream parses it for upstream's."""
+    var = _REGISTRY.get(name)
+    if var is not None:
+        return var.parse(os.environ.get(name))
+    reader = environment_variables.get(name)
+    if reader is None:
+        raise KeyError(_unknown(name))
+    return reader()
 
 
 @contextlib.contextmanager
 def override(**values: str | None) -> Iterator[None]:
     """Temporarily set (or with ``None`` unset) variables; restores the previous environment on exit."""
     for name in values:
-        if name not in _REGISTRY:
-            raise KeyError(f"{name} is not a FastVideo environment variable; known: {', '.join(_REGISTRY)}")
+        if name not in _REGISTRY and name not in environment_variables:
+            raise KeyError(_unknown(name))
     saved = {name: os.environ.get(name) for name in values}
     try:
         for name, value in values.items():
@@ -282,9 +398,6 @@ def override(**values: str | None) -> Iterator[None]:
 
 # ---------------------------------------------------------------------------------------- module attributes
 
-# Read as upstream FastVideo reads it (``envs.LOCAL_RANK``): torchrun's variable, not a FastVideo setting.
-_PROCESS_VARS: dict[str, Callable[[], Any]] = {"LOCAL_RANK": lambda: int(os.environ.get("LOCAL_RANK", "0"))}
-
 ASSIGNMENT_HELP = (
     "Set {name} in the environment before the SP groups are initialised (initialize_sequence_parallel, or "
     "maybe_init_distributed_environment_and_model_parallel), where every rank's value is validated and agreed; "
@@ -294,31 +407,30 @@ ASSIGNMENT_HELP = (
 
 
 class _EnvsModule(types.ModuleType):
-    """This module, with upstream FastVideo's attribute access: ``envs.NAME`` is ``get(NAME)``, read now;
-    assigning or deleting a registered name raises (see the module docstring)."""
+    """This module, with upstream FastVideo's attribute access: ``envs.NAME`` is ``environment_variables[NAME]()``,
+    read now; assigning or deleting one of this package's variables raises (see the module docstring)."""
 
     def __getattr__(self, name: str) -> Any:  # only for names the module itself does not define
-        if name in _REGISTRY:
-            return get(name)
-        if name in _PROCESS_VARS:
-            return _PROCESS_VARS[name]()
+        reader = environment_variables.get(name)
+        if reader is not None:
+            return reader()
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}; the FastVideo environment variables "
-                             f"are {', '.join(_REGISTRY)} (and {', '.join(_PROCESS_VARS)})")
+                             f"are this package's {', '.join(_REGISTRY)} and upstream's {', '.join(upstream_names())}")
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _REGISTRY or name in _PROCESS_VARS:
+        if name in _REGISTRY:
             raise AttributeError(f"envs.{name} cannot be assigned: it is read from the environment, and assigning "
                                  "the attribute would change nothing the SP group agreed on. "
                                  + ASSIGNMENT_HELP.format(name=name))
         super().__setattr__(name, value)
 
     def __delattr__(self, name: str) -> None:
-        if name in _REGISTRY or name in _PROCESS_VARS:
+        if name in _REGISTRY:
             raise AttributeError(f"envs.{name} cannot be deleted. " + ASSIGNMENT_HELP.format(name=name))
         super().__delattr__(name)
 
     def __dir__(self) -> list[str]:
-        return sorted({*super().__dir__(), *_REGISTRY, *_PROCESS_VARS})
+        return sorted({*super().__dir__(), *environment_variables})
 
 
 sys.modules[__name__].__class__ = _EnvsModule

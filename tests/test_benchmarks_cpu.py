@@ -87,6 +87,7 @@ CASES = [  # (case, ranks, extra argv)
     ("vote_cost", 2, []),
     ("lineup_skew", 2, []),
     ("public_op_overhead", 2, []),
+    ("route_vote", 2, ["--vote", "gloo", "--alternations", "2"]),
     ("copy_engine", 1, []),
     ("overlap", 2, ["--groups", "1,2,3", "--routes", "off,auto"]),
     ("dit_step", 2, ["--hidden", "32", "--heads", "2", "--blocks", "1", "--tokens", "64"]),
@@ -162,7 +163,8 @@ def test_a2a_rows_routes_rotation_and_floor(tmp_path: Path) -> None:
     doc = _document(out)
     rows = doc["rows"]
     assert [(r["mode"], r["route"]) for r in rows] == [(m, r) for m in (0, 1) for r in
-                                                       ("nccl", "fused", "fast-ulysses", "fast-ulysses-out")]
+                                                       ("nccl", "fused", "fast-ulysses", "fast-ulysses-out",
+                                                        "upstream-0.2.1")]
     for row in (r for r in rows if r["route"] in ("nccl", "fused")):
         for field in ("median_ms", "p10_ms", "p90_ms", "min_ms", "max_ms", "vote_us", "transfer_ms", "gbps",
                       "floor_fraction", "floor_ms", "aligned_median_ms", "entry_skew_us", "route_ran", "plan"):
@@ -178,6 +180,10 @@ def test_a2a_rows_routes_rotation_and_floor(tmp_path: Path) -> None:
     peer = [r for r in rows if r["route"].startswith("fast-ulysses")]
     assert peer and all("not installed" in r["skipped"] and r["wrong"] is None for r in peer)
     assert "not installed" in doc["header"]["peer"]["skipped"]
+    # Upstream 0.2.1's fused route is not built here either: skipped, naming how to build it.
+    upstream = [r for r in rows if r["route"] == "upstream-0.2.1"]
+    assert upstream and all("FASTVIDEO_UPSTREAM_PEER unset" in r["skipped"] for r in upstream)
+    assert "FASTVIDEO_UPSTREAM_PEER unset" in doc["header"]["upstream_peer"]["skipped"]
     # No floor candidate runs on CPU (the peer copy needs GPUs, the pushes the native transport): said so.
     floor = next(iter(doc["floor"].values()))
     assert floor["floor_ms"] is None and set(floor["refs"]) == {"p2p", "ce", "sm", "nccl"}

@@ -168,10 +168,11 @@ def test_validation_lives_in_one_place():
 
 
 # Functions that take split tables without validating them: validate_input itself, what runs after it (the op on
-# validated input, its converter, the geometry, the op's fake impl for a FakeTensor), and model blocks that hand
-# them to layers that validate them.
+# validated input, its converter, the geometry, the op's fake impl for a FakeTensor), and model blocks and layers that
+# hand them to a step that validates them (DistributedAttention.forward: its _layout, before any collective).
 _TABLES_UNVALIDATED = {f"{U}.layout.validate_input", f"{U}.ops._splits", f"{U}.ops.all_to_all",
                        f"{U}.policy.Geometry.from_input", f"{U}.ops._op_fake",
+                       "fastvideo.attention.layer.DistributedAttention.forward",
                        "fastvideo.sp_recipes.attention_block.SPSelfAttention.forward",
                        "fastvideo.sp_recipes.video_dit.VideoDiTBlock.forward",
                        "fastvideo.sp_recipes.video_dit.VideoDiTBlock._forward",

@@ -7,7 +7,9 @@ after ``--warmup`` calls, all from the same line-up with the same host-to-comple
 * ``nccl``: the public op under ``FASTVIDEO_ULYSSES_A2A=off`` (permute + all_to_all_single + permute; the oracle);
 * ``fused``: the public op under ``auto``: the vote on every call, the fused route with the policy's plan where
   every rank agrees (on CPU the helper runs on ``GlooPlanTransport``: the whole pipeline over gloo);
-* ``fast-ulysses``, ``fast-ulysses-out``: the peer library (``benchmarks.cases.peer``), where installed.
+* ``fast-ulysses``, ``fast-ulysses-out``: the peer library (``benchmarks.cases.peer``), where installed;
+* ``upstream-0.2.1``: upstream FastVideo 0.2.1's own fused route on its ``fastvideo-kernel`` 0.3.5 extension
+  (``benchmarks.cases.upstream_peer``), where built (``FASTVIDEO_UPSTREAM_PEER``).
 
 Per row: median / p10 / p90 / min / max of the slowest rank's time per iteration, the same iterations from the
 last rank's entry (``aligned_*``) and the entry skew; what ran (the helper's history: route, plan, declines);
@@ -33,14 +35,14 @@ from typing import ClassVar
 import torch
 import torch.distributed as dist
 
-from benchmarks.cases import floor, peer
+from benchmarks.cases import floor, peer, upstream_peer
 from benchmarks.harness import oracle, process, product, report, stats, timing
 from benchmarks.harness.case import Case, Context
 from benchmarks.harness.cli import DTYPES, MODE_DIMS, divisible, input_shape, parse_modes
 from benchmarks.harness.timing import Samples
 
-ROUTES = ("nccl", "fused", *peer.ROUTES)
-ALIASES = {"off": "nccl", "auto": "fused", "peer": ",".join(peer.ROUTES)}
+ROUTES = ("nccl", "fused", *peer.ROUTES, *upstream_peer.ROUTES)
+ALIASES = {"off": "nccl", "auto": "fused", "peer": ",".join(peer.ROUTES), "upstream": ",".join(upstream_peer.ROUTES)}
 ORACLE = "nccl_route on the same input (bitwise), summed over ranks"
 
 
@@ -50,7 +52,7 @@ def parse_routes(text: str) -> list[str]:
         item = ALIASES.get(item.strip(), item.strip())
         for r in item.split(","):
             if r not in ROUTES:
-                raise SystemExit(f"--routes: {r!r} is not one of {', '.join(ROUTES)} (or off, auto, peer)")
+                raise SystemExit(f"--routes: {r!r} is not one of {', '.join(ROUTES)} (or off, auto, peer, upstream)")
             if r not in routes:
                 routes.append(r)
     return routes
@@ -196,18 +198,25 @@ class A2ACase(Case):
             the_peer, peer_why = peer.Peer.open()
             if the_peer is None:
                 ctx.note(f"fast-ulysses rows skipped: {peer_why}")
+        upstream, upstream_why, upstream_info = None, "", None
+        if set(upstream_peer.ROUTES) & set(routes):
+            upstream, upstream_why, upstream_info = upstream_peer.UpstreamPeer.open(ctx.device)
+            if upstream is None:
+                ctx.note(f"upstream-0.2.1 rows skipped: {upstream_why}")
         geometries = ctx.geometries()
-        runnable = [r for r in routes if self._route_why(r, ctx, helper, the_peer, peer_why) is None]
+        state = {"helper": helper, "peer": the_peer, "peer_why": peer_why, "upstream": upstream,
+                 "upstream_why": upstream_why}
+        runnable = [r for r in routes if self._route_why(r, ctx, state) is None]
         ctx.progress.total = len(geometries) * len(modes) * args.repeat * max(len(runnable), 1)
         ctx.header.update(
             routes=routes, modes=modes, floor_candidates=list(candidates),
             tuned_from={"path": args.tuned_from, "rows": [repr(r) for r in tuned_from]} if tuned_from else None,
             helper=helper.stats() if helper is not None else None, helper_note=helper_note,
             peer=the_peer.info() if the_peer is not None else {"skipped": peer_why} if peer_why else None,
+            upstream_peer={**(upstream_info or {}), **({"skipped": upstream_why} if upstream_why else {})} or None,
             floor_definition="the fastest of " + ", ".join(candidates) + " moving operand/P bytes to every peer, "
                              "every direction at once, measured in this run (benchmarks/cases/floor.py)")
-        state = {"helper": helper, "peer": the_peer, "peer_why": peer_why, "floors": {}, "barrier": {},
-                 "saved": {}, "candidates": candidates}
+        state.update(floors={}, barrier={}, saved={}, candidates=candidates)
         try:
             for name, shape in geometries:
                 for mode in modes:
@@ -218,6 +227,8 @@ class A2ACase(Case):
         finally:
             if the_peer is not None:
                 the_peer.close()
+            if upstream is not None:
+                upstream.close()
         ctx.extra["floor"] = {str(k): v for k, v in state["floors"].items()}
         if args.save_outputs:
             save_outputs(args.save_outputs, ctx.rank, state["saved"])
@@ -229,12 +240,14 @@ class A2ACase(Case):
                     ctx.fail(f"--require-fused: {r['geometry']} mode {r['mode']} ran {r.get('route_ran')} "
                              f"(declines {r.get('declines')}) {r.get('skipped') or r.get('note') or ''}".rstrip())
 
-    def _route_why(self, route: str, ctx: Context, helper, the_peer, peer_why: str) -> str | None:
+    def _route_why(self, route: str, ctx: Context, state: dict) -> str | None:
         """Why ``route`` cannot run in this run (None: it can)."""
-        if route == "fused" and ctx.world > 1 and helper is None:
+        if route == "fused" and ctx.world > 1 and state["helper"] is None:
             return "no helper (construction failed)"
-        if route in peer.ROUTES and the_peer is None:
-            return f"fast-ulysses: {peer_why}"
+        if route in peer.ROUTES and state["peer"] is None:
+            return f"fast-ulysses: {state['peer_why']}"
+        if route in upstream_peer.ROUTES and state["upstream"] is None:
+            return f"upstream 0.2.1: {state['upstream_why']}"
         return None
 
     def cell(self, ctx: Context, state: dict, routes: list[str], name: str, shape: tuple, mode: int) -> None:
@@ -263,7 +276,7 @@ class A2ACase(Case):
         contenders = []
         for route in routes:
             c = Contender(route)
-            c.skipped = self._route_why(route, ctx, helper, the_peer, state["peer_why"])
+            c.skipped = self._route_why(route, ctx, state)
             if c.skipped is None:
                 if route in ("nccl", "fused"):
                     c.fn = public_op
@@ -271,6 +284,9 @@ class A2ACase(Case):
                     c.activate = lambda env_value=env_value: process.set_route(env_value)
                     if route == "fused" and helper is not None:
                         c.mark = helper.stats()["calls"]
+                elif route in upstream_peer.ROUTES:
+                    c.fn, why = state["upstream"].contender(route, x, mode)
+                    c.skipped = why or None
                 else:
                     c.fn = the_peer.contender(route, x, mode)
             contenders.append(c)

@@ -32,6 +32,7 @@ CASES: dict[str, str] = {
     "vote_cost": "benchmarks.cases.vote_cost",
     "lineup_skew": "benchmarks.cases.lineup_skew",
     "public_op_overhead": "benchmarks.cases.public_op_overhead",
+    "route_vote": "benchmarks.cases.route_vote",
     "copy_engine": "benchmarks.cases.copy_engine",
     "overlap": "benchmarks.cases.overlap",
     "dit_step": "benchmarks.dit.case",

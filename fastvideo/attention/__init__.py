@@ -1,1 +1,60 @@
-"""Upstream FastVideo's attention layers: ``layer.DistributedAttention`` (Ulysses SP) and ``layer.LocalAttention``."""
+"""FastVideo's attention: upstream's package surface, resolved on first use (PEP 562), so ``import
+fastvideo.attention`` imports nothing else.
+
+``DistributedAttention``, ``DistributedAttention_VSA`` and ``LocalAttention`` are this package's
+(``fastvideo.attention.layer``); ``AttentionBackend``, ``AttentionMetadata``, ``AttentionMetadataBuilder`` and
+``get_attn_backend`` are upstream FastVideo's (its ``backends.abstract`` and ``selector``), there where this tree is
+copied over upstream's, and an ImportError saying so where it is not.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any
+
+_EXPORTS = {
+    "DistributedAttention": "fastvideo.attention.layer",
+    "DistributedAttention_VSA": "fastvideo.attention.layer",
+    "LocalAttention": "fastvideo.attention.layer",
+    "AttentionBackend": "fastvideo.attention.backends.abstract",
+    "AttentionMetadata": "fastvideo.attention.backends.abstract",
+    "AttentionMetadataBuilder": "fastvideo.attention.backends.abstract",
+    "get_attn_backend": "fastvideo.attention.selector",
+}
+
+__all__ = [
+    "AttentionBackend",
+    "AttentionMetadata",
+    "AttentionMetadataBuilder",
+    "DistributedAttention",
+    "DistributedAttention_VSA",
+    "LocalAttention",
+    "get_attn_backend",
+]
+
+
+def _present(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        if not name.startswith("_") and _present(f"{__name__}.{name}"):
+            return importlib.import_module(f"{__name__}.{name}")  # a submodule, as an eager import would bind it
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if not _present(module):
+        raise ImportError(f"fastvideo.attention.{name} is upstream FastVideo's ({module}), which is not installed "
+                          "here: this tree alone is FastVideo's sequence-parallel subsystem. Copy it over an unpacked "
+                          "fastvideo==0.2.1 (docs/fastvideo_migration.md) to use it.", name=module)
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # resolved once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -27,7 +27,6 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from fastvideo.attention.rotary import apply_rotary_emb
 from fastvideo.distributed.communication_op import sequence_model_parallel_all_gather
 from fastvideo.distributed.parallel_state import get_sp_group, get_sp_parallel_rank, get_sp_world_size
 from fastvideo.distributed.ulysses.layout import balanced_splits, shares
@@ -225,6 +224,7 @@ def forward(layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, original_s
     if replicated:
         rep = torch.cat([replicated_q, replicated_k, replicated_v], dim=0)
     exchange = layer.all_to_all
+    meta = layer._metadata()  # the forward context's attention metadata (upstream's backends), read once
     handles: dict[tuple[str, int], object] = {}
     landed: dict[tuple[str, int], torch.Tensor] = {}
     attended: dict[int, torch.Tensor] = {}
@@ -242,17 +242,19 @@ def forward(layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, original_s
         elif step.kind == "attend":
             qkv = landed.pop(("qkv", g))
             qkv = qkv[:, :seq] if seq < full else qkv
-            if freqs_cis is not None:
-                cos, sin = freqs_cis
-                qkv = torch.cat([apply_rotary_emb(qkv[: 2 * b], cos, sin, is_neox_style=False), qkv[2 * b:]], dim=0)
+            qkv = layer._rotate(qkv, b, freqs_cis)
+            if layer.attn_impl is not None:  # upstream's backend: its pre-processing, per head group
+                qkv = layer.attn_impl.preprocess_qkv(qkv, meta)
             if replicated:
                 mine = first[g] + sum(heads[g][:rank])
                 qkv = torch.cat([qkv, rep[:, :, mine:mine + heads[g][rank]]], dim=1)
             q_, k_, v_ = qkv.chunk(3, dim=0)
-            out = layer.attend_heads(q_, k_, v_)  # a group may give this rank no head
+            out = layer._attend_local(q_, k_, v_, meta)
             if replicated:
                 rep_outs[g] = out[:, seq:]
                 out = out[:, :seq]
+            if layer.attn_impl is not None:
+                out = layer.attn_impl.postprocess_output(out, meta)
             if seq < full:
                 out = F.pad(out, (0, 0, 0, 0, 0, full - seq))
             attended[g] = out.contiguous()

@@ -1,30 +1,45 @@
-"""Rotary position embedding as upstream FastVideo applies it (``_apply_rotary_emb``), and the 3-D (frame,
-height, width) tables a video DiT uses. Pure tensor code.
+"""Rotary position embedding as upstream FastVideo applies it in its attention layers (``apply_rotary``, also
+under upstream's name ``_apply_rotary_emb``), and the 3-D (frame, height, width) tables a video DiT uses. Pure
+tensor code.
+
+This module is at a path upstream FastVideo does not have, so nothing of upstream's imports it. Upstream's
+``fastvideo.layers.rotary_embedding.apply_rotary_emb`` is another function (complex ``freqs_cis``); this module
+does not define that name. ``tests/test_rotary_embedding.py`` compares ``apply_rotary`` with upstream's
+``_apply_rotary_emb`` where the unpacked wheel is importable.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["apply_rotary_emb", "rotary_3d"]
+__all__ = ["apply_rotary", "rotary_3d"]
 
 
-def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                     is_neox_style: bool = False) -> torch.Tensor:
-    """``x`` ``[..., S, H, D]`` rotated by the angles whose ``cos``/``sin`` are ``[S, D // 2]`` (or ``[S, D]``).
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox_style: bool = False) -> torch.Tensor:
+    """``x`` ``[..., S, H, D]`` rotated by the angles whose ``cos``/``sin`` are ``[S, D // 2]`` (or ``[S, D]``, or
+    any shape that broadcasts so over the heads, as upstream's).
 
     Half-width tables rotate pairs: ``(x[2i], x[2i+1])`` (GPT-J style, ``is_neox_style=False``, what upstream's
     attention layers use) or ``(x[i], x[i + D/2])`` (NeoX). Full-width tables (HunyuanVideo's) rotate the
-    interleaved pairs with ``x * cos + rotate_half(x) * sin``. Computed in float32 (float64 for float64 ``x``),
-    returned in ``x``'s dtype.
+    interleaved pairs with ``x * cos + rotate_half(x) * sin``. Upstream's arithmetic: ``x`` in float32 times the
+    tables in their own dtype (type promotion), each half cast back to ``x``'s dtype, so the result is identical to
+    upstream's; except that a float64 ``x`` is computed in float64 (upstream rounds it to float32 first).
     """
     d = x.shape[-1]
-    if cos.shape != sin.shape or cos.dim() != 2 or cos.shape[-1] not in (d, d // 2) or cos.shape[0] != x.shape[-3]:
-        raise ValueError(f"apply_rotary_emb: cos/sin {tuple(cos.shape)}/{tuple(sin.shape)} must both be [S, D/2] or "
-                         f"[S, D] for x of shape {tuple(x.shape)} (S = {x.shape[-3]}, D = {d}).")
-    compute = torch.promote_types(x.dtype, torch.float32)
-    cos, sin = cos.unsqueeze(-2).to(compute), sin.unsqueeze(-2).to(compute)  # broadcast over heads
-    xf = x.to(compute)
+    if cos.shape != sin.shape or cos.shape[-1] not in (d, d // 2):
+        raise ValueError(f"apply_rotary: cos/sin {tuple(cos.shape)}/{tuple(sin.shape)} must both be [S, D/2] or "
+                         f"[S, D] for x of shape {tuple(x.shape)} (S = {x.shape[-3] if x.dim() >= 3 else '?'}, "
+                         f"D = {d}).")
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over the heads
+    try:
+        fits = torch.broadcast_shapes(cos.shape, (*x.shape[:-1], cos.shape[-1])) == (*x.shape[:-1], cos.shape[-1])
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"apply_rotary: cos/sin {tuple(sin.shape[:-2] + sin.shape[-1:])} must both be [S, D/2] or "
+                         f"[S, D] for x of shape {tuple(x.shape)} (S = {x.shape[-3] if x.dim() >= 3 else '?'}, "
+                         f"D = {d}): they do not broadcast over x.")
+    xf = x if x.dtype == torch.float64 else x.float()
     if cos.shape[-1] == d:
         real, imag = xf.unflatten(-1, (-1, 2)).unbind(-1)
         rotated = torch.stack([-imag, real], dim=-1).flatten(-2)
@@ -33,12 +48,11 @@ def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         x1, x2 = xf.chunk(2, dim=-1)
     else:
         x1, x2 = xf[..., 0::2], xf[..., 1::2]
-    o1, o2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
-    out = torch.cat((o1, o2), dim=-1) if is_neox_style else torch.stack((o1, o2), dim=-1).flatten(-2)
-    return out.to(x.dtype)
+    o1, o2 = (x1 * cos - x2 * sin).to(x.dtype), (x2 * cos + x1 * sin).to(x.dtype)
+    return torch.cat((o1, o2), dim=-1) if is_neox_style else torch.stack((o1, o2), dim=-1).flatten(-2)
 
 
-_apply_rotary_emb = apply_rotary_emb  # upstream's name, imported by its model code
+_apply_rotary_emb = apply_rotary  # upstream's name (fastvideo.layers.rotary_embedding) for this same function
 
 
 def rotary_3d(frames: int, height: int, width: int, head_dim: int, *, theta: float = 10000.0,

@@ -13,8 +13,9 @@ fused transport where every rank agrees it can, the NCCL route otherwise. The NC
 correctness oracle.
 
 Like any torch collective, every SP rank must call the op with matching tensors (shape, dtype, mode,
-``requires_grad``), in the same order. Checked mode (``FASTVIDEO_ULYSSES_A2A_CHECKED=1``, or torch's
-``TORCH_DISTRIBUTED_DEBUG=DETAIL``) checks that on every call and every route.
+``requires_grad``), in the same order. Checked mode checks that on every call and every route, the NCCL route
+included: on by default under ``auto`` (``FASTVIDEO_ULYSSES_A2A_CHECKED=0`` turns it off), and under ``off`` with
+``FASTVIDEO_ULYSSES_A2A_CHECKED=1`` or torch's ``TORCH_DISTRIBUTED_DEBUG=DETAIL``.
 """
 
 from __future__ import annotations
@@ -91,8 +92,9 @@ def sequence_model_parallel_all_to_all_4D(input_: torch.Tensor, scatter_dim: int
     count moves with its own calls, so a rank one call short pairs its next call with the peer's skipped one).
     Raises ValueError for input no route can serve (not 4-D, another dim pair, a bad table or one that does not
     match ``input_``, heads or sequence not divisible by the SP size without a table, a meta tensor outside
-    tracing; TypeError/ValueError for a tag that is not a non-empty str) before any collective; in checked mode
-    after one vote, so that every rank raises. A FakeTensor (``torch.compile``, FakeTensorMode) gets a fake output
+    tracing; TypeError/ValueError for a tag that is not a non-empty str) before any collective; where the calls
+    vote (checked mode, the default under ``auto``) after one vote, so that every rank raises (its peers
+    ``PeerCallError`` naming this rank's error). A FakeTensor (``torch.compile``, FakeTensorMode) gets a fake output
     and no collective; ``torch.compile(fullgraph=True)`` traces one opaque op, which votes each time the graph
     runs.
     Under CUDA-graph capture every rank votes once and the agreed plan (with the tables) is frozen into the

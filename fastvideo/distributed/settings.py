@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 AGREED = envs.agreed_names()
 CHECKED = "FASTVIDEO_ULYSSES_A2A_CHECKED"
+ROUTE = "FASTVIDEO_ULYSSES_A2A"
 
 
 class SettingsError(ValueError):
@@ -70,8 +71,8 @@ def local_report() -> LocalReport:
     agreed = {n: values[n] for n in AGREED if n in values}
     if CHECKED in agreed:
         # What is agreed is the effect (on or off), not the spelling: `1` on one rank and `auto` at torch's
-        # DETAIL debug level on another both vote every call.
-        agreed[CHECKED] = checked_mode(agreed[CHECKED])
+        # DETAIL debug level on another both vote every call (and `auto` under the `auto` route is on).
+        agreed[CHECKED] = checked_mode(agreed[CHECKED], values.get(ROUTE, "off"))  # invalid: raised at decide
     return LocalReport(raw_now(), agreed, tuple(errors))
 
 
@@ -116,8 +117,9 @@ def decide(reports: Sequence[LocalReport], ranks: Sequence[int], rank_in_group: 
             for name, values in differing.items()
         )
         if CHECKED in differing:
-            per_var += (f" ({CHECKED} is the effective checked mode: the variable, or where it is auto, whether "
-                        "torch's distributed debug level is DETAIL, i.e. TORCH_DISTRIBUTED_DEBUG=DETAIL)")
+            per_var += (f" ({CHECKED} is the effective checked mode: the variable, or where it is auto, on under "
+                        f"{ROUTE}=auto and, under off, whether torch's distributed debug level is DETAIL, i.e. "
+                        "TORCH_DISTRIBUTED_DEBUG=DETAIL)")
         raise SettingsMismatchError(
             f"Ulysses settings differ between the ranks of SP group {list(ranks)} ({where}): {per_var}. Set "
             f"{', '.join(differing)} identically on every rank: these decide which collectives each rank runs, "
@@ -167,9 +169,11 @@ def agree(
     return agreed
 
 
-def checked_mode(value: str | None = None) -> bool:
-    """The effective checked mode: ``FASTVIDEO_ULYSSES_A2A_CHECKED`` (``value``, its parsed value, or read now);
-    ``auto`` means on exactly when torch checks its own collectives' shapes, at debug level DETAIL.
+def checked_mode(value: str | None = None, route: str | None = None) -> bool:
+    """The effective checked mode (every call votes on every route): ``FASTVIDEO_ULYSSES_A2A_CHECKED`` (``value``,
+    its parsed value, or read now) under the route ``route`` (``FASTVIDEO_ULYSSES_A2A``'s parsed value, or read
+    now). ``1`` on, ``0`` off; ``auto`` (the default) on under the ``auto`` route, and under ``off`` on exactly when
+    torch checks its own collectives' shapes, at debug level DETAIL.
 
     torch reads ``TORCH_DISTRIBUTED_DEBUG`` once, when ``torch.distributed`` is imported (or at
     ``torch.distributed.set_debug_level``); this follows torch's level, not the variable, so the two never
@@ -178,7 +182,9 @@ def checked_mode(value: str | None = None) -> bool:
     if value is None:
         value = envs.get(CHECKED)
     if value == "auto":
-        return dist.get_debug_level() == dist.DebugLevel.DETAIL
+        if route is None:
+            route = envs.get(ROUTE)
+        return route == "auto" or dist.get_debug_level() == dist.DebugLevel.DETAIL
     return value == "1"
 
 

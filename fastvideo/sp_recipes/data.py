@@ -10,12 +10,34 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from fastvideo.sp_recipes.video_dit import VideoDiTConfig
+__all__ = ["Batch", "LatentGeometry", "SyntheticVideoLatents"]
 
-__all__ = ["Batch", "SyntheticVideoLatents"]
+
+class Geometry(Protocol):
+    """What the data needs of a model config: the latent clip and the caption it conditions on."""
+
+    in_channels: int
+    frames: int
+    height: int
+    width: int
+    text_len: int
+    text_dim: int
+
+
+@dataclass(frozen=True)
+class LatentGeometry:
+    """A latent clip ``[in_channels, frames, height, width]`` and its caption ``[text_len, text_dim]``."""
+
+    in_channels: int
+    frames: int
+    height: int
+    width: int
+    text_len: int
+    text_dim: int
 
 
 @dataclass(frozen=True)
@@ -37,9 +59,10 @@ class Batch:
 
 
 class SyntheticVideoLatents:
-    """``clips`` latent clips of ``cfg``'s geometry, built on the CPU from ``seed``."""
+    """``clips`` latent clips of ``cfg``'s geometry (a ``VideoDiTConfig``, a ``LatentGeometry``), built on the CPU
+    from ``seed``."""
 
-    def __init__(self, cfg: VideoDiTConfig, *, clips: int = 16, waves: int = 3, seed: int = 0) -> None:
+    def __init__(self, cfg: Geometry, *, clips: int = 16, waves: int = 3, seed: int = 0) -> None:
         self.cfg, self.seed = cfg, seed
         g = torch.Generator().manual_seed(seed)
         c, f, h, w = cfg.in_channels, cfg.frames, cfg.height, cfg.width

@@ -663,7 +663,7 @@ class Gate:
         the balanced shards' rows, seq_splits)."""
         from fastvideo.attention.dense import attention
         from fastvideo.attention.layer import DistributedAttention
-        from fastvideo.attention.rotary import apply_rotary_emb
+        from fastvideo.attention.rotary import apply_rotary
 
         seq, text, heads, dim = self.attention_sizes()
         splits = skewed_splits(seq, self.p, zero_rank=1 if self.p > 2 else None)
@@ -677,7 +677,7 @@ class Gate:
         angles = torch.rand(seq, dim // 2, generator=gen, device=self.device) * 6.0
         cos, sin = angles.cos(), angles.sin()
         leaves = {n: t[n].clone().requires_grad_() for n in ("q", "k", "v", "rq", "rk", "rv")}
-        q, k = (apply_rotary_emb(leaves[n], cos, sin, is_neox_style=False) for n in ("q", "k"))
+        q, k = (apply_rotary(leaves[n], cos, sin, is_neox_style=False) for n in ("q", "k"))
         out = attention(*(torch.cat([a, leaves[r]], dim=1) for a, r in ((q, "rq"), (k, "rk"), (leaves["v"], "rv"))))
         ((out[:, :seq] * t["g"]).sum() + (out[:, seq:] * t["rg"]).sum()).backward()
         ref = {"out": out[:, :seq].detach(), "replicated out": out[:, seq:].detach(),

@@ -280,9 +280,15 @@ def doctor(_: argparse.Namespace, repo_root: Path | None = None) -> int:
             if name == "FASTVIDEO_ULYSSES_A2A_CHECKED" and value == "auto":
                 from fastvideo.distributed.settings import checked_mode
 
+                try:
+                    route = envs.get("FASTVIDEO_ULYSSES_A2A")
+                except ValueError:
+                    route = "off"  # reported on its own line
                 level = torch.distributed.get_debug_level().name
-                doc.line("env", f"  checked mode {'on' if checked_mode(value) else 'off'}: torch's distributed debug "
-                                f"level is {level} (on at DETAIL: TORCH_DISTRIBUTED_DEBUG=DETAIL)")
+                why = ("the route is auto (every call votes on every route)" if route == "auto" else
+                       f"the route is off and torch's distributed debug level is {level} (on at DETAIL: "
+                       "TORCH_DISTRIBUTED_DEBUG=DETAIL)")
+                doc.line("env", f"  checked mode {'on' if checked_mode(value, route) else 'off'}: {why}")
         # A misspelt setting is otherwise ignored silently (build and test knobs share the prefix: only
         # names close to a real setting are pointed out).
         for name in sorted(n for n in os.environ if n.startswith("FASTVIDEO_") and n not in registry):

@@ -143,10 +143,10 @@ def construct(sp: GroupCoordinator, transport: Transport | None, vote: GlooVote,
         result.built = True
     else:
         _record_decline(sp, result, reason, detail, per_rank)
-    # The per-call channel: shared memory on one host where every rank loads it. A declined helper votes only
-    # in checked mode; it chooses the same way there (the agreed settings make the choice on every rank).
-    checked = sp.settings is not None and sp.settings[_settings.CHECKED]
-    if one_host and (result.built or checked):
+    # The per-call channel: shared memory on one host where every rank loads it, else the vote group (gloo). A
+    # declined helper votes only in checked mode (the default under `auto`), but chooses the same way whatever the
+    # mode, so that a re-agreement that turns checked mode on (``UlyssesHelper.follow``) votes over the same channel.
+    if one_host:
         result.call_vote = _choose_vote(vote, sp.rank_in_group, peers, vote_request)
     return result
 
@@ -183,7 +183,8 @@ def adopt(helper: _Adopter, built: Construction) -> None:
     agreed = helper.sp.settings
     helper.checked = bool(agreed is not None and agreed[_settings.CHECKED])
     helper._long_training = agreed["FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"] if agreed is not None else "auto"
-    # A helper that declined at construction votes only in checked mode (that vote is the check).
+    # A helper that declined at construction votes only in checked mode (that vote is the check; the default under
+    # the `auto` route, FASTVIDEO_ULYSSES_A2A_CHECKED=0 turns it off).
     helper._votes = helper._built or helper.checked
     if helper.construction_reason is not None:
         helper._logged.add(helper.construction_reason)  # logged once at construction, never again per call

@@ -318,13 +318,18 @@ def mismatch(field: Field, column: list[int]) -> ContractMismatchError:
 
 
 class PeerCallError(RuntimeError):
-    """A rank-local step of the call raised on some rank (e.g. a bad env value there). Raised on every rank."""
+    """A rank-local step of the call raised on some rank before the exchange (invalid input there, a bad env value,
+    the policy). Raised on every rank. ``ranks``: the SP ranks (indices in the group) that raised; ``errors``: each
+    one's error as ``"Type: message"`` where the ranks exchanged them (``mismatch.with_detail``), else empty."""
 
-    def __init__(self, ranks: list[int]):
+    def __init__(self, ranks: list[int], errors: dict[int, str] | None = None):
         self.ranks = ranks
+        self.errors = dict(errors or {})
+        named = "; ".join(f"rank {r}: {e}" for r, e in sorted(self.errors.items()))
         super().__init__(
-            f"Ulysses all-to-all: rank(s) {ranks} raised while preparing this call (their own traceback has the "
-            "cause); every rank raises so that no rank is left a call ahead of its peers."
+            f"Ulysses all-to-all: rank(s) {ranks} raised while preparing this call "
+            f"({named or 'their own traceback has the cause'}); every rank raises so that no rank is left a call "
+            "ahead of its peers."
         )
 
 

@@ -21,7 +21,6 @@ import logging
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import NoReturn
 
 import torch
 
@@ -199,8 +198,8 @@ class UlyssesHelper:
 
     def call(self, x: torch.Tensor, mode: int, grad: bool = False, outcome: int | None = None, *,
              fallback: bool = True, splits: Splits = EVEN, tag: str | None = None) -> tuple[torch.Tensor | None, int]:
-        """One call on validated input: propose, vote, decide, execute, record. Collective; blocks the host for the
-        vote; capture-safe (one vote at capture, see the class). Not differentiable (the op is).
+        """One call on validated input: propose, vote, decide (``_decide``), execute, record. Collective; blocks the
+        host for the vote; capture-safe (one vote at capture, see the class). Not differentiable (the op is).
 
         ``grad``: the call is recorded by autograd (the vote's PHASE; the long-training policy). ``outcome``: for a
         backward, its forward's ``contract.outcome_code`` (it runs that plan, never a re-decision). ``splits``: the
@@ -219,7 +218,7 @@ class UlyssesHelper:
             count = entry[phase]
             entry[phase] = count + 1
             word = entry[phase + 3] ^ count
-        if not self._votes:  # declined at construction (agreed), unchecked: no call needs a vote
+        if not self._votes:  # declined at construction (agreed), checked mode off: no call needs a vote
             return self._declined(x, mode, seq, phase, self.construction_reason, fallback, splits, tag=tag)
         hot = self._hot  # 1-2 in one native call for a signature launched fused before (hot.py); else None
         hit = (hot.run(x, mode, word) if hot is not None and phase is _FORWARD_NO_GRAD and splits is EVEN
@@ -243,15 +242,8 @@ class UlyssesHelper:
             else:
                 rows = self._exchange(contract.with_seq(proposal.fields, word))
         if out is None:
-            # 3. decide: the same verdict on every rank
-            decision = contract.decide(rows)
-            if decision.verdict is Verdict.RAISE:
-                self._stats.raised += 1
-                if tag is not None:
-                    entry[phase] = count  # not counted: every rank raises this call, and each rolls its own back
-                # each rank's tags or tables, where the votes carried only their digests (one more exchange)
-                raise mismatch.with_detail(self, decision.error, proposal, seq, phase, tag,
-                                           count if tag is not None else 0) from error
+            # 3. decide: the same verdict on every rank (a RAISE raises here, on every rank)
+            decision = self._decide(rows, proposal, seq, phase, tag, error)
             if decision.verdict is Verdict.DECLINE:
                 return self._declined(x, mode, seq, phase, decision.reason, fallback, splits, proposal.why, tag)
             # 4. execute: every rank runs (or captures) this plan: the capture bit is in the agreed fields
@@ -265,6 +257,15 @@ class UlyssesHelper:
                                      lambda: f"{phase.name.lower()}{f', tag {tag!r}' if tag else ''}, {proposal.geom}",
                                      lambda: proposal.plan.describe(proposal.geom), marker, time.monotonic()))
         return out, proposal.fields[_PLAN]
+
+    def _decide(self, rows: torch.Tensor, proposal: Proposal, seq: int, phase: Phase, tag: str | None,
+                error: BaseException | None) -> contract.Decision:
+        """Step 3 of a call, where its gathered votes become the verdict every rank computes alike: RUN or DECLINE
+        is returned, RAISE raised (``mismatch.raised``; ``error``: this rank's own, if it voted ``LOCAL_ERROR``)."""
+        decision = contract.decide(rows)
+        if decision.verdict is not Verdict.RAISE:
+            return decision
+        raise mismatch.raised(self, decision.error, proposal, seq, phase, tag, error) from error
 
     def _new_tag(self, tag: str) -> list[int]:
         """The first call tagged ``tag``: its counts and per-phase SEQ words (hashed here, once per tag)."""
@@ -344,11 +345,8 @@ class UlyssesHelper:
             return None, code
         return nccl_route(x, mode, self.sp.device_group, splits=splits), code
 
-    def vote_caller_error(self, mode: int, grad: bool, error: BaseException) -> NoReturn:
-        """Checked mode: this rank's call failed before any collective (invalid input, a meta tensor). Vote
-        ``LOCAL_ERROR`` so that every peer raises ``PeerCallError`` for this same call instead of waiting in it,
-        then raise ``error`` here. Collective (one vote); always raises."""
-        mismatch.vote_caller_error(self, mode, grad, error)
+    # Checked mode: this rank's call failed before any collective (invalid input); every peer raises for it too.
+    vote_caller_error = mismatch.vote_caller_error
 
     def _watch(self, call: InFlight) -> None:
         if self._watchdog is None:
@@ -370,9 +368,11 @@ class UlyssesHelper:
         (the public function, or ``ops.all_to_all(x, mode, helper=this)`` for this helper), whose backward runs the
         inverse with the plan its forward ran and still votes. A call autograd would record raises instead of losing
         the gradient."""
-        splits = validate_input(x, mode, self.world_size, self.sp.rank_in_group, seq_splits, head_splits)
-        if tag is not None:
+        try:  # a caller error is voted in checked mode (mismatch.caller_error), so that every rank raises
+            splits = validate_input(x, mode, self.world_size, self.sp.rank_in_group, seq_splits, head_splits)
             contract.check_tag(tag, "UlyssesHelper.all_to_all")
+        except (TypeError, ValueError, RuntimeError) as exc:
+            mismatch.caller_error(self, x, mode, exc)
         if torch.is_grad_enabled() and x.requires_grad:
             raise RuntimeError(
                 "UlyssesHelper.all_to_all is not differentiable and x requires grad: call "
@@ -387,11 +387,13 @@ class UlyssesHelper:
         """The fused route or nothing: collective; blocks the host for the vote; capture-safe; not differentiable.
         Returns the output, or None on every rank when every rank declined (the caller then runs the NCCL
         route). Every rank must call it with matching tensors, split tables and tags, in the same order."""
-        mode = mode_for_dims(scatter_dim, gather_dim)
-        splits = validate_input(x, mode, self.world_size, rank=self.sp.rank_in_group, seq_splits=seq_splits,
-                                head_splits=head_splits)
-        if tag is not None:
+        mode = -1  # in the vote of an invalid dim pair
+        try:
+            mode = mode_for_dims(scatter_dim, gather_dim)
+            splits = validate_input(x, mode, self.world_size, self.sp.rank_in_group, seq_splits, head_splits)
             contract.check_tag(tag, "UlyssesHelper.try_all_to_all_4D")
+        except (TypeError, ValueError, RuntimeError) as exc:
+            mismatch.caller_error(self, x, mode, exc)
         return self.call(x, mode, torch.is_grad_enabled() and x.requires_grad, fallback=False, splits=splits,
                          tag=tag)[0]
 

@@ -116,8 +116,8 @@ def call(x: torch.Tensor, mode: int, helper_id: int, splits: Splits, tag: str | 
 
 def fail(x: object, mode: int, error: BaseException) -> NoReturn:
     """Raise ``error``, a caller error found before any collective (invalid input, a meta tensor). In checked mode
-    first vote it, so that every peer raises for this same call instead of waiting inside it. Collective in
-    checked mode; always raises."""
+    (the default under ``auto``) first vote it, so that every peer raises for this same call, naming it, instead of
+    waiting inside it or pairing it with this rank's next call. Collective in checked mode; always raises."""
     if torch.compiler.is_compiling() or get_sp_group().world_size == 1:
         raise error
     target = registry.route()

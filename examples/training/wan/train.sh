@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One training run of the Wan recipe (fastvideo/sp_recipes/train_wan.py) inside the overlay: exports the Ulysses
+# switches as a FastVideo recipe does, then launches one rank per GPU with torchrun (2 gloo ranks on the CPU where
+# there are not 2 GPUs to use).
+#
+#   FASTVIDEO_ULYSSES_A2A=auto bash examples/training/wan/train.sh --out-dir build/wan/auto
+#   FASTVIDEO_RECIPE_DEVICE=cpu NPROC=3 bash examples/training/wan/train.sh --out-dir /tmp/r --steps 10
+#
+# Every argument goes to `train_wan train`. The switches are agreed across the SP group when it is initialised,
+# so they are exported before the launch, never changed inside the job:
+#   FASTVIDEO_ULYSSES_A2A               auto (fused route where every rank agrees) or off (the NCCL route)
+#   FASTVIDEO_ULYSSES_A2A_LONG_TRAINING chunked (grad-tracked planes over 512 MiB may use tuned chunks) or auto
+#   FASTVIDEO_ATTENTION_BACKEND         TORCH_SDPA (upstream's attention backend selector; on the CPU the recipe
+#                                       names the same backend itself)
+# FASTVIDEO_RECIPE_DEVICE: auto (default: every GPU, one rank each, on a host with 2+; else 2 gloo ranks on the
+# CPU), cuda (every GPU, also one: SP1), cpu. NPROC overrides the rank count. PY: the Python to use.
+# FASTVIDEO_OVERLAY_PYTHONPATH: the overlay (compare_switches.sh builds it with scripts/upstream_overlay.sh and sets it).
+set -euo pipefail
+PY="${PY:-python3}"
+if [ -z "${FASTVIDEO_OVERLAY_PYTHONPATH:-}" ]; then
+  echo "train.sh: FASTVIDEO_OVERLAY_PYTHONPATH is not set: the Wan recipe runs inside the overlay (upstream" \
+       "fastvideo 0.2.1 with this package over it); run examples/training/wan/compare_switches.sh or" \
+       "scripts/run_demo.sh, which build it" >&2
+  exit 2
+fi
+export PYTHONPATH="$FASTVIDEO_OVERLAY_PYTHONPATH"  # the overlay's fastvideo, never the tree's alone
+export FASTVIDEO_ULYSSES_A2A="${FASTVIDEO_ULYSSES_A2A:-auto}"
+export FASTVIDEO_ULYSSES_A2A_LONG_TRAINING="${FASTVIDEO_ULYSSES_A2A_LONG_TRAINING:-chunked}"
+export FASTVIDEO_ATTENTION_BACKEND="${FASTVIDEO_ATTENTION_BACKEND:-TORCH_SDPA}"
+export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"  # never NVLink multicast on shared hosts
+# Deterministic cuBLAS, so that the runs of the two switches can be compared bit for bit on GPUs too.
+export CUBLAS_WORKSPACE_CONFIG="${CUBLAS_WORKSPACE_CONFIG:-:4096:8}"
+device="${FASTVIDEO_RECIPE_DEVICE:-auto}"
+gpus=$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null || echo 0)
+case "$device" in
+  auto) if (( gpus >= 2 )); then device=cuda; else device=cpu; fi ;;
+  cuda) if (( gpus < 1 )); then echo "train.sh: FASTVIDEO_RECIPE_DEVICE=cuda but no GPU is visible" >&2; exit 2; fi ;;
+  cpu) ;;
+  *) echo "train.sh: FASTVIDEO_RECIPE_DEVICE=$device must be auto, cuda or cpu" >&2; exit 2 ;;
+esac
+if [[ $device == cuda ]]; then nproc="${NPROC:-$gpus}"; else nproc="${NPROC:-2}"; fi
+echo "recipe: FASTVIDEO_ULYSSES_A2A=$FASTVIDEO_ULYSSES_A2A FASTVIDEO_ULYSSES_A2A_LONG_TRAINING=$FASTVIDEO_ULYSSES_A2A_LONG_TRAINING, $nproc rank(s) on $device" >&2
+# `python -m` puts the working directory first on sys.path: in the tree that is the tree's fastvideo/ alone, which
+# would shadow the overlay's. So the paths given become absolute and the launch runs in the overlay.
+args=()
+while (($#)); do
+  case "$1" in
+    --out-dir|--resume) args+=("$1" "$(realpath -m "$2")"); shift 2 ;;
+    --out-dir=*|--resume=*) args+=("${1%%=*}=$(realpath -m "${1#*=}")"); shift ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+cd "${FASTVIDEO_OVERLAY_PYTHONPATH%%:*}"
+exec "$PY" -m torch.distributed.run --standalone --nproc_per_node="$nproc" -m fastvideo.sp_recipes.train_wan \
+  train --device "$device" "${args[@]}"

@@ -1,0 +1,66 @@
+"""Where an attention layer's attention comes from (``fastvideo.attention.layer``): upstream FastVideo's backend
+machinery where it is installed, else the dense fall back, whose argument checks are here too. Local, no collective,
+no side effect at import: the layers ask at construction.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+_SELECTOR = "fastvideo.attention.selector"
+
+
+def _installed(module: str) -> bool:
+    if module in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent is missing, or a module without a spec
+        return False
+
+
+def upstream_attention() -> SimpleNamespace | None:
+    """Upstream FastVideo's attention machinery where it is installed (its attention selector present), else None.
+
+    Present means used: an upstream that is installed but fails to import raises here (a missing dependency of
+    upstream's is an install error, never a silent fall back to other kernels). Local, no collective; called at
+    construction."""
+    if not _installed(_SELECTOR):
+        return None
+    selector = importlib.import_module(_SELECTOR)
+    return SimpleNamespace(
+        get_attn_backend=selector.get_attn_backend,
+        backend_name_to_enum=selector.backend_name_to_enum,
+        get_forward_context=importlib.import_module("fastvideo.forward_context").get_forward_context,
+        get_compute_dtype=importlib.import_module("fastvideo.utils").get_compute_dtype,
+        apply_rotary=importlib.import_module("fastvideo.layers.rotary_embedding")._apply_rotary_emb,
+    )
+
+
+# Backend names the dense fall back honours (upstream's enum names and their short forms).
+_DENSE_NAMES = ("FLASH_ATTN", "TORCH_SDPA", "SDPA", "FLASH")
+# Upstream backend arguments the dense fall back accepts when they ask for nothing (no dropout).
+_DENSE_NEUTRAL = {"dropout_rate": 0, "dropout_p": 0}
+
+
+def check_dense_backends(cls: str, backends: Sequence[Any] | None) -> None:
+    if backends is None:
+        return
+    names = tuple(str(getattr(b, "name", b)).upper() for b in backends)
+    if not any(n in _DENSE_NAMES for n in names):
+        raise ValueError(f"{cls}: supported_attention_backends={names} names none of flash-attn or SDPA, the only "
+                         "backends without upstream FastVideo (its sparse ones, e.g. VSA or sliding-tile attention, "
+                         "need upstream's attention backends: copy this tree over upstream FastVideo).")
+
+
+def check_dense_extra(cls: str, extra: dict[str, Any]) -> None:
+    refused = sorted(k for k, v in extra.items() if k not in _DENSE_NEUTRAL or v not in (None, _DENSE_NEUTRAL[k]))
+    if refused:
+        raise TypeError(f"{cls}: {refused} are upstream backend arguments that flash-attn / SDPA without upstream "
+                        f"FastVideo do not implement (accepted only as {_DENSE_NEUTRAL}); drop them, or copy this "
+                        "tree over upstream FastVideo, whose backends take them.")
