@@ -45,6 +45,7 @@ import torch.nn.functional as F
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.harness.header import tree_commit  # noqa: E402
 from fastvideo.attention.layer import DistributedAttention  # noqa: E402
 from fastvideo.distributed import parallel_state  # noqa: E402
 from fastvideo.distributed.ulysses import async_ops, ops  # noqa: E402
@@ -59,21 +60,6 @@ def forced(x, scatter_dim, gather_dim, name="", *, async_op=False, seq_splits=No
     if async_op:
         return async_ops.start(x, mode, 0, splits, tag)
     return ops.call(x, mode, 0, splits, tag)
-
-
-def tree_commit() -> str:
-    """The tree's commit as scripts/gpu_lib.sh stamps it: the COMMIT file (an exported tree carries it instead of
-    .git), else the tree's own git checkout, else ``unknown`` (never an enclosing repository's HEAD)."""
-    stamp = ROOT / "COMMIT"
-    if stamp.is_file() and stamp.read_text().strip():
-        return stamp.read_text().strip()
-    if (ROOT / ".git").exists():
-        import subprocess
-
-        run = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
-        if run.returncode == 0 and run.stdout.strip():
-            return run.stdout.strip()
-    return "unknown"
 
 
 def sdpa_math(q, k, v):
@@ -274,7 +260,7 @@ def main() -> int:
     check.run("compile fullgraph", check.compiled)
     ok = all(r["pass"] for r in check.results)
     if args.json and check.rank == 0:
-        commit = tree_commit()
+        commit = tree_commit(ROOT)  # the COMMIT stamp, else this tree's own checkout, else unknown
         doc = {"commit": commit, "torch": torch.__version__, "world": check.p, "device": str(check.device),
                "gpu": torch.cuda.get_device_name() if cuda else None, "dry_run": args.cpu_dry_run,
                "results": check.results}
