@@ -219,6 +219,7 @@ class Check:
                      f"fused arithmetic max|diff|={prod_diff:.3g} (<= {prod_tol:.3g})")
         chunks = 4
         layer = self.layer(chunks)
+        layer._set_compile_forward_enabled(True)  # traced whole, as a regional compile does
         q, k, v = self.inputs(22)
 
         def block(q, k, v):

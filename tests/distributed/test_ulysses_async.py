@@ -292,6 +292,7 @@ def _pipelined_block_compiled(rank, p):
         return async_ops.start(x, mode, 0, splits, tag) if async_op else ops.call(x, mode, 0, splits, tag)
 
     layer = DistributedAttention(8, 8, overlap_chunks=4, prefix="c", all_to_all=forced)
+    layer._set_compile_forward_enabled(True)  # traced whole, as a regional compile does
     q, k, v = (rank_input(rank, (1, 16, 8, 8), seed=s) for s in (1, 2, 3))
     torch._dynamo.reset()
     got = torch.compile(lambda q, k, v: layer(q, k, v)[0], backend="inductor", fullgraph=True)(q, k, v)
