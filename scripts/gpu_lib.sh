@@ -22,7 +22,8 @@ gpu_init() {
   export python
   cd "$ROOT" || exit 2
   local commit
-  commit=$(cat COMMIT 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)
+  # Never an enclosing repository's HEAD: git only where this tree is its own checkout.
+  commit=$(cat COMMIT 2>/dev/null || { [[ -e .git ]] && git rev-parse HEAD 2>/dev/null; } || echo unknown)
   echo "commit $commit" | tee "$WORK/logs/commit.txt"
   : >"$WORK/logs/summary.txt"
   failed=0

@@ -16,7 +16,8 @@ set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_lib.sh"
 gpu_init overlap_smoke
 L="$WORK/logs"
-step "versions" 60 versions.log gpu_versions
+export -f gpu_versions  # step runs its command under timeout, which cannot see a shell function
+step "versions" 60 versions.log bash -c gpu_versions
 step "check_overlap SP1" 300 check.log "$python" -m torch.distributed.run --standalone --nproc_per_node=1 \
   tests/distributed/check_overlap.py --json "$L/overlap_check_sp1.json"
 step "overlap case SP1" 300 case.log "$python" -m benchmarks.run overlap --geometry wan720p --groups 1,2,4,8 \

@@ -21,7 +21,8 @@ TORCHRUN=("$python" -m torch.distributed.run --standalone --nproc_per_node=2)
 GEOMETRIES="${GEOMETRIES:-wan720p h3-32k h3-128k}"
 want() { [[ " $GEOMETRIES " == *" $1 "* ]]; }
 CASE=(benchmarks/run.py overlap --groups 1,2,4,8 --direction fwd,fwd_bwd --group-rows derive --iters 5 --warmup 2)
-step "versions" 60 versions.log gpu_versions
+export -f gpu_versions  # step runs its command under timeout, which cannot see a shell function
+step "versions" 60 versions.log bash -c gpu_versions
 gpu_kernel_wheel  # the fused route's library (installed, or a development build through FASTVIDEO_KERNEL_LIBRARY)
 step "check_overlap SP2" 300 check.log "${TORCHRUN[@]}" tests/distributed/check_overlap.py \
   --json "$L/overlap_check_sp2.json"

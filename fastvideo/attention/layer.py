@@ -330,6 +330,18 @@ class DistributedAttention(_Attention):
         return out, replicated_out
 
     def _attend_local(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: Any) -> torch.Tensor:
+        """Attention on this rank's heads ``[B, S, h, D]``: ``attend`` where given, else the upstream backend, else
+        dense attention. Local.
+
+        A rank may hold no head of a call (fewer heads than SP ranks, or a pipelined head group smaller than the
+        SP size): its empty output is built here without a kernel, since older torch's CPU SDPA kernel divides by
+        the head count (``_scaled_dot_product_flash_attention_for_cpu``: the process dies of SIGFPE). It stays
+        differentiable in q, k and v, so every rank's backward issues the same exchanges."""
+        if q.shape[2] == 0:
+            out = q.new_zeros((*q.shape[:3], v.shape[-1]))
+            if q.requires_grad or k.requires_grad or v.requires_grad:  # sums over no element: no kernel divides
+                out = out + (q.sum() + k.sum() + v.sum()) * 0
+            return out
         if self.attend is not None:
             return self.attend(q, k, v)
         if self.attn_impl is not None:

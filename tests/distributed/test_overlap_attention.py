@@ -134,6 +134,54 @@ def test_pipelined_layer_equals_unpipelined_forward_and_backward(ranks, case):
         assert pipelined[:2] == [("qkv", "blk.qkv.g0", True), ("qkv", "blk.qkv.g1", True)]  # g1 started before attend 0
 
 
+def _zero_heads(rank, p, heads, chunks):
+    from fastvideo.attention.dense import attention
+    from fastvideo.attention.layer import DistributedAttention
+
+    seen = []
+
+    def strict(q, k, v):  # what older torch's CPU SDPA kernel does with no head (SIGFPE), as an error
+        if q.shape[2] == 0:
+            raise RuntimeError("attention kernel called with no head")
+        seen.append(q.shape[2])
+        return attention(q, k, v)
+
+    d = 4
+    q, k, v = (rank_input(rank, (2, 5, heads, d), seed=s, requires_grad=True) for s in (1, 2, 3))
+    rep = [rank_input(0, (2, 3, heads, d), seed=s, requires_grad=True) for s in (4, 5, 6)]
+    results, per_layer = [], []
+    for n in (0, chunks):
+        layer = DistributedAttention(heads, d, overlap_chunks=n, prefix="z", attend=strict)
+        out, rep_out = layer(q, k, v, replicated_q=rep[0], replicated_k=rep[1], replicated_v=rep[2])
+        loss = (out * rank_input(rank, out.shape, seed=9)).sum() + (rep_out * rank_input(0, rep_out.shape,
+                                                                                          seed=10)).sum()
+        grads = list(torch.autograd.grad(loss, [q, k, v, *rep]))
+        for g in grads[3:]:  # each rank's share of the replicated tokens' gradient: summed over ranks
+            torch.distributed.all_reduce(g)
+        results.append([out.detach(), rep_out.detach(), *grads])
+        per_layer.append(list(seen))
+        seen.clear()
+    exact = [bit_equal(a, b) for a, b in zip(*results, strict=True)]
+    try:  # the control: the strict kernel does refuse an empty head dim
+        strict(q[:, :, :0], k[:, :, :0], v[:, :, :0])
+        refused = False
+    except RuntimeError:
+        refused = True
+    return exact, per_layer, refused
+
+
+def test_a_rank_with_no_head_runs_no_attention_kernel_synchronous_and_pipelined(ranks):
+    """2 heads over 3 ranks: the synchronous layer gives rank 2 no head; pipelined in 2 groups of 1 head, ranks 1
+    and 2 hold no head of either group. Their empty outputs are built without the attention kernel (older torch's
+    CPU SDPA dies of SIGFPE on no head; the kernel here refuses it), forward and backward equal, replicated tokens
+    included."""
+    expected = [[[1], [1, 1]], [[1], []], [[], []]]  # per rank: the head counts the kernel saw, sync then pipelined
+    for rank, (exact, per_layer, refused) in enumerate(ranks(3, _zero_heads, 2, 2, timeout_s=120)):
+        assert all(exact), (rank, exact)
+        assert per_layer == expected[rank]
+        assert refused
+
+
 # ------------------------------------------------------------------------------------- the agreed setting
 
 

@@ -2,13 +2,16 @@
 
     torch.ops.fastvideo.ulysses_all_to_all_4d_start(x, mode, grad, outcome, helper, *, seq_splits=None,
                                                     head_splits=None, tag=None) -> (token, outcome_out)
-    torch.ops.fastvideo.ulysses_all_to_all_4d_wait(token, outcome, mode, shape, dtype, device, *, seq_splits=None,
-                                                   head_splits=None, tag=None) -> out
+    torch.ops.fastvideo.ulysses_all_to_all_4d_wait(token, outcome, keep, mode, shape, dtype, device, *,
+                                                   seq_splits=None, head_splits=None, tag=None) -> out
 
 Like torch's functional collectives (an ``all_to_all_single`` then a ``wait_tensor``), the compiler sees two
 nodes joined only by ``token``, so it may schedule compute between them. The arguments are the synchronous op's
 (``ops.py``); ``token`` is a one-element float64 CPU tensor naming the exchange in flight in this process, and the
-output exists only as the wait's result: nothing can read it before the exchange landed.
+output exists only as the wait's result: nothing can read it before the exchange landed. ``keep`` is the start's
+input, unused by the wait's body: an exchange in flight still reads its input, and a compiler that saw the input's
+last use at the start would reuse its buffer (inductor writes the next tensor of that size into it) while the
+exchange reads it. As the wait's argument the input stays live, unwritten, until the wait.
 
 * **Start** (collective): the vote, on the host, at issue, exactly as the synchronous op votes (the helper's own
   ``call``, so the phase, call-site tag counts, checked mode and hot path are the same); then the agreed route is
@@ -49,8 +52,8 @@ START = "fastvideo::ulysses_all_to_all_4d_start"
 WAIT = "fastvideo::ulysses_all_to_all_4d_wait"
 START_SCHEMA = ("(Tensor x, int mode, bool grad, Tensor? outcome, int helper, *, SymInt[]? seq_splits=None, "
                 "SymInt[]? head_splits=None, str? tag=None) -> (Tensor, Tensor)")
-WAIT_SCHEMA = ("(Tensor token, Tensor outcome, int mode, SymInt[] shape, ScalarType dtype, Device device, *, "
-               "SymInt[]? seq_splits=None, SymInt[]? head_splits=None, str? tag=None) -> Tensor")
+WAIT_SCHEMA = ("(Tensor token, Tensor outcome, Tensor? keep, int mode, SymInt[] shape, ScalarType dtype, "
+               "Device device, *, SymInt[]? seq_splits=None, SymInt[]? head_splits=None, str? tag=None) -> Tensor")
 
 _IDS = itertools.count(1)
 _STREAMS: dict[int, torch.cuda.Stream] = {}  # device index -> this process's communication stream
@@ -191,14 +194,15 @@ def _start_fake(x, mode, grad, outcome, helper, *, seq_splits=None, head_splits=
 
 
 @torch.library.custom_op(WAIT, mutates_args=(), schema=WAIT_SCHEMA, tags=_TAGS)
-def _wait(token: torch.Tensor, outcome: torch.Tensor, mode: int, shape: list[int], dtype: torch.dtype,
-          device: torch.device, *, seq_splits: list[int] | None = None, head_splits: list[int] | None = None,
+def _wait(token: torch.Tensor, outcome: torch.Tensor, keep: torch.Tensor | None, mode: int, shape: list[int],
+          dtype: torch.dtype, device: torch.device, *, seq_splits: list[int] | None = None,
+          head_splits: list[int] | None = None,
           tag: str | None = None) -> torch.Tensor:
     return complete(int(token.item()))
 
 
 @_wait.register_fake
-def _wait_fake(token, outcome, mode, shape, dtype, device, *, seq_splits=None, head_splits=None, tag=None):
+def _wait_fake(token, outcome, keep, mode, shape, dtype, device, *, seq_splits=None, head_splits=None, tag=None):
     return torch.empty(shape, dtype=dtype, device=device)
 
 
@@ -207,6 +211,9 @@ def _start_setup(ctx, inputs: tuple, output: tuple, keyword_only_inputs: dict) -
     ctx.mode, ctx.shape, ctx.dtype, ctx.device = inputs[1], tuple(x.shape), x.dtype, x.device
     ctx.kw = dict(keyword_only_inputs)
     ctx.save_for_backward(output[1])
+    # The wait's backward hands the reverse exchange's input over here (to keep it live until its wait): the
+    # token, the one tensor both ops see, carries the box from this node to the wait's.
+    ctx.reverse_input = output[0]._fastvideo_reverse_input = []
 
 
 def _start_backward(ctx, grad_token: torch.Tensor | None, _grad_outcome):
@@ -214,13 +221,15 @@ def _start_backward(ctx, grad_token: torch.Tensor | None, _grad_outcome):
     if grad_token is None:
         return None, None, None, None, None
     (outcome,) = ctx.saved_tensors
-    grad_x = torch.ops.fastvideo.ulysses_all_to_all_4d_wait(grad_token, outcome, 1 - ctx.mode, list(ctx.shape),
-                                                            ctx.dtype, ctx.device, **ctx.kw)
+    keep = ctx.reverse_input.pop() if ctx.reverse_input else None
+    grad_x = torch.ops.fastvideo.ulysses_all_to_all_4d_wait(grad_token, outcome, keep, 1 - ctx.mode,
+                                                            list(ctx.shape), ctx.dtype, ctx.device, **ctx.kw)
     return grad_x, None, None, None, None
 
 
 def _wait_setup(ctx, inputs: tuple, output, keyword_only_inputs: dict) -> None:
-    ctx.mode = inputs[2]
+    ctx.mode = inputs[3]
+    ctx.reverse_input = getattr(inputs[0], "_fastvideo_reverse_input", None)
     ctx.kw = dict(keyword_only_inputs)
     ctx.save_for_backward(inputs[1])
 
@@ -230,6 +239,8 @@ def _wait_backward(ctx, grad_out: torch.Tensor):
     backward does) and pass its token on: the start's backward waits for it."""
     (outcome,) = ctx.saved_tensors
     grad_out = grad_out.contiguous()
+    if ctx.reverse_input is not None:
+        ctx.reverse_input.append(grad_out)
     grad = torch.is_grad_enabled() and grad_out.requires_grad
     if not grad and is_plain(grad_out):
         splits = _splits(ctx.kw.get("seq_splits"), ctx.kw.get("head_splits"))
@@ -238,7 +249,7 @@ def _wait_backward(ctx, grad_out: torch.Tensor):
     else:
         token = torch.ops.fastvideo.ulysses_all_to_all_4d_start(grad_out, 1 - ctx.mode, grad, outcome, 0,
                                                                 **ctx.kw)[0]
-    return token, None, None, None, None, None
+    return token, None, None, None, None, None, None
 
 
 _start.register_autograd(_start_backward, setup_context=_start_setup)
@@ -278,7 +289,7 @@ def start(x: torch.Tensor, mode: int, helper_id: int, splits: Splits, tag: str |
         return AllToAllHandle(None, None, args, kw, ident=launch(x, mode, False, None, helper_id, splits, tag)[0])
     token, outcome = torch.ops.fastvideo.ulysses_all_to_all_4d_start(x, mode, grad, None, helper_id, seq_splits=seq,
                                                                      head_splits=heads, tag=tag)
-    return AllToAllHandle(token, outcome, args, kw)
+    return AllToAllHandle(token, outcome, (x, *args), kw)  # x: the wait's ``keep`` (see the module docstring)
 
 
 def done(x: torch.Tensor) -> AllToAllHandle:
