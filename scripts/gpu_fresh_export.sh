@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's two commands as a newcomer runs them on a GPU host (one GPU or several, with or without a package
-# registry), from a fresh export of this tree, from the repository root:
+# registry), from a fresh export of this tree (plus the overlay's wheels in .whl/overlay where they were carried),
+# from the repository root:
 #
 #   OUT=/tmp/fresh bash scripts/gpu_fresh_export.sh
 #
@@ -34,6 +35,12 @@ else
   echo "exported: the tree without .git and without what .gitignore names" >"$L/export.txt"
 fi
 echo "$commit" >"$tree/COMMIT"
+# The overlay's wheels, where they were carried: what the README tells a host without a registry to bring along
+# (the main job and the overlay's test take upstream FastVideo from them). Nothing else ignored travels.
+if [[ -d $ROOT/.whl/overlay ]]; then
+  mkdir -p "$tree/.whl" && cp -r "$ROOT/.whl/overlay" "$tree/.whl/overlay"
+  echo "carried: .whl/overlay ($(ls "$tree/.whl/overlay" | wc -l) files), the overlay's wheels" >>"$L/export.txt"
+fi
 {
   echo "commit $commit"
   (cd "$tree" && find . -type f | wc -l) | sed 's/^/files exported: /'
@@ -55,7 +62,7 @@ cd "$tree" || exit 2
 export FASTVIDEO_KERNEL_CACHE="$WORK/nccl-cache"
 unset PYTHONPATH FASTVIDEO_KERNEL_LIBRARY FASTVIDEO_PYTHON FASTVIDEO_VENV FASTVIDEO_NO_INSTALL
 if [[ $only != tests ]]; then
-  step "README: bash scripts/run_demo.sh" 150 demo.log bash scripts/run_demo.sh
+  step "README: bash scripts/run_demo.sh" 240 demo.log bash scripts/run_demo.sh
 fi
 if [[ $only != demo ]]; then
   step "README: bash scripts/run_tests.sh" 560 tests.log bash scripts/run_tests.sh
