@@ -70,6 +70,36 @@ def overlay() -> overlay_build.Overlay:
         _unavailable(f"the upstream overlay cannot be built here: {exc}")
 
 
+# An exception's first line in a subprocess's output: the class name (qualified or not) and its message, under the
+# prefixes that torchrun ("[rank0]: ") and pytest ("E   ") put before a nested process's lines.
+_PREFIX = re.compile(r"^(?:\[(?:default)?rank\d+\]:\s?|E\s+)*")
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure)(?::|$)")
+HEAD_FRAMES = 6  # the innermost traceback lines kept above each exception's first line
+HEADS = 12  # distinct exceptions reported by their first lines
+HEAD_CHARS = 2000  # per line: a dispatcher error's first line lists every backend
+
+
+def _failure_report(output: str, tail: int = 8000) -> str:
+    """A failed subprocess's output for an assertion message: the first line of every distinct exception raised in
+    it (each once, in order of appearance, with the traceback lines just above it; a message that does not fit
+    the tail keeps its head), then the last ``tail`` characters."""
+    lines = [_PREFIX.sub("", line) for line in output.splitlines()]
+    heads: list[str] = []
+    seen: set[str] = set()
+    for i, line in enumerate(lines):
+        if not _EXCEPTION.match(line) or line in seen or len(heads) >= HEADS:
+            continue
+        seen.add(line)
+        above = []
+        for prev in reversed(lines[max(0, i - HEAD_FRAMES):i]):
+            if not prev.startswith(" "):  # the traceback's frames are indented; stop at anything else
+                break
+            above.insert(0, prev)
+        heads.append("\n".join(x[:HEAD_CHARS] for x in (*above, line)))
+    digest = "\n\n".join(heads) if heads else "(no exception line found)"
+    return f"exceptions, first lines:\n{digest}\n\n--- the last {tail} characters ---\n{output[-tail:]}"
+
+
 def _env(overlay: overlay_build.Overlay) -> dict[str, str]:
     env = overlay.env()
     env["CUDA_VISIBLE_DEVICES"] = ""  # the CPU and gloo, also on a GPU host
@@ -112,6 +142,21 @@ def test_stand_in_imports_any_name_and_refuses_calls(tmp_path):
     assert "refused: torchvision_standin_probe.transforms.v2.functional.resize is not available" in proc.stdout
 
 
+def test_failure_report_keeps_the_head_of_an_error_beyond_the_tail():
+    frames = "".join(f"[rank0]:   File \"m.py\", line {i}, in f{i}\n" for i in range(3))
+    head = "[rank0]: NotImplementedError: Could not run 'ns::op' with arguments from the 'CPU' backend."
+    listing = "[rank0]: listing\n" * 2000
+    output = (f"[rank0]: Traceback (most recent call last):\n{frames}{head}\n{listing}"
+              f"[rank1]: Traceback (most recent call last):\n{frames}{head.replace('[rank0]', '[rank1]')}\n"
+              "E       RuntimeError: sp worker failed with code 1\n" + "tail line\n" * 1000)
+    report = _failure_report(output, tail=500)
+    plain = head.removeprefix("[rank0]: ")
+    assert plain not in output[-500:]  # the negative control: the tail alone loses it
+    assert report.count(plain) == 1 and '  File "m.py", line 2, in f2\n' + plain in report
+    assert "\nRuntimeError: sp worker failed with code 1\n" in report and report.endswith(output[-500:])
+    assert "no exception line found" in _failure_report("all quiet\n")
+
+
 # ---------------------------------------------------------------------------------------------------
 # Upstream's own SP tests
 
@@ -131,7 +176,7 @@ def test_upstream_sp_test_on_the_overlay(overlay, test_name, tmp_path, ulysses_a
     out = proc.stdout + proc.stderr
     print(f"{test_name}: exit {proc.returncode} in {time.monotonic() - t0:.0f} s\n{out[-6000:]}")
     # Exit 0 and exactly one test passed: no test collected (exit 5) or a skip does not pass.
-    assert proc.returncode == 0, f"upstream's {test_name} failed (exit {proc.returncode}):\n{out[-8000:]}"
+    assert proc.returncode == 0, f"upstream's {test_name} failed (exit {proc.returncode}):\n{_failure_report(out)}"
     summary = out.strip().splitlines()[-1]
     assert re.search(r"\b1 passed\b", summary) and "skipped" not in summary, summary
 
@@ -159,7 +204,8 @@ def parity(overlay) -> dict:
                                   timeout=TIMEOUT_S - 60)
             print(proc.stdout[-4000:])
             output = proc.stdout + proc.stderr
-            assert proc.returncode == 0, f"the Wan parity run failed (exit {proc.returncode}):\n{output[-8000:]}"
+            assert proc.returncode == 0, (f"the Wan parity run failed (exit {proc.returncode}):\n"
+                                          f"{_failure_report(output)}")
     with open(out, "rb") as f:
         return pickle.load(f)
 

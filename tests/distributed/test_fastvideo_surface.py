@@ -297,6 +297,67 @@ def test_sp_collectives_and_their_gradients(ranks, world_size):
         assert not built and calls == 2 and calls_after == 2  # the warm-up built the helper, then did nothing
 
 
+def _autograd_only_all_gather(group, counter: list[int]):
+    """An all-gather registered under the Autograd dispatch key alone, as torch before 2.13 registers
+    ``_c10d_functional_autograd.all_gather_into_tensor``: a tensor made under ``torch.inference_mode`` carries no
+    autograd key, so the dispatcher finds no kernel for it (the GPU hosts' torch 2.11 failed so)."""
+    import torch.distributed._functional_collectives as fc
+
+    lib = torch.library.Library("fastvideo_test_autograd_only", "DEF")
+    lib.define("all_gather(Tensor x, int dim) -> Tensor")
+
+    def kernel(x, dim):
+        counter[0] += 1
+        return fc.wait_tensor(fc.all_gather_tensor(x.contiguous(), dim, group)).clone()
+
+    lib.impl("all_gather", kernel, "Autograd")
+    op = torch.ops.fastvideo_test_autograd_only.all_gather
+    return lib, lambda x, dim, _group: op(x, dim)
+
+
+def _inference_mode_gathers(rank, world_size):
+    from fastvideo.distributed import sequence_model_parallel_all_gather, sequence_model_parallel_all_gather_with_unpad
+    from fastvideo.distributed.device_communicators import base_device_communicator
+    from fastvideo.distributed.parallel_state import get_sp_group
+
+    comm = get_sp_group().device_communicator
+    counter = [0]
+    lib, emulated = _autograd_only_all_gather(comm.device_group, counter)
+    base_device_communicator._all_gather_autograd = emulated
+    table = tuple(range(1, world_size + 1))  # uneven shares: the padded path
+    out = {}
+    with torch.inference_mode():
+        x = rank_input(rank, (2, 3, 4))
+        out["even"] = bit_equal(sequence_model_parallel_all_gather(x, dim=1),
+                                torch.cat([rank_input(r, (2, 3, 4)) for r in range(world_size)], dim=1))
+        u = rank_input(rank, (2, table[rank], 4))
+        full = torch.cat([rank_input(r, (2, table[r], 4)) for r in range(world_size)], dim=1)
+        out["uneven"] = bit_equal(sequence_model_parallel_all_gather(u, dim=1, splits=table), full)
+        out["unpad"] = bit_equal(sequence_model_parallel_all_gather_with_unpad(x, 5, dim=1),
+                                 torch.cat([rank_input(r, (2, 3, 4)) for r in range(world_size)], dim=1)[:, :5])
+        out["inference calls"] = counter[0]
+        # The negative control: the emulated op itself fails on an inference tensor, as 2.11's did.
+        out["direct"] = catch(emulated, x, 1, None)[:2]
+    # Grad-tracked input still takes the differentiable form (here the emulation: forward only).
+    g = rank_input(rank, (2, 3, 4), requires_grad=True)
+    out["tracked"] = bit_equal(comm.all_gather(g, 1).detach(),
+                               torch.cat([rank_input(r, (2, 3, 4)) for r in range(world_size)], dim=1))
+    out["tracked calls"] = counter[0]
+    del lib
+    return out
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_all_gather_under_inference_mode_with_an_autograd_only_functional_collective(ranks, world_size):
+    """Upstream's LingBot test runs its forward under ``torch.inference_mode``: the all-gathers (even, uneven,
+    unpadded) must not reach an op that has only an Autograd kernel (torch 2.11's differentiable functional
+    collectives), and grad-tracked input must still reach it."""
+    for r in ranks(world_size, _inference_mode_gathers):
+        assert r["even"] and r["uneven"] and r["unpad"] and r["tracked"], r
+        assert r["inference calls"] == 0 and r["tracked calls"] == 1
+        assert r["direct"][0] == "NotImplementedError" and "Could not run" in r["direct"][1], r["direct"]
+
+
 # ------------------------------------------------------------------------------------- ulysses_a2a itself
 
 

@@ -46,7 +46,9 @@ from fastvideo.distributed.ulysses.nccl import nccl_route
 # The gradients here are torch's: its differentiable functional collectives (torch 2.13 renamed two of them; the
 # GPU hosts run 2.11). The all-gather's backward is a reduce-scatter (sum), the reduce-scatter's an all-gather,
 # the all-to-all's the inverse all-to-all: upstream's DistributedAutograd formulas, without a Function of ours
-# (the Ulysses op's is the package's one autograd formula).
+# (the Ulysses op's is the package's one autograd formula). They serve grad-tracked input only: before 2.13 the
+# ``_c10d_functional_autograd`` ops have an Autograd kernel and no backend one, so a tensor made under
+# ``torch.inference_mode`` (no autograd dispatch key) finds no kernel; untracked input takes the plain ops.
 _all_gather_autograd = getattr(_fc, "all_gather_single_autograd", None) or _fc.all_gather_tensor_autograd
 _reduce_scatter_autograd = getattr(_fc, "reduce_scatter_single_autograd", None) or _fc.reduce_scatter_tensor_autograd
 
@@ -136,14 +138,15 @@ class DeviceCommunicatorBase:
         table = shares("all_gather", "splits", splits, self.world_size)
         if table is not None:
             check_own_share("all_gather", table, self.rank_in_group, input_, dim)
+        gather = _all_gather_autograd if _grad_tracked(input_) else _fc.all_gather_tensor
         if table is None or len(set(table)) == 1:
-            return _all_gather_autograd(input_.contiguous(), dim, self.device_group)
+            return gather(input_.contiguous(), dim, self.device_group)
         largest = max(table)
         padded = input_
         if input_.shape[dim] < largest:
             pad = [0, 0] * (input_.dim() - 1 - dim) + [0, largest - input_.shape[dim]]
             padded = F.pad(input_, pad)
-        gathered = _all_gather_autograd(padded.contiguous(), dim, self.device_group)
+        gathered = gather(padded.contiguous(), dim, self.device_group)
         return torch.cat([gathered.narrow(dim, r * largest, rows) for r, rows in enumerate(table)], dim=dim)
 
     def slice(self, input_: torch.Tensor, dim: int = -1, *, scale_grad: bool,
