@@ -5,7 +5,10 @@
   asserts identical losses and names the backend and the route each run took, read from the helper. Where the
   overlay cannot be built (no registry and no carried wheels) the test skips naming why; under ``CI=true`` it
   never skips. ``FASTVIDEO_OVERLAY_PYTHONPATH`` set: that overlay is used as it is.
-- The benchmark recipe (``examples/training/video_dit/compare_routes.sh``, this package's own DiT, no upstream).
+- The benchmark recipe (``examples/training/video_dit/compare_routes.sh``, this package's own DiT, no upstream),
+  run as the main job runs it offline: ``scripts/run_demo.sh`` on a machine that can neither download the overlay
+  nor find its wheels (the wheel folder pointed at an empty path) skips the Wan job with a note and runs this recipe
+  in its place; under ``CI=true`` the same exits 3 instead (the negative control).
 
 Negative controls: the compare step exits 1 on a run whose loss differs, for either recipe's records.
 """
@@ -128,9 +131,36 @@ def test_negative_control_the_main_jobs_comparison_fails_when_a_loss_differs(wan
 @pytest.fixture(scope="module")
 def video_dit(tmp_path_factory):
     out = tmp_path_factory.mktemp("video_dit")
-    proc = subprocess.run(["bash", "examples/training/video_dit/compare_routes.sh", "--steps", "4"], cwd=ROOT,
-                          env=_env(out), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(["bash", "scripts/run_demo.sh", "--steps", "4"], cwd=ROOT, env=_offline_env(out),
+                          capture_output=True, text=True, timeout=600)
     return proc, out
+
+
+def _offline_env(out: pathlib.Path) -> dict[str, str]:
+    """The main job's environment on a machine with no way to the overlay's wheels: an empty wheel folder and an
+    empty overlay cache (the builder then reports a missing download, exit 3), CI unset."""
+    env = {**_env(out), "FASTVIDEO_OVERLAY_WHEELS": str(out / "no-wheels"),
+           "FASTVIDEO_OVERLAY_CACHE": str(out / "overlay-cache")}
+    env.pop("CI", None)
+    env.pop("FASTVIDEO_OVERLAY_PYTHONPATH", None)
+    return env
+
+
+@SLOW
+def test_offline_the_main_job_skips_the_wan_job_saying_why_and_runs_the_benchmark_recipe(video_dit):
+    proc, out = video_dit
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "main job: SKIPPED upstream's Wan DiT" in proc.stderr and ".whl/overlay" in proc.stderr
+    assert "overlay: FAILED" in proc.stderr  # the builder's own reason, above the note
+    assert (out / "auto_resumed" / "run.json").exists()  # the benchmark recipe's runs, where the job's go
+
+
+def test_negative_control_under_ci_a_main_job_without_the_overlay_fails_instead(tmp_path):
+    env = {**_offline_env(tmp_path), "CI": "true"}
+    proc = subprocess.run(["bash", "scripts/run_demo.sh", "--steps", "1"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "SKIPPED" not in proc.stderr and "overlay: FAILED" in proc.stderr
 
 
 @SLOW

@@ -444,6 +444,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         t0 = time.monotonic()
         overlay = build_overlay(python=args.python, wheels=args.wheels, dest=args.dest, index=args.index)
+    except MissingDownload as exc:  # exit 3: offline without the wheels (the main job then says so and falls back)
+        print(f"overlay: FAILED: {exc}", file=sys.stderr)
+        return 3
     except OverlayError as exc:
         print(f"overlay: FAILED: {exc}", file=sys.stderr)
         return 1

@@ -11,7 +11,7 @@
 # closing_table.txt and loss_and_step_time.png. The overlay: FASTVIDEO_OVERLAY_PYTHONPATH where it is set (an overlay
 # built before), else the overlay builder (scripts/upstream_overlay.sh: upstream's pinned wheel and the pinned
 # packages of its model path in a cache outside the tree, from .whl/overlay/ where it exists, this tree's fastvideo/
-# over it).
+# over it). Exit status 3: the overlay needs a download this machine cannot make (offline, no wheel folder).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../../.." && pwd)
@@ -24,11 +24,13 @@ if [ -n "${FASTVIDEO_OVERLAY_PYTHONPATH:-}" ]; then
   echo "recipe: using the overlay given in FASTVIDEO_OVERLAY_PYTHONPATH=$FASTVIDEO_OVERLAY_PYTHONPATH" >&2
 else
   # The overlay builder prints the overlay's PYTHONPATH on its last line (progress and errors on stderr).
-  built=$(PYTHON="$PY" bash "$ROOT/scripts/upstream_overlay.sh") || {
+  rc=0
+  built=$(PYTHON="$PY" bash "$ROOT/scripts/upstream_overlay.sh") || rc=$?
+  if ((rc != 0)); then
     echo "recipe: the overlay could not be built (above: why; offline, put its wheels in .whl/overlay/ with" \
          "'bash scripts/upstream_overlay.sh --download-to .whl/overlay' on a machine with a registry)" >&2
-    exit 1
-  }
+    exit "$rc"  # 3: a download it needs is missing (offline, no wheel folder)
+  fi
   FASTVIDEO_OVERLAY_PYTHONPATH=$(tail -n 1 <<<"$built")
 fi
 export FASTVIDEO_OVERLAY_PYTHONPATH
