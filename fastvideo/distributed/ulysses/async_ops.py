@@ -1,17 +1,27 @@
 """The Ulysses all-to-all in flight: a start op and a wait op, so that the exchange runs beside compute.
 
     torch.ops.fastvideo.ulysses_all_to_all_4d_start(x, mode, grad, outcome, helper, *, seq_splits=None,
-                                                    head_splits=None, tag=None) -> (token, outcome_out)
-    torch.ops.fastvideo.ulysses_all_to_all_4d_wait(token, outcome, keep, mode, shape, dtype, device, *,
+                                                    head_splits=None, tag=None, own_input=False)
+        -> (token, outcome_out)
+    torch.ops.fastvideo.ulysses_all_to_all_4d_wait(token, outcome, mode, shape, dtype, device, *,
                                                    seq_splits=None, head_splits=None, tag=None) -> out
 
 Like torch's functional collectives (an ``all_to_all_single`` then a ``wait_tensor``), the compiler sees two
 nodes joined only by ``token``, so it may schedule compute between them. The arguments are the synchronous op's
 (``ops.py``); ``token`` is a one-element float64 CPU tensor naming the exchange in flight in this process, and the
-output exists only as the wait's result: nothing can read it before the exchange landed. ``keep`` is the start's
-input, unused by the wait's body: an exchange in flight still reads its input, and a compiler that saw the input's
-last use at the start would reuse its buffer (inductor writes the next tensor of that size into it) while the
-exchange reads it. As the wait's argument the input stays live, unwritten, until the wait.
+output exists only as the wait's result: nothing can read it before the exchange landed.
+
+**Who owns the input.** An exchange in flight may still read its input after the start returned (the CUDA routes
+on the communication stream, gloo's threads on CPU). Eager, the caller owns it: ``record_stream`` keeps its memory
+from the allocator, and the caller must not write it before the wait (torch's ``async_op`` rule). A compiler cannot
+be told that rule: inductor plans buffer reuse by graph liveness, and may even compute a cheap pointwise input once
+per consumer, so no argument of the wait can keep the buffer the start read alive. So under tracing
+(``own_input=True``, set by the public wrappers when ``torch.compiler.is_compiling()`` or a tracing mode is active,
+and baked into the graph) the start op owns its input: where the route would read the caller's buffer after
+returning, it first copies the input into a buffer of its own, on the caller's stream, and the compiler may reuse
+the caller's buffer as soon as the start returns. The cost: one device copy of the operand on the caller's stream,
+compiled path only, and none where the route already packs into a fresh buffer before returning (the gloo route
+whose send layout is a copy). The eager path stays copy-free.
 
 * **Start** (collective): the vote, on the host, at issue, exactly as the synchronous op votes (the helper's own
   ``call``, so the phase, call-site tag counts, checked mode and hot path are the same); then the agreed route is
@@ -51,8 +61,8 @@ from fastvideo.distributed.ulysses.ops import _TAGS, _listed, _splits, fail, is_
 START = "fastvideo::ulysses_all_to_all_4d_start"
 WAIT = "fastvideo::ulysses_all_to_all_4d_wait"
 START_SCHEMA = ("(Tensor x, int mode, bool grad, Tensor? outcome, int helper, *, SymInt[]? seq_splits=None, "
-                "SymInt[]? head_splits=None, str? tag=None) -> (Tensor, Tensor)")
-WAIT_SCHEMA = ("(Tensor token, Tensor outcome, Tensor? keep, int mode, SymInt[] shape, ScalarType dtype, "
+                "SymInt[]? head_splits=None, str? tag=None, bool own_input=False) -> (Tensor, Tensor)")
+WAIT_SCHEMA = ("(Tensor token, Tensor outcome, int mode, SymInt[] shape, ScalarType dtype, "
                "Device device, *, SymInt[]? seq_splits=None, SymInt[]? head_splits=None, str? tag=None) -> Tensor")
 
 _IDS = itertools.count(1)
@@ -109,7 +119,7 @@ def route_of(ident: int) -> str:
 
 
 def _issue(x: torch.Tensor, mode: int, grad: bool, outcome: tuple[int, int] | None, helper: int, splits: Splits,
-           tag: str | None) -> tuple[InFlight, tuple[int, int]]:
+           tag: str | None, own: bool) -> tuple[InFlight, tuple[int, int]]:
     """Vote (where the route votes) and launch on the current stream, leaving the exchange in flight."""
     if outcome is None:
         target = live_helper(helper) if helper else registry.route()
@@ -129,24 +139,27 @@ def _issue(x: torch.Tensor, mode: int, grad: bool, outcome: tuple[int, int] | No
     group = get_sp_group().device_group
     if x.is_cuda:  # on the side stream already: NCCL's stream follows it, and the host never waits for NCCL
         return InFlight("nccl", nccl_route(x, mode, group, splits=splits)), saved
-    return InFlight("nccl-async", finish=nccl_route_start(x, mode, group, splits=splits)), saved
+    return InFlight("nccl-async", finish=nccl_route_start(x, mode, group, splits=splits, own_input=own)), saved
 
 
 def launch(x: torch.Tensor, mode: int, grad: bool, outcome: tuple[int, int] | None, helper: int, splits: Splits,
-           tag: str | None) -> tuple[int, tuple[int, int]]:
+           tag: str | None, own: bool = False) -> tuple[int, tuple[int, int]]:
     """The start op's body on validated input: ``(token id, (helper id, outcome code))``. Collective; blocks the
-    host only for the vote; capture-safe on CUDA."""
+    host only for the vote; capture-safe on CUDA. ``own``: the exchange may not read ``x`` after this returns (see
+    the module docstring, "Who owns the input")."""
     if x.is_cuda:
         caller = torch.cuda.current_stream(x.device)
+        if own:  # every CUDA route reads its input on the communication stream, after this returns
+            x = x.clone(memory_format=torch.contiguous_format)  # on the caller's stream: the side stream waits for it
         comm = comm_stream(x.device)
         comm.wait_stream(caller)  # x was written on the caller's stream
         with torch.cuda.stream(comm):
-            pending, saved = _issue(x, mode, grad, outcome, helper, splits, tag)
+            pending, saved = _issue(x, mode, grad, outcome, helper, splits, tag, own)
             pending.event = torch.cuda.Event()
             pending.event.record(comm)
         x.record_stream(comm)  # the side stream reads x: its memory is not reused before that is done
-    else:
-        pending, saved = _issue(x, mode, grad, outcome, helper, splits, tag)
+    else:  # the CPU plan transport has read x when it returns; the gloo route copies where its send is x's view
+        pending, saved = _issue(x, mode, grad, outcome, helper, splits, tag, own)
     ident = next(_IDS)
     _PENDING[ident] = pending
     return ident, saved
@@ -168,7 +181,7 @@ def _token(ident: int) -> torch.Tensor:
 @torch.library.custom_op(START, mutates_args=(), schema=START_SCHEMA, tags=_TAGS)
 def _start(x: torch.Tensor, mode: int, grad: bool, outcome: torch.Tensor | None, helper: int, *,
            seq_splits: list[int] | None = None, head_splits: list[int] | None = None,
-           tag: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+           tag: str | None = None, own_input: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     sp = get_sp_group()
     try:
         splits = validate_input(x, mode, sp.world_size, rank=sp.rank_in_group, seq_splits=seq_splits,
@@ -177,12 +190,13 @@ def _start(x: torch.Tensor, mode: int, grad: bool, outcome: torch.Tensor | None,
             check_tag(tag, START)
     except (TypeError, ValueError, RuntimeError) as exc:
         fail(x, mode, exc)
-    ident, saved = launch(x, mode, grad, None if outcome is None else tuple(outcome.tolist()), helper, splits, tag)
+    ident, saved = launch(x, mode, grad, None if outcome is None else tuple(outcome.tolist()), helper, splits, tag,
+                          own=own_input)
     return _token(ident), torch.tensor(saved, dtype=torch.int64)
 
 
 @_start.register_fake
-def _start_fake(x, mode, grad, outcome, helper, *, seq_splits=None, head_splits=None, tag=None):
+def _start_fake(x, mode, grad, outcome, helper, *, seq_splits=None, head_splits=None, tag=None, own_input=False):
     if not is_fake(x):  # the Meta dispatch key outside tracing: raise (as the synchronous op), never a fake token
         sp = get_sp_group()
         try:
@@ -194,7 +208,7 @@ def _start_fake(x, mode, grad, outcome, helper, *, seq_splits=None, head_splits=
 
 
 @torch.library.custom_op(WAIT, mutates_args=(), schema=WAIT_SCHEMA, tags=_TAGS)
-def _wait(token: torch.Tensor, outcome: torch.Tensor, keep: torch.Tensor | None, mode: int, shape: list[int],
+def _wait(token: torch.Tensor, outcome: torch.Tensor, mode: int, shape: list[int],
           dtype: torch.dtype, device: torch.device, *, seq_splits: list[int] | None = None,
           head_splits: list[int] | None = None,
           tag: str | None = None) -> torch.Tensor:
@@ -202,18 +216,15 @@ def _wait(token: torch.Tensor, outcome: torch.Tensor, keep: torch.Tensor | None,
 
 
 @_wait.register_fake
-def _wait_fake(token, outcome, keep, mode, shape, dtype, device, *, seq_splits=None, head_splits=None, tag=None):
+def _wait_fake(token, outcome, mode, shape, dtype, device, *, seq_splits=None, head_splits=None, tag=None):
     return torch.empty(shape, dtype=dtype, device=device)
 
 
 def _start_setup(ctx, inputs: tuple, output: tuple, keyword_only_inputs: dict) -> None:
     x = inputs[0]
     ctx.mode, ctx.shape, ctx.dtype, ctx.device = inputs[1], tuple(x.shape), x.dtype, x.device
-    ctx.kw = dict(keyword_only_inputs)
+    ctx.kw = {k: v for k, v in keyword_only_inputs.items() if k != "own_input"}  # the wait's keywords
     ctx.save_for_backward(output[1])
-    # The wait's backward hands the reverse exchange's input over here (to keep it live until its wait): the
-    # token, the one tensor both ops see, carries the box from this node to the wait's.
-    ctx.reverse_input = output[0]._fastvideo_reverse_input = []
 
 
 def _start_backward(ctx, grad_token: torch.Tensor | None, _grad_outcome):
@@ -221,35 +232,33 @@ def _start_backward(ctx, grad_token: torch.Tensor | None, _grad_outcome):
     if grad_token is None:
         return None, None, None, None, None
     (outcome,) = ctx.saved_tensors
-    keep = ctx.reverse_input.pop() if ctx.reverse_input else None
-    grad_x = torch.ops.fastvideo.ulysses_all_to_all_4d_wait(grad_token, outcome, keep, 1 - ctx.mode,
+    grad_x = torch.ops.fastvideo.ulysses_all_to_all_4d_wait(grad_token, outcome, 1 - ctx.mode,
                                                             list(ctx.shape), ctx.dtype, ctx.device, **ctx.kw)
     return grad_x, None, None, None, None
 
 
 def _wait_setup(ctx, inputs: tuple, output, keyword_only_inputs: dict) -> None:
-    ctx.mode = inputs[3]
-    ctx.reverse_input = getattr(inputs[0], "_fastvideo_reverse_input", None)
+    ctx.mode = inputs[2]
     ctx.kw = dict(keyword_only_inputs)
     ctx.save_for_backward(inputs[1])
 
 
 def _wait_backward(ctx, grad_out: torch.Tensor):
     """Start the inverse exchange of ``grad_out`` with the forward's outcome (its plan; it votes as the synchronous
-    backward does) and pass its token on: the start's backward waits for it."""
+    backward does) and pass its token on: the start's backward waits for it. Traced (the backward graph of
+    ``torch.compile``, compiled autograd, ``make_fx``), the start owns ``grad_out`` as the forward's does."""
     (outcome,) = ctx.saved_tensors
     grad_out = grad_out.contiguous()
-    if ctx.reverse_input is not None:
-        ctx.reverse_input.append(grad_out)
     grad = torch.is_grad_enabled() and grad_out.requires_grad
-    if not grad and is_plain(grad_out):
+    traced = torch.compiler.is_compiling() or not is_plain(grad_out)
+    if not grad and not traced:
         splits = _splits(ctx.kw.get("seq_splits"), ctx.kw.get("head_splits"))
         token = _token(launch(grad_out, 1 - ctx.mode, False, tuple(outcome.tolist()), 0, splits,
                               ctx.kw.get("tag"))[0])
     else:
         token = torch.ops.fastvideo.ulysses_all_to_all_4d_start(grad_out, 1 - ctx.mode, grad, outcome, 0,
-                                                                **ctx.kw)[0]
-    return token, None, None, None, None, None, None
+                                                                **ctx.kw, own_input=traced)[0]
+    return token, None, None, None, None, None
 
 
 _start.register_autograd(_start_backward, setup_context=_start_setup)
@@ -285,11 +294,12 @@ def start(x: torch.Tensor, mode: int, helper_id: int, splits: Splits, tag: str |
     shape = list(output_shape(x.shape, mode, sp.world_size, rank=sp.rank_in_group, splits=splits))
     args, kw = (mode, shape, x.dtype, x.device), {"seq_splits": seq, "head_splits": heads, "tag": tag}
     grad = torch.is_grad_enabled() and x.requires_grad
-    if not torch.compiler.is_compiling() and not grad and is_plain(x):
+    traced = torch.compiler.is_compiling() or not is_plain(x)  # a compiler plans x's buffer: the start owns x
+    if not traced and not grad:
         return AllToAllHandle(None, None, args, kw, ident=launch(x, mode, False, None, helper_id, splits, tag)[0])
     token, outcome = torch.ops.fastvideo.ulysses_all_to_all_4d_start(x, mode, grad, None, helper_id, seq_splits=seq,
-                                                                     head_splits=heads, tag=tag)
-    return AllToAllHandle(token, outcome, (x, *args), kw)  # x: the wait's ``keep`` (see the module docstring)
+                                                                     head_splits=heads, tag=tag, own_input=traced)
+    return AllToAllHandle(token, outcome, args, kw)
 
 
 def done(x: torch.Tensor) -> AllToAllHandle:

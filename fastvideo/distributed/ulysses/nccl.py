@@ -54,18 +54,22 @@ def nccl_route(x: torch.Tensor, mode: int, group: dist.ProcessGroup, *, splits: 
 
 
 def nccl_route_start(x: torch.Tensor, mode: int, group: dist.ProcessGroup, *,
-                     splits: Splits = EVEN) -> Callable[[], torch.Tensor]:
+                     splits: Splits = EVEN, own_input: bool = False) -> Callable[[], torch.Tensor]:
     """The NCCL route issued without waiting: collective over ``group``; does not block the host; not for CUDA-graph
     capture (the async route runs ``nccl_route`` on its communication stream there). Returns ``finish()``, which
     waits for the backend's work and lays the output out (call it once; ``x`` may be reused once it returned).
 
-    On gloo (CPU) the exchange then runs in the backend's own threads: the CPU form of an exchange in flight."""
+    On gloo (CPU) the exchange then runs in the backend's own threads: the CPU form of an exchange in flight.
+    The backend reads the send buffer until ``finish()``; where that is a view of ``x`` (no pack copy was needed),
+    ``own_input`` copies it first, so ``x`` may be reused as soon as this returns (a compiled caller's buffers)."""
     world_size, rank = group.size(), group.rank()
     sent, received = block_shapes(x.shape, mode, world_size, rank, splits)
     total, recv_sizes = _split_sizes(received, x.element_size())
     _, send_sizes = _split_sizes(sent, x.element_size())
     recv = torch.empty(total, dtype=torch.uint8, device=x.device)
     send = send_layout(x, mode, world_size, splits=splits).view(torch.uint8)
+    if own_input and send.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+        send = send.clone()
     start = time.perf_counter()
     try:
         work = dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=group, async_op=True)
