@@ -33,10 +33,8 @@ The forward is built from helpers an extension can reuse (``_layout``, ``_scatte
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import wraps
 from typing import Any
 
 import torch
@@ -46,7 +44,14 @@ from torch import nn
 from fastvideo.attention import overlap as _overlap
 from fastvideo.attention.dense import attention
 from fastvideo.attention.rotary import _apply_rotary_emb as _dense_rotary
-from fastvideo.attention.sources import check_dense_backends, check_dense_extra, upstream_attention
+from fastvideo.attention.sources import (  # upstream's compile boundary, imported from here by upstream's modules
+    _attention_compile_disabled,
+    _attention_compile_explicitly_disabled,  # noqa: F401 - upstream's fsdp_load imports it from this module
+    _maybe_compiler_disable,
+    check_dense_backends,
+    check_dense_extra,
+    upstream_attention,
+)
 from fastvideo.distributed.communication_op import (
     sequence_model_parallel_all_gather,
     sequence_model_parallel_all_to_all_4D,
@@ -55,36 +60,6 @@ from fastvideo.distributed.parallel_state import get_sp_parallel_rank, get_sp_wo
 from fastvideo.distributed.ulysses.layout import balanced_splits, shares
 
 __all__ = ["DistributedAttention", "DistributedAttention_VSA", "LocalAttention", "upstream_attention"]
-
-# ------------------------------------------------------------------------------------- compile boundary (upstream's)
-
-_COMPILE_ENV = "FASTVIDEO_DISABLE_ATTENTION_COMPILE"
-
-
-def _attention_compile_disabled() -> bool:
-    """Whether new attention instances keep ``forward`` out of compiled graphs: True unless
-    ``FASTVIDEO_DISABLE_ATTENTION_COMPILE`` is set to ``0``, ``false``, ``no``, ``off`` or empty (upstream's rule)."""
-    value = os.environ.get(_COMPILE_ENV)
-    return value is None or value.strip().lower() not in ("0", "false", "no", "off", "")
-
-
-def _attention_compile_explicitly_disabled() -> bool:
-    """Whether the environment asks for the eager boundary explicitly (set, and not to a false value): upstream's
-    regional compile then leaves the model eager."""
-    return _COMPILE_ENV in os.environ and _attention_compile_disabled()
-
-
-def _maybe_compiler_disable(fn: Callable) -> Callable:
-    """Wrap a ``forward`` so each instance chooses: traced (``self._compile_forward_enabled``) or behind
-    ``torch.compiler.disable``. Both wrappers are made here, once; the choice is an attribute read per call."""
-    disabled = torch.compiler.disable(fn)
-
-    @wraps(fn)
-    def dispatch(self, *args: Any, **kwargs: Any) -> Any:
-        return (fn if self._compile_forward_enabled else disabled)(self, *args, **kwargs)
-
-    return dispatch
-
 
 class _Attention(nn.Module):
     """What the three layers share: arguments, and the attention chosen at construction."""

@@ -1,14 +1,17 @@
 """Where an attention layer's attention comes from (``fastvideo.attention.layer``): upstream FastVideo's backend
-machinery where it is installed, else the dense fall back, whose argument checks are here too. Local, no collective,
-no side effect at import: the layers ask at construction.
+machinery where it is installed, else the dense fall back, whose argument checks are here too; and upstream's compile
+boundary for the layers' ``forward`` (``FASTVIDEO_DISABLE_ATTENTION_COMPILE``). Local, no collective, no side
+effect at import: the layers ask at construction.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import wraps
 from types import SimpleNamespace
 from typing import Any
 
@@ -64,3 +67,35 @@ def check_dense_extra(cls: str, extra: dict[str, Any]) -> None:
         raise TypeError(f"{cls}: {refused} are upstream backend arguments that flash-attn / SDPA without upstream "
                         f"FastVideo do not implement (accepted only as {_DENSE_NEUTRAL}); drop them, or copy this "
                         "tree over upstream FastVideo, whose backends take them.")
+
+
+# ------------------------------------------------------------------------------------- compile boundary (upstream's)
+
+_COMPILE_ENV = "FASTVIDEO_DISABLE_ATTENTION_COMPILE"
+
+
+def _attention_compile_disabled() -> bool:
+    """Whether new attention instances keep ``forward`` out of compiled graphs: True unless
+    ``FASTVIDEO_DISABLE_ATTENTION_COMPILE`` is set to ``0``, ``false``, ``no``, ``off`` or empty (upstream's rule)."""
+    value = os.environ.get(_COMPILE_ENV)
+    return value is None or value.strip().lower() not in ("0", "false", "no", "off", "")
+
+
+def _attention_compile_explicitly_disabled() -> bool:
+    """Whether the environment asks for the eager boundary explicitly (set, and not to a false value): upstream's
+    regional compile then leaves the model eager."""
+    return _COMPILE_ENV in os.environ and _attention_compile_disabled()
+
+
+def _maybe_compiler_disable(fn: Callable) -> Callable:
+    """Wrap a ``forward`` so each instance chooses: traced (``self._compile_forward_enabled``) or behind
+    ``torch.compiler.disable``. Both wrappers are made here, once; the choice is an attribute read per call."""
+    import torch  # here, not at import: this module is read before the layers need torch
+
+    disabled = torch.compiler.disable(fn)
+
+    @wraps(fn)
+    def dispatch(self, *args: Any, **kwargs: Any) -> Any:
+        return (fn if self._compile_forward_enabled else disabled)(self, *args, **kwargs)
+
+    return dispatch
