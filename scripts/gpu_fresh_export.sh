@@ -5,9 +5,9 @@
 #
 #   OUT=/tmp/fresh bash scripts/gpu_fresh_export.sh
 #
-# The tree is exported into a new folder ($WORK/tree): `git archive HEAD` where .git is present, else the files
-# of this tree without anything git ignores (build/, .venv/, .whl/, .revs/, compiled objects), so no earlier build,
-# venv or carried wheel helps it; the commit (COMMIT, else git) is stamped into the export. The NCCL wheel cache is
+# The tree is exported into a new folder ($WORK/tree): `git archive HEAD` where .git is present and its HEAD is the
+# tree's commit (COMMIT), else the files of this tree without anything git ignores (build/, .venv/, .whl/, .revs/,
+# compiled objects), so no earlier build, venv or carried wheel helps it; the commit (COMMIT, else git) is stamped into the export. The NCCL wheel cache is
 # a new empty folder too, and PYTHONPATH is cleared. Then, in the export, with the host's python as the README's
 # set-up picks it: `bash scripts/run_demo.sh`, then `bash scripts/run_tests.sh`, each under a time limit, the
 # whole inside BUDGET_S (default 570 s: one 10-minute device call). ONLY=demo or ONLY=tests runs one of the two
@@ -23,7 +23,10 @@ L="$WORK/logs"
 commit=$(awk '{print $2; exit}' "$L/commit.txt")
 tree="$WORK/tree"
 rm -rf "$tree" "$WORK/nccl-cache" && mkdir -p "$tree" "$WORK/nccl-cache"
-if git -C "$ROOT" rev-parse --git-dir >/dev/null 2>&1; then
+# git archive only where the checkout's HEAD is the tree's commit: a host's copy of the tree can come with a .git of
+# another commit (its files are this tree's, its HEAD is not), and archiving that HEAD would test the wrong code.
+head=$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || true)
+if [[ -n $head && ( ! -f $ROOT/COMMIT || $(cat "$ROOT/COMMIT") == "$head" ) ]]; then
   git -C "$ROOT" archive HEAD | tar -x -C "$tree"
   git -C "$ROOT" status --short >"$L/export.txt"
   echo "exported: git archive HEAD (uncommitted changes in this checkout, not exported, are listed above)" >>"$L/export.txt"
@@ -32,7 +35,8 @@ else
     --exclude=./.device --exclude=./_build --exclude=./dist --exclude=./COMMIT --exclude='__pycache__' \
     --exclude='*.pyc' --exclude='*.so' --exclude='*.egg-info' --exclude=.pytest_cache --exclude=.ruff_cache \
     -cf - . | tar -x -C "$tree"
-  echo "exported: the tree without .git and without what .gitignore names" >"$L/export.txt"
+  echo "exported: the tree's files without .git and without what .gitignore names (the checkout's HEAD:" \
+       "${head:-none}; the tree's commit: $commit)" >"$L/export.txt"
 fi
 echo "$commit" >"$tree/COMMIT"
 # The overlay's wheels, where they were carried: what the README tells a host without a registry to bring along
