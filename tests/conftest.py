@@ -30,7 +30,8 @@ so that validation and agreement see every read.
 Progress. ``--progress-every=SECONDS`` prints ``[done/total] elapsed, ETA`` at most that often and at
 every tenth of the run. The ETA weighs each remaining test by its duration in the last run (pytest's
 cache), else by its file's mean in ``tests/durations.json`` (refresh it with
-``--progress-save-table`` after changing the suite much), else by the mean so far.
+``--progress-save-table`` after changing the suite much), else by the mean so far. A failing test is named on
+a ``progress: FAILED`` line as it fails, so a run cut short by a time limit still says what failed.
 """
 
 from __future__ import annotations
@@ -172,6 +173,8 @@ class _Progress:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.durations[report.nodeid] = self.durations.get(report.nodeid, 0.0) + report.duration
+        if report.failed:  # named at once: a run cut by a time limit never reaches pytest's own summary
+            self._write(f"FAILED {report.nodeid} ({report.when})")
         if report.when != "teardown" or not self.total:
             return
         self.done += 1
