@@ -418,10 +418,13 @@ def test_compiled_bf16_pipelined_block_is_right_every_run(ranks):
     head group comes out wrong (by about 1.9) within 2000 runs (seen in a few percent of runs here; stopped at the
     first)."""
     results, (starts, freed, owned) = ranks(1, _pipelined_block_bf16_runs, True, 200, timeout_s=300)[0]
-    assert starts == 8 and freed > 0 and owned == [True] * 8
+    assert starts == 8 and owned == [True] * 8
     assert len(results) == 200
     wrong = [(n, d, heads) for n, (d, heads) in enumerate(results) if heads or d > BF16_TOLERANCE]
     assert not wrong, wrong
+    if freed == 0:  # another torch's inductor may keep every exchange input until its wait
+        pytest.skip(f"the 200 compiled runs were right, but this torch's inductor ({torch.__version__}) frees no "
+                    "exchange input before its wait: the hazard is absent here, so the negative control cannot show it")
     results, (starts, freed, _) = ranks(1, _pipelined_block_bf16_runs, False, 2000, True, timeout_s=300)[0]
     assert starts == 8 and freed > 0
     assert results[-1][1], f"the race did not show in {len(results)} runs without the ownership copy"
