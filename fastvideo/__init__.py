@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from typing import Any
 
 # This package's own version (pyproject.toml's), whether alone or in the overlay.
@@ -29,6 +30,19 @@ _UPSTREAM_EXPORTS = {
 
 __all__ = ["PipelineConfig", "SamplingParam", "VideoGenerator", "__version__"]
 
+
+def _module_present(module: str) -> bool:
+    """Whether ``module`` is imported or can be found (its parents imported, not the module itself). Shared by this
+    package's lazy surfaces (``fastvideo.attention``, ``fastvideo.attention.sources``), so defined before the
+    eager imports below, which reach them."""
+    if module in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent is missing, or a module without a spec
+        return False
+
+
 # In the overlay, upstream's modules rely on its package importing these eagerly, in this order: importing
 # ``fastvideo.configs.pipelines`` first is what keeps upstream's pipelines -> fastvideo_args -> configs cycle from
 # seeing a partly initialised module. So where upstream is present its eager imports run as upstream's __init__
@@ -38,26 +52,18 @@ if importlib.util.find_spec(f"{__name__}.configs") is not None:
         globals()[_name] = getattr(importlib.import_module(_module), _name)
 
 
-def _present(module: str) -> bool:
-    """Whether ``module`` can be found (its parents imported, not the module itself)."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:  # a parent package is missing
-        return False
-
-
 def __getattr__(name: str) -> Any:
     if name == "__version__":
-        value = (importlib.import_module("fastvideo.version").__version__ if _present("fastvideo.version")
+        value = (importlib.import_module("fastvideo.version").__version__ if _module_present("fastvideo.version")
                  else ULYSSES_PACKAGE_VERSION)
     elif name in _UPSTREAM_EXPORTS:
         module = _UPSTREAM_EXPORTS[name]
-        if not _present(module):
+        if not _module_present(module):
             raise ImportError(f"fastvideo.{name} is upstream FastVideo's ({module}), which is not installed here: "
                               "this tree alone is FastVideo's sequence-parallel subsystem. Copy it over an unpacked "
                               "fastvideo==0.2.1 (docs/fastvideo_migration.md) to use it.", name=module)
         value = getattr(importlib.import_module(module), name)
-    elif not name.startswith("_") and _present(f"{__name__}.{name}"):
+    elif not name.startswith("_") and _module_present(f"{__name__}.{name}"):
         return importlib.import_module(f"{__name__}.{name}")  # binds itself as an attribute of this package
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

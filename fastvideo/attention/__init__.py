@@ -10,8 +10,9 @@ copied over upstream's, and an ImportError saying so where it is not.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from typing import Any
+
+from fastvideo import _module_present
 
 _EXPORTS = {
     "DistributedAttention": "fastvideo.attention.layer",
@@ -34,20 +35,13 @@ __all__ = [
 ]
 
 
-def _present(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:  # a parent package is missing
-        return False
-
-
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
-        if not name.startswith("_") and _present(f"{__name__}.{name}"):
+        if not name.startswith("_") and _module_present(f"{__name__}.{name}"):
             return importlib.import_module(f"{__name__}.{name}")  # a submodule, as an eager import would bind it
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if not _present(module):
+    if not _module_present(module):
         raise ImportError(f"fastvideo.attention.{name} is upstream FastVideo's ({module}), which is not installed "
                           "here: this tree alone is FastVideo's sequence-parallel subsystem. Copy it over an unpacked "
                           "fastvideo==0.2.1 (docs/fastvideo_migration.md) to use it.", name=module)

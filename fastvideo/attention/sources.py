@@ -7,24 +7,15 @@ effect at import: the layers ask at construction.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
-import sys
 from collections.abc import Callable, Sequence
 from functools import wraps
 from types import SimpleNamespace
 from typing import Any
 
+from fastvideo import _module_present
+
 _SELECTOR = "fastvideo.attention.selector"
-
-
-def _installed(module: str) -> bool:
-    if module in sys.modules:
-        return True
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # a parent is missing, or a module without a spec
-        return False
 
 
 def upstream_attention() -> SimpleNamespace | None:
@@ -33,7 +24,7 @@ def upstream_attention() -> SimpleNamespace | None:
     Present means used: an upstream that is installed but fails to import raises here (a missing dependency of
     upstream's is an install error, never a silent fall back to other kernels). Local, no collective; called at
     construction."""
-    if not _installed(_SELECTOR):
+    if not _module_present(_SELECTOR):
         return None
     selector = importlib.import_module(_SELECTOR)
     return SimpleNamespace(

@@ -22,15 +22,7 @@ export FASTVIDEO_ULYSSES_A2A_OVERLAP="${FASTVIDEO_ULYSSES_A2A_OVERLAP:-0}"
 export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"  # never NVLink multicast on shared hosts
 # Deterministic cuBLAS, so that the two routes' runs can be compared bit for bit on GPUs too.
 export CUBLAS_WORKSPACE_CONFIG="${CUBLAS_WORKSPACE_CONFIG:-:4096:8}"
-device="${FASTVIDEO_RECIPE_DEVICE:-auto}"
-gpus=$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null || echo 0)
-case "$device" in
-  auto) if (( gpus >= 2 )); then device=cuda; else device=cpu; fi ;;
-  cuda) if (( gpus < 1 )); then echo "train.sh: FASTVIDEO_RECIPE_DEVICE=cuda but no GPU is visible" >&2; exit 2; fi ;;
-  cpu) ;;
-  *) echo "train.sh: FASTVIDEO_RECIPE_DEVICE=$device must be auto, cuda or cpu" >&2; exit 2 ;;
-esac
-if [[ $device == cuda ]]; then nproc="${NPROC:-$gpus}"; else nproc="${NPROC:-2}"; fi
+source "$(dirname "${BASH_SOURCE[0]}")/../ranks.sh"  # sets device and nproc
 echo "recipe: FASTVIDEO_ULYSSES_A2A=$FASTVIDEO_ULYSSES_A2A FASTVIDEO_ULYSSES_A2A_LONG_TRAINING=$FASTVIDEO_ULYSSES_A2A_LONG_TRAINING FASTVIDEO_ULYSSES_A2A_OVERLAP=$FASTVIDEO_ULYSSES_A2A_OVERLAP, $nproc rank(s) on $device" >&2
 exec "$PY" -m torch.distributed.run --standalone --nproc_per_node="$nproc" -m fastvideo.sp_recipes.train_video_dit \
   train --device "$device" "$@"
