@@ -1,6 +1,9 @@
 """Derive the upstream FastVideo surface this package must keep, from an unpacked upstream wheel.
 
-    python scripts/derive_upstream_surface.py /tmp/up/unpacked > tests/distributed/upstream_surface.json
+    python scripts/derive_upstream_surface.py UPSTREAM_ROOT > tests/distributed/upstream_surface.json
+
+``UPSTREAM_ROOT``: the folder holding an unpacked ``fastvideo==0.2.1`` wheel's ``fastvideo/`` (the tests unpack the
+pinned wheel into the overlay's cache: ``python -c "from tests.overlay import build; print(build.upstream_source())"``).
 
 Reads upstream's sources with ``ast`` (nothing is imported or copied) and writes, as JSON:
 

@@ -114,9 +114,20 @@ else
   phase "pytest ${workers[*]}, the GPUs hidden: every test not marked gpu (ambient-marked ones under every value)"
   rc_cpu=0
   CUDA_VISIBLE_DEVICES= "$PY" -m pytest "${common[@]}" "${workers[@]}" -m "not gpu" "${targets[@]}" || rc_cpu=$?
-  phase "pytest, serial, the GPUs visible: the tests marked gpu"
+  # The GPU tests load the kernel libraries built above (the test library is the file beside the product one), not
+  # an installed wheel's, unless FASTVIDEO_KERNEL_LIBRARY names others.
+  library=()
+  built="$ROOT/build/kernel/libfastvideo_ulysses_a2a.so"
+  if [[ -n "${FASTVIDEO_KERNEL_LIBRARY:-}" ]]; then
+    using="\$FASTVIDEO_KERNEL_LIBRARY=$FASTVIDEO_KERNEL_LIBRARY"
+  elif [[ -f $built ]]; then
+    library=(FASTVIDEO_KERNEL_LIBRARY="$built"); using="$built, this command's build"
+  else
+    using="none built here: the installed fastvideo-kernel wheel's, if any"
+  fi
+  phase "pytest, serial, the GPUs visible: the tests marked gpu (kernel library: $using)"
   rc_gpu=0
-  "$PY" -m pytest "${common[@]}" -m gpu "${targets[@]}" || rc_gpu=$?
+  env "${library[@]}" "$PY" -m pytest "${common[@]}" -m gpu "${targets[@]}" || rc_gpu=$?
   # Exit code 5 (nothing collected) is a failure only when neither session collected anything.
   if ((rc_cpu == 5 && rc_gpu == 5)); then echo "pytest collected no tests: failing"; exit 1; fi
   for rc in "$rc_cpu" "$rc_gpu"; do

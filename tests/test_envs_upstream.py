@@ -1,12 +1,12 @@
 """``fastvideo/envs.py`` is upstream FastVideo 0.2.1's registry plus this package's: every upstream variable with
 upstream's name, default and parsing, read through ``envs.NAME``, ``envs.get`` and ``environment_variables``.
 
-Two checks. The committed table below (``UPSTREAM``: each upstream variable's value when unset and its parsing
-kind, every kind pinned by explicit samples) always runs. The live comparison loads upstream's own ``envs.py``
-from the unpacked wheel (``FASTVIDEO_UPSTREAM_ROOT``, else ``/tmp/up/unpacked``; skipped with the reason where
-absent) and compares it with this module on every sample, and the committed table with upstream's names, so the
-table cannot drift from what it describes. Negative controls: a reader with another parsing fails the sample
-check, and the one deliberate difference (``FASTVIDEO_ULYSSES_A2A``'s validation) is asserted as a difference.
+Two checks. The committed table below (``UPSTREAM``: each upstream variable's value when unset and its parsing kind,
+every kind pinned by explicit samples) always runs. The live comparison loads upstream's own ``envs.py`` from the
+pinned wheel (``tests/upstream_tree.py``: skipped with the reason where it cannot be had offline, a failure under
+CI) and compares it with this module on every sample, and the committed table with upstream's names, so the table
+cannot drift from what it describes. Negative controls: a reader with another parsing fails the sample check, and
+the one deliberate difference (``FASTVIDEO_ULYSSES_A2A``'s validation) is asserted as a difference.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import pathlib
 import pytest
 
 from fastvideo import envs
+from tests import upstream_tree
 
 HOME = "/home/fv-test"
 RAISES = ValueError  # what upstream's casts raise on a value they refuse
@@ -179,11 +180,17 @@ def test_sample_check_catches_another_parsing(clean_env):
 def test_upstream_variables_assign_as_upstream_and_ours_refuse(monkeypatch):
     """Upstream's module stores an assigned attribute, which then answers ``envs.NAME``; so does this one for
     upstream's names. This package's agreed settings refuse (``tests/test_envs.py``)."""
+    # Assigned and deleted by hand: how pytest's monkeypatch restores a module attribute that only __getattr__
+    # answered differs between pytest releases.
     monkeypatch.setenv("FASTVIDEO_ATTENTION_BACKEND", "FLASH_ATTN")
-    monkeypatch.setattr(envs, "FASTVIDEO_ATTENTION_BACKEND", "TORCH_SDPA")
-    assert envs.FASTVIDEO_ATTENTION_BACKEND == "TORCH_SDPA"
-    monkeypatch.undo()
     assert "FASTVIDEO_ATTENTION_BACKEND" not in vars(envs)
+    envs.FASTVIDEO_ATTENTION_BACKEND = "TORCH_SDPA"
+    try:
+        assert envs.FASTVIDEO_ATTENTION_BACKEND == "TORCH_SDPA"
+    finally:
+        del envs.FASTVIDEO_ATTENTION_BACKEND
+    assert "FASTVIDEO_ATTENTION_BACKEND" not in vars(envs)
+    assert envs.FASTVIDEO_ATTENTION_BACKEND == "FLASH_ATTN"  # read from the environment again
     with pytest.raises(AttributeError, match="cannot be assigned"):
         envs.FASTVIDEO_ULYSSES_A2A = "auto"
 
@@ -216,11 +223,7 @@ def test_override_and_get_take_upstream_names(monkeypatch):
 
 
 def _upstream_envs():
-    root = pathlib.Path(os.environ.get("FASTVIDEO_UPSTREAM_ROOT", "/tmp/up/unpacked"))
-    path = root / "fastvideo" / "envs.py"
-    if not path.is_file():
-        pytest.skip(f"upstream FastVideo's envs.py is not at {path} (set FASTVIDEO_UPSTREAM_ROOT to an unpacked "
-                    "fastvideo-0.2.1 wheel)")
+    path = upstream_tree.path("envs.py")
     spec = importlib.util.spec_from_file_location("upstream_fastvideo_envs", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # upstream's envs.py imports only os and typing

@@ -23,6 +23,8 @@ import textwrap
 
 import pytest
 
+from tests import upstream_tree
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 UPSTREAM_ALL = {
     "fastvideo": ["VideoGenerator", "PipelineConfig", "SamplingParam", "__version__"],
@@ -144,11 +146,7 @@ def test_upstream_subpackages_resolve_as_attributes(tmp_path):
 
 @pytest.mark.parametrize("package", sorted(UPSTREAM_ALL))
 def test_live_exports_match_upstreams_init(package):
-    root = pathlib.Path(os.environ.get("FASTVIDEO_UPSTREAM_ROOT", "/tmp/up/unpacked"))
-    path = root / package.replace(".", "/") / "__init__.py"
-    if not path.is_file():
-        pytest.skip(f"upstream FastVideo's {path.name} is not at {path} (set FASTVIDEO_UPSTREAM_ROOT to an unpacked "
-                    "fastvideo-0.2.1 wheel)")
+    path = upstream_tree.path("/".join([*package.split(".")[1:], "__init__.py"]))
     tree = ast.parse(path.read_text())
     exported = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
                     and any(getattr(t, "id", None) == "__all__" for t in n.targets))

@@ -1,23 +1,22 @@
 """Rotary embedding (upstream's ``_apply_rotary_emb`` conventions) against complex multiplication, and against
 upstream's own function bit for bit where the unpacked wheel is present.
 
-Upstream's function is taken from its file in the unpacked wheel (``FASTVIDEO_UPSTREAM_ROOT``, else
-``/tmp/up/unpacked``): its module imports the rest of upstream FastVideo, so the test compiles that one function's
-own source, unchanged, against torch. Negative control: a variant that casts the tables to ``x``'s dtype first
-differs from upstream's, so the bit-equality check can fail.
+Upstream's function is taken from its file in the pinned wheel (``tests/upstream_tree.py``): its module imports the
+rest of upstream FastVideo, so the test compiles that one function's own source, unchanged, against torch. Negative
+control: a variant that casts the tables to ``x``'s dtype first differs from upstream's, so the bit-equality check
+can fail.
 """
 
 from __future__ import annotations
 
 import ast
-import os
-import pathlib
 
 import pytest
 import torch
 
 from fastvideo.attention import rotary
 from fastvideo.attention.rotary import _apply_rotary_emb, apply_rotary, rotary_3d
+from tests import upstream_tree
 
 
 def _angles(s: int, half: int) -> torch.Tensor:
@@ -78,11 +77,7 @@ def test_upstream_names_are_not_shadowed():
 
 
 def _upstream_apply_rotary_emb():
-    root = pathlib.Path(os.environ.get("FASTVIDEO_UPSTREAM_ROOT", "/tmp/up/unpacked"))
-    path = root / "fastvideo" / "layers" / "rotary_embedding.py"
-    if not path.is_file():
-        pytest.skip(f"upstream FastVideo's rotary_embedding.py is not at {path} (set FASTVIDEO_UPSTREAM_ROOT to an "
-                    "unpacked fastvideo-0.2.1 wheel)")
+    path = upstream_tree.path("layers/rotary_embedding.py")
     source = path.read_text()
     fn = next((n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "_apply_rotary_emb"),
               None)

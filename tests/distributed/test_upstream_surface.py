@@ -28,6 +28,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests import upstream_tree
+
 SURFACE = Path(__file__).with_name("upstream_surface.json")
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 _MISSING = object()
@@ -203,21 +205,9 @@ def test_the_surface_lists_what_upstream_callers_need():
     assert len(surface["imports"]) > 30
 
 
-def _upstream_root() -> Path | None:
-    """An unpacked ``fastvideo==0.2.1`` wheel: ``FASTVIDEO_UPSTREAM_ROOT``, else the usual hand-check location."""
-    import os
-
-    for candidate in (os.environ.get("FASTVIDEO_UPSTREAM_ROOT"), "/tmp/up/unpacked"):
-        if candidate and (Path(candidate) / "fastvideo" / "distributed" / "parallel_state.py").is_file():
-            return Path(candidate)
-    return None
-
-
 def test_the_committed_list_matches_a_fresh_derivation():
     """Where an unpacked upstream wheel is at hand, the committed list is what the script derives from it now."""
-    root = _upstream_root()
-    if root is None:
-        pytest.skip("no unpacked fastvideo==0.2.1 (set FASTVIDEO_UPSTREAM_ROOT): the committed list is used as is")
+    root = upstream_tree.root()
     scripts = Path(__file__).resolve().parents[2] / "scripts"
     sys.path.insert(0, str(scripts))
     try:

@@ -401,10 +401,9 @@ def _make_overlay(install: Path, dest: Path | None) -> Path:
     return root
 
 
-def build_overlay(*, python: str = sys.executable, wheels: Path | str | None = None,
-                  dest: Path | None = None, index: bool = False) -> Overlay:
-    """Build (or reuse) the cached install and make a fresh overlay copy; see the module docstring. ``index``:
-    download from the package index even where a wheel folder is found."""
+def _wheel_folder(wheels: Path | str | None, index: bool) -> Path | None:
+    """The wheel folder to install from: ``wheels``, else ``$FASTVIDEO_OVERLAY_WHEELS``, else a filled
+    ``.whl/overlay``; None (the package index) where there is none, or with ``index``."""
     if wheels is None and not index and os.environ.get("FASTVIDEO_OVERLAY_WHEELS"):
         wheels = os.environ["FASTVIDEO_OVERLAY_WHEELS"]
     if wheels is None and not index and DEFAULT_WHEELS.is_dir() and any(DEFAULT_WHEELS.glob("*.whl")):
@@ -414,6 +413,41 @@ def build_overlay(*, python: str = sys.executable, wheels: Path | str | None = N
         if not wheels.is_dir():
             raise MissingDownload(f"--wheels {wheels}: no such folder (fill one with --download-to {wheels})")
         _log(f"installing offline from {wheels}")
+    return wheels
+
+
+def upstream_source(*, python: str = sys.executable, wheels: Path | str | None = None, index: bool = False) -> Path:
+    """The pinned upstream wheel's ``fastvideo/`` package unpacked once into the cache (nothing installed, nothing
+    imported): the folder that holds it. The wheel comes as for ``build_overlay``; raises ``MissingDownload`` where
+    it cannot be had."""
+    target = cache_dir() / f"upstream-{UPSTREAM_VERSION}-{UPSTREAM_SHA256[:16]}"
+    if (target / "DONE").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir() / f"{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "DONE").exists():
+            return target
+        wheel = _fetch_upstream(python, _wheel_folder(wheels, index))
+        tmp = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=target.parent))
+        try:
+            with zipfile.ZipFile(wheel) as zf:
+                zf.extractall(tmp, [m for m in zf.namelist() if m.startswith(f"{UPSTREAM}/")])
+            (tmp / "DONE").write_text(f"{UPSTREAM_WHEEL} sha256 {UPSTREAM_SHA256}\n")
+            if target.exists():  # an unfinished earlier unpack (no DONE)
+                shutil.rmtree(target)
+            tmp.rename(target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    _log(f"upstream {UPSTREAM}=={UPSTREAM_VERSION} unpacked: {target}")
+    return target
+
+
+def build_overlay(*, python: str = sys.executable, wheels: Path | str | None = None,
+                  dest: Path | None = None, index: bool = False) -> Overlay:
+    """Build (or reuse) the cached install and make a fresh overlay copy; see the module docstring. ``index``:
+    download from the package index even where a wheel folder is found."""
+    wheels = _wheel_folder(wheels, index)
     info = _python_info(python)
     missing = sorted(pkg for mod, pkg in HOST.items() if not info["found"][mod])
     if missing:
