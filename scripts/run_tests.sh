@@ -83,12 +83,14 @@ else
   fi
 fi
 # Pytest workers (pytest-xdist): most of the suite waits on process start-up, gloo rendezvous and deliberate vote
-# timeouts, so even 2 workers on 2 cores roughly halve the wall time; one per 2 cores (2 to 8) by default. On a host
+# timeouts, so even 2 workers on 2 cores roughly halve the wall time; one per 2 cores (2 to 12) by default, handed
+# tests by work stealing, so that the few long ones (the overlay, the nested test commands) do not all queue at the
+# end of one worker. On a host
 # with GPUs the suite runs in two sessions, so that the GPU tests (marked `gpu`: each takes every GPU) run one at a
 # time with the GPUs visible: first every other test on the workers with the GPUs hidden (as on a machine without
 # any), then the GPU tests serially. Each test runs once. Serial where xdist is missing.
 cores=$(nproc 2>/dev/null || echo 2)
-default_workers=$((cores / 2)); ((default_workers > 8)) && default_workers=8; ((default_workers < 2)) && default_workers=2
+default_workers=$((cores / 2)); ((default_workers > 12)) && default_workers=12; ((default_workers < 2)) && default_workers=2
 workers=()
 gpus=0
 if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() and torch.cuda.device_count() > 0 else 1)' \
@@ -98,7 +100,7 @@ fi
 if lacks pytest-xdist; then
   skipped+=("parallel pytest workers (pytest-xdist)")
 else
-  workers=(-n "${FASTVIDEO_PYTEST_WORKERS:-$default_workers}")
+  workers=(-n "${FASTVIDEO_PYTEST_WORKERS:-$default_workers}" --dist worksteal)
 fi
 timeout=(--timeout=300)
 if lacks pytest-timeout; then

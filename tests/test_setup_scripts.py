@@ -92,8 +92,9 @@ def test_the_test_command_skips_what_the_python_lacks_and_says_so(tmp_path):
     assert "== clang-format (csrc/): SKIPPED, not installed" in proc.stdout
     assert "== kernel build: SKIPPED (FASTVIDEO_SKIP_KERNEL_BUILD=1" in proc.stdout
     assert _ran_target(proc.stdout) and "failed" not in proc.stdout
-    workers = min(8, max(2, len(os.sched_getaffinity(0)) // 2))  # the default: one per 2 cores, 2 to 8
-    assert f"== pytest -n {workers} (ambient-marked tests" in proc.stdout and "the GPUs hidden" not in proc.stdout
+    workers = min(12, max(2, len(os.sched_getaffinity(0)) // 2))  # the default: one per 2 cores, 2 to 12
+    assert f"== pytest -n {workers} --dist worksteal (ambient-marked tests" in proc.stdout
+    assert "the GPUs hidden" not in proc.stdout  # no GPU: one session
     assert proc.stdout.splitlines()[-1].startswith(
         "== done; NOT RUN here: ruff, clang-format, kernel build, per-test timeouts (pytest-timeout)")
 
@@ -269,7 +270,7 @@ def test_on_a_gpu_host_the_gpu_tests_run_in_a_second_serial_session(tmp_path):
     proc = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "== pytest -n 2, the GPUs hidden: every test not marked gpu" in proc.stdout
+    assert "== pytest -n 2 --dist worksteal, the GPUs hidden: every test not marked gpu" in proc.stdout
     assert "== pytest, serial, the GPUs visible: the tests marked gpu" in proc.stdout
     # The GPU session loads the libraries the command builds, not an installed wheel's.
     built = ROOT / "build" / "kernel" / "libfastvideo_ulysses_a2a.so"
