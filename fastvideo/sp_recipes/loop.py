@@ -2,6 +2,7 @@
 the run record (``run.json``) that ``report.py`` reads.
 
     device = init_groups(device="auto", sp=None)
+    opt, first = prepare_training(model, device, lr=..., resume=..., resume_problem=...)
     records, checkpoints = train_steps(model, opt, step_loss, steps=..., first=..., ...)
     write_run(out_dir, run_record(...))
 
@@ -25,12 +26,13 @@ import torch
 import torch.distributed as dist
 
 from fastvideo.distributed import parallel_state as ps
-from fastvideo.sp_recipes.checkpoint import save_checkpoint
+from fastvideo.sp_recipes.checkpoint import load_checkpoint, save_checkpoint
+from fastvideo.sp_recipes.fsdp import shard_dit, world_mesh
 from fastvideo.sp_recipes.progress import ProgressBar
 from fastvideo.sp_recipes.report import step_route_text
 from fastvideo.sp_recipes.route_probe import RouteProbe
 
-__all__ = ["init_groups", "run_record", "train_steps", "write_run"]
+__all__ = ["init_groups", "prepare_training", "run_record", "train_steps", "write_run"]
 
 SWITCH, LONG, OVERLAP = "FASTVIDEO_ULYSSES_A2A", "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING", "FASTVIDEO_ULYSSES_A2A_OVERLAP"
 
@@ -46,6 +48,24 @@ def init_groups(device: str, sp: int | None) -> torch.device:
     else:
         ps.maybe_init_distributed_environment_and_model_parallel(1, sp or world)
     return ps.get_local_torch_device()
+
+
+def prepare_training(model: torch.nn.Module, device: torch.device, *, lr: float, resume: str | Path | None,
+                     resume_problem: Callable[[dict[str, Any]], str | None]) -> tuple[torch.optim.Optimizer, int]:
+    """Shard ``model`` (its ``blocks``) over the world, bf16 parameters on CUDA; its AdamW; and, with ``resume``, the
+    checkpoint's weights, optimizer state and step. Collective over the world; every rank passes the same values.
+    ``resume_problem(meta)`` says why the checkpoint does not belong to this model (``ValueError``), or None.
+    Returns the optimizer and the last step done (0 without ``resume``)."""
+    shard_dit(model, world_mesh(device), blocks=model.blocks,
+              param_dtype=torch.bfloat16 if device.type == "cuda" else None)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+    if not resume:
+        return opt, 0
+    first, meta = load_checkpoint(resume, model, opt)
+    problem = resume_problem(meta)
+    if problem:
+        raise ValueError(f"--resume {resume}: {problem}.")
+    return opt, first
 
 
 def _sync(device: torch.device) -> None:

@@ -34,10 +34,8 @@ import torch
 from fastvideo.attention.dense import attention_backend
 from fastvideo.distributed import parallel_state as ps
 from fastvideo.distributed.communication_op import warmup_sequence_parallel_communication
-from fastvideo.sp_recipes.checkpoint import load_checkpoint
 from fastvideo.sp_recipes.data import SyntheticVideoLatents
-from fastvideo.sp_recipes.fsdp import shard_dit, world_mesh
-from fastvideo.sp_recipes.loop import init_groups, run_record, train_steps, write_run
+from fastvideo.sp_recipes.loop import init_groups, prepare_training, run_record, train_steps, write_run
 from fastvideo.sp_recipes.recipe_cli import compare, parser_for
 from fastvideo.sp_recipes.video_dit import CONFIGS, VideoDiT, VideoDiTConfig, flow_matching_loss
 
@@ -60,14 +58,9 @@ def train(args: argparse.Namespace) -> int:
             for block in model.blocks:
                 block.attn.deterministic = True
             torch.use_deterministic_algorithms(True, warn_only=True)
-        shard_dit(model, world_mesh(device), blocks=model.blocks,
-                  param_dtype=torch.bfloat16 if device.type == "cuda" else None)
-        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
-        first = 0
-        if args.resume:
-            first, meta = load_checkpoint(args.resume, model, opt)
-            if VideoDiTConfig.from_dict(meta["config"]) != cfg:
-                raise ValueError(f"--resume {args.resume}: it holds config {meta['config']}, not {cfg.to_dict()}.")
+        opt, first = prepare_training(model, device, lr=args.lr, resume=args.resume, resume_problem=lambda meta: (
+            None if VideoDiTConfig.from_dict(meta["config"]) == cfg
+            else f"it holds config {meta['config']}, not {cfg.to_dict()}"))
         warmup_sequence_parallel_communication()  # under auto: builds the helper before the first step
         data = SyntheticVideoLatents(cfg, seed=args.seed)
 

@@ -107,9 +107,7 @@ def geometry() -> LatentGeometry:
 
 def train(args: argparse.Namespace) -> int:
     from fastvideo.distributed import parallel_state as ps
-    from fastvideo.sp_recipes.checkpoint import load_checkpoint
-    from fastvideo.sp_recipes.fsdp import shard_dit, world_mesh
-    from fastvideo.sp_recipes.loop import init_groups, run_record, train_steps, write_run
+    from fastvideo.sp_recipes.loop import init_groups, prepare_training, run_record, train_steps, write_run
 
     up = _upstream()
     device = init_groups(args.device, args.sp)
@@ -120,14 +118,8 @@ def train(args: argparse.Namespace) -> int:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         model = build_model(up, device, args.seed)
         model.train()
-        shard_dit(model, world_mesh(device), blocks=model.blocks,
-                  param_dtype=torch.bfloat16 if device.type == "cuda" else None)
-        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
-        first = 0
-        if args.resume:
-            first, meta = load_checkpoint(args.resume, model, opt)
-            if meta.get("model") != TINY_NAME:
-                raise ValueError(f"--resume {args.resume}: it holds model {meta.get('model')!r}, not {TINY_NAME!r}.")
+        opt, first = prepare_training(model, device, lr=args.lr, resume=args.resume, resume_problem=lambda meta: (
+            None if meta.get("model") == TINY_NAME else f"it holds model {meta.get('model')!r}, not {TINY_NAME!r}"))
         data = SyntheticVideoLatents(geometry(), seed=args.seed)
         dp = ps.get_dp_group()
         context = up["context"]  # no forward batch: nothing on the DiT's training path reads one

@@ -104,3 +104,28 @@ def test_checkpoints_round_trip_across_world_sizes(tmp_path):
             assert all((params[n] == saved[n]).all() for n in saved)
             assert states == ["exp_avg", "exp_avg_sq", "step"]
             assert missing is not None and "cannot read" in missing
+
+
+def _prepare(rank, world_size, path):
+    from fastvideo.sp_recipes.loop import prepare_training
+    from fastvideo.sp_recipes.video_dit import CONFIGS, VideoDiT, VideoDiTConfig
+
+    cfg = CONFIGS["tiny"]
+    device = torch.device("cpu")
+    fresh = prepare_training(VideoDiT(cfg), device, lr=1e-3, resume=None, resume_problem=lambda meta: "unused")[1]
+    step = prepare_training(VideoDiT(cfg), device, lr=1e-3, resume=path, resume_problem=lambda meta: (
+        None if VideoDiTConfig.from_dict(meta["config"]) == cfg else "another config"))[1]
+    refused = None
+    try:  # the control: a checkpoint the recipe says is not its model's
+        prepare_training(VideoDiT(cfg), device, lr=1e-3, resume=path, resume_problem=lambda meta: "another model")
+    except ValueError as exc:
+        refused = str(exc)
+    return fresh, step, refused
+
+
+def test_prepare_training_resumes_a_checkpoint_of_its_model_and_refuses_another(tmp_path):
+    path = tmp_path / "ckpt.safetensors"
+    run_ranks(2, _save, str(path))
+    for fresh, step, refused in run_ranks(2, _prepare, str(path)):
+        assert fresh == 0 and step == 7
+        assert refused == f"--resume {path}: another model."
