@@ -203,22 +203,26 @@ def _fake_nvcc(tmp_path: pathlib.Path, env: dict[str, str]) -> None:
 
 
 def _ci_tools(tmp_path: pathlib.Path, env: dict[str, str]) -> None:
-    """ruff and clang-format for the shim python: this python's own where it has them, else stand-ins that pass."""
+    """ruff and clang-format for the shim python, found as scripts/setup_env.sh looks for them (a module of the
+    python; clang-format also an executable beside it): this python's own where it has them, else stand-ins that
+    pass."""
     import importlib.util
 
     bin_dir = pathlib.Path(env["FASTVIDEO_PYTHON"]).parent
+    tools = tmp_path / "ci-tools"
+    for module in ("ruff", "clang_format"):
+        if importlib.util.find_spec(module) is None:
+            (tools / module).mkdir(parents=True)
+            (tools / module / "__init__.py").write_text("")
+            (tools / module / "__main__.py").write_text("")
+    if tools.is_dir():
+        env["PYTHONPATH"] = f"{env['PYTHONPATH']}{os.pathsep}{tools}"
     clang_format = pathlib.Path(sys.executable).parent / "clang-format"
-    if clang_format.exists():
+    if not (tools / "clang_format").is_dir() and clang_format.exists():
         (bin_dir / "clang-format").symlink_to(clang_format)
     else:
         (bin_dir / "clang-format").write_text("#!/bin/sh\nexit 0\n")
         (bin_dir / "clang-format").chmod(0o755)
-    if importlib.util.find_spec("ruff") is None:
-        ruff = tmp_path / "ci-tools" / "ruff"
-        ruff.mkdir(parents=True)
-        (ruff / "__init__.py").write_text("")
-        (ruff / "__main__.py").write_text("")
-        env["PYTHONPATH"] = f"{env['PYTHONPATH']}{os.pathsep}{ruff.parent}"
 
 
 def test_the_test_command_offline_skips_the_build_it_cannot_download_and_says_so(tmp_path):
