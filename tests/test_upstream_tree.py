@@ -68,3 +68,25 @@ def test_the_pinned_wheel_unpacks_upstreams_package(fresh, monkeypatch):
     monkeypatch.setenv("FASTVIDEO_OVERLAY_CACHE", str(fresh / "cache2"))
     with pytest.raises(build.OverlayError, match="does not match the pinned"):
         build.upstream_source()
+
+
+def test_a_cache_entry_is_made_once_and_a_failed_one_leaves_nothing(tmp_path):
+    """``build._cached``: what ``fill`` wrote becomes the entry only when it returns; a later call reuses it."""
+    calls = []
+
+    def failing(folder):
+        (folder / "half").write_text("")
+        raise RuntimeError("download cut")
+
+    def fill(folder):
+        calls.append(folder)
+        (folder / "file").write_text("made")
+        return "done\n"
+
+    target = tmp_path / "entry"
+    with pytest.raises(RuntimeError, match="download cut"):
+        build._cached(target, failing)
+    assert not target.exists() and [p.name for p in tmp_path.iterdir()] == ["entry.lock"]
+    assert build._cached(target, fill) == target and (target / "file").read_text() == "made"
+    assert (target / "DONE").read_text() == "done\n"
+    assert build._cached(target, fill) == target and len(calls) == 1

@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -240,27 +241,37 @@ def _install_key(info: dict) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+def _cached(target: Path, fill: Callable[[Path], str]) -> Path:
+    """``target``, made once per cache: ``fill(folder)`` fills a fresh folder beside it and returns the text of its
+    DONE marker, and the folder becomes ``target`` in one rename, so a half-made one is never used. One maker at a
+    time (a lock beside it): pytest workers and a job beside them wait, then reuse what the first made."""
+    if (target / "DONE").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f"{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "DONE").exists():
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=target.parent))
+        try:
+            (tmp / "DONE").write_text(fill(tmp))
+            if target.exists():  # an unfinished earlier one (no DONE)
+                shutil.rmtree(target)
+            tmp.rename(target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
 def _install(python: str, wheels: Path | None, info: dict) -> Path:
-    key = _install_key(info)
-    target = cache_dir() / f"install-{key}"
+    target = cache_dir() / f"install-{_install_key(info)}"
     if (target / "DONE").exists():
         _log(f"install cached: {target}")
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # One build at a time per cache (pytest workers, a test beside the training job): the others wait, then reuse it.
-    with open(cache_dir() / f"install-{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / "DONE").exists():
-            _log(f"install cached (built meanwhile): {target}")
-            return target
-        return _build_install(python, wheels, info, key, target)
-
-
-def _build_install(python: str, wheels: Path | None, info: dict, key: str, target: Path) -> Path:
     t0 = time.monotonic()
-    wheel = _fetch_upstream(python, wheels)
-    tmp = Path(tempfile.mkdtemp(prefix=f"install-{key}.", dir=target.parent))
-    try:
+
+    def fill(tmp: Path) -> str:
+        wheel = _fetch_upstream(python, wheels)
         _log(f"unpacking {wheel.name}")
         with zipfile.ZipFile(wheel) as zf:
             members = [m for m in zf.namelist() if m.startswith(f"{UPSTREAM}/")]
@@ -276,14 +287,11 @@ def _build_install(python: str, wheels: Path | None, info: dict, key: str, targe
             if not info["found"][name]:
                 _log(f"{name} does not import on {python}: writing a stand-in")
                 write_stand_in(tmp / "stand_ins", name)
-        (tmp / "DONE").write_text(json.dumps({"pins": _pins(), "python": info["version"],
-                                              "seconds": round(time.monotonic() - t0, 1)}) + "\n")
-        if target.exists():  # an unfinished earlier build (no DONE)
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    _log(f"installed in {time.monotonic() - t0:.1f} s: {target}")
+        return json.dumps({"pins": _pins(), "python": info["version"],
+                           "seconds": round(time.monotonic() - t0, 1)}) + "\n"
+
+    _cached(target, fill)
+    _log(f"install ready in {time.monotonic() - t0:.1f} s: {target}")
     return target
 
 
@@ -423,22 +431,13 @@ def upstream_source(*, python: str = sys.executable, wheels: Path | str | None =
     target = cache_dir() / f"upstream-{UPSTREAM_VERSION}-{UPSTREAM_SHA256[:16]}"
     if (target / "DONE").exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(cache_dir() / f"{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / "DONE").exists():
-            return target
-        wheel = _fetch_upstream(python, _wheel_folder(wheels, index))
-        tmp = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=target.parent))
-        try:
-            with zipfile.ZipFile(wheel) as zf:
-                zf.extractall(tmp, [m for m in zf.namelist() if m.startswith(f"{UPSTREAM}/")])
-            (tmp / "DONE").write_text(f"{UPSTREAM_WHEEL} sha256 {UPSTREAM_SHA256}\n")
-            if target.exists():  # an unfinished earlier unpack (no DONE)
-                shutil.rmtree(target)
-            tmp.rename(target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+
+    def fill(tmp: Path) -> str:
+        with zipfile.ZipFile(_fetch_upstream(python, _wheel_folder(wheels, index))) as zf:
+            zf.extractall(tmp, [m for m in zf.namelist() if m.startswith(f"{UPSTREAM}/")])
+        return f"{UPSTREAM_WHEEL} sha256 {UPSTREAM_SHA256}\n"
+
+    _cached(target, fill)
     _log(f"upstream {UPSTREAM}=={UPSTREAM_VERSION} unpacked: {target}")
     return target
 
