@@ -10,7 +10,9 @@
 # the tar.xz holds include/ and lib/libnccl.so* (the stripped library and its two links), the tree that
 # `build_upstream_comm.py --nccl-home` and `fastvideo-kernel/build_lib.py --nccl-home` take. CUDA: $CUDA_HOME,
 # else where nvcc says it runs from (nvcc may be a wrapper script, so its own path proves nothing), else
-# /usr/local/cuda. JOBS (default: the cores + 1) sets make's parallelism.
+# /usr/local/cuda. JOBS (default: the cores + 1) sets make's parallelism. The library is linked against this
+# machine's glibc and libstdc++ (the versions it needs are printed at the end): build it on a system no newer than
+# the GPU host's.
 set -euo pipefail
 
 usage() {
@@ -128,3 +130,9 @@ tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$stage" -cf -
 mv "$out.tmp" "$out"
 echo "NCCL $header_version (nccl.h), sm_$arch: $out, $(du -h "$out" | cut -f1)" \
   "($(stat -c %s "$out") bytes; the stripped library $(du -h "$stage/lib/libnccl.so.$version" | cut -f1))"
+# The library runs only where the system's glibc and libstdc++ are at least the ones it was linked against.
+if command -v objdump >/dev/null; then
+  needs=$(objdump -T "$stage/lib/libnccl.so.$version" | { grep -o 'GLIBC_[0-9.]*\|GLIBCXX_[0-9.]*' || true; } |
+    sort -uV | awk -F_ '{last[$1] = $0} END {print last["GLIBC"], last["GLIBCXX"]}')
+  echo "the host needs at least: $needs (those of this machine's system libraries)"
+fi
