@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -144,8 +145,11 @@ def run_record(*, model: str, device: torch.device, steps: list[dict[str, Any]],
 
 
 def write_run(out_dir: Path, run: dict[str, Any]) -> Path:
-    """Write ``out_dir/run.json`` (rank 0 only; the caller checks)."""
+    """Write ``out_dir/run.json`` and say so on stderr, with the run's steps, groups and backend (rank 0 only; the
+    caller checks)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "run.json"
     path.write_text(json.dumps(run, indent=1) + "\n")
+    print(f"[{run['switch']}] {len(run['steps'])} steps on {run['world_size']} ranks (SP{run['sp_size']} x "
+          f"DP{run['dp_size']}, {run['backend']} on {run['device']}); run record {path}", file=sys.stderr)
     return path

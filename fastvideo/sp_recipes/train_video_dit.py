@@ -83,9 +83,7 @@ def train(args: argparse.Namespace) -> int:
                              resumed_from={"path": args.resume, "step": first} if args.resume else None,
                              config=args.config or name, config_fields=cfg.to_dict(), seq_shard=args.seq_shard,
                              attention=attention)
-            path = write_run(out_dir, run)
-            print(f"[{switch}] {len(records)} steps on {run['world_size']} ranks (SP{run['sp_size']} x "
-                  f"DP{run['dp_size']}, {run['backend']} on {device.type}); run record {path}", file=sys.stderr)
+            write_run(out_dir, run)
     finally:
         ps.cleanup_dist_env_and_memory()
     return 0

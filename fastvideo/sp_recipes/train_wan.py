@@ -141,9 +141,7 @@ def train(args: argparse.Namespace) -> int:
             run = run_record(model=f"upstream {TINY_NAME}", device=device, steps=records, checkpoints=checkpoints,
                              resumed_from={"path": args.resume, "step": first} if args.resume else None,
                              config=TINY, clip=CLIP, batch=batch, attention_layer=_attention_layer(model))
-            path = write_run(out_dir, run)
-            print(f"[{run['switch']}] {len(records)} steps on {run['world_size']} ranks (SP{run['sp_size']} x "
-                  f"DP{run['dp_size']}, {run['backend']} on {run['device']}); run record {path}", file=sys.stderr)
+            write_run(out_dir, run)
     finally:
         ps.cleanup_dist_env_and_memory()
     return 0
