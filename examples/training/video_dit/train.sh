@@ -16,13 +16,6 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)
 PY="${PY:-python3}"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-export FASTVIDEO_ULYSSES_A2A="${FASTVIDEO_ULYSSES_A2A:-auto}"
-export FASTVIDEO_ULYSSES_A2A_LONG_TRAINING="${FASTVIDEO_ULYSSES_A2A_LONG_TRAINING:-chunked}"
-export FASTVIDEO_ULYSSES_A2A_OVERLAP="${FASTVIDEO_ULYSSES_A2A_OVERLAP:-0}"
-export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"  # never NVLink multicast on shared hosts
-# Deterministic cuBLAS, so that the two routes' runs can be compared bit for bit on GPUs too.
-export CUBLAS_WORKSPACE_CONFIG="${CUBLAS_WORKSPACE_CONFIG:-:4096:8}"
-source "$(dirname "${BASH_SOURCE[0]}")/../ranks.sh"  # sets device and nproc
-echo "recipe: FASTVIDEO_ULYSSES_A2A=$FASTVIDEO_ULYSSES_A2A FASTVIDEO_ULYSSES_A2A_LONG_TRAINING=$FASTVIDEO_ULYSSES_A2A_LONG_TRAINING FASTVIDEO_ULYSSES_A2A_OVERLAP=$FASTVIDEO_ULYSSES_A2A_OVERLAP, $nproc rank(s) on $device" >&2
+source "$(dirname "${BASH_SOURCE[0]}")/../recipe_env.sh"  # the switches, NCCL, cuBLAS; sets device and nproc
 exec "$PY" -m torch.distributed.run --standalone --nproc_per_node="$nproc" -m fastvideo.sp_recipes.train_video_dit \
   train --device "$device" "$@"

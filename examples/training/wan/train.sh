@@ -10,6 +10,7 @@
 # so they are exported before the launch, never changed inside the job:
 #   FASTVIDEO_ULYSSES_A2A               auto (fused route where every rank agrees) or off (the NCCL route)
 #   FASTVIDEO_ULYSSES_A2A_LONG_TRAINING chunked (grad-tracked planes over 512 MiB may use tuned chunks) or auto
+#   FASTVIDEO_ULYSSES_A2A_OVERLAP       0 (default) or N: attention heads in N groups, exchanges under compute
 #   FASTVIDEO_ATTENTION_BACKEND         TORCH_SDPA (upstream's attention backend selector; on the CPU the recipe
 #                                       names the same backend itself)
 # FASTVIDEO_RECIPE_DEVICE: auto (default: every GPU, one rank each, on a host with 2+; else 2 gloo ranks on the
@@ -24,14 +25,8 @@ if [ -z "${FASTVIDEO_OVERLAY_PYTHONPATH:-}" ]; then
   exit 2
 fi
 export PYTHONPATH="$FASTVIDEO_OVERLAY_PYTHONPATH"  # the overlay's fastvideo, never the tree's alone
-export FASTVIDEO_ULYSSES_A2A="${FASTVIDEO_ULYSSES_A2A:-auto}"
-export FASTVIDEO_ULYSSES_A2A_LONG_TRAINING="${FASTVIDEO_ULYSSES_A2A_LONG_TRAINING:-chunked}"
 export FASTVIDEO_ATTENTION_BACKEND="${FASTVIDEO_ATTENTION_BACKEND:-TORCH_SDPA}"
-export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"  # never NVLink multicast on shared hosts
-# Deterministic cuBLAS, so that the runs of the two switches can be compared bit for bit on GPUs too.
-export CUBLAS_WORKSPACE_CONFIG="${CUBLAS_WORKSPACE_CONFIG:-:4096:8}"
-source "$(dirname "${BASH_SOURCE[0]}")/../ranks.sh"  # sets device and nproc
-echo "recipe: FASTVIDEO_ULYSSES_A2A=$FASTVIDEO_ULYSSES_A2A FASTVIDEO_ULYSSES_A2A_LONG_TRAINING=$FASTVIDEO_ULYSSES_A2A_LONG_TRAINING, $nproc rank(s) on $device" >&2
+source "$(dirname "${BASH_SOURCE[0]}")/../recipe_env.sh"  # the switches, NCCL, cuBLAS; sets device and nproc
 # `python -m` puts the working directory first on sys.path: in the tree that is the tree's fastvideo/ alone, which
 # would shadow the overlay's. So the paths given become absolute and the launch runs in the overlay.
 args=()
