@@ -15,10 +15,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu_lib.sh"
 gpu_init cpu-suite
 L="$WORK/logs"
 {
-  command -v "$python"
-  "$python" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda",
-torch.version.cuda, "gpus", torch.cuda.device_count())'
-  "$python" -m pip list 2>/dev/null | grep -iE '^(torch|safetensors|numpy|pytest|pytest-timeout|pytest-xdist|ruff|clang-format|matplotlib|nvidia-nccl)' || true
+  gpu_python '^(torch|safetensors|numpy|pytest|pytest-timeout|pytest-xdist|ruff|clang-format|matplotlib|nvidia-nccl)'
   nproc
 } >"$L/versions.log" 2>&1
 cat "$L/versions.log"

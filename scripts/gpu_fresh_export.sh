@@ -51,10 +51,7 @@ fi
   ls -a "$tree"
 } | tee -a "$L/export.txt"
 {
-  command -v "$python"
-  "$python" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda",
-torch.version.cuda, "gpus", torch.cuda.device_count())'
-  "$python" -m pip list 2>/dev/null | grep -iE '^(torch|safetensors|numpy|pytest|pytest-timeout|pytest-xdist|ruff|clang-format|matplotlib|ninja|nvidia-nccl)' || true
+  gpu_python '^(torch|safetensors|numpy|pytest|pytest-timeout|pytest-xdist|ruff|clang-format|matplotlib|ninja|nvidia-nccl)'
   timeout 15 "$python" -m pip download --no-deps --retries 0 --timeout 15 -d "$WORK/probe" nvidia-nccl-cu13==2.30.7 \
     >/dev/null 2>&1 \
     && echo "package registry: reachable" || echo "package registry: NOT reachable (pip download failed)"

@@ -55,6 +55,15 @@ step() {
 }
 
 # gpu_versions: the GPUs, their topology, the driver, torch, CUDA and NCCL.
+# gpu_python PATTERN: the python's path, its version, torch and visible GPUs, then the installed packages whose
+# `pip list` lines match the extended regex PATTERN (case-insensitive).
+gpu_python() {
+  command -v "$python"
+  "$python" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda",
+torch.version.cuda, "gpus", torch.cuda.device_count())'
+  "$python" -m pip list 2>/dev/null | grep -iE "$1" || true
+}
+
 gpu_versions() {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   nvidia-smi topo -m || true

@@ -16,10 +16,7 @@ gpu_init overlay
 L="$WORK/logs"
 WHEELS="${OVERLAY_WHEELS:-$ROOT/.whl/overlay}"
 {
-  command -v "$python"
-  "$python" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda",
-torch.version.cuda, "gpus", torch.cuda.device_count())'
-  "$python" -m pip list 2>/dev/null | grep -iE '^(torch|torchvision|scipy|numpy|pillow|safetensors|pytest|pytest-timeout|pytest-xdist|transformers|diffusers) ' || true
+  gpu_python '^(torch|torchvision|scipy|numpy|pillow|safetensors|pytest|pytest-timeout|pytest-xdist|transformers|diffusers) '
   nproc
   echo "wheel folder $WHEELS:"; ls -la "$WHEELS" 2>&1
 } >"$L/versions.log" 2>&1
