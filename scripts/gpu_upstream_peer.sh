@@ -17,7 +17,7 @@
 #                                             --sdist SDIST --wheel WHEEL --sources-out .whl/upstream/upstream-comm-sources
 #                                           (SDIST, WHEEL: the two archives below, fetched once anywhere).
 # Otherwise, in .whl/ itself, the archives (46 MB together):
-#   fastvideo_kernel-0.3.5.tar.gz           pip download --no-deps --no-binary :all: fastvideo-kernel==0.3.5
+#   fastvideo_kernel-0.3.5.tar.gz           pip download --no-deps --no-binary fastvideo-kernel fastvideo-kernel==0.3.5
 #                                           (or the file itself from the package index's simple page)
 #   fastvideo-0.2.1-py3-none-any.whl        pip download --no-deps fastvideo==0.2.1
 # and one of:
