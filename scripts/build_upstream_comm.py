@@ -21,14 +21,16 @@ the pinned archives and that every file still has the sha256 it records. SOURCES
 from other archives or edited since; it is no signature (whoever edits a file can edit it too), so a folder is
 made from the pinned archives by ``--sources-out``, never by hand.
 
-The kernel needs NCCL 2.29 or later (its device-API initialisers, ``ncclCommQueryProperties``): ``--nccl-home``
-is an NCCL tree (``include/``, ``lib/``), e.g. the ``nvidia/nccl`` folder of an ``nvidia-nccl-cu13`` wheel or the
-tree ``scripts/build_nccl.sh`` packs, and the process that runs the extension must load that NCCL (``LD_PRELOAD``
-its ``libnccl.so.2``; torch then uses it too). A tree with ``include/`` alone builds an extension that takes its
-NCCL symbols from the process at load time (torch's NCCL): it loads only where that NCCL is 2.29 or later, and
-the load error names the missing symbol. ``--check-symbols LIB`` (repeatable): after the build, every NCCL symbol
-the compiled code needs (``nm``) must be defined by ``LIB`` (a libnccl.so.2), or the run fails naming the missing
-ones; ``--symbols-only`` runs that check on an existing ``--out`` without building.
+The kernel needs NCCL 2.29 or later (its device-API initialisers, ``ncclCommQueryProperties``): ``--nccl-home`` is
+an NCCL tree (``include/``, ``lib/``), e.g. the ``nvidia/nccl`` folder of an ``nvidia-nccl-cu13`` wheel or the tree
+``scripts/build_nccl.sh`` packs, and the process that runs the extension must load that NCCL (``LD_PRELOAD`` its
+``libnccl.so.2``; the build itself re-runs so, since it imports what it built), and torch must run on the same one,
+since the extension is handed torch's communicator (``scripts/gpu_upstream_peer.sh`` arranges both). A tree with
+``include/`` alone builds an extension that takes its NCCL symbols from the process at load time (torch's NCCL): it
+loads only where that NCCL is 2.29 or later, and the load error names the missing symbol. ``--check-symbols LIB``
+(repeatable): after the build, every NCCL symbol the compiled code needs (``nm``) must be defined by ``LIB`` (a
+libnccl.so.2), or the run fails naming the missing ones; ``--symbols-only`` runs that check on an existing ``--out``
+without building.
 ``--compile-only``: compile both sources to objects with nvcc and stop (no CUDA torch needed to link; where the
 installed torch is a CPU build, the one generated header it lacks, ``c10/cuda/impl/cuda_cmake_macros.h``, is
 supplied in the build folder).
@@ -245,6 +247,23 @@ def build(src: Path, build_dir: Path, nccl_home: Path, arch: str) -> Path:
     return found[0]
 
 
+def preloaded_env(nccl_home: Path, environ: dict[str, str]) -> dict[str, str] | None:
+    """The environment in which the build loads ``nccl_home``'s libnccl.so.2 before torch's, or None where it
+    already does (or the tree has headers only). Local, pure.
+
+    torch's extension loader imports the module it has just built. A process that has loaded torch's own NCCL
+    resolves the module's ``libnccl.so.2`` to that one (the same soname, whatever the rpath says), and the import
+    fails on the first symbol torch's NCCL lacks; preloaded, the tree's library is the one it binds to.
+    """
+    lib = nccl_home / "lib" / "libnccl.so.2"
+    if not lib.exists():
+        return None
+    current = [p for p in environ.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]
+    if any(Path(p).exists() and Path(p).resolve() == lib.resolve() for p in current):
+        return None
+    return {**environ, "LD_PRELOAD": ":".join([str(lib.resolve()), *current])}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sdist", type=Path, help=SDIST_NAME)
@@ -288,6 +307,12 @@ def main(argv: list[str] | None = None) -> int:
     version = nccl_version(args.nccl_home)
     if tuple(int(v) for v in version.split(".")[:2] if v.isdigit()) < (2, 29):
         raise SystemExit(f"--nccl-home {args.nccl_home}: NCCL {version}; upstream's kernel needs 2.29 or later")
+    env = None if args.compile_only else preloaded_env(args.nccl_home, dict(os.environ))
+    if env is not None:
+        print(f"build_upstream_comm: re-run with LD_PRELOAD={env['LD_PRELOAD']} (the build imports what it built, "
+              "which must bind to this NCCL, not torch's)", flush=True)
+        os.execve(sys.executable, [sys.executable, os.path.abspath(__file__),
+                                   *(sys.argv[1:] if argv is None else argv)], env)
     files = from_archives(args.sdist, args.wheel) if archives else read_sources(args.sources)
     src, build_dir = args.out / "src", args.out / "build"
     build_dir.mkdir(parents=True, exist_ok=True)

@@ -27,8 +27,10 @@
 #                                           which proves the build; it loads only where torch's NCCL is 2.29+ (the
 #                                           load step records the missing symbol otherwise).
 # Each half is taken from .whl/upstream/ where it is there, else from .whl/. An NCCL with its library (the tar.xz or
-# the wheel) is preloaded into every process of the benchmark (torch's process groups then run on it too), and
-# this package's library is built against it as well.
+# the wheel) is the one NCCL of every process of the benchmark: preloaded (the extension binds to it) and first on
+# the path torch loads its own NCCL from (torch loads that by file path, so a preload alone leaves torch on its own
+# library, a second NCCL, and upstream's extension would be handed a communicator of another NCCL); this package's
+# library is built against it as well.
 # Steps: versions; upstream's communication extension built (scripts/build_upstream_comm.py), its NCCL symbols
 # checked against the library the processes will load, and reported against torch's own; this package's library
 # (against that NCCL, else the usual kernel wheel); the NCCL the processes load; the extension loaded; the transport
@@ -108,12 +110,15 @@ if [[ -e $nccl_lib ]]; then
   export FASTVIDEO_KERNEL_LIBRARY="$WORK/kernel/libfastvideo_ulysses_a2a_testing.so"
   export PYTHONPATH="$ROOT/fastvideo-kernel:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
   export LD_PRELOAD="$nccl_lib${LD_PRELOAD:+:$LD_PRELOAD}"
+  # torch loads its NCCL from the first sys.path entry holding nvidia/nccl/lib/libnccl.so.*: this one, the same file.
+  mkdir -p "$WORK/nccl-site/nvidia/nccl/lib" && ln -sf "$nccl_lib" "$WORK/nccl-site/nvidia/nccl/lib/libnccl.so.2"
+  export PYTHONPATH="$WORK/nccl-site:$PYTHONPATH"
 else
   gpu_kernel_wheel
   export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export FASTVIDEO_UPSTREAM_PEER="$WORK/upstream"
-step "NCCL in the processes" 60 versions.log "$python" -c 'import torch; print("torch runs NCCL", ".".join(map(str, torch.cuda.nccl.version())), "from", next((ln.split()[-1] for ln in open("/proc/self/maps") if "libnccl.so" in ln), "?"))'
+step "NCCL in the processes" 60 versions.log "$python" -c 'import sys, torch; from benchmarks.cases import upstream_peer as u; t = ".".join(map(str, torch.cuda.nccl.version())); found = u.nccl_libraries(); print("torch runs NCCL", t, "; loaded:", found); why = u.nccl_conflict(t, found); print(why or "one NCCL: torch and the extension share it"); sys.exit(1 if why else 0)'
 step "load upstream's extension" 60 versions.log "$python" -c 'import os, torch; from pathlib import Path; from benchmarks.cases import upstream_peer as u; a, c, so = u.load(Path(os.environ["FASTVIDEO_UPSTREAM_PEER"])); print("loaded", so, "is_available", c.is_available(), u._smoke(c, torch.device("cuda", 0)))'
 gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())')
 step "a2a nccl,fused,upstream (P=$gpus)" 480 a2a.log "$python" -m torch.distributed.run --standalone \

@@ -161,6 +161,61 @@ def test_the_symbol_check_names_what_a_library_lacks(tmp_path):
         buc.check_symbols([obj], [tmp_path / "absent.so"])
 
 
+def test_the_build_preloads_its_nccl_because_a_loaded_one_captures_the_soname(tmp_path):
+    """The loader fact ``preloaded_env`` rests on: a process that already holds one ``libnccl.so.2`` (torch's,
+    loaded by path) binds a new module's ``libnccl.so.2`` to it, whatever the module's rpath says; preloading the
+    tree's library is what makes the module load."""
+    for tree in ("old", "new"):
+        (tmp_path / tree / "lib").mkdir(parents=True)
+        (tmp_path / tree / "include").mkdir()
+    soname = "-Wl,-soname,libnccl.so.2"
+    old = _cc(tmp_path, "old/lib/libnccl.so.2", "void ncclOld(void) {}", "-shared", "-fPIC", soname)
+    _cc(tmp_path, "new/lib/libnccl.so.2", "void ncclOld(void) {} void ncclNew(void) {}", "-shared", "-fPIC", soname)
+    new_lib = tmp_path / "new" / "lib"
+    ext = _cc(tmp_path, "ext.so", "void ncclNew(void); void f(void) { ncclNew(); }", "-shared", "-fPIC",
+              f"-L{new_lib}", "-l:libnccl.so.2", f"-Wl,-rpath,{new_lib}")
+    program = "import ctypes, sys; ctypes.CDLL(sys.argv[1]); ctypes.CDLL(sys.argv[2]); print('loaded')"
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+
+    def run(environ: dict[str, str]) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", program, str(old), str(ext)], capture_output=True, text=True,
+                              env=environ, timeout=60)
+
+    bare = run(env)  # negative control: the module binds to the library already loaded, which lacks ncclNew
+    assert bare.returncode != 0 and "ncclNew" in bare.stderr
+    preloaded = buc.preloaded_env(tmp_path / "new", env)
+    assert preloaded is not None and preloaded["LD_PRELOAD"].split(":")[0] == str((new_lib / "libnccl.so.2").resolve())
+    assert run(preloaded).stdout.strip() == "loaded"
+    assert buc.preloaded_env(tmp_path / "new", preloaded) is None  # already first: the re-run does not loop
+    assert buc.preloaded_env(tmp_path / "headers-only", env) is None  # no library: nothing to preload
+
+
+def test_two_nccl_libraries_in_one_process_are_named_and_refused(tmp_path):
+    """What the upstream peer checks before handing torch's communicator to upstream's extension: every libnccl
+    mapped into the process, with its version; one passes, two are refused, naming both."""
+    libs = []
+    for tree, code in (("a", 22809), ("b", 23007)):
+        (tmp_path / tree).mkdir()
+        libs.append(_cc(tmp_path, f"{tree}/libnccl.so.2", f"int ncclGetVersion(int *v) {{ *v = {code}; return 0; }}",
+                        "-shared", "-fPIC"))
+    program = ("import ctypes, json, sys; from benchmarks.cases import upstream_peer as u\n"
+               "[ctypes.CDLL(p) for p in sys.argv[1:]]\n"
+               "found = u.nccl_libraries(); print(json.dumps([found, u.nccl_conflict('2.28.9', found)]))")
+
+    def run(*paths: Path) -> tuple[dict[str, str], str]:
+        done = subprocess.run([sys.executable, "-c", program, *map(str, paths)], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120, check=True)
+        found, why = json.loads(done.stdout.splitlines()[-1])
+        return found, why
+
+    one, why_one = run(libs[0])
+    assert one == {str(libs[0].resolve()): "2.28.9"} and why_one == ""
+    both, why_both = run(*libs)  # the control: a second library, another version
+    assert both == {str(libs[0].resolve()): "2.28.9", str(libs[1].resolve()): "2.30.7"}
+    assert why_both.startswith("2 NCCL libraries loaded") and str(libs[1].resolve()) in why_both
+    assert upstream_peer.nccl_conflict("2.30.7", {}) == ""
+
+
 def _nccl_script(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "scripts/build_nccl.sh", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=120, env={**os.environ, **(env or {})})

@@ -115,6 +115,42 @@ def _smoke(comm_ops, device: torch.device) -> dict:
     return out
 
 
+def _nccl_version(path: str) -> str:
+    """What ``ncclGetVersion`` of the library at ``path`` reports, as ``major.minor.patch``."""
+    import ctypes
+
+    code = ctypes.c_int()
+    if ctypes.CDLL(path).ncclGetVersion(ctypes.byref(code)) != 0:
+        return "?"
+    v = code.value
+    major, minor = (v // 10000, v // 100 % 100) if v >= 10000 else (v // 1000, v // 100 % 10)
+    return f"{major}.{minor}.{v % 100}"
+
+
+def nccl_libraries() -> dict[str, str]:
+    """Every libnccl file mapped into this process, with its version: ``{path: "2.30.7"}``. Local."""
+    found: dict[str, str] = {}
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) >= 6 and Path(fields[-1]).name.startswith("libnccl.so"):
+                found.setdefault(os.path.realpath(fields[-1]), "")
+    return {path: _nccl_version(path) for path in found}
+
+
+def nccl_conflict(torch_nccl: str, libraries: dict[str, str]) -> str:
+    """Why this process cannot hand torch's communicator to upstream's extension, or ``""``. Pure.
+
+    Each libnccl keeps its own globals and its own ``ncclComm`` layout: with two loaded, torch's communicator was
+    made by one while the extension's calls may reach the other, which is undefined behaviour, not a slow path.
+    """
+    if len(libraries) <= 1:
+        return ""
+    listing = ", ".join(f"{path} ({version})" for path, version in sorted(libraries.items()))
+    return (f"{len(libraries)} NCCL libraries loaded ({listing}; torch runs {torch_nccl}): torch's communicator "
+            "and upstream's extension must share one (scripts/gpu_upstream_peer.sh loads the same NCCL for both)")
+
+
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -149,6 +185,14 @@ class UpstreamPeer:
         if any(whys):
             return None, _joined(whys), info
         sp = get_sp_group()
+        if sp.world_size > 1:
+            # Agreed before the communicator's first collective, so that no rank enters it alone.
+            libraries = nccl_libraries()
+            torch_nccl = ".".join(map(str, torch.cuda.nccl.version()))
+            info["nccl"] = {"torch": torch_nccl, "loaded": libraries}
+            whys = timing.gather(nccl_conflict(torch_nccl, libraries))
+            if any(whys):
+                return None, _joined(whys), info
         helper, why = None, ""
         try:
             comm = _GroupComm(_nccl_comm_ptr(sp.device_group, device)) if sp.world_size > 1 else None
