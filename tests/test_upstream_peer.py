@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.cases import upstream_peer
+from benchmarks.harness import header
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("build_upstream_comm", ROOT / "scripts" / "build_upstream_comm.py")
@@ -199,8 +200,9 @@ def test_two_nccl_libraries_in_one_process_are_named_and_refused(tmp_path):
         libs.append(_cc(tmp_path, f"{tree}/libnccl.so.2", f"int ncclGetVersion(int *v) {{ *v = {code}; return 0; }}",
                         "-shared", "-fPIC"))
     program = ("import ctypes, json, sys; from benchmarks.cases import upstream_peer as u\n"
+               "from benchmarks.harness import header as h\n"
                "[ctypes.CDLL(p) for p in sys.argv[1:]]\n"
-               "found = u.nccl_libraries(); print(json.dumps([found, u.nccl_conflict('2.28.9', found)]))")
+               "found = h.nccl_libraries(); print(json.dumps([found, u.nccl_conflict('2.28.9', found)]))")
 
     def run(*paths: Path) -> tuple[dict[str, str], str]:
         done = subprocess.run([sys.executable, "-c", program, *map(str, paths)], cwd=ROOT, capture_output=True,
@@ -214,6 +216,9 @@ def test_two_nccl_libraries_in_one_process_are_named_and_refused(tmp_path):
     assert both == {str(libs[0].resolve()): "2.28.9", str(libs[1].resolve()): "2.30.7"}
     assert why_both.startswith("2 NCCL libraries loaded") and str(libs[1].resolve()) in why_both
     assert upstream_peer.nccl_conflict("2.30.7", {}) == ""
+    # The header names the NCCL that runs, not only the one torch was built against.
+    assert header.describe_nccl("2.28.9", ["2.30.7"]) == "2.30.7 (torch built against 2.28.9)"
+    assert header.describe_nccl("2.28.9", ["2.28.9"]) == header.describe_nccl("2.28.9", []) == "2.28.9"
 
 
 def _nccl_script(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.harness import timing
+from benchmarks.harness import header, timing
 
 ENV = "FASTVIDEO_UPSTREAM_PEER"
 ROUTES = ("upstream-0.2.1",)
@@ -115,30 +115,7 @@ def _smoke(comm_ops, device: torch.device) -> dict:
     return out
 
 
-def _nccl_version(path: str) -> str:
-    """What ``ncclGetVersion`` of the library at ``path`` reports, as ``major.minor.patch``."""
-    import ctypes
-
-    code = ctypes.c_int()
-    if ctypes.CDLL(path).ncclGetVersion(ctypes.byref(code)) != 0:
-        return "?"
-    v = code.value
-    major, minor = (v // 10000, v // 100 % 100) if v >= 10000 else (v // 1000, v // 100 % 10)
-    return f"{major}.{minor}.{v % 100}"
-
-
-def nccl_libraries() -> dict[str, str]:
-    """Every libnccl file mapped into this process, with its version: ``{path: "2.30.7"}``. Local."""
-    found: dict[str, str] = {}
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            fields = line.split()
-            if len(fields) >= 6 and Path(fields[-1]).name.startswith("libnccl.so"):
-                found.setdefault(os.path.realpath(fields[-1]), "")
-    return {path: _nccl_version(path) for path in found}
-
-
-def nccl_conflict(torch_nccl: str, libraries: dict[str, str]) -> str:
+def nccl_conflict(torch_built: str, libraries: dict[str, str]) -> str:
     """Why this process cannot hand torch's communicator to upstream's extension, or ``""``. Pure.
 
     Each libnccl keeps its own globals and its own ``ncclComm`` layout: with two loaded, torch's communicator was
@@ -147,8 +124,9 @@ def nccl_conflict(torch_nccl: str, libraries: dict[str, str]) -> str:
     if len(libraries) <= 1:
         return ""
     listing = ", ".join(f"{path} ({version})" for path, version in sorted(libraries.items()))
-    return (f"{len(libraries)} NCCL libraries loaded ({listing}; torch runs {torch_nccl}): torch's communicator "
-            "and upstream's extension must share one (scripts/gpu_upstream_peer.sh loads the same NCCL for both)")
+    return (f"{len(libraries)} NCCL libraries loaded ({listing}; torch built against {torch_built}): torch's "
+            "communicator and upstream's extension must share one (scripts/gpu_upstream_peer.sh loads the same NCCL "
+            "for both)")
 
 
 def _sha256(path: Path) -> str:
@@ -187,10 +165,10 @@ class UpstreamPeer:
         sp = get_sp_group()
         if sp.world_size > 1:
             # Agreed before the communicator's first collective, so that no rank enters it alone.
-            libraries = nccl_libraries()
-            torch_nccl = ".".join(map(str, torch.cuda.nccl.version()))
-            info["nccl"] = {"torch": torch_nccl, "loaded": libraries}
-            whys = timing.gather(nccl_conflict(torch_nccl, libraries))
+            libraries = header.nccl_libraries()
+            torch_built = ".".join(map(str, torch.cuda.nccl.version()))
+            info["nccl"] = {"torch_built_against": torch_built, "loaded": libraries}
+            whys = timing.gather(nccl_conflict(torch_built, libraries))
             if any(whys):
                 return None, _joined(whys), info
         helper, why = None, ""

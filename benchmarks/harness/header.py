@@ -56,6 +56,38 @@ def fastvideo_tree() -> Path:
     return Path(fastvideo.__file__).resolve().parent.parent
 
 
+def _library_version(path: str) -> str:
+    """What ``ncclGetVersion`` of the library at ``path`` reports, as ``major.minor.patch``."""
+    import ctypes
+
+    code = ctypes.c_int()
+    if ctypes.CDLL(path).ncclGetVersion(ctypes.byref(code)) != 0:
+        return "?"
+    v = code.value
+    major, minor = (v // 10000, v // 100 % 100) if v >= 10000 else (v // 1000, v // 100 % 10)
+    return f"{major}.{minor}.{v % 100}"
+
+
+def nccl_libraries() -> dict[str, str]:
+    """Every libnccl file mapped into this process, with its own version: ``{path: "2.30.7"}``. Local."""
+    found: dict[str, str] = {}
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) >= 6 and Path(fields[-1]).name.startswith("libnccl.so"):
+                found.setdefault(os.path.realpath(fields[-1]), "")
+    return {path: _library_version(path) for path in found}
+
+
+def describe_nccl(built: str, loaded: list[str]) -> str:
+    """The header's ``nccl``: the version the process runs. ``torch.cuda.nccl.version()`` is the one torch was
+    built against; a preloaded library (an NCCL 2.29+ for upstream's kernel) runs in its place. Pure."""
+    running = sorted(set(loaded))
+    if not running or running == [built]:
+        return built
+    return f"{' + '.join(running)} (torch built against {built})"
+
+
 def nccl_version() -> str | None:
     if not torch.cuda.is_available():
         return None
@@ -63,7 +95,8 @@ def nccl_version() -> str | None:
         version = torch.cuda.nccl.version()
     except Exception:  # noqa: BLE001 - a CPU build or a broken NCCL: report it as missing
         return None
-    return ".".join(str(v) for v in version) if isinstance(version, tuple) else str(version)
+    built = ".".join(str(v) for v in version) if isinstance(version, tuple) else str(version)
+    return describe_nccl(built, list(nccl_libraries().values()))
 
 
 def sha256_file(path: str | os.PathLike) -> str:
