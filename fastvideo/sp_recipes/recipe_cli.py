@@ -62,6 +62,8 @@ def parser_for(description: str, *, defaults: str, batch_default: str, config_ch
     c.add_argument("runs", nargs="+", help="run.json files; the first is the reference")
     c.add_argument("--resumed", help="a run.json of a resumed run, checked against the run of its switch")
     c.add_argument("--plot", help="write the loss / step-time PNG here")
+    c.add_argument("--table", help="also write the table, as printed, to this file (the job's own lines only: "
+                   "stdout may carry the model library's log lines)")
     c.add_argument("--warmup", type=int, action=_Positive, const=0, default=1,
                    help="steps at the start of each run left out of the timings and the time axis (default 1)")
     return parser, t
@@ -72,8 +74,9 @@ def compare(args: argparse.Namespace) -> int:
     runs = [load_run(p) for p in args.runs]
     resumed = load_run(args.resumed) if args.resumed else None
     lines, ok = closing_table(runs, resumed=resumed, warmup=args.warmup)
-    print("\n".join(lines[:-1]))
     if args.plot:
-        print(write_plot([*runs, *([resumed] if resumed else [])], Path(args.plot), warmup=args.warmup))
-    print(lines[-1])
+        lines.insert(-1, write_plot([*runs, *([resumed] if resumed else [])], Path(args.plot), warmup=args.warmup))
+    print("\n".join(lines))
+    if args.table:
+        Path(args.table).write_text("\n".join(lines) + "\n")
     return 0 if ok else 1

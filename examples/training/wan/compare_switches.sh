@@ -44,6 +44,6 @@ FASTVIDEO_ULYSSES_A2A=auto bash "$HERE/train.sh" --out-dir "$out/auto_resumed" -
 status=0
 (cd "${FASTVIDEO_OVERLAY_PYTHONPATH%%:*}" && PYTHONPATH="$FASTVIDEO_OVERLAY_PYTHONPATH" "$PY" -m fastvideo.sp_recipes.train_wan compare "$out/off/run.json" \
   "$out/auto/run.json" --resumed "$out/auto_resumed/run.json" --plot "$out/loss_and_step_time.png" \
-  | tee "$out/closing_table.txt") || status=$?
+  --table "$out/closing_table.txt") || status=$?
 echo "recipe: done in $((SECONDS - start)) s (overlay set-up ${setup} s); runs under $out"
 exit "$status"
