@@ -14,11 +14,13 @@ loudly instead of running something else):
 - ``from fastvideo.logger import init_logger``: ``logging.getLogger`` (upstream's logger module is not here).
 
 Upstream reads ``envs.FASTVIDEO_ULYSSES_A2A`` (this package's envs gives the same value) and takes a PyNccl
-communicator; here it gets the SP group's own NCCL communicator (``ProcessGroupNCCL._comm_ptr()``), the one the
-NCCL route uses. One contender, ``upstream-0.2.1``: ``helper.try_all_to_all_4D(x, scatter, gather)``, upstream's
-per-call vote included. Where upstream declines a geometry (it returns None), the row is skipped with its reason.
-At P = 1 upstream builds no helper (its world sizes are 2, 4, 6, 8): the rows are skipped with that reason, and
-``info()`` records the extension's own smoke check (``is_available``, one window allocated and released).
+communicator; here it gets the SP group's own NCCL communicator (``ProcessGroupNCCL._comm_ptr()``), the one the NCCL
+route uses, so torch and the extension must run on one NCCL: with more than one libnccl in the process the peer
+declines, naming them (``nccl_conflict``), before the communicator's first collective. One contender,
+``upstream-0.2.1``: ``helper.try_all_to_all_4D(x, scatter, gather)``, upstream's per-call vote included. Where
+upstream declines a geometry (it returns None), the row is skipped with its reason. At P = 1 upstream builds no
+helper (its world sizes are 2, 4, 6, 8): the rows are skipped with that reason, and ``info()`` records the
+extension's own smoke check (``is_available``, one window allocated and released).
 """
 
 from __future__ import annotations
