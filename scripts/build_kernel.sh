@@ -10,8 +10,9 @@
 # NCCL VERSION's headers and library come from the first of: the cache
 # (${FASTVIDEO_KERNEL_CACHE:-$HOME/.cache/fastvideo-kernel}), a carried wheel directory (${FASTVIDEO_WHEEL_DIR:-.whl/}
 # at the repository root, git-ignored: nvidia_nccl_cu13-VERSION-*.whl), the nvidia-nccl-cu13 package installed in
-# $PYTHON when it is that version (a GPU host's torch brings one), or `pip download --no-deps` into the cache. A wheel
-# is unzipped into the cache. When none has it (a host without a package registry), the script exits 3 with a note
+# $PYTHON when it is that version (a GPU host's torch brings one), a carried NCCL tree packed by
+# scripts/build_nccl.sh (that directory's upstream/nccl-VERSION-sm*.tar.xz, 30 MB where the wheel is 216 MB), or
+# `pip download --no-deps` into the cache. A wheel or a packed tree is unpacked into the cache. When none has it (a host without a package registry), the script exits 3 with a note
 # naming what is missing, and the test command skips that build saying so; under CI=true, where the download is
 # possible, it exits 1. `--print-nccl-home` prints where the headers were found and builds nothing. The compile
 # command itself lives in fastvideo-kernel/build_lib.py (shared with the wheel build). CPU-only: no GPU needed.
@@ -58,9 +59,29 @@ if [[ -z "${NCCL_HOME:-}" ]]; then
     wheel="$(ls "$cache"/wheels/nvidia_nccl_cu13-"$version"-*.whl "$wheel_dir"/nvidia_nccl_cu13-"$version"-*.whl \
       2>/dev/null | head -n1 || true)"
     installed="$(installed_nccl "$version")"
+    packed="$(ls "$wheel_dir"/upstream/nccl-"$version"-sm*.tar.xz 2>/dev/null | head -n1 || true)"
     if [[ -z "$wheel" && -n "$installed" ]]; then
       echo "build_kernel: NCCL $version headers from the installed nvidia-nccl-cu13 ($installed)"
       export NCCL_HOME="$installed"
+    elif [[ -z "$wheel" && -f "$root-packed/include/nccl_device.h" ]]; then
+      echo "build_kernel: NCCL $version from the packed tree unpacked in $root-packed"
+      export NCCL_HOME="$root-packed"
+    elif [[ -z "$wheel" && -n "$packed" ]]; then
+      # Python's tarfile, not tar: a machine may lack xz.
+      rm -rf "$root-packed.tmp" && mkdir -p "$root-packed.tmp"
+      "$python" -c 'import sys, tarfile; t = tarfile.open(sys.argv[1]); t.extractall(sys.argv[2], **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))' "$packed" "$root-packed.tmp"
+      [[ -f "$root-packed.tmp/include/nccl_device.h" ]] || {
+        echo "build_kernel: $packed holds no include/nccl_device.h (not a tree scripts/build_nccl.sh packed)" >&2
+        exit 1
+      }
+      found="$(sed -n 's/^#define NCCL_\(MAJOR\|MINOR\|PATCH\) *\([0-9]*\).*/\2/p' "$root-packed.tmp/include/nccl.h" | paste -sd.)"
+      [[ "$found" == "$version" ]] || {
+        echo "build_kernel: $packed is NCCL ${found:-of no readable version}, not $version" >&2
+        exit 1
+      }
+      rm -rf "$root-packed" && mv "$root-packed.tmp" "$root-packed"
+      echo "build_kernel: NCCL $version from the packed tree $packed"
+      export NCCL_HOME="$root-packed"
     else
       if [[ -z "$wheel" ]]; then
         echo "fetching nvidia-nccl-cu13==$version"
@@ -74,7 +95,7 @@ if [[ -z "${NCCL_HOME:-}" ]]; then
             echo "build_kernel: FAILED under CI, which must download it: $missing" >&2
             exit 1
           fi
-          echo "build_kernel: UNAVAILABLE offline: $missing. Put the wheel in $wheel_dir to build against it." >&2
+          echo "build_kernel: UNAVAILABLE offline: $missing. Put the wheel in $wheel_dir, or a tree packed by scripts/build_nccl.sh in $wheel_dir/upstream, to build against it." >&2
           exit 3
         fi
         wheel="$(ls "$cache"/wheels/nvidia_nccl_cu13-"$version"-*.whl | head -n1)"

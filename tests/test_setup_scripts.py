@@ -193,6 +193,41 @@ def test_offline_a_carried_wheel_is_used(tmp_path):
     assert "fetching" not in proc.stdout
 
 
+def _packed_tree(tmp_path: pathlib.Path, name: str, minor: int) -> None:
+    """A stand-in for what scripts/build_nccl.sh packs (include/, lib/), at NCCL 2.MINOR.7, as .whl/upstream/NAME."""
+    import io
+    import tarfile
+
+    folder = tmp_path / "whl" / "upstream"
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {"include/nccl.h": f"#define NCCL_MAJOR 2\n#define NCCL_MINOR {minor}\n#define NCCL_PATCH 7\n",
+             "include/nccl_device.h": "", "lib/libnccl.so.2": ""}
+    with tarfile.open(folder / name, "w:xz") as tar:
+        for path, text in files.items():
+            info = tarfile.TarInfo(path)
+            info.size = len(text.encode())
+            tar.addfile(info, io.BytesIO(text.encode()))
+
+
+def test_offline_a_carried_packed_tree_is_used_and_its_version_checked(tmp_path):
+    env = _offline(tmp_path)
+    _packed_tree(tmp_path, "nccl-2.30.7-sm90.tar.xz", 30)
+    proc = _nccl_home(env, "2.30.7")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"NCCL_HOME={tmp_path / 'cache' / 'nccl-2.30.7-packed'}" in proc.stdout
+    assert "from the packed tree" in proc.stdout and "fetching" not in proc.stdout
+    again = _nccl_home(env, "2.30.7")  # unpacked once: the second run takes the cache
+    assert again.returncode == 0 and "unpacked in" in again.stdout
+    # Control: an archive whose headers are another version than its name says is refused, naming both.
+    other = tmp_path / "other"
+    other.mkdir()
+    env = _offline(other)
+    _packed_tree(other, "nccl-2.30.7-sm90.tar.xz", 29)
+    bad = _nccl_home(env, "2.30.7")
+    assert bad.returncode == 1 and "is NCCL 2.29.7, not 2.30.7" in bad.stderr, bad.stdout + bad.stderr
+    assert not (other / "cache" / "nccl-2.30.7-packed").exists()
+
+
 def _fake_nvcc(tmp_path: pathlib.Path, env: dict[str, str]) -> None:
     """An nvcc on PATH, so the test command reaches its kernel build step (it must not get as far as compiling)."""
     bin_dir = tmp_path / "nvcc-bin"
