@@ -68,7 +68,7 @@ gpu_versions() {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   nvidia-smi topo -m || true
   nproc
-  "$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl",
+  "$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "built against nccl",
 ".".join(map(str, torch.cuda.nccl.version())), "gpus", torch.cuda.device_count())'
 }
 
@@ -85,6 +85,16 @@ gpu_kernel_wheel() {
     export FASTVIDEO_KERNEL_LIBRARY="$WORK/kernel/libfastvideo_ulysses_a2a.so"
     export PYTHONPATH="$ROOT/fastvideo-kernel${PYTHONPATH:+:$PYTHONPATH}"
   fi
+}
+
+# gpu_fast_ulysses: where PEER_SDIST names the fast-ulysses 0.2.1 sdist (never part of this repository), that peer
+# built for sm_90 into $WORK/peer with this host's torch and put first on PYTHONPATH, so the transport benchmark
+# times it beside the other routes; without PEER_SDIST its rows are skipped with the reason.
+gpu_fast_ulysses() {
+  [[ -n "${PEER_SDIST:-}" ]] || return 0
+  step "build fast-ulysses (sm_90)" 420 peer.log env FAST_ULYSSES_CUDA_ARCH=90 "$python" -m pip install -q \
+    --no-build-isolation --no-deps --target "$WORK/peer" "$PEER_SDIST" &&
+    export PYTHONPATH="$WORK/peer${PYTHONPATH:+:$PYTHONPATH}"
 }
 
 # gpu_testing_library: the test library (the product sources plus csrc/ulysses_a2a/testing/: the epoch-checked

@@ -18,9 +18,9 @@
 #                                                         #   one, each tree on its own loader and library build
 #   OUT=/tmp/sp2 bash scripts/gpu_sp2_suite.sh dit        # scripts/gpu_dit_step.sh inside this stage's limit
 #
-# PEER_SDIST=PATH (the fast-ulysses 0.2.1 sdist, which is never part of this repository): built for sm_90 into
-# $WORK/peer with this host's torch and put on PYTHONPATH, so the a2a stage times it beside our routes; without
-# it those rows are skipped with the reason. Each stage installs the kernel wheel first (scripts/gpu_lib.sh) and
+# PEER_SDIST=PATH (the fast-ulysses 0.2.1 sdist, which is never part of this repository): built for sm_90 with this
+# host's torch (gpu_fast_ulysses, scripts/gpu_lib.sh), so the a2a stage times it beside our routes; without it
+# those rows are skipped with the reason. Each stage installs the kernel wheel first (scripts/gpu_lib.sh) and
 # keeps going after a failed step; the exit status is non-zero if any step failed. $OUT: summary.txt,
 # commit.txt, logs.tar.gz and the stage's JSONs.
 set -uo pipefail
@@ -57,11 +57,7 @@ case "$stage" in
     gpu_finish logs/floor.json logs/floor_mib.json
     ;;
   a2a)
-    if [[ -n "${PEER_SDIST:-}" ]]; then
-      step "build fast-ulysses (sm_90)" 420 peer.log env FAST_ULYSSES_CUDA_ARCH=90 "$python" -m pip install -q \
-        --no-build-isolation --no-deps --target "$WORK/peer" "$PEER_SDIST" \
-        && export PYTHONPATH="$WORK/peer${PYTHONPATH:+:$PYTHONPATH}"
-    fi
+    gpu_fast_ulysses
     step "a2a" 480 a2a.log "${TORCHRUN[@]}" benchmarks/benchmark_ulysses_a2a.py --overlap --require-fused \
       --json "$L/a2a.json"
     step "verdicts" 30 a2a.log "$python" benchmarks/check_results.py "$L/a2a.json"

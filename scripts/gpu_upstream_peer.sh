@@ -34,8 +34,9 @@
 # Steps: versions; upstream's communication extension built (scripts/build_upstream_comm.py), its NCCL symbols
 # checked against the library the processes will load, and reported against torch's own; this package's library
 # (against that NCCL, else the usual kernel wheel); the NCCL the processes load; the extension loaded; the transport
-# benchmark with the routes nccl, fused and upstream-0.2.1 on every GPU (P = 1 on one GPU: the build, the
-# extension's smoke check and the harness; upstream builds no helper below 2 ranks, and its rows say so). Logs
+# benchmark with the routes nccl, fused and upstream-0.2.1 on every GPU, and fast-ulysses's two where PEER_SDIST
+# names its sdist (gpu_fast_ulysses), the floor beside them (P = 1 on one GPU: the build, the extension's smoke
+# check and the harness; upstream builds no helper below 2 ranks, and its rows say so). Logs
 # and the benchmark's JSON under $OUT, the commit stamped (scripts/gpu_lib.sh).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_lib.sh"
@@ -120,7 +121,11 @@ fi
 export FASTVIDEO_UPSTREAM_PEER="$WORK/upstream"
 step "NCCL in the processes" 60 versions.log "$python" -c 'import sys, torch; from benchmarks.cases import upstream_peer as u; from benchmarks.harness import header as h; t = ".".join(map(str, torch.cuda.nccl.version())); found = h.nccl_libraries(); print("torch built against NCCL", t, "; loaded:", found); why = u.nccl_conflict(t, found); print(why or "one NCCL: torch and the extension share it"); sys.exit(1 if why else 0)'
 step "load upstream's extension" 60 versions.log "$python" -c 'import os, torch; from pathlib import Path; from benchmarks.cases import upstream_peer as u; a, c, so = u.load(Path(os.environ["FASTVIDEO_UPSTREAM_PEER"])); print("loaded", so, "is_available", c.is_available(), u._smoke(c, torch.device("cuda", 0)))'
+routes=nccl,fused,upstream
+if [[ -n "${PEER_SDIST:-}" ]]; then
+  gpu_fast_ulysses && routes+=,peer
+fi
 gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())')
-step "a2a nccl,fused,upstream (P=$gpus)" 480 a2a.log "$python" -m torch.distributed.run --standalone \
-  --nproc_per_node="$gpus" benchmarks/benchmark_ulysses_a2a.py --routes nccl,fused,upstream --json "$L/a2a_upstream.json"
+step "a2a $routes (P=$gpus)" 480 a2a.log "$python" -m torch.distributed.run --standalone \
+  --nproc_per_node="$gpus" benchmarks/benchmark_ulysses_a2a.py --routes "$routes" --json "$L/a2a_upstream.json"
 gpu_finish logs/a2a_upstream.json logs/upstream_build_info.json
