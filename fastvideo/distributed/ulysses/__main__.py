@@ -259,7 +259,8 @@ def doctor(_: argparse.Namespace, repo_root: Path | None = None) -> int:
     def versions() -> None:
         doc.line("python", f"{platform.python_version()}  torch {torch.__version__}")
         nccl = torch.cuda.nccl.version() if torch.cuda.is_available() else None
-        doc.line("nccl", f"torch's: {'.'.join(map(str, nccl)) if nccl else 'n/a (no CUDA build or no GPU)'}")
+        # torch reports the NCCL it was built against; the one the kernel library runs is in its own lines below.
+        doc.line("nccl", f"torch built against {'.'.join(map(str, nccl))}" if nccl else "n/a (no CUDA build or no GPU)")
 
     def host() -> None:
         from fastvideo.distributed.ulysses.construction import host_identity
