@@ -30,20 +30,21 @@ cache="${FASTVIDEO_KERNEL_CACHE:-$HOME/.cache/fastvideo-kernel}"
 wheel_dir="${FASTVIDEO_WHEEL_DIR:-$repo/.whl}"
 python="${PYTHON:-python3}"
 
-# The installed nvidia-nccl package's root when its headers are NCCL $1 (prints nothing otherwise).
-installed_nccl() {
-  "$python" - "$1" <<'PY' 2>/dev/null || true
+# nccl_tree [ROOT]: "ROOT VERSION" for a complete NCCL tree (include/nccl.h, include/nccl_device.h,
+# lib/libnccl.so.2): ROOT, or without it the installed nvidia-nccl package's; nothing where it is absent or incomplete.
+nccl_tree() {
+  "$python" - "$@" <<'PY' 2>/dev/null || true
 import importlib.util, pathlib, re, sys
-spec = importlib.util.find_spec("nvidia.nccl")
-if spec and spec.submodule_search_locations:
-    root = pathlib.Path(next(iter(spec.submodule_search_locations)))
-    try:
-        text = (root / "include" / "nccl.h").read_text()
-    except OSError:
+if len(sys.argv) > 1:
+    root = pathlib.Path(sys.argv[1])
+else:
+    spec = importlib.util.find_spec("nvidia.nccl")
+    if not (spec and spec.submodule_search_locations):
         sys.exit(0)
-    found = ".".join(re.search(rf"#define NCCL_{k}\s+(\d+)", text).group(1) for k in ("MAJOR", "MINOR", "PATCH"))
-    if found == sys.argv[1] and (root / "include" / "nccl_device.h").is_file() and (root / "lib" / "libnccl.so.2").exists():
-        print(root)
+    root = pathlib.Path(next(iter(spec.submodule_search_locations)))
+text = (root / "include" / "nccl.h").read_text()
+if (root / "include" / "nccl_device.h").is_file() and (root / "lib" / "libnccl.so.2").exists():
+    print(root, ".".join(re.search(rf"#define NCCL_{k}\s+(\d+)", text).group(1) for k in ("MAJOR", "MINOR", "PATCH")))
 PY
 }
 
@@ -58,7 +59,8 @@ if [[ -z "${NCCL_HOME:-}" ]]; then
   else
     wheel="$(ls "$cache"/wheels/nvidia_nccl_cu13-"$version"-*.whl "$wheel_dir"/nvidia_nccl_cu13-"$version"-*.whl \
       2>/dev/null | head -n1 || true)"
-    installed="$(installed_nccl "$version")"
+    installed="$(nccl_tree)"
+    if [[ ${installed##* } == "$version" ]]; then installed="${installed% *}"; else installed=""; fi
     packed="$(ls "$wheel_dir"/upstream/nccl-"$version"-sm*.tar.xz 2>/dev/null | head -n1 || true)"
     if [[ -z "$wheel" && -n "$installed" ]]; then
       echo "build_kernel: NCCL $version headers from the installed nvidia-nccl-cu13 ($installed)"
@@ -70,13 +72,11 @@ if [[ -z "${NCCL_HOME:-}" ]]; then
       # Python's tarfile, not tar: a machine may lack xz.
       rm -rf "$root-packed.tmp" && mkdir -p "$root-packed.tmp"
       "$python" -c 'import sys, tarfile; t = tarfile.open(sys.argv[1]); t.extractall(sys.argv[2], **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))' "$packed" "$root-packed.tmp"
-      [[ -f "$root-packed.tmp/include/nccl_device.h" ]] || {
-        echo "build_kernel: $packed holds no include/nccl_device.h (not a tree scripts/build_nccl.sh packed)" >&2
-        exit 1
-      }
-      found="$(sed -n 's/^#define NCCL_\(MAJOR\|MINOR\|PATCH\) *\([0-9]*\).*/\2/p' "$root-packed.tmp/include/nccl.h" | paste -sd.)"
+      found="$(nccl_tree "$root-packed.tmp")"
+      found="${found##* }"
+      incomplete="of no readable version (a tree as scripts/build_nccl.sh packs it: include/nccl.h, nccl_device.h, lib/)"
       [[ "$found" == "$version" ]] || {
-        echo "build_kernel: $packed is NCCL ${found:-of no readable version}, not $version" >&2
+        echo "build_kernel: $packed is NCCL ${found:-$incomplete}, not $version" >&2
         exit 1
       }
       rm -rf "$root-packed" && mv "$root-packed.tmp" "$root-packed"
