@@ -119,7 +119,7 @@ else
   export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export FASTVIDEO_UPSTREAM_PEER="$WORK/upstream"
-step "NCCL in the processes" 60 versions.log "$python" -c 'import sys, torch; from benchmarks.cases import upstream_peer as u; from benchmarks.harness import header as h; t = ".".join(map(str, torch.cuda.nccl.version())); found = h.nccl_libraries(); print("torch built against NCCL", t, "; loaded:", found); why = u.nccl_conflict(t, found); print(why or "one NCCL: torch and the extension share it"); sys.exit(1 if why else 0)'
+step "NCCL in the processes" 60 versions.log "$python" -c 'import sys; from benchmarks.cases import upstream_peer as u; state, why = u.nccl_check(); print(state); print(why or "one NCCL: torch and the extension share it"); sys.exit(1 if why else 0)'
 step "load upstream's extension" 60 versions.log "$python" -c 'import os, torch; from pathlib import Path; from benchmarks.cases import upstream_peer as u; a, c, so = u.load(Path(os.environ["FASTVIDEO_UPSTREAM_PEER"])); print("loaded", so, "is_available", c.is_available(), u._smoke(c, torch.device("cuda", 0)))'
 routes=nccl,fused,upstream
 if [[ -n "${PEER_SDIST:-}" ]]; then

@@ -131,6 +131,14 @@ def nccl_conflict(torch_built: str, libraries: dict[str, str]) -> str:
             "for both)")
 
 
+def nccl_check() -> tuple[dict, str]:
+    """``({"torch_built_against": ..., "loaded": {path: version}}, why)``: the NCCL libraries in this process and
+    ``nccl_conflict``'s verdict on them. Local; CUDA torch."""
+    libraries = header.nccl_libraries()
+    torch_built = ".".join(map(str, torch.cuda.nccl.version()))
+    return {"torch_built_against": torch_built, "loaded": libraries}, nccl_conflict(torch_built, libraries)
+
+
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -167,10 +175,8 @@ class UpstreamPeer:
         sp = get_sp_group()
         if sp.world_size > 1:
             # Agreed before the communicator's first collective, so that no rank enters it alone.
-            libraries = header.nccl_libraries()
-            torch_built = ".".join(map(str, torch.cuda.nccl.version()))
-            info["nccl"] = {"torch_built_against": torch_built, "loaded": libraries}
-            whys = timing.gather(nccl_conflict(torch_built, libraries))
+            info["nccl"], why = nccl_check()
+            whys = timing.gather(why)
             if any(whys):
                 return None, _joined(whys), info
         helper, why = None, ""

@@ -70,13 +70,10 @@ def _library_version(path: str) -> str:
 
 def nccl_libraries() -> dict[str, str]:
     """Every libnccl file mapped into this process, with its own version: ``{path: "2.30.7"}``. Local."""
-    found: dict[str, str] = {}
+    from fastvideo.distributed.ulysses.nccl_runtime import nccl_libraries_mapped
+
     with open("/proc/self/maps") as maps:
-        for line in maps:
-            fields = line.split()
-            if len(fields) >= 6 and Path(fields[-1]).name.startswith("libnccl.so"):
-                found.setdefault(os.path.realpath(fields[-1]), "")
-    return {path: _library_version(path) for path in found}
+        return {path: _library_version(path) for path in sorted(nccl_libraries_mapped(maps.read()))}
 
 
 def describe_nccl(built: str, loaded: list[str]) -> str:
