@@ -43,7 +43,7 @@ def stand_in(x: torch.Tensor, scatter_dim: int, gather_dim: int, name: str, *, a
     communication. Differentiable (autograd sees a copy)."""
     from fastvideo.distributed.communication_op import mode_for_dims, output_shape
     from fastvideo.distributed.parallel_state import get_sp_group
-    from fastvideo.distributed.ulysses.layout import Splits
+    from fastvideo.distributed.all_to_all import Splits
 
     sp = get_sp_group()
     if sp.world_size == 1:

@@ -254,7 +254,7 @@ def stub_sp_group(world_size: int = 2) -> Iterator[None]:
 def send_layout(x: torch.Tensor, mode: int, world_size: int) -> torch.Tensor:
     """The NCCL route's already-permuted send buffer for ``x`` (what ``all_to_all_single`` moves)."""
     try:
-        from fastvideo.distributed.ulysses.layout import send_layout as layout
+        from fastvideo.distributed.all_to_all import send_layout as layout
     except ImportError:  # older trees re-exported it from the public module
         from fastvideo.distributed.communication_op import _send_layout as layout
     return layout(x, mode, world_size)
@@ -294,7 +294,7 @@ def call_stages(helper, x, mode: int) -> dict:
     import itertools
 
     from fastvideo.distributed.ulysses.contract import Phase
-    from fastvideo.distributed.ulysses.layout import EVEN
+    from fastvideo.distributed.all_to_all import EVEN
     from fastvideo.distributed.ulysses.planner import Signature
 
     t = transport(helper)

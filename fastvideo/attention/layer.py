@@ -52,12 +52,12 @@ from fastvideo.attention.sources import (  # upstream's compile boundary, import
     check_dense_extra,
     upstream_attention,
 )
+from fastvideo.distributed.all_to_all import balanced_splits, shares
 from fastvideo.distributed.communication_op import (
     sequence_model_parallel_all_gather,
     sequence_model_parallel_all_to_all_4D,
 )
 from fastvideo.distributed.parallel_state import get_sp_parallel_rank, get_sp_world_size
-from fastvideo.distributed.ulysses.layout import balanced_splits, shares
 
 __all__ = ["DistributedAttention", "DistributedAttention_VSA", "LocalAttention", "upstream_attention"]
 

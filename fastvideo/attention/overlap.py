@@ -27,9 +27,9 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from fastvideo.distributed.all_to_all import balanced_splits, shares
 from fastvideo.distributed.communication_op import sequence_model_parallel_all_gather
 from fastvideo.distributed.parallel_state import get_sp_group, get_sp_parallel_rank, get_sp_world_size
-from fastvideo.distributed.ulysses.layout import balanced_splits, shares
 
 SETTING = "FASTVIDEO_ULYSSES_A2A_OVERLAP"
 

@@ -26,29 +26,27 @@ from collections.abc import Sequence
 import torch
 
 from fastvideo.distributed import utils as _utils
-from fastvideo.distributed.device_communicators import ulysses_a2a as _ulysses_a2a  # noqa: F401 - registers
-from fastvideo.distributed.parallel_state import get_sp_group
-from fastvideo.distributed.parallel_state import get_tp_group as _get_tp_group
-from fastvideo.distributed.parallel_state import model_parallel_is_initialized as _model_parallel_is_initialized
-from fastvideo.distributed.ulysses import async_ops as _async_ops
-from fastvideo.distributed.ulysses import ops as _ops
-from fastvideo.distributed.ulysses.async_ops import AllToAllHandle
-from fastvideo.distributed.ulysses.contract import check_tag as _check_tag
-from fastvideo.distributed.ulysses.layout import (
+from fastvideo.distributed.all_to_all import (
     EVEN,
     MODE_HEAD_GATHER,
     MODE_SEQ_GATHER,
     Splits,
     balanced_splits,
-    check_dim,
     check_own_share,
     mode_for_dims,
+    nccl_route,
     output_shape,
     reference_all_to_all,
     shares,
     validate_input,
 )
-from fastvideo.distributed.ulysses.nccl import nccl_route
+from fastvideo.distributed.all_to_all import check_dim as _check_dim
+from fastvideo.distributed.parallel_state import get_sp_group
+from fastvideo.distributed.parallel_state import get_tp_group as _get_tp_group
+from fastvideo.distributed.parallel_state import model_parallel_is_initialized as _model_parallel_is_initialized
+from fastvideo.distributed.ulysses import ops as _ops
+from fastvideo.distributed.ulysses.exchange import fail as _fail
+from fastvideo.distributed.ulysses.ops import AllToAllHandle
 
 logger = logging.getLogger(__name__)
 
@@ -106,31 +104,26 @@ def sequence_model_parallel_all_to_all_4D(input_: torch.Tensor, scatter_dim: int
     on every rank. Streams, as torch states them for ``async_op`` collectives: the exchange is issued on this
     process's communication stream of ``input_``'s device after it waited for the current stream (so the input
     is read as it stood at the call); ``wait()`` makes the then-current stream wait for the exchange (it does not
-    block the host) and returns the output ready on that stream. The caching allocator is told through
-    ``record_stream``: the input is not reused before the communication stream has read it, so it may be freed or
-    overwritten on the current stream after the call, and the output (allocated on the communication stream) not
-    before the stream that waited has used it. On CPU (gloo) the NCCL route runs in gloo's threads and ``wait()``
-    blocks until it landed. Differentiable (twice): the backward starts the reverse exchange where autograd
-    reaches the ``wait`` and waits for it where it reaches the call, so the gradient exchange is in flight across
-    the backward of what ran in between. ``torch.compile(fullgraph=True)`` traces a start and a wait node; under a
-    manual CUDA-graph capture the side stream is forked and joined inside the graph (wait before the capture
-    ends). Underneath: ``ulysses/async_ops.py``.
+    block the host) and returns the output ready on that stream. **The input is the caller's until ``wait()``**:
+    the exchange may read it until then, so do not write it in between; an in-place write is caught at ``wait()``,
+    which raises ``InputModifiedError`` (the version counter; not under ``torch.inference_mode``, whose tensors
+    have none, nor writes through ``.data``: ``ulysses/exchange.py``). ``record_stream`` keeps the input's memory
+    from the allocator until the communication stream has read it, and the output's (allocated on the
+    communication stream) until the stream that waited has used it. On CPU (gloo) the NCCL route runs in gloo's
+    threads and ``wait()`` blocks until it landed. A handle dropped without ``wait()`` is released with a
+    ``ResourceWarning`` naming where it was started. Differentiable (twice): the backward starts the reverse
+    exchange where autograd reaches the ``wait`` and waits for it where it reaches the call, so the gradient
+    exchange is in flight across the backward of what ran in between; a backward votes the SEQ word of the call it
+    differentiates, so ranks whose autograd orders two backward exchanges differently raise together instead of
+    swapping gradients. ``torch.compile(fullgraph=True)`` traces a start and a wait node, and refuses a start
+    without its wait in the region; under a manual CUDA-graph capture the side stream is forked and joined inside
+    the graph (wait before the capture ends). Underneath: ``ulysses/ops.py`` and ``ulysses/exchange.py``.
     """
-    sp = get_sp_group()
-    world = sp.world_size  # read once: the call enters the SP group's module once (docs/architecture.md)
-    mode = -1  # in the vote of an invalid dim pair
     try:
         mode = mode_for_dims(scatter_dim, gather_dim)
-        splits = validate_input(input_, mode, world, sp.rank_in_group, seq_splits, head_splits)
-        if tag is not None:
-            _check_tag(tag)
-    except (TypeError, ValueError, RuntimeError) as exc:
-        _ops.fail(input_, mode, exc)  # checked mode: votes first, so every rank raises
-    if world == 1:
-        return _async_ops.done(input_) if async_op else input_
-    if async_op:
-        return _async_ops.start(input_, mode, 0, splits, tag)
-    return _ops.call(input_, mode, 0, splits, tag)
+    except ValueError as exc:
+        _fail(input_, -1, exc)  # checked mode: votes first (-1: an invalid dim pair), so every rank raises
+    return _ops.call(input_, mode, 0, seq_splits, head_splits, tag, async_op)
 
 
 # ---------------------------------------------------------------------- upstream FastVideo's SP collectives
@@ -188,7 +181,7 @@ def sequence_model_parallel_shard(input_: torch.Tensor, dim: int = 1, *,
     length (``balanced_splits(length, P)`` cuts it as evenly as it goes): no padding, rank ``r`` gets rows
     ``sum(seq_splits[:r])`` on; pass the same table to the all-to-all and the all-gather after it."""
     sp = get_sp_group()
-    dim = check_dim("sequence_model_parallel_shard", input_, dim)
+    dim = _check_dim("sequence_model_parallel_shard", input_, dim)
     original = input_.shape[dim]
     if seq_splits is not None:
         table = shares("sequence_model_parallel_shard", "seq_splits", seq_splits, sp.world_size, original)

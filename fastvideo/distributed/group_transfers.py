@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
-    from fastvideo.distributed.device_communicators.base_device_communicator import DeviceCommunicatorBase
+    from fastvideo.distributed.communicator import DeviceCommunicatorBase
 
 __all__ = ["CoordinatorTransfers", "GraphCaptureContext", "TensorMetadata", "split_tensor_dict"]
 

@@ -9,7 +9,9 @@ the TP groups; ``cleanup_dist_env_and_memory()`` tears all of it down, helpers f
 ``docs/fastvideo_migration.md``.
 
 The SP and DP groups, their ``GroupCoordinator`` and the agreed settings live in ``sp_groups``: this module
-builds on them and changes nothing in how they are built, and ``sp_groups`` never imports it.
+builds on them and changes nothing in how they are built, and ``sp_groups`` never imports it. As upstream's init
+builds its communicators' Ulysses helpers, ``initialize_model_parallel`` installs what the SP communicator's
+``ulysses_a2a`` is (``ulysses.registry.install``): this module sits above the Ulysses layer.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from fastvideo.distributed.sp_groups import (
     model_parallel_is_initialized,
     override_ulysses_settings,
 )
+from fastvideo.distributed.ulysses import registry as _ulysses_registry
 
 __all__ = [
     "GraphCaptureContext",
@@ -242,6 +245,7 @@ def initialize_model_parallel(
                          f"{sequence_model_parallel_size}; call destroy_sequence_parallel() first.")
     for coordinator in (get_sp_group(), get_dp_group()):  # the SP and DP groups exist now
         coordinator.local_rank = world.local_rank
+    _ulysses_registry.install()  # device_communicator.ulysses_a2a answers with the SP group's helper
     rank, dev_backend = dist.get_rank(), dist.get_backend()
     tp: GroupCoordinator | None = None
     for start in range(0, n, tensor_model_parallel_size):

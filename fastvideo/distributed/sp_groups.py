@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from fastvideo import envs
 from fastvideo.distributed import settings as _settings
-from fastvideo.distributed.device_communicators.base_device_communicator import DeviceCommunicatorBase
+from fastvideo.distributed.communicator import DeviceCommunicatorBase
 from fastvideo.distributed.group_transfers import CoordinatorTransfers
 from fastvideo.distributed.host_exchange import job_timeout_s
 from fastvideo.distributed.settings import AgreedSettings
@@ -213,6 +213,11 @@ class GroupCoordinator(CoordinatorTransfers):
     def add_teardown(self, key: str, fn: Callable[[], None]) -> None:
         """Run ``fn`` (collective) in ``destroy_sequence_parallel`` before the groups go; one hook per key."""
         self._teardown[key] = fn
+
+    def vote_failed(self, why: str) -> None:
+        """Local: an exchange on the vote group failed (``why``); a gloo group is unusable after that, so no later
+        helper may vote on it (``vote_failure``) until the groups are rebuilt."""
+        self.vote_failure = why
 
     def resync_generation(self, generation: int) -> None:
         """Move the generation counter to ``generation`` (after a construction found ranks out of step), so that

@@ -50,7 +50,7 @@ from benchmarks.harness.header import tree_commit  # noqa: E402
 from fastvideo.attention.layer import DistributedAttention  # noqa: E402
 from fastvideo.distributed import parallel_state  # noqa: E402
 from fastvideo.distributed.ulysses import async_ops, ops  # noqa: E402
-from fastvideo.distributed.ulysses.layout import EVEN, mode_for_dims, validate_input  # noqa: E402
+from fastvideo.distributed.all_to_all import EVEN, mode_for_dims, validate_input  # noqa: E402
 
 
 def forced(x, scatter_dim, gather_dim, name="", *, async_op=False, seq_splits=None, head_splits=None, tag=None):

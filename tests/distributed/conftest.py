@@ -139,7 +139,7 @@ def construction_fault(rank: int, scenario: str, faulty_rank: int = 1):
 def a2a(helper, x, mode: int, *, seq_splits=None, head_splits=None):
     """The differentiable all-to-all through ``helper`` (the one op with that helper; validated first)."""
     from fastvideo.distributed.ulysses import ops
-    from fastvideo.distributed.ulysses.layout import validate_input
+    from fastvideo.distributed.all_to_all import validate_input
 
     splits = validate_input(x, mode, helper.world_size, rank=helper.sp.rank_in_group, seq_splits=seq_splits,
                             head_splits=head_splits)

@@ -275,7 +275,7 @@ def _two_in_flight_compiled(rank, p):
 
     from fastvideo.distributed.parallel_state import get_sp_group
     from fastvideo.distributed.ulysses import async_ops
-    from fastvideo.distributed.ulysses.layout import validate_input
+    from fastvideo.distributed.all_to_all import validate_input
 
     sp = get_sp_group()
 
@@ -318,7 +318,7 @@ def _pipelined_block_compiled(rank, p):
     from fastvideo.attention.layer import DistributedAttention
     from fastvideo.distributed.parallel_state import get_sp_group
     from fastvideo.distributed.ulysses import async_ops, ops
-    from fastvideo.distributed.ulysses.layout import mode_for_dims, validate_input
+    from fastvideo.distributed.all_to_all import mode_for_dims, validate_input
 
     sp = get_sp_group()
 
@@ -380,7 +380,7 @@ def _pipelined_block_bf16_runs(rank, p, own, runs, stop_at_first=False):
     from fastvideo.attention.layer import DistributedAttention
     from fastvideo.distributed.parallel_state import get_sp_group
     from fastvideo.distributed.ulysses import async_ops, ops
-    from fastvideo.distributed.ulysses.layout import mode_for_dims, validate_input
+    from fastvideo.distributed.all_to_all import mode_for_dims, validate_input
 
     sp = get_sp_group()
     if not own:  # the op body's call; the graph still says own_input=True

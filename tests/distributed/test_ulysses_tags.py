@@ -76,7 +76,7 @@ def _schedule(rank: int, world: int, fault: str) -> list[int]:
 def _expected(x_of, mode: int = 0):
     """What this rank must get when every rank passes ``x_of(rank)``: the NCCL route computed locally."""
     from fastvideo.distributed.parallel_state import get_sp_group
-    from fastvideo.distributed.ulysses.layout import reference_all_to_all
+    from fastvideo.distributed.all_to_all import reference_all_to_all
 
     sp = get_sp_group()
     return reference_all_to_all([x_of(r) for r in range(sp.world_size)], mode)[sp.rank_in_group]

@@ -30,7 +30,7 @@ import torch
 
 from fastvideo.distributed.ulysses import contract
 from fastvideo.distributed.ulysses.contract import ContractMismatchError, DeclineReason, Field, Phase
-from fastvideo.distributed.ulysses.layout import (
+from fastvideo.distributed.all_to_all import (
     EVEN,
     Splits,
     output_shape,
@@ -602,7 +602,7 @@ def _split_sizes(rank, world):
     import torch.distributed as dist
 
     from fastvideo.distributed.parallel_state import get_sp_group
-    from fastvideo.distributed.ulysses.nccl import nccl_route
+    from fastvideo.distributed.all_to_all import nccl_route
 
     seen = []
     real = dist.all_to_all_single

@@ -26,7 +26,7 @@ import random
 import pytest
 import torch
 
-from fastvideo.distributed.ulysses.layout import Splits, reference_all_to_all, validate_input
+from fastvideo.distributed.all_to_all import Splits, reference_all_to_all, validate_input
 from fastvideo.distributed.ulysses.transport import output_shape
 from tests.kernel import check_sim_peers as sim
 from tests.kernel.built import fastvideo_kernel, kernel_testing

@@ -13,7 +13,7 @@ on the SP group, like the op's first call. Private attributes of upstream's help
 ``_disabled_reason``) are not kept: ``stats()`` says whether construction succeeded and what each call ran.
 
 ``is_enabled()`` is upstream's switch: whether the route is ``auto``, read from the SP group's agreed settings
-once the SP groups exist (what the op does), from this rank's environment before that.
+once the SP groups exist (what the op does), from this rank's environment before that (``registry.enabled``).
 
 Upstream's module-level API maps onto the same helper: ``maybe_create_helper(cpu_group, device_group, world_size,
 device, pynccl_comm)`` (what upstream's ``CudaCommunicator`` assigns to ``ulysses_a2a``) returns a
@@ -21,9 +21,8 @@ device, pynccl_comm)`` (what upstream's ``CudaCommunicator`` assigns to ``ulysse
 construction succeeded, None otherwise; ``SUPPORTED_WORLD_SIZES`` and ``MAX_WINDOW_BYTES`` say what this
 package's route takes (``docs/fastvideo_migration.md``).
 
-This is the one module of the FastVideo surface that imports the op's helper registry (``ulysses/registry.py``:
-``get_default_helper`` and the functions beside it). Importing it registers ``ulysses_a2a``'s provider
-with ``base_device_communicator`` (which sits below the helper and cannot import it).
+What ``device_communicator.ulysses_a2a`` returns is ``ulysses/registry.py``'s to say (``registry.install``, called
+by upstream's init entry points and at the op's first call); importing this module has no side effect.
 """
 
 from __future__ import annotations
@@ -35,16 +34,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from fastvideo import envs
-from fastvideo.distributed import parallel_state
-from fastvideo.distributed.device_communicators import base_device_communicator as _base
+from fastvideo.distributed.all_to_all import mode_for_dims
+from fastvideo.distributed.sp_groups import get_sp_group, model_parallel_is_initialized
 from fastvideo.distributed.ulysses import ops as _ops
 from fastvideo.distributed.ulysses.helper import UlyssesHelper
-from fastvideo.distributed.ulysses.layout import mode_for_dims, validate_input
 from fastvideo.distributed.ulysses.policy import MAX_WORLD_SIZE, MIN_WORLD_SIZE
 from fastvideo.distributed.ulysses.registry import (
     current_default_helper,
     destroy_default_helper,
+    enabled,
     get_default_helper,
     install_default_helper,
 )
@@ -65,7 +63,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-ROUTE = "FASTVIDEO_ULYSSES_A2A"
 # The SP sizes the fused route serves (upstream's kernel: 2, 4, 6, 8); others decline ``world_size`` to NCCL.
 SUPPORTED_WORLD_SIZES = tuple(range(MIN_WORLD_SIZE, MAX_WORLD_SIZE + 1))
 # The registered window's default size per rank (``FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES``, agreed at construction).
@@ -77,34 +74,12 @@ MAX_WINDOW_BYTES = 1 << 30
 def is_enabled() -> bool:
     """Whether the fused route is opted in (``FASTVIDEO_ULYSSES_A2A=auto``). Local, never collective: the SP
     group's agreed value once the SP groups exist, this rank's environment before."""
-    if parallel_state.model_parallel_is_initialized():
-        agreed = parallel_state.get_sp_group().settings
-        if agreed is not None:
-            return agreed[ROUTE] == "auto"
-    return envs.get(ROUTE) == "auto"
+    return enabled()
 
 
-class _UpstreamMethods:
-    """FALLBACK until ``UlyssesHelper.close`` exists: the helper with upstream's ``close()`` (= ``destroy()``,
-    collective) added; every other attribute, ``try_all_to_all_4D`` included, is the helper's own.
-    ``with_upstream_methods`` stops wrapping as soon as the helper has both of upstream's methods."""
-
-    def __init__(self, helper: UlyssesHelper) -> None:
-        self.helper = helper
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.helper, name)
-
-    def close(self) -> None:
-        """Collective over the SP group: destroy the helper (a second call is a no-op)."""
-        self.helper.destroy()
-
-
-def with_upstream_methods(helper: UlyssesHelper) -> Any:
-    """``helper`` itself once it has ``try_all_to_all_4D`` and ``close``; until then the marked fallback wrapper."""
-    if callable(getattr(helper, "try_all_to_all_4D", None)) and callable(getattr(helper, "close", None)):
-        return helper
-    return _UpstreamMethods(helper)
+def with_upstream_methods(helper: UlyssesHelper) -> UlyssesHelper:
+    """``helper`` itself: it has upstream's ``try_all_to_all_4D`` and ``close``."""
+    return helper
 
 
 class UlyssesA2AHelper:
@@ -135,9 +110,9 @@ class UlyssesA2AHelper:
     def _bound(self) -> UlyssesHelper | None:
         """The op's helper when this is the SP group under ``auto`` (collective the first time: it may build it);
         None otherwise (local, and the same on every rank: the groups and the agreed route are)."""
-        if not parallel_state.model_parallel_is_initialized():
+        if not model_parallel_is_initialized():
             return None
-        sp = parallel_state.get_sp_group()
+        sp = get_sp_group()
         if (self.cpu_group is not sp.cpu_group and self.device_group is not sp.device_group) or sp.world_size == 1:
             return None
         if not is_enabled():
@@ -157,9 +132,7 @@ class UlyssesA2AHelper:
         if helper is None:
             return None
         if torch.is_grad_enabled() and x.requires_grad:
-            mode = mode_for_dims(scatter_dim, gather_dim)
-            validate_input(x, mode, helper.world_size, helper.sp.rank_in_group)
-            return _ops.all_to_all(x, mode, helper=helper, tag=tag)
+            return _ops.call(x, mode_for_dims(scatter_dim, gather_dim), helper.id, tag=tag)
         return helper.try_all_to_all_4D(x, scatter_dim, gather_dim, tag=tag)
 
     def run_armed(self, x: torch.Tensor, mode: int) -> torch.Tensor:
@@ -199,16 +172,3 @@ def maybe_create_helper(cpu_group: ProcessGroup | None, device_group: ProcessGro
             logger.info("Ulysses fused all-to-all unavailable: %s", helper.stats().get("construction_detail", ""))
         return None
     return candidate
-
-
-def _provider(comm: _base.DeviceCommunicatorBase) -> Any:
-    """What ``comm.ulysses_a2a`` is (see the module docstring)."""
-    if not parallel_state.model_parallel_is_initialized():
-        return None
-    sp = parallel_state.get_sp_group()
-    if comm.device_group is not sp.device_group or sp.world_size == 1 or not is_enabled():
-        return None
-    return with_upstream_methods(get_default_helper())
-
-
-_base.register_ulysses_a2a_provider(_provider)

@@ -1,5 +1,5 @@
-"""Building a helper: the collective agreement on capability, host and settings, the transport's steps, and what
-the helper takes from the agreed outcome (``adopt``, rank-local).
+"""Building a helper: the collective agreement on capability, host and settings, and the transport's steps; the
+agreed outcome (``Construction``) is what the helper takes.
 
 Nothing rank-local decides a collective (``docs/ulysses_contract.md``). One exchange over the SP group's vote
 group carries every rank's capability, host identity, window, GPU model, generation, shared-memory vote
@@ -22,13 +22,12 @@ import logging
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 
 from fastvideo import envs
 from fastvideo.distributed import settings as _settings
-from fastvideo.distributed.parallel_state import GroupCoordinator
+from fastvideo.distributed.sp_groups import GroupCoordinator
 from fastvideo.distributed.ulysses import contract
 from fastvideo.distributed.ulysses.contract import ContractMismatchError, DeclineReason, Field
 from fastvideo.distributed.ulysses.policy import MAX_CTAS, MAX_WORLD_SIZE, MIN_WORLD_SIZE
@@ -99,7 +98,8 @@ def limits(window_bytes: int | None, vote_timeout_s: float | None, watchdog_time
 
 @dataclass
 class Construction:
-    """The agreed outcome of a helper's construction (identical on every rank but ``call_vote``'s object)."""
+    """The agreed outcome of a helper's construction (identical on every rank but ``call_vote``'s object and the
+    rank-local ``voted_launch`` / ``hot_decline``), and the settings agreed with it (never re-read per call)."""
 
     capability: Capability
     call_vote: GlooVote | ShmVote  # the per-call vote channel
@@ -107,6 +107,12 @@ class Construction:
     reason: DeclineReason | None = None  # the construction decline, if any
     detail: str = ""
     per_rank: dict[int, str] = field(default_factory=dict)  # global rank -> its part in the decline
+    checked: bool = False  # the agreed checked mode
+    long_training: str = "auto"  # the agreed FASTVIDEO_ULYSSES_A2A_LONG_TRAINING
+    # The vote and the launch in one library call where the transport offers it; rank-local (both paths are the
+    # same exchange and the same verdict).
+    voted_launch: bool = False
+    hot_decline: str = ""  # why the hot lane is off ("" where it may learn signatures); rank-local
 
 
 def construct(sp: GroupCoordinator, transport: Transport | None, vote: GlooVote, *, disabled: bool,
@@ -148,60 +154,20 @@ def construct(sp: GroupCoordinator, transport: Transport | None, vote: GlooVote,
     # mode, so that a re-agreement that turns checked mode on (``UlyssesHelper.follow``) votes over the same channel.
     if one_host:
         result.call_vote = _choose_vote(vote, sp.rank_in_group, peers, vote_request)
-    return result
-
-
-class _Adopter(Protocol):
-    """The part of a ``UlyssesHelper`` that ``adopt`` reads and sets."""
-
-    sp: GroupCoordinator
-    transport: Transport | None
-    capability: Capability
-    construction_reason: DeclineReason | None
-    construction_detail: str
-    construction_per_rank: dict[int, str]
-    checked: bool
-    _built: bool
-    _call_vote: GlooVote | ShmVote
-    _long_training: str
-    _votes: bool
-    _logged: set[DeclineReason]
-    _fused_vote: bool
-    hot_decline: str
-    _hot_ok: bool
-
-
-def adopt(helper: _Adopter, built: Construction) -> None:
-    """Local, not blocking: ``helper`` takes the agreed construction and the settings agreed with it (never re-read
-    per call)."""
-    helper.capability = built.capability
-    helper.construction_reason = built.reason
-    helper.construction_detail = built.detail
-    helper.construction_per_rank = built.per_rank
-    helper._built = built.built
-    helper._call_vote = built.call_vote
-    agreed = helper.sp.settings
-    helper.checked = bool(agreed is not None and agreed[_settings.CHECKED])
-    helper._long_training = agreed["FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"] if agreed is not None else "auto"
-    # A helper that declined at construction votes only in checked mode (that vote is the check; the default under
-    # the `auto` route, FASTVIDEO_ULYSSES_A2A_CHECKED=0 turns it off).
-    helper._votes = helper._built or helper.checked
-    if helper.construction_reason is not None:
-        helper._logged.add(helper.construction_reason)  # logged once at construction, never again per call
-    # The vote and the launch in one library call where the transport offers it. Rank-local: both paths are
-    # the same exchange and the same verdict.
-    helper._fused_vote = (helper._built and helper.transport is not None
-                          and env_or_default("FASTVIDEO_ULYSSES_A2A_VOTED_LAUNCH") == "1"
-                          and helper.transport.fuses_vote(helper._call_vote))
-    # The hot path (hot.py) where the launch is voted in the library and the extension is built for this torch.
-    # Rank-local: it runs the Python path's own proposals, votes and verdicts.
-    if not helper._fused_vote:
-        helper.hot_decline = "the vote and the launch are not one library call here"
+    agreed = sp.settings
+    result.checked = bool(agreed is not None and agreed[_settings.CHECKED])
+    result.long_training = agreed["FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"] if agreed is not None else "auto"
+    result.voted_launch = (result.built and transport is not None
+                           and env_or_default("FASTVIDEO_ULYSSES_A2A_VOTED_LAUNCH") == "1"
+                           and transport.fuses_vote(result.call_vote))
+    # The hot lane (hot.py) where the launch is voted in the library and the extension is built for this torch.
+    if not result.voted_launch:
+        result.hot_decline = "the vote and the launch are not one library call here"
     elif env_or_default("FASTVIDEO_ULYSSES_A2A_HOT_PATH") != "1":
-        helper.hot_decline = "FASTVIDEO_ULYSSES_A2A_HOT_PATH=0"
+        result.hot_decline = "FASTVIDEO_ULYSSES_A2A_HOT_PATH=0"
     else:
-        helper.hot_decline = helper.transport.hot_decline()
-    helper._hot_ok = not helper.hot_decline
+        result.hot_decline = transport.hot_decline()
+    return result
 
 
 def _agree_settings_and_generation(sp: GroupCoordinator, peers: list[tuple]) -> None:

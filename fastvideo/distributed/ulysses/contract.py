@@ -6,8 +6,9 @@ Wire format (frozen; ``CONTRACT_VERSION`` changes when it does; ``docs/ulysses_c
  #    field           meaning
 ====  ==============  =================================================================
  0    HEADER          ``CONTRACT_VERSION << 32 | helper generation``
- 1    SEQ             untagged call: this helper's call count (0, 1, 2, ...); tagged call: ``tag_seq``, bit 62
-                      set, a 62-bit digest of the tag XOR the phase (bits 60-61) XOR the tag's own count
+ 1    SEQ             untagged forward: this helper's call count (0, 1, 2, ...); tagged forward: ``tag_seq``,
+                      bit 62 set, a 62-bit digest of the tag XOR the phase (bits 60-61) XOR the tag's own count;
+                      backward: the SEQ word its forward voted (saved with the forward's outcome)
  2    ELIGIBILITY     rank-local decline bits (``1 << DeclineReason``); 0 = eligible
  3    MODE_PHASE      ``mode | phase << 4``: mode 0 scatters heads / gathers sequence, 1 the inverse;
                       phase 0 no-grad forward, 1 grad-tracked forward, 2 backward
@@ -28,8 +29,9 @@ them. Verdict (``decide``), computed identically on every rank from the gathered
   rank (``PeerCallError``), so no rank is left a call ahead of its peers.
 * HEADER, SEQ, MODE_PHASE, DTYPE, B, S, H, D or SPLITS differ: a caller bug (the NCCL route would
   hang or move wrong data too). ``RAISE`` naming the field (MODE or PHASE for MODE_PHASE) and the per-rank
-  values; no rank enters a collective. (An untagged call's SEQ moves with the votes, so a rank that skips or
-  repeats an untagged call is not seen there; a tagged call's SEQ is its tag's own count: a skip is.)
+  values; no rank enters a collective. (An untagged forward's SEQ moves with the votes, so a rank that skips or
+  repeats an untagged forward is not seen there; a tagged forward's SEQ is its tag's own count: a skip is. A
+  backward's SEQ is its forward's word, so ranks running the backwards of two calls in different orders differ.)
 * ELIGIBILITY, WINDOW_BYTES or PLAN differ, or any rank has a decline bit: ``DECLINE`` together.
 * Otherwise ``RUN`` the agreed plan.
 """
@@ -45,7 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
-CONTRACT_VERSION = 3
+CONTRACT_VERSION = 4
 NUM_FIELDS = 12
 # Set in WINDOW_BYTES by a rank whose call is being captured into a CUDA graph with the plan frozen: a rank
 # capturing while a peer runs eagerly differs there, so every rank declines together (PEER_DISAGREEMENT).
@@ -198,17 +200,6 @@ def is_tagged(seq_field: int) -> bool:
     return bool(seq_field & TAGGED)
 
 
-def check_tag(tag: object, where: str = "sequence_model_parallel_all_to_all_4D") -> None:
-    """Raise TypeError/ValueError, before any collective, for a tag that is not a non-empty ``str`` (or None)."""
-    if tag is None:
-        return
-    if type(tag) is not str:
-        raise TypeError(f"{where}: tag={tag!r} must be a str naming the call site (e.g. 'blocks.3.attn.qkv') or "
-                        "None; it is in every vote of the call, so pass the same tag on every rank.")
-    if not tag:
-        raise ValueError(f"{where}: tag='' is empty; pass a non-empty str naming the call site, or None (untagged).")
-
-
 def fields(generation: int, seq: int, bits: int, mode: int, dtype: torch.dtype, shape: tuple[int, int, int, int],
            phase: Phase, window_bytes: int = 0, plan_word: int = 0, capturing: bool = False,
            splits: int = 0) -> list[int]:
@@ -239,7 +230,9 @@ def with_seq(row: Sequence[int], seq: int) -> list[int]:
 
 def outcome_code(plan_word: int, reason: DeclineReason | None) -> int:
     """What one call ran, as one int (a backward runs its forward's): the plan word (> 0) of a fused call, or
-    ``-1 - reason`` (< 0) for a call that declined. 0 is reserved for a call that ran without a helper."""
+    ``-1 - reason`` (< 0) for a call that declined. 0 is reserved for a call that ran without a helper. The op
+    saves ``[helper id, outcome code, SEQ word]`` per call (``OUTCOME_LEN`` int64s): its backward's plan and
+    SEQ."""
     if plan_word:
         return plan_word
     return -1 - int(reason if reason is not None else DeclineReason.PEER_DISAGREEMENT)
@@ -250,9 +243,13 @@ def outcome_reason(code: int) -> DeclineReason:
     return DeclineReason(-1 - code)
 
 
+OUTCOME_LEN = 3  # the op's saved outcome: [helper id, outcome code, SEQ word]
+_BACKWARD_HINT = ("ranks ran the backward of different calls: autograd reached the backward exchanges in another order "
+                  "on some rank (e.g. async exchanges waited in another order, or a loss that combines the outputs in "
+                  "a rank-dependent order); every SP rank must run the same backward calls in the same order")
 _HINTS = {
-    Field.SEQ: "the ranks' call counts differ (every SP rank must issue the same sequence of calls; a skipped or "
-               "repeated untagged call moves every rank's count alike and is not seen here: tag the calls)",
+    Field.SEQ: "the ranks' call counts differ: a rank made more or fewer calls than its peers before this one (every "
+               "SP rank must issue the same sequence of calls; a call-site tag names the call that differs)",
     Field.MODE: "ranks passed different (scatter_dim, gather_dim)",
     Field.PHASE: "ranks disagree on requires_grad/backward, which would also hang the NCCL route",
     Field.HEADER: "ranks run different contract versions or helper generations (rebuild collectively)",
@@ -299,16 +296,21 @@ def _describe(field: Field, value: int) -> str:
     return str(value)
 
 
-def tag_hint(tags: Sequence[str]) -> str:
+def tag_hint(tags: Sequence[str], backward: bool = False) -> str:
     """The hint of a SEQ mismatch between tagged calls: the tags involved, named."""
     named = " or ".join(repr(t) for t in tags)
+    if backward:
+        return f"{_BACKWARD_HINT} (the calls tagged {named})"
     return (f"a rank skipped or repeated a call tagged {named} (every SP rank must issue the same sequence of "
             "calls)")
 
 
-def mismatch(field: Field, column: list[int]) -> ContractMismatchError:
+def mismatch(field: Field, column: list[int], phases: Sequence[int] = ()) -> ContractMismatchError:
     """The error for a MUST_MATCH ``field`` whose ``column`` (every rank's value) differs: MODE_PHASE names the
-    part that differs, MODE before PHASE."""
+    part that differs, MODE before PHASE; a SEQ mismatch between backwards (``phases``: every rank's MODE_PHASE)
+    says that autograd ordered them differently."""
+    if field is Field.SEQ and phases and all(v >> PHASE_SHIFT == Phase.BACKWARD for v in phases):
+        return ContractMismatchError(field, column, hint=_BACKWARD_HINT)
     if field is Field.MODE_PHASE:
         modes = [v & _MODE_MASK for v in column]
         if any(m != modes[0] for m in modes):
@@ -376,7 +378,7 @@ def decide(votes: torch.Tensor) -> Decision:
     for field in MUST_MATCH:
         column = [row[field] for row in rows]
         if any(v != column[0] for v in column):
-            return Decision(Verdict.RAISE, error=mismatch(field, column))
+            return Decision(Verdict.RAISE, error=mismatch(field, column, [row[Field.MODE_PHASE] for row in rows]))
     bits = [row[Field.ELIGIBILITY] for row in rows]
     if any(b != bits[0] for b in bits):
         return Decision(Verdict.DECLINE, reason=DeclineReason.PEER_DISAGREEMENT)

@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import torch
 
@@ -157,41 +157,57 @@ class HotPath:
         return len(self._calls)
 
 
-class _Helper(Protocol):
-    """The part of a ``UlyssesHelper`` ``learn`` and ``forget`` use."""
+class HotLane:
+    """A helper's hot lane: the transport's table (``HotPath``) once it holds a signature, or why there is none.
+    Local to the rank; the helper calls ``run`` (the table's bound C++ method itself, None while no signature is
+    held) for a forward autograd does not record, with even splits, not captured."""
 
-    generation: int
-    transport: Any
-    _call_vote: Any
-    _hot: HotPath | None
-    _hot_ok: bool
-    hot_decline: str
+    __slots__ = ("_table", "_transport", "_vote", "decline", "generation", "run")
 
+    def __init__(self, transport: Any, vote: Any, decline: str, generation: int) -> None:
+        self._transport, self._vote, self.generation = transport, vote, generation
+        self.decline = decline  # "" while the lane may learn signatures, else why it is off
+        self._table: HotPath | None = None
+        self.run: Callable[..., Any] | None = None
 
-def learn(helper: _Helper, x: torch.Tensor, proposal: Any) -> None:
-    """Local, host-only. After the Python path's own voted launch of a call the hot path may take: hold its
-    signature, with its proposal, in the transport's table; its later calls then take the hot path. A table the
-    helper did not hold yet (the first, or a new one after the transport closed its last) is emptied first, so it
-    holds only proposals of the helper's current plan. Any failure turns the hot path off for the helper, once,
-    with a warning: every call runs on the Python path as before."""
-    try:
-        table = helper.transport.hot_path(helper._call_vote)
-        if table is None:
-            helper._hot_ok, helper.hot_decline = False, helper.transport.hot_decline() or "the transport built no table"
+    @property
+    def learns(self) -> bool:
+        return not self.decline
+
+    def proposal(self, slot: int) -> Any:
+        return self._table.proposal(slot)
+
+    def finish(self, x: torch.Tensor, hit: tuple) -> torch.Tensor | None:
+        """The transport's end of a call ``run`` launched (``HotPath.finish``)."""
+        return self._table.finish(x, hit, self._vote)
+
+    def learn(self, x: torch.Tensor, proposal: Any) -> None:
+        """Local, host-only. After the Python path's own voted launch of a call the lane may take: hold its
+        signature, with its proposal, in the transport's table; its later calls then take the lane. A table the lane
+        did not hold yet (the first, or a new one after the transport closed its last) is emptied first, so it holds
+        only proposals of the helper's current plan. Any failure turns the lane off, once, with a warning: every
+        call runs on the Python path as before."""
+        try:
+            table = self._transport.hot_path(self._vote)
+            if table is None:
+                self.decline = self._transport.hot_decline() or "the transport built no table"
+                return
+            if table is not self._table or len(table) >= LIMIT:
+                table.clear()
+            table.add(x, proposal, self._vote.send_row(proposal.fields))
+        except Exception as exc:  # noqa: BLE001 - the Python path still runs every call
+            logger.warning("Ulysses hot path off for helper gen%d (%s: %s); calls take the Python path.",
+                           self.generation, type(exc).__name__, exc)
+            self._table = self.run = None
+            self.decline = f"turned off after {type(exc).__name__}: {exc}"
             return
-        if table is not helper._hot or len(table) >= LIMIT:
-            table.clear()
-        table.add(x, proposal, helper._call_vote.send_row(proposal.fields))
-    except Exception as exc:  # noqa: BLE001 - the Python path still runs every call
-        logger.warning("Ulysses hot path off for helper gen%d (%s: %s); calls take the Python path.",
-                       helper.generation, type(exc).__name__, exc)
-        helper._hot_ok, helper._hot = False, None
-        helper.hot_decline = f"turned off after {type(exc).__name__}: {exc}"
-        return
-    helper._hot = table
+        self._table, self.run = table, table.run
 
+    def forget(self) -> None:
+        """Local: a replan may change every held signature's proposal; the Python path learns them again."""
+        if self._table is not None:
+            self._table.clear()
 
-def forget(helper: _Helper) -> None:
-    """Local: a replan may change every held signature's proposal; the Python path learns them again."""
-    if helper._hot is not None:
-        helper._hot.clear()
+    def report(self) -> dict:
+        return {"hot_path": "on" if self.learns else self.decline,
+                "hot_signatures": len(self._table) if self._table is not None else 0}

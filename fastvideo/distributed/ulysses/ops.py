@@ -1,186 +1,310 @@
-"""The Ulysses all-to-all as one ``torch.library`` op: its schema, fake impl and autograd formula side by side.
+"""The Ulysses all-to-all as ``torch.library`` ops: each op's schema, fake impl and autograd formula side by side,
+each body one call into the core (``exchange.py``).
 
     torch.ops.fastvideo.ulysses_all_to_all_4d(x, mode, grad, outcome, helper, *, seq_splits=None,
                                               head_splits=None, tag=None) -> (out, outcome_out)
+    torch.ops.fastvideo.ulysses_all_to_all_4d_start(x, mode, grad, outcome, helper, *, seq_splits=None,
+                                                    head_splits=None, tag=None, own_input=False) -> (token, outcome_out)
+    torch.ops.fastvideo.ulysses_all_to_all_4d_wait(token, outcome, mode, shape, dtype, device, *,
+                                                   seq_splits=None, head_splits=None, tag=None) -> out
 
 * ``mode``: 0 = ``(scatter_dim, gather_dim) = (2, 1)``, 1 = ``(1, 2)``. ``grad``: autograd records this call
   (the vote's PHASE; the long-training policy); callers pass ``torch.is_grad_enabled() and x.requires_grad``.
-* ``outcome`` (None for a forward): what the call being differentiated ran, ``[helper id, outcome code]``
-  (``contract.outcome_code``), so that a backward runs the inverse with the same plan on the same helper, and
-  still votes. ``outcome_out`` is this call's own, an int64 CPU tensor that travels as an autograd saved
-  tensor in eager and compiled graphs alike; nothing is kept per call on the side.
-* ``helper``: 0 = the route the SP group's agreed settings select (``registry.route()``), else the id of a
-  live ``UlyssesHelper`` (``UlyssesHelper.all_to_all``). A process group cannot be an op argument.
-* ``seq_splits`` / ``head_splits``: every rank's sequence and head shares, the same on every rank (None: even;
-  ``layout``). ``SymInt[]``: shares derived from a dynamic size stay symbolic under ``torch.compile``. The
-  backward runs the inverse with the same tables.
+* ``outcome`` (None for a forward): what the call being differentiated ran, ``[helper id, outcome code, SEQ
+  word]`` (``contract.outcome_code``; the word its forward voted), so that a backward runs the inverse with the
+  same plan on the same helper and votes its forward's SEQ word: ranks whose autograd orders two backwards
+  differently raise together. ``outcome_out`` is this call's own, an int64 CPU tensor made by the op body, which
+  travels as an autograd saved tensor in eager and compiled graphs alike (never in ``ctx`` or an int argument:
+  ``torch.compile`` would bake those in at trace time).
+* ``helper``: 0 = the route the SP group's agreed settings select (``registry.route``), else the id of a live
+  ``UlyssesHelper``. A process group cannot be an op argument.
+* ``seq_splits`` / ``head_splits``: every rank's sequence and head shares, the same on every rank (None: even).
+  ``SymInt[]``: shares derived from a dynamic size stay symbolic under ``torch.compile``. The backward runs the
+  inverse with the same tables.
 * ``tag`` (``str?``): the call site (e.g. ``"blocks.3.attn.qkv"``), None for an untagged call. Where the call
-  votes, its SEQ field is then the tag's own count, kept per phase by the helper (eager side, as the untagged
-  count is), so a rank that skips or repeats a tagged call raises ``ContractMismatchError`` on every rank
-  naming the tag. Under ``torch.compile`` it is a constant of the graph. The backward calls this op with the
-  same tag (its phase, BACKWARD, has a count of its own).
+  votes, a forward's SEQ field is then the tag's own count, so a rank that skips or repeats a tagged call raises
+  ``ContractMismatchError`` on every rank naming the tag. Under ``torch.compile`` it is a constant of the graph.
+* The start and wait are torch's functional-collective pattern (``all_to_all_single`` then ``wait_tensor``): the
+  compiler sees two nodes joined by ``token`` (a one-element float64 CPU tensor naming the exchange in flight in
+  this process), so it may schedule compute between them; the output exists only as the wait's result.
+  ``own_input`` (set where the caller is traced, baked into the graph): the start owns its input (``exchange.py``).
 
-Collective over the SP group; blocks the host for the vote where there is one. **One autograd formula**:
-the backward calls this same op (the inverse mode, the forward's outcome), so it is itself differentiable
-and double backward works on every route. **Fake impl** (``torch.compile``, FakeTensorMode): the output shape,
-no collective; a meta tensor outside tracing raises instead (a meta output would leave the peers waiting).
-Tagged ``torch.Tag.cudagraph_unsafe``: inductor's CUDA-graph trees run it between captured partitions, so it
-votes on every replay; under a manual ``torch.cuda.graph`` capture it votes once at capture and every rank
-captures the fused launch with the agreed plan frozen (``docs/compile_and_cuda_graphs.md``).
+Collective over the SP group; blocks the host for the vote where there is one. **Autograd**: the synchronous op's
+backward is this same op in the inverse mode with the forward's outcome, so it is itself differentiable; the
+wait's backward *starts* the reverse exchange and hands its token back as the token's gradient, and the start's
+backward waits for it, so the gradient exchange is in flight across the backward of what ran in between. **Fake
+impls**: shapes, no collective; a meta tensor outside tracing raises instead (a meta output would leave the peers
+waiting). Tagged ``torch.Tag.cudagraph_unsafe``: inductor's CUDA-graph trees run them between captured partitions,
+so they vote on every replay; under a manual ``torch.cuda.graph`` capture the vote runs once, at capture
+(``docs/compile_and_cuda_graphs.md``).
 
-The eager shortcut: plain tensors that autograd does not record skip the dispatcher and call ``run``, the
-op's own body, directly (the dispatcher costs more than the rest of such a call's host path).
+``call`` is the entry of the public function and of ``all_to_all`` / ``all_to_all_async``: plain tensors that
+autograd does not record skip the dispatcher and call the core directly (the dispatcher costs more than the rest of
+such a call's host path).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NoReturn
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
-from fastvideo.distributed.parallel_state import get_sp_group
-from fastvideo.distributed.ulysses import registry
-from fastvideo.distributed.ulysses.contract import check_tag
-from fastvideo.distributed.ulysses.helper import UlyssesHelper, live_helper
-from fastvideo.distributed.ulysses.layout import EVEN, Splits, output_shape, validate_input
-from fastvideo.distributed.ulysses.nccl import nccl_route
+from fastvideo.distributed.all_to_all import Splits, output_shape, validate_input
+from fastvideo.distributed.sp_groups import get_sp_group
+from fastvideo.distributed.ulysses import exchange
+from fastvideo.distributed.ulysses.contract import OUTCOME_LEN
+from fastvideo.distributed.ulysses.helper import UlyssesHelper
 
 OP = "fastvideo::ulysses_all_to_all_4d"
+START = "fastvideo::ulysses_all_to_all_4d_start"
+WAIT = "fastvideo::ulysses_all_to_all_4d_wait"
 SCHEMA = ("(Tensor x, int mode, bool grad, Tensor? outcome, int helper, *, SymInt[]? seq_splits=None, "
           "SymInt[]? head_splits=None, str? tag=None) -> (Tensor, Tensor)")
+START_SCHEMA = ("(Tensor x, int mode, bool grad, Tensor? outcome, int helper, *, SymInt[]? seq_splits=None, "
+                "SymInt[]? head_splits=None, str? tag=None, bool own_input=False) -> (Tensor, Tensor)")
+WAIT_SCHEMA = ("(Tensor token, Tensor outcome, int mode, SymInt[] shape, ScalarType dtype, "
+               "Device device, *, SymInt[]? seq_splits=None, SymInt[]? head_splits=None, str? tag=None) -> Tensor")
 # Inductor's CUDA-graph trees capture around ops with this tag (graph partition) instead of into them: the op
 # runs, votes and may take the fused route on every replay. Absent on an older torch: no tag.
 _TAGS = tuple(t for t in (getattr(torch.Tag, "cudagraph_unsafe", None),) if t is not None)
+_TRACED: dict[int, torch.Tensor] = {}  # fake tokens of starts traced and not yet waited (``_refuse_unwaited``)
 
 
-def run(x: torch.Tensor, mode: int, grad: bool, outcome: tuple[int, int] | None, helper: int,
-        splits: Splits = EVEN, tag: str | None = None) -> tuple[torch.Tensor, tuple[int, int]]:
-    """The op's body on validated input: ``(output, (helper id, outcome code))``. Collective."""
-    if outcome is None:
-        if helper:
-            target = live_helper(helper)
-        else:  # the agreed route: one global read, resolved (collectively) only on first use
-            target = registry.ROUTE
-            if target is registry.UNRESOLVED or (target is not None and target._destroyed):
-                target = registry.resolve()
-        code = None
-    else:
-        helper, code = outcome
-        target = live_helper(helper) if helper else None  # id 0: the forward ran without a helper
-    if target is None:
-        return nccl_route(x, mode, get_sp_group().device_group, splits=splits), (0, 0)
-    out, code = target.call(x, mode, grad, code, splits=splits, tag=tag)
-    return out, (target.id, code)
+def _eager(x: torch.Tensor) -> bool:
+    """A plain ``torch.Tensor`` outside compilation and every dispatch mode (FakeTensorMode, make_fx,
+    functionalization): what the eager shortcut may take without the dispatcher."""
+    return type(x) is torch.Tensor and torch._C._len_torch_dispatch_stack() == 0 and not torch.compiler.is_compiling()
 
 
-def is_plain(x: torch.Tensor) -> bool:
-    """A plain ``torch.Tensor`` (not a FakeTensor or other subclass) with no dispatch mode active (FakeTensorMode,
-    make_fx, functionalization): what the eager shortcut may take without the dispatcher."""
-    return type(x) is torch.Tensor and torch._C._len_torch_dispatch_stack() == 0
+def _saved(saved: tuple[int, int, int]) -> torch.Tensor:
+    return torch.tensor(saved, dtype=torch.int64)
 
 
-def _splits(seq_splits: Sequence[int] | None, head_splits: Sequence[int] | None) -> Splits:
-    if seq_splits is None and head_splits is None:
-        return EVEN
-    return Splits(None if seq_splits is None else tuple(seq_splits),
-                  None if head_splits is None else tuple(head_splits))
+def _outcome(outcome: torch.Tensor | None) -> tuple[int, int, int] | None:
+    return None if outcome is None else tuple(outcome.tolist())
 
 
-def _listed(table: tuple[int, ...] | None) -> list[int] | None:
-    return None if table is None else list(table)
+class AllToAllHandle:
+    """An all-to-all in flight (``sequence_model_parallel_all_to_all_4D(..., async_op=True)``). ``wait()`` returns
+    its output, as ``torch.distributed``'s ``Work.wait()`` makes an ``async_op`` result usable; call it once. A
+    handle dropped without ``wait()`` releases its exchange with a ``ResourceWarning``."""
+
+    __slots__ = ("__weakref__", "_exchange", "_result", "_token", "_wait_args")
+
+    def __init__(self, result: torch.Tensor | None = None, exchange_: exchange.Exchange | None = None,
+                 token: tuple | None = None, wait_args: tuple = ()) -> None:
+        self._result, self._exchange, self._token, self._wait_args = result, exchange_, token, wait_args
+        if exchange_ is not None:
+            exchange.watch_dropped(self, exchange_)
+
+    def wait(self) -> torch.Tensor:
+        """The output: local; does not block the host on CUDA (the current stream waits for the exchange); on CPU
+        it waits for the backend. Differentiable where the input was. Raises ``InputModifiedError`` where the input
+        was written in place since the start, and for a second call."""
+        if self._result is not None:  # SP size 1: nothing was exchanged
+            return self._result
+        if self._exchange is not None:  # the eager shortcut: no autograd, no dispatcher
+            return self._exchange.wait()
+        if self._token is None:
+            raise RuntimeError("Ulysses all-to-all wait: this handle was waited already. Wait once per start.")
+        (token, outcome), self._token = self._token, None
+        mode, shape, dtype, device, kw = self._wait_args
+        return torch.ops.fastvideo.ulysses_all_to_all_4d_wait(token, outcome, mode, shape, dtype, device, **kw)
+
+
+def call(x: torch.Tensor, mode: int, route_id: int, seq_splits: Sequence[int] | None = None,
+         head_splits: Sequence[int] | None = None, tag: str | None = None,
+         async_op: bool = False) -> torch.Tensor | AllToAllHandle:
+    """The Ulysses all-to-all on ``x`` in ``mode`` through route ``route_id`` (0: the agreed route; a helper's
+    ``id``): collective; blocks the host for the vote; differentiable. Validated once, in the core (the op body,
+    or the eager shortcut's ``exchange.run``); SP size 1 returns ``x`` (or a handle whose ``wait`` does)."""
+    if get_sp_group().world_size == 1:
+        exchange.validate(x, mode, seq_splits, head_splits, tag)  # SP size 1 refuses bad input alike
+        return AllToAllHandle(x) if async_op else x
+    grad = torch.is_grad_enabled() and x.requires_grad
+    eager = _eager(x)
+    if eager and not grad:
+        if async_op:
+            return AllToAllHandle(None, exchange.start(x, mode, False, None, route_id, seq_splits, head_splits,
+                                                       tag)[0])
+        return exchange.run(x, mode, False, None, route_id, seq_splits, head_splits, tag)[0]
+    seq = None if seq_splits is None else list(seq_splits)
+    heads = None if head_splits is None else list(head_splits)
+    if not async_op:
+        return torch.ops.fastvideo.ulysses_all_to_all_4d(x, mode, grad, None, route_id, seq_splits=seq,
+                                                         head_splits=heads, tag=tag)[0]
+    token, outcome = torch.ops.fastvideo.ulysses_all_to_all_4d_start(
+        x, mode, grad, None, route_id, seq_splits=seq, head_splits=heads, tag=tag, own_input=not eager)
+    sp = get_sp_group()  # the start validated the tables (its fake impl, under tracing)
+    splits = Splits(None if seq is None else tuple(seq), None if heads is None else tuple(heads))
+    shape = list(output_shape(x.shape, mode, sp.world_size, rank=sp.rank_in_group, splits=splits))
+    kw = {"seq_splits": seq, "head_splits": heads, "tag": tag}
+    return AllToAllHandle(None, None, (token, outcome), (mode, shape, x.dtype, x.device, kw))
 
 
 def all_to_all(x: torch.Tensor, mode: int, helper: UlyssesHelper | None = None, *,
                seq_splits: Sequence[int] | None = None, head_splits: Sequence[int] | None = None,
                tag: str | None = None) -> torch.Tensor:
-    """The op on validated input (SP size > 1; the split tables ``validate_input`` accepted): collective; blocks
-    the host for the vote; capture-safe; differentiable. ``helper`` None: the route the agreed settings select;
-    else that helper (same on every rank: one built collectively). ``tag``: the call site (``contract.check_tag``;
-    the same on every rank)."""
-    if tag is not None:
-        check_tag(tag, "ops.all_to_all")
-    return call(x, mode, 0 if helper is None else helper.id, _splits(seq_splits, head_splits), tag)
+    """The op through ``helper`` (same on every rank: one built collectively; None: the agreed route):
+    collective; blocks the host for the vote; capture-safe; differentiable."""
+    return call(x, mode, 0 if helper is None else helper.id, seq_splits, head_splits, tag)
 
 
-def call(x: torch.Tensor, mode: int, helper_id: int, splits: Splits, tag: str | None = None) -> torch.Tensor:
-    """``all_to_all`` with a helper id (0: the agreed route), ``validate_input``'s tables and a checked tag: the
-    public function's path (positional arguments, no conversion: it runs on every call)."""
-    grad = torch.is_grad_enabled() and x.requires_grad
-    if not torch.compiler.is_compiling() and not grad and is_plain(x):
-        return run(x, mode, False, None, helper_id, splits, tag)[0]
-    return torch.ops.fastvideo.ulysses_all_to_all_4d(x, mode, grad, None, helper_id, seq_splits=_listed(splits.seq),
-                                                     head_splits=_listed(splits.heads), tag=tag)[0]
+def all_to_all_async(x: torch.Tensor, mode: int, helper: UlyssesHelper | None = None, *,
+                     seq_splits: Sequence[int] | None = None, head_splits: Sequence[int] | None = None,
+                     tag: str | None = None) -> AllToAllHandle:
+    """``all_to_all`` in flight: collective; blocks the host only for the vote; its handle's ``wait()`` returns
+    the output."""
+    return call(x, mode, 0 if helper is None else helper.id, seq_splits, head_splits, tag, async_op=True)
 
 
-def fail(x: object, mode: int, error: BaseException) -> NoReturn:
-    """Raise ``error``, a caller error found before any collective (invalid input, a meta tensor). In checked mode
-    (the default under ``auto``) first vote it, so that every peer raises for this same call, naming it, instead of
-    waiting inside it or pairing it with this rank's next call. Collective in checked mode; always raises."""
-    if torch.compiler.is_compiling() or get_sp_group().world_size == 1:
-        raise error
-    target = registry.route()
-    if target is None or not target.checked:
-        raise error  # as with any torch collective: the peers of a rank that raised alone wait for it
-    target.vote_caller_error(mode, torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad, error)
+# ----------------------------------------------------------------------------------------- the synchronous op
 
 
 @torch.library.custom_op(OP, mutates_args=(), schema=SCHEMA, tags=_TAGS)
 def _op(x: torch.Tensor, mode: int, grad: bool, outcome: torch.Tensor | None, helper: int, *,
         seq_splits: list[int] | None = None, head_splits: list[int] | None = None,
         tag: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    sp = get_sp_group()
-    try:  # a direct caller of the op skipped the public function's checks
-        splits = validate_input(x, mode, sp.world_size, rank=sp.rank_in_group, seq_splits=seq_splits,
-                                head_splits=head_splits)
-        if tag is not None:
-            check_tag(tag, OP)
-    except (TypeError, ValueError, RuntimeError) as exc:
-        fail(x, mode, exc)
-    out, saved = run(x, mode, grad, None if outcome is None else tuple(outcome.tolist()), helper, splits, tag)
-    return out, torch.tensor(saved, dtype=torch.int64)
+    out, saved = exchange.run(x, mode, grad, _outcome(outcome), helper, seq_splits, head_splits, tag)
+    return out, _saved(saved)
 
 
 @_op.register_fake
-def _op_fake(x: torch.Tensor, mode: int, grad: bool, outcome: torch.Tensor | None, helper: int, *,
-             seq_splits: list[int] | None = None, head_splits: list[int] | None = None,
-             tag: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    sp = get_sp_group()
-    if not is_fake(x):
-        # The Meta dispatch key, outside any tracing: a meta output here would leave the peers waiting.
-        try:
-            validate_input(x, mode, sp.world_size, rank=sp.rank_in_group, seq_splits=seq_splits,
-                           head_splits=head_splits)
-        except ValueError as exc:
-            fail(x, mode, exc)
-    shape = output_shape(x.shape, mode, sp.world_size, rank=sp.rank_in_group, splits=_splits(seq_splits, head_splits))
-    return x.new_empty(shape), torch.empty(2, dtype=torch.int64, device="cpu")
+def _op_fake(x, mode, grad, outcome, helper, *, seq_splits=None, head_splits=None, tag=None):
+    return x.new_empty(_fake_shape(x, mode, seq_splits, head_splits, tag)), torch.empty(OUTCOME_LEN, dtype=torch.int64)
 
 
-def _setup_context(ctx, inputs: tuple, output: tuple, keyword_only_inputs: dict) -> None:
-    ctx.mode = inputs[1]
-    ctx.splits = (keyword_only_inputs.get("seq_splits"), keyword_only_inputs.get("head_splits"))
-    ctx.tag = keyword_only_inputs.get("tag")
+def _op_setup(ctx, inputs: tuple, output: tuple, keyword_only_inputs: dict) -> None:
+    ctx.mode, ctx.kw = inputs[1], dict(keyword_only_inputs)
     ctx.save_for_backward(output[1])
 
 
-def _backward(ctx, grad_out: torch.Tensor, _grad_outcome: torch.Tensor | None):
+def _op_backward(ctx, grad_out: torch.Tensor, _grad_outcome: torch.Tensor | None):
     """The inverse all-to-all with the forward's outcome, split tables and tag, through this same op: differentiable
-    again (under ``create_graph=True`` autograd records it, and its own backward is the forward's direction). The
-    tag's BACKWARD count is its own: the forward's count is not moved."""
+    again (under ``create_graph=True`` autograd records it, and its own backward is the forward's direction)."""
     (outcome,) = ctx.saved_tensors
-    seq_splits, head_splits = ctx.splits
     grad_out = grad_out.contiguous()
     grad = torch.is_grad_enabled() and grad_out.requires_grad
-    if not grad and is_plain(grad_out):
-        out = run(grad_out, 1 - ctx.mode, False, tuple(outcome.tolist()), 0, _splits(seq_splits, head_splits),
-                  ctx.tag)[0]
+    if not grad and _eager(grad_out):
+        out = exchange.run(grad_out, 1 - ctx.mode, False, _outcome(outcome), 0, ctx.kw["seq_splits"],
+                           ctx.kw["head_splits"], ctx.kw["tag"])[0]
     else:
-        out = torch.ops.fastvideo.ulysses_all_to_all_4d(grad_out, 1 - ctx.mode, grad, outcome, 0,
-                                                        seq_splits=seq_splits, head_splits=head_splits,
-                                                        tag=ctx.tag)[0]
+        out = torch.ops.fastvideo.ulysses_all_to_all_4d(grad_out, 1 - ctx.mode, grad, outcome, 0, **ctx.kw)[0]
     return out, None, None, None, None
 
 
-_op.register_autograd(_backward, setup_context=_setup_context)
+_op.register_autograd(_op_backward, setup_context=_op_setup)
+
+
+# ------------------------------------------------------------------------------------------ the op in flight
+
+
+@torch.library.custom_op(START, mutates_args=(), schema=START_SCHEMA, tags=_TAGS)
+def _start(x: torch.Tensor, mode: int, grad: bool, outcome: torch.Tensor | None, helper: int, *,
+           seq_splits: list[int] | None = None, head_splits: list[int] | None = None, tag: str | None = None,
+           own_input: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    started, saved = exchange.start(x, mode, grad, _outcome(outcome), helper, seq_splits, head_splits, tag, own_input)
+    token = torch.tensor([float(started.ident)], dtype=torch.float64)
+    exchange.watch_dropped(token, started)
+    return token, _saved(saved)
+
+
+@_start.register_fake
+def _start_fake(x, mode, grad, outcome, helper, *, seq_splits=None, head_splits=None, tag=None, own_input=False):
+    _fake_shape(x, mode, seq_splits, head_splits, tag)
+    token = torch.empty(1, dtype=torch.float64)
+    if torch.compiler.is_compiling():
+        _refuse_unwaited(token)
+    return token, torch.empty(OUTCOME_LEN, dtype=torch.int64)
+
+
+@torch.library.custom_op(WAIT, mutates_args=(), schema=WAIT_SCHEMA, tags=_TAGS)
+def _wait(token: torch.Tensor, outcome: torch.Tensor, mode: int, shape: list[int], dtype: torch.dtype,
+          device: torch.device, *, seq_splits: list[int] | None = None, head_splits: list[int] | None = None,
+          tag: str | None = None) -> torch.Tensor:
+    ident = int(token.item())
+    try:
+        started = exchange.pending(ident)
+    except KeyError:
+        raise RuntimeError(f"Ulysses all-to-all wait: exchange #{ident} is not in flight in this process (waited "
+                           "already, or started elsewhere). Wait for each started exchange exactly once.") from None
+    return started.wait()
+
+
+@_wait.register_fake
+def _wait_fake(token, outcome, mode, shape, dtype, device, *, seq_splits=None, head_splits=None, tag=None):
+    _TRACED.pop(id(token), None)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _start_setup(ctx, inputs: tuple, output: tuple, keyword_only_inputs: dict) -> None:
+    x = inputs[0]
+    ctx.mode, ctx.shape, ctx.dtype, ctx.device = inputs[1], tuple(x.shape), x.dtype, x.device
+    ctx.kw = {k: v for k, v in keyword_only_inputs.items() if k != "own_input"}  # the wait's keywords
+    ctx.save_for_backward(output[1])
+
+
+def _start_backward(ctx, grad_token: torch.Tensor | None, _grad_outcome):
+    """The reverse exchange was started by the wait's backward (its token is ``grad_token``): wait for it here."""
+    if grad_token is None:
+        return None, None, None, None, None
+    (outcome,) = ctx.saved_tensors
+    grad_x = torch.ops.fastvideo.ulysses_all_to_all_4d_wait(grad_token, outcome, 1 - ctx.mode, list(ctx.shape),
+                                                            ctx.dtype, ctx.device, **ctx.kw)
+    return grad_x, None, None, None, None
+
+
+def _wait_setup(ctx, inputs: tuple, output, keyword_only_inputs: dict) -> None:
+    ctx.mode, ctx.kw = inputs[2], dict(keyword_only_inputs)
+    ctx.save_for_backward(inputs[1])
+
+
+def _wait_backward(ctx, grad_out: torch.Tensor):
+    """Start the inverse exchange of ``grad_out`` with the forward's outcome (its plan and SEQ word; it votes as the
+    synchronous backward does) and pass its token on: the start's backward waits for it. Traced (the backward graph
+    of ``torch.compile``, compiled autograd, ``make_fx``), the start owns ``grad_out`` as the forward's does."""
+    (outcome,) = ctx.saved_tensors
+    grad_out = grad_out.contiguous()
+    grad = torch.is_grad_enabled() and grad_out.requires_grad
+    token = torch.ops.fastvideo.ulysses_all_to_all_4d_start(grad_out, 1 - ctx.mode, grad, outcome, 0, **ctx.kw,
+                                                            own_input=not _eager(grad_out))[0]
+    return token, None, None, None, None, None
+
+
+_start.register_autograd(_start_backward, setup_context=_start_setup)
+_wait.register_autograd(_wait_backward, setup_context=_wait_setup)
+
+
+# ---------------------------------------------------------------------------------------------- trace time
+
+
+def _fake_shape(x: torch.Tensor, mode: int, seq_splits, head_splits, tag) -> tuple[int, int, int, int]:
+    """The output shape of a traced call (no collective). The Meta dispatch key outside any tracing (a real meta
+    tensor) is refused instead, voted in checked mode as the op's own validation is: a meta output here would leave
+    the peers waiting."""
+    sp = get_sp_group()
+    if is_fake(x):
+        splits = validate_input(x, mode, sp.world_size, sp.rank_in_group, seq_splits, head_splits, tag=tag)
+    else:
+        splits = exchange.validate(x, mode, seq_splits, head_splits, tag)
+    return output_shape(x.shape, mode, sp.world_size, rank=sp.rank_in_group, splits=splits)
+
+
+def _refuse_unwaited(token: torch.Tensor) -> None:
+    """A compiled region's start must have its wait in the same region: a start the compiler saw without its wait
+    would run (or be removed) alone on every rank. Dynamo's end-of-compilation callback refuses the region."""
+    from torch._dynamo.callback import callback_handler
+
+    if _check_waits not in callback_handler.end_callbacks:  # registered at the first traced start, then kept
+        callback_handler.register_end_callback(_check_waits)
+    _TRACED[id(token)] = token
+
+
+def _check_waits(*_args) -> None:
+    unwaited, _ = len(_TRACED), _TRACED.clear()
+    if unwaited:
+        raise RuntimeError(
+            f"Ulysses all-to-all: {unwaited} exchange(s) started with async_op=True in this compiled region have no "
+            "wait() in it. Call handle.wait() on every handle before the region ends (a graph break between a start "
+            "and its wait is refused too).")

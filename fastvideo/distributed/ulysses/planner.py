@@ -17,9 +17,9 @@ from typing import NamedTuple
 
 import torch
 
+from fastvideo.distributed.all_to_all import EVEN, Splits
 from fastvideo.distributed.ulysses import contract
 from fastvideo.distributed.ulysses.contract import DeclineReason, Phase
-from fastvideo.distributed.ulysses.layout import EVEN, Splits
 from fastvideo.distributed.ulysses.policy import ENGINE_CE, ENGINES, Choice, Geometry, Plan, TunedRow, choose_plan
 from fastvideo.distributed.ulysses.transport import ENTRY_CE, ENTRY_CE_CAPTURE, ENTRY_TUNED, ENTRY_UNEVEN
 

@@ -1,7 +1,8 @@
-"""Which route the public op takes on this process's SP group, and the default helpers: in one place.
+"""Which route a call takes (``route``, the one function that selects it), the default helpers, and what the SP
+communicator's ``ulysses_a2a`` is.
 
-The route follows the settings the SP group agreed (``parallel_state.initialize_sequence_parallel``, or a
-later ``agree_ulysses_settings()`` on every rank), never the environment read per call:
+The agreed route follows the settings the SP group agreed (``initialize_sequence_parallel``, or a later
+``agree_ulysses_settings()`` on every rank), never the environment read per call:
 
 ========================================  =================================================================
 agreed settings                           route
@@ -11,49 +12,83 @@ agreed settings                           route
 ``auto``                                  the default helper, built collectively at the first call
 ========================================  =================================================================
 
-Resolved once and kept: the hot path reads one module global. Helpers are built under
-``torch.inference_mode(False)`` (the helper sees to it), so the first call's grad mode never leaks into
-reusable state. The SP group tears the route and its helpers down (collectively) before its process
-groups, and when a re-agreement changes the settings.
+Resolved once and kept. Helpers are built under ``torch.inference_mode(False)`` (the helper sees to it), so the
+first call's grad mode never leaks into reusable state. The SP group tears the route and its helpers down
+(collectively) before its process groups, and when a re-agreement changes the settings.
 """
 
 from __future__ import annotations
 
-from fastvideo.distributed import settings as _settings
-from fastvideo.distributed.parallel_state import get_sp_group
-from fastvideo.distributed.ulysses.helper import UlyssesHelper
+from typing import Any
 
-UNRESOLVED = object()
-# None (the NCCL route), or the helper the op calls. The op's hot path reads it directly (one global read);
-# ``resolve()`` fills it in.
-ROUTE: object = UNRESOLVED
+from fastvideo import envs
+from fastvideo.distributed import settings as _settings
+from fastvideo.distributed.communicator import DeviceCommunicatorBase, register_ulysses_a2a_provider
+from fastvideo.distributed.sp_groups import get_sp_group, model_parallel_is_initialized
+from fastvideo.distributed.ulysses.helper import UlyssesHelper, live_helper
+
+ROUTE_VAR = "FASTVIDEO_ULYSSES_A2A"
+_UNRESOLVED = object()
+_agreed: Any = _UNRESOLVED  # None (the NCCL route) or the helper the agreed settings select, once resolved
 _default: UlyssesHelper | None = None
 _checked_off: UlyssesHelper | None = None
 
 
-def route() -> UlyssesHelper | None:
-    """The helper the public op calls on the current SP group, or None for the NCCL route. Collective the first
-    time (it may build a helper) and after the route's helper was destroyed; then a lookup."""
-    helper = ROUTE
-    if helper is UNRESOLVED or (helper is not None and helper._destroyed):  # type: ignore[union-attr]
-        helper = resolve()
-    return helper  # type: ignore[return-value]
+def route(route_id: int = 0, backward: bool = False) -> UlyssesHelper | None:
+    """The helper a call votes through, or None for the NCCL route over the SP group without a vote: ``route_id``
+    > 0 is that live helper (``HelperDisposedError`` once it is gone); 0 is the agreed route for a forward
+    (collective the first time and after its helper was destroyed: it may build one, then a lookup) and no helper
+    for a backward (its forward ran without one)."""
+    if route_id:
+        return live_helper(route_id)
+    if backward:
+        return None
+    helper = _agreed
+    if helper is _UNRESOLVED or (helper is not None and not helper.alive):
+        helper = _resolve()
+    return helper
 
 
-def resolve() -> UlyssesHelper | None:
-    """Resolve the route from the agreed settings (``route()``'s slow path). Collective: may build a helper."""
-    global ROUTE
+def enabled() -> bool:
+    """Whether the fused route is opted in (``FASTVIDEO_ULYSSES_A2A=auto``). Local, never collective: the SP
+    group's agreed value once the SP groups exist, this rank's environment before."""
+    if model_parallel_is_initialized():
+        agreed = get_sp_group().settings
+        if agreed is not None:
+            return agreed[ROUTE_VAR] == "auto"
+    return envs.get(ROUTE_VAR) == "auto"
+
+
+def install() -> None:
+    """Make ``device_communicator.ulysses_a2a`` answer with the SP group's helper (the op's own default helper
+    under ``auto``, else None). Local, idempotent; upstream's init entry points and the route's resolution call it."""
+    register_ulysses_a2a_provider(_ulysses_a2a)
+
+
+def _ulysses_a2a(comm: DeviceCommunicatorBase) -> UlyssesHelper | None:
+    if not model_parallel_is_initialized():
+        return None
+    sp = get_sp_group()
+    if comm.device_group is not sp.device_group or sp.world_size == 1 or not enabled():
+        return None
+    return get_default_helper()
+
+
+def _resolve() -> UlyssesHelper | None:
+    """Resolve the agreed route from the agreed settings. Collective: may build a helper."""
+    global _agreed
+    install()
     sp = get_sp_group()
     sp.add_teardown("ulysses.route", reset)
     sp.on_settings_change("ulysses.route", _settings_changed)
     agreed = sp.settings
-    if agreed is not None and agreed["FASTVIDEO_ULYSSES_A2A"] == "auto":
+    if agreed is not None and agreed[ROUTE_VAR] == "auto":
         helper: UlyssesHelper | None = get_default_helper()
     elif agreed is not None and agreed[_settings.CHECKED]:
         helper = get_checked_off_helper()
     else:
         helper = None
-    ROUTE = helper
+    _agreed = helper
     return helper
 
 
@@ -61,22 +96,25 @@ def _settings_changed(previous: _settings.AgreedSettings, agreed: _settings.Agre
     """A re-agreement changed the settings (on every rank alike): resolve the route again; the helpers follow the
     new values, and one that cannot (its window changed) is destroyed collectively and rebuilt at its next use."""
     for helper, destroy in ((_default, destroy_default_helper), (_checked_off, destroy_checked_off_helper)):
-        if helper is not None and not helper._destroyed and not helper.follow(agreed):
+        if helper is not None and helper.alive and not helper.follow(agreed):
             destroy()
     reset()
 
 
 def reset() -> None:
     """Forget the resolved route (local): the next call resolves it from the agreed settings."""
-    global ROUTE
-    ROUTE = UNRESOLVED
+    global _agreed
+    _agreed = _UNRESOLVED
+
+
+def _current(helper: UlyssesHelper | None) -> bool:
+    return helper is not None and helper.alive and helper.sp is get_sp_group()
 
 
 def get_default_helper() -> UlyssesHelper:
     """The helper the public op uses under ``auto``; built (collectively) on first use or after a destroy."""
-    sp = get_sp_group()
-    if _default is None or _default._destroyed or _default.sp is not sp:
-        install_default_helper(UlyssesHelper(sp))
+    if not _current(_default):
+        install_default_helper(UlyssesHelper(get_sp_group()))
     assert _default is not None
     return _default
 
@@ -97,6 +135,14 @@ def install_default_helper(helper: UlyssesHelper | None) -> None:
         helper.sp.on_settings_change("ulysses.route", _settings_changed)
 
 
+def use_route(helper: UlyssesHelper | None) -> None:
+    """Make ``helper`` (None: the NCCL route without a vote) the agreed route of this process until the next
+    resolution (``reset``, a re-agreement, the SP groups' teardown). Local; call it on every rank (tests and
+    benchmarks drive one helper through the public op with it)."""
+    global _agreed
+    _agreed = helper
+
+
 def destroy_default_helper() -> None:
     """Collective: destroy the op's ``auto`` helper, if any."""
     global _default
@@ -110,8 +156,8 @@ def get_checked_off_helper() -> UlyssesHelper:
     """The helper that votes the ``off`` route's calls in checked mode (``disabled=True``: no transport, never
     fused); built (collectively: one exchange) on first use, destroyed with its SP group."""
     global _checked_off
-    sp = get_sp_group()
-    if _checked_off is None or _checked_off._destroyed or _checked_off.sp is not sp:
+    if not _current(_checked_off):
+        sp = get_sp_group()
         _checked_off = UlyssesHelper(sp, disabled=True)
         sp.add_teardown("ulysses.checked_off_helper", destroy_checked_off_helper)
         sp.on_settings_change("ulysses.route", _settings_changed)

@@ -1,9 +1,10 @@
-"""Input validation and the block layouts of the Ulysses all-to-all: pure tensor code, no collective.
+"""The Ulysses all-to-all's data movement over ``torch.distributed``: input validation, the split tables, the
+block layouts, and the NCCL route that moves those blocks. Below every group, helper and op.
 
-The one place that decides what input any route can serve (``validate_input``): the public op, the op
-itself and the helper's public calls all call it before any vote or collective, and every route relies on
-it. Mode 0 (``scatter_dim=2, gather_dim=1``) trades the sequence shard for a head shard, mode 1 is its
-inverse. Each rank's share is a row of two split tables, the same on every rank:
+The one place that decides what input any route can serve (``validate_input``, ``check_tag``): every entry
+point validates through it once, before any vote or collective, and every route relies on it. Mode 0
+(``scatter_dim=2, gather_dim=1``) trades the sequence shard for a head shard, mode 1 is its inverse. Each
+rank's share is a row of two split tables, the same on every rank:
 
 * ``seq_splits[r]``: the sequence rows rank ``r`` holds before mode 0 (after mode 1);
 * ``head_splits[r]``: the heads rank ``r`` holds after mode 0 (before mode 1).
@@ -11,16 +12,25 @@ inverse. Each rank's share is a row of two split tables, the same on every rank:
 Mode 0 takes ``[B, seq_splits[r], H, D]`` with ``H = sum(head_splits)`` to ``[B, sum(seq_splits),
 head_splits[r], D]``. ``None`` is the even table (``S_local`` rows and ``H / P`` heads on every rank): the
 same layouts, with every block the same size. A share of 0 is an idle rank (zero-size tensors in and out).
+
+The NCCL route (``nccl_route``) is pack + ``all_to_all_single`` + unpack over a process group (gloo on CPU):
+always available, the correctness oracle, and the one implementation of that route (the op's decline path,
+the op in flight, and ``DeviceCommunicatorBase.all_to_all_4D`` all run it).
 """
 
 from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as _fc
+
+from fastvideo.distributed.host_exchange import classify_failure, group_timeout_s
 
 MODE_SEQ_GATHER = 0  # scatter heads (dim 2), gather sequence (dim 1)
 MODE_HEAD_GATHER = 1  # scatter sequence (dim 1), gather heads (dim 2)
@@ -54,6 +64,17 @@ def mode_for_dims(scatter_dim: int, gather_dim: int) -> int:
         ) from None
 
 
+def check_tag(tag: object, where: str = _OP) -> None:
+    """Raise TypeError/ValueError, before any collective, for a tag that is not a non-empty ``str`` (or None)."""
+    if tag is None:
+        return
+    if type(tag) is not str:
+        raise TypeError(f"{where}: tag={tag!r} must be a str naming the call site (e.g. 'blocks.3.attn.qkv') or "
+                        "None; it is in every vote of the call, so pass the same tag on every rank.")
+    if not tag:
+        raise ValueError(f"{where}: tag='' is empty; pass a non-empty str naming the call site, or None (untagged).")
+
+
 def _table(name: str, value: Sequence[int] | None, world_size: int, op: str = _OP) -> tuple[int, ...] | None:
     """``value`` as a tuple of ``world_size`` non-negative ints, or a ValueError naming ``op``, ``name`` and the
     fix."""
@@ -83,21 +104,23 @@ def _table(name: str, value: Sequence[int] | None, world_size: int, op: str = _O
 
 def validate_input(x: torch.Tensor, mode: int, world_size: int, rank: int = 0,
                    seq_splits: Sequence[int] | None = None, head_splits: Sequence[int] | None = None, *,
-                   allow_meta: bool = False) -> Splits:
+                   tag: object = None, allow_meta: bool = False) -> Splits:
     """Raise for input that no route can serve, before any collective; return the split tables.
 
     ``rank``: this rank's place in the SP group (which row of the tables ``x`` must match). Checked: ``x`` is a
     4-D tensor with real data (a meta tensor raises: ``allow_meta`` checks a shape only, for the CLI's
     ``explain``), not under ``vmap``; each table has one non-negative int per rank; in mode 0 ``x`` is
     ``[B, seq_splits[rank], sum(head_splits), D]``, in mode 1 ``[B, sum(seq_splits), head_splits[rank], D]``;
-    a ``None`` table needs the dim it splits divisible by the SP size. In checked mode the public op then votes
-    the error, so that every rank raises."""
+    a ``None`` table needs the dim it splits divisible by the SP size; ``tag`` is None or a non-empty str
+    (``check_tag``). In checked mode the op then votes the error, so that every rank raises."""
     # Every call's case first (a plain tensor, even tables, input that passes): the same checks as below, fewest
     # bytecodes; anything else, including every error, takes the full path and its messages.
     if seq_splits is None and head_splits is None and type(x) is _Tensor and (mode == 0 or mode == 1):
         shape = x.shape
-        if len(shape) == 4 and not shape[2 - mode] % world_size and not x.is_meta and not _is_batched(x):
+        if (len(shape) == 4 and not shape[2 - mode] % world_size and not x.is_meta and not _is_batched(x)
+                and (tag is None or (type(tag) is str and tag))):
             return EVEN
+    check_tag(tag)
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{_OP}: x must be a torch.Tensor, got {type(x).__name__}.")
     if mode not in (MODE_SEQ_GATHER, MODE_HEAD_GATHER):
@@ -294,3 +317,80 @@ def reference_all_to_all(inputs: list[torch.Tensor], mode: int, *, splits: Split
         _, received = block_shapes(x.shape, mode, world_size, r, splits)
         outs.append(recv_layout(torch.cat([blocks[p][r] for p in range(world_size)]), mode, received))
     return outs
+
+
+# ---------------------------------------------------------------------------------------------------- the NCCL route
+
+
+class CollectiveError(RuntimeError):
+    """The NCCL route's collective failed on this rank (a synchronous backend, gloo on CPU): it timed out (a peer is
+    stopped, stuck or not calling) or a peer closed the connection (it raised or exited). ``kind``: ``timeout``,
+    ``closed`` or ``failed``. On NCCL (CUDA) a failure surfaces through torch's NCCL watchdog instead."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def _split_sizes(shapes: list[Shape], itemsize: int) -> tuple[int, list[int] | None]:
+    """(total bytes, per-rank split sizes in bytes, or None when they are equal: ``all_to_all_single``'s even
+    split, which NCCL may serve with its own all-to-all)."""
+    sizes = [math.prod(shape) * itemsize for shape in shapes]
+    return sum(sizes), (None if all(n == sizes[0] for n in sizes) else sizes)
+
+
+def nccl_route(x: torch.Tensor, mode: int, group: dist.ProcessGroup, *, splits: Splits = EVEN,
+               async_op: bool = False, own_input: bool = False) -> torch.Tensor | Callable[[], torch.Tensor]:
+    """The NCCL route: collective over ``group``; blocks the host only as ``all_to_all_single`` does; capture-safe on
+    NCCL. ``x`` and ``splits`` must be what ``validate_input`` accepted. The exchange moves bytes, so every dtype
+    goes (NCCL and gloo have no int16, and NCCL no complex types). A grad-tracked ``x`` (a direct caller:
+    ``DeviceCommunicatorBase.all_to_all_4D``) is differentiable through torch's ``all_to_all_single`` formula (the
+    gradient is the inverse exchange); the op calls it only where autograd does not record.
+
+    ``async_op`` (gloo on CPU: the exchange then runs in the backend's threads) returns ``finish()`` instead of the
+    output: it waits for the backend and lays the output out (call it once). The backend reads the send buffer
+    until then; where that is a view of ``x`` (no pack copy was needed), ``own_input`` copies it first, so that
+    ``x`` may be reused as soon as this returns."""
+    world_size, rank = group.size(), group.rank()  # the group's own: dist.get_rank(group) walks c10d's maps
+    sent, received = block_shapes(x.shape, mode, world_size, rank, splits)
+    send = send_layout(x, mode, world_size, splits=splits)
+    if torch.is_grad_enabled() and x.requires_grad:
+        recv = _fc.all_to_all_single_autograd(send, [math.prod(s) for s in received], [math.prod(s) for s in sent],
+                                              group)
+        return recv_layout(recv, mode, received)
+    total, recv_sizes = _split_sizes(received, x.element_size())
+    _, send_sizes = _split_sizes(sent, x.element_size())
+    recv = torch.empty(total, dtype=torch.uint8, device=x.device)
+    send = send.view(torch.uint8)
+    if own_input and send.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+        send = send.clone()
+    start = time.perf_counter()
+    try:
+        work = dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=group, async_op=async_op)
+    except RuntimeError as exc:
+        raise _failure(group, exc, time.perf_counter() - start) from exc
+
+    def finish(send: torch.Tensor = send) -> torch.Tensor:  # ``send`` held: the backend reads it until done
+        if work is not None:
+            try:
+                work.wait()
+            except RuntimeError as exc:
+                raise _failure(group, exc, time.perf_counter() - start) from exc
+        return recv_layout(recv.view(x.dtype), mode, received)
+
+    return finish if async_op else finish()
+
+
+def _failure(group: dist.ProcessGroup, exc: RuntimeError, seconds: float) -> CollectiveError:
+    ranks = dist.get_process_group_ranks(group)
+    timeout = group_timeout_s(group)
+    limit = f"{timeout:g} s" if timeout is not None else "its timeout"
+    kind = classify_failure(exc)
+    if kind == "timeout":
+        what = (f"timed out after {seconds:.1f} s (the SP group's timeout, {limit}: the default process group's "
+                "unless initialize_sequence_parallel was given one): a peer is stopped, stuck, or not calling the op")
+    elif kind == "closed":
+        what = f"failed after {seconds:.3f} s: the connection to a peer closed, so that peer's process is gone"
+    else:
+        what = f"failed after {seconds:.3f} s"
+    return CollectiveError(f"Ulysses all-to-all (NCCL route) over SP ranks {ranks} {what} ({exc}).", kind)

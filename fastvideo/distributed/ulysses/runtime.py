@@ -1,0 +1,160 @@
+"""A helper's native runtime, the failure rules of its calls, and its two ends.
+
+``Runtime`` owns what a helper holds of the process: the transport, the construction vote group, the per-call vote
+channel and the watchdog of its launches in flight; every vote and launch of a call goes through it, so that each
+failure has one rule. A vote that fails disposes the helper (rank-local): its vote group is unusable after a failed
+exchange. A launch that fails after every rank agreed to run it disposes it too: its peers may wait in theirs. A
+disposed helper takes no further call (``check`` raises). A destroyed one (collective) has released its transport
+and vote channels on every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from fastvideo.distributed.ulysses import contract
+from fastvideo.distributed.ulysses.contract import DeclineReason, Field
+from fastvideo.distributed.ulysses.hot import HotLane
+from fastvideo.distributed.ulysses.planner import Proposal
+from fastvideo.distributed.ulysses.stats import CallStats
+from fastvideo.distributed.ulysses.transport import Transport, VoteNotStarted
+from fastvideo.distributed.ulysses.vote import GlooVote, ShmVote, VoteError
+from fastvideo.distributed.ulysses.watchdog import FusedCallWatchdog, InFlight
+
+
+class HelperDisposedError(RuntimeError):
+    """The helper was destroyed, or disposed itself after a failed vote; build a new one."""
+
+
+class Runtime:
+    """The native runtime of one helper and its lifecycle. Local, except ``destroy`` (collective)."""
+
+    def __init__(self, sp, generation: int, transport: Transport | None, vote: GlooVote, stats: CallStats,
+                 watchdog: Callable[[], FusedCallWatchdog]) -> None:
+        self.sp, self.generation, self.transport, self.vote = sp, generation, transport, vote
+        self.call_vote: GlooVote | ShmVote = vote  # the per-call channel, once construction chose it
+        self.built = False  # the transport's construction succeeded on every rank
+        self.disposed: str | None = None  # why, once disposed
+        self.destroyed = False
+        self._stats = stats
+        self._new_watchdog = watchdog
+        self._watchdog: FusedCallWatchdog | None = None  # built at the first launch that leaves work in flight
+
+    def constructed(self, built: bool, call_vote: GlooVote | ShmVote) -> None:
+        """Local: construction's agreed outcome (whether the transport was built on every rank) and the per-call
+        vote channel it chose."""
+        self.built, self.call_vote = built, call_vote
+
+    @property
+    def alive(self) -> bool:
+        return self.disposed is None and not self.destroyed
+
+    def check(self) -> None:
+        """Local: raise ``HelperDisposedError`` for a disposed or destroyed helper (counted), else nothing."""
+        if self.disposed is not None:
+            raise HelperDisposedError(
+                f"Ulysses helper gen{self.generation} was disposed after a failed vote ({self.disposed}); its vote "
+                "group is unusable. Tear down and rebuild the process groups.")
+        if self.destroyed:
+            self._stats.declines[DeclineReason.DISPOSED] += 1
+            raise HelperDisposedError(
+                f"Ulysses helper gen{self.generation} was destroyed; construct a new UlyssesHelper (collective).")
+
+    def dispose(self, why: str) -> None:
+        """Local, not blocking: the helper takes no further call (a vote failed, or a launch after one)."""
+        self.disposed = why
+        if not self.vote.owns_group:
+            self.sp.vote_failed(why)  # the shared group is dead too: later helpers must not use it
+        if self.transport is not None:
+            self.transport.abort()
+        self._stats.declines[DeclineReason.DISPOSED] += 1
+
+    def launch_failed(self, seq: int, exc: Exception) -> None:
+        """Local: a launch failed on this rank after every rank agreed to run call ``seq``. Its peers have launched
+        (or will launch) it and may wait at its barriers, and a later launch here could pair with their stuck call,
+        so the helper is disposed (the peers' watchdogs end the processes that are stuck)."""
+        self.dispose(f"the fused launch of call {seq} failed on this rank after the vote: {type(exc).__name__}: "
+                     f"{exc}")
+
+    # ------------------------------------------------------------------ a call's votes and launches
+
+    def exchange(self, fields: list[int]) -> torch.Tensor:
+        """Gather every rank's fields over the per-call channel (collective); a failed vote disposes the helper and
+        raises."""
+        vote = self.call_vote
+        try:
+            rows = vote.exchange(fields)
+        except VoteError as exc:
+            self.dispose(str(exc))
+            raise
+        self._stats.vote_s.append(vote.last_s)
+        return rows
+
+    def gather(self, mine: object) -> list[object] | None:
+        """Every rank's ``mine`` over the construction vote group (collective, blocking), or None when the exchange
+        failed: the helper is then disposed (its vote group is unusable)."""
+        try:
+            return self.vote.all_gather_object(mine)
+        except VoteError as exc:
+            self.dispose(str(exc))
+            return None
+
+    def voted_launch(self, x: torch.Tensor, proposal: Proposal, word: int, seq: int, hot: HotLane | None = None,
+                     hit: tuple | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None, BaseException | None]:
+        """One library call votes (the proposal's fields, SEQ = ``word``) and, where every rank proposed this same
+        call, launches: the transport's voted ``execute``, or (``hit``) the hot lane's, already made. Returns
+        (output, None, None) when it launched, else (None, the gathered votes, a local error)."""
+        vote = self.call_vote
+        try:
+            out = (self.transport.execute(x, proposal.geom, proposal.plan, vote=vote, fields=proposal.fields,
+                                          seq=word) if hit is None else hot.finish(x, hit))
+        except VoteNotStarted as exc:
+            # This rank has not voted yet: vote its failure, so that every rank raises together.
+            fields = contract.with_seq(proposal.fields, word)
+            fields[Field.ELIGIBILITY] = DeclineReason.LOCAL_ERROR.bit
+            fields[Field.WINDOW_BYTES] = fields[Field.PLAN] = 0
+            return None, self.exchange(fields), exc
+        except VoteError as exc:
+            self.dispose(str(exc))
+            raise
+        except Exception as exc:
+            self.launch_failed(seq, exc)
+            raise
+        self._stats.vote_s.append(vote.last_s)
+        return out, (None if out is not None else vote.rows), None
+
+    def execute(self, x: torch.Tensor, proposal: Proposal, seq: int, capture: bool) -> torch.Tensor:
+        """Run (or, ``capture``, capture) the plan every rank agreed to run. Collective."""
+        try:
+            return self.transport.execute(x, proposal.geom, proposal.plan, capture=capture)
+        except Exception as exc:
+            self.launch_failed(seq, exc)
+            raise
+
+    def watch(self, call: InFlight) -> None:
+        """Local: track a launch in flight (the watchdog is built at the first)."""
+        if self._watchdog is None:
+            self._watchdog = self._new_watchdog()
+        self._watchdog.track(call)
+        self._watchdog.poll()  # the background thread polls too; this drops what completed and catches a stuck
+        # earlier call at the next one (never under capture: an event query would invalidate it)
+
+    def in_flight(self) -> int:
+        """Local: launches not yet seen complete."""
+        return self._watchdog.in_flight() if self._watchdog is not None else 0
+
+    def destroy(self) -> None:
+        """Collective over the SP group, blocking (a second call is a no-op)."""
+        if self.destroyed:
+            return
+        self.destroyed = True
+        if self._watchdog is not None:
+            self._watchdog.stop()
+        if self.built and self.disposed is None and self.transport is not None:
+            self.transport.destroy()
+        self.built = False
+        if self.call_vote is not self.vote:
+            self.call_vote.destroy()
+        self.vote.destroy()

@@ -1,0 +1,63 @@
+"""A helper's call numbering: the SEQ word each call votes (``contract.py``, field 1). Local.
+
+Every call takes the next call number. An untagged forward votes that number, a tagged forward its tag's own
+count for its phase (``contract.tag_seq``), and a backward votes the word its forward voted (carried in the op's
+saved outcome), so ranks whose autograd reaches two backward exchanges in different orders differ in SEQ and
+raise together instead of swapping gradients.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastvideo.distributed.ulysses import contract
+from fastvideo.distributed.ulysses.contract import Phase
+
+logger = logging.getLogger("fastvideo.distributed.ulysses.helper")
+
+TAGS_WARN = 4096  # distinct call tags per helper past which a warning says tags name call sites, not calls
+_BACKWARD = Phase.BACKWARD
+
+
+class CallCounter:
+    """The call count and each call-site tag's counts (identical on every rank that makes the same calls)."""
+
+    __slots__ = ("_tags", "calls", "generation")
+
+    def __init__(self, generation: int) -> None:
+        self.calls = 0  # every call takes one number, whatever its route or outcome (``stats()["calls"]``)
+        self.generation = generation
+        # Per tag: [count per phase (3), the SEQ word of call 0 per phase (3)] (``contract.tag_bases``, hashed once).
+        self._tags: dict[str, list[int]] = {}
+
+    def next(self, phase: Phase, tag: str | None, forward_word: int = 0) -> tuple[int, int]:
+        """``(call number, SEQ word)`` of the next call: a backward's word is ``forward_word``, its forward's."""
+        seq = self.calls
+        self.calls = seq + 1
+        if tag is None:
+            return seq, forward_word if phase is _BACKWARD else seq
+        entry = self._tags.get(tag) or self._new_tag(tag)
+        count = entry[phase]
+        entry[phase] = count + 1
+        return seq, forward_word if phase is _BACKWARD else entry[phase + 3] ^ count
+
+    def rollback(self, tag: str | None, phase: Phase) -> int:
+        """A call that raised on every rank is not counted for its tag: returns the count it had (0 untagged)."""
+        if tag is None:
+            return 0
+        entry = self._tags[tag]
+        entry[phase] -= 1
+        return entry[phase]
+
+    def tag_counts(self) -> dict[str, tuple[int, int, int]]:
+        """Each tag's calls so far, per phase (``Phase`` order)."""
+        return {tag: tuple(entry[:3]) for tag, entry in self._tags.items()}
+
+    def _new_tag(self, tag: str) -> list[int]:
+        entry = [0, 0, 0, *contract.tag_bases(tag)]
+        self._tags[tag] = entry
+        if len(self._tags) == TAGS_WARN:
+            logger.warning("Ulysses helper gen%d has seen %d distinct call tags: a tag should name a call site "
+                           "(e.g. 'blocks.3.attn.qkv'), not a call; each one is kept for the helper's life.",
+                           self.generation, TAGS_WARN)
+        return entry
