@@ -121,12 +121,14 @@ def closure(graph: dict[str, set[str]], start: str) -> set[str]:
 
 GRAPH = import_graph(ROOT, "fastvideo")
 U = "fastvideo.distributed.ulysses"
+A2A = "fastvideo.distributed.all_to_all"
 # The routes and the pure pieces below the helper, and what they must never reach.
-BELOW_HELPER = [f"{U}.{m}" for m in ("layout", "nccl", "transport", "native", "vote", "contract", "policy",
-                                     "watchdog", "planner", "stats", "mismatch", "lifecycle", "nccl_runtime")]
-ABOVE = {f"{U}.helper", f"{U}.ops", f"{U}.registry", f"{U}.construction", "fastvideo.distributed.communication_op",
-         "fastvideo.distributed.parallel_state", "fastvideo.distributed.sp_groups",
-         "fastvideo.sp_recipes.attention_block", "fastvideo.sp_recipes.sp_attention_demo", "fastvideo.attention.layer",
+BELOW_HELPER = [A2A, "fastvideo.distributed.communicator"] + [
+    f"{U}.{m}" for m in ("transport", "native", "vote", "contract", "policy", "watchdog", "planner", "stats",
+                         "mismatch", "runtime", "sequence", "hot", "nccl_runtime")]
+ABOVE = {f"{U}.helper", f"{U}.ops", f"{U}.exchange", f"{U}.registry", f"{U}.construction",
+         "fastvideo.distributed.communication_op", "fastvideo.distributed.parallel_state",
+         "fastvideo.distributed.sp_groups", "fastvideo.attention.layer",
          "fastvideo.distributed.device_communicators.ulysses_a2a"}
 
 
@@ -134,10 +136,9 @@ def test_the_graph_sees_the_package():
     """Guards the checker itself: it found the modules and the known edges (one of them function-local)."""
     assert {f"{U}.helper", "fastvideo.distributed.communication_op", "fastvideo.envs"} <= set(GRAPH)
     assert f"{U}.ops" in GRAPH["fastvideo.distributed.communication_op"]
-    assert f"{U}.helper" in GRAPH[f"{U}.ops"]
-    assert "fastvideo.distributed.parallel_state" in GRAPH["fastvideo.sp_recipes.sp_attention_demo"]
+    assert {f"{U}.exchange", f"{U}.helper"} <= GRAPH[f"{U}.ops"]
     assert f"{U}.native" in GRAPH[f"{U}.construction"]  # imported inside a function
-    assert {f"{U}.mismatch", f"{U}.lifecycle"} <= GRAPH[f"{U}.helper"]
+    assert {f"{U}.runtime", f"{U}.sequence", f"{U}.hot", f"{U}.stats"} <= GRAPH[f"{U}.helper"]
     assert "fastvideo.distributed.sp_groups" in GRAPH["fastvideo.distributed.parallel_state"]
 
 
@@ -151,34 +152,40 @@ def test_routes_import_nothing_above_them(module):
     assert closure(GRAPH, module) & ABOVE == set()
 
 
-def test_parallel_state_does_not_import_the_helper_and_the_helper_not_the_public_op():
-    assert f"{U}.helper" not in closure(GRAPH, "fastvideo.distributed.parallel_state")
-    # the SP groups sit below upstream's entry points, which build on them and re-export them
-    assert "fastvideo.distributed.parallel_state" not in closure(GRAPH, "fastvideo.distributed.sp_groups")
-    # public op -> the torch.library op -> helper: nothing below reaches back up
-    assert {"fastvideo.distributed.communication_op", f"{U}.ops", f"{U}.registry"} & closure(GRAPH, f"{U}.helper") \
-        == set()
+def test_layers_go_one_way():
+    """public op -> ops -> the core -> the helper -> the routes; the SP groups below the helper (which takes its
+    group from them), their communicator and the all-to-all's NCCL route below the groups. parallel_state, upstream's
+    init entry points, sits on top: its init installs the SP communicator's ``ulysses_a2a``."""
+    assert f"{U}.helper" not in closure(GRAPH, "fastvideo.distributed.sp_groups")
+    assert "fastvideo.distributed.parallel_state" not in closure(GRAPH, f"{U}.helper")
+    assert {"fastvideo.distributed.communication_op", f"{U}.ops", f"{U}.exchange", f"{U}.registry"} & closure(
+        GRAPH, f"{U}.helper") == set()
     assert "fastvideo.distributed.communication_op" not in closure(GRAPH, f"{U}.ops")
+    assert f"{U}.ops" not in closure(GRAPH, f"{U}.exchange")
+    assert f"{U}.registry" in closure(GRAPH, "fastvideo.distributed.parallel_state")
 
 
 def test_validation_lives_in_one_place():
     """Both entry points validate through layout.validate_input; nothing else defines one."""
     defining = [m for m, p in _files().items() if "def validate_input" in p.read_text()]
-    assert defining == [f"{U}.layout"]
+    assert defining == [A2A]
 
 
 # Functions that take split tables without validating them: validate_input itself, what runs after it (the op on
 # validated input, its converter, the geometry, the op's fake impl for a FakeTensor), and model blocks and layers that
 # hand them to a step that validates them (DistributedAttention.forward: its _layout, before any collective).
-_TABLES_UNVALIDATED = {f"{U}.layout.validate_input", f"{U}.ops._splits", f"{U}.ops.all_to_all",
-                       f"{U}.policy.Geometry.from_input", f"{U}.ops._op_fake",
+_TABLES_UNVALIDATED = {f"{A2A}.validate_input", f"{U}.policy.Geometry.from_input",
+                       # the op layer hands the tables to the core, which validates them (exchange.validate), and
+                       # the wait takes the tables its start validated
+                       f"{U}.ops.call", f"{U}.ops.all_to_all", f"{U}.ops.all_to_all_async", f"{U}.ops._op",
+                       f"{U}.ops._start", f"{U}.ops._wait", f"{U}.ops._wait_fake", f"{U}.exchange.run",
+                       f"{U}.exchange.start",
+                       "fastvideo.distributed.communication_op.sequence_model_parallel_all_to_all_4D",
+                       # layers that hand them to a step that validates them before any collective
                        "fastvideo.attention.layer.DistributedAttention.forward",
                        "fastvideo.sp_recipes.attention_block.SPSelfAttention.forward",
                        "fastvideo.sp_recipes.video_dit.VideoDiTBlock.forward",
-                       "fastvideo.sp_recipes.video_dit.VideoDiTBlock._forward",
-                       # the async op's wait (and its fake) takes the tables its start validated; all_to_all_async
-                       # is ops.all_to_all's counterpart (validated input)
-                       f"{U}.async_ops._wait", f"{U}.async_ops._wait_fake", f"{U}.async_ops.all_to_all_async"}
+                       "fastvideo.sp_recipes.video_dit.VideoDiTBlock._forward"}
 
 
 def _functions(tree: ast.AST, prefix: str):
@@ -190,7 +197,8 @@ def _functions(tree: ast.AST, prefix: str):
             yield f"{prefix}.{node.name}", node
 
 
-_VALIDATORS = {"validate_input", "shares"}  # layout's table checks: the all-to-all's, and the other collectives'
+# The table checks: the all-to-all's (and the core's and the fake impls' calls of it), the other collectives'.
+_VALIDATORS = {"validate_input", "shares", "validate", "_fake_shape", "_validated"}
 
 
 def split_table_findings(files: dict[str, Path]) -> list[str]:
@@ -205,7 +213,7 @@ def split_table_findings(files: dict[str, Path]) -> list[str]:
             calls = {c.func.id if isinstance(c.func, ast.Name) else getattr(c.func, "attr", "")
                      for c in ast.walk(fn) if isinstance(c, ast.Call)}
             validates = bool(calls & _VALIDATORS)
-            if module != f"{U}.layout" and not validates:
+            if module != A2A and not validates:
                 for node in ast.walk(fn):
                     if isinstance(node, ast.Raise) and node.exc is not None and any(
                             table in ast.unparse(node.exc) for table in ("seq_splits", "head_splits")):
@@ -318,12 +326,12 @@ def autograd_functions(source: str) -> list[str]:
 
 def test_the_op_has_one_autograd_formula():
     """The registered autograd of ``fastvideo::ulysses_all_to_all_4d`` is the only backward formula of the
-    synchronous all-to-all, and the start/wait pair's (``async_ops``) the only one of the one in flight: no
-    ``torch.autograd.Function`` anywhere in fastvideo/, and ``register_autograd`` in those two modules only."""
+    synchronous all-to-all, and the start/wait pair's the only one of the one in flight: no
+    ``torch.autograd.Function`` anywhere in fastvideo/, and ``register_autograd`` in ``ulysses/ops.py`` only."""
     functions = {m: autograd_functions(p.read_text()) for m, p in _files().items()}
     assert {m: f for m, f in functions.items() if f} == {}
     registrations = [m for m, p in _files().items() if "register_autograd(" in p.read_text()]
-    assert sorted(registrations) == [f"{U}.async_ops", f"{U}.ops"]
+    assert sorted(registrations) == [f"{U}.ops"]
 
 
 def test_the_formula_check_flags_a_second_function():

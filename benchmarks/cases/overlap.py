@@ -41,9 +41,9 @@ def stand_in(x: torch.Tensor, scatter_dim: int, gather_dim: int, name: str, *, a
              seq_splits=None, head_splits=None, tag=None):
     """The exchange's output shape, filled by one copy of its bytes from ``x``: its memory traffic, no
     communication. Differentiable (autograd sees a copy)."""
+    from fastvideo.distributed.all_to_all import Splits
     from fastvideo.distributed.communication_op import mode_for_dims, output_shape
     from fastvideo.distributed.parallel_state import get_sp_group
-    from fastvideo.distributed.all_to_all import Splits
 
     sp = get_sp_group()
     if sp.world_size == 1:

@@ -143,7 +143,12 @@ def hot_path(helper, on: bool) -> None:
     one helper: the table it holds is emptied either way, so an "on" row starts as a first call does (learned at its
     first call; ``stats()["hot_calls"]`` counts the calls that then take it). Local. Raises SystemExit for ``on``
     where the helper cannot have it (saying why)."""
-    from fastvideo.distributed.ulysses import hot
+    if hasattr(helper, "use_hot_path"):  # a helper with the switch
+        why = helper.use_hot_path(on)
+        if on and why:
+            raise SystemExit(f"the hot path is unavailable here: {why}")
+        return
+    from fastvideo.distributed.ulysses import hot  # older trees: the helper's own fields
 
     if on and helper.hot_decline:
         raise SystemExit(f"the hot path is unavailable here: {helper.hot_decline}")
@@ -293,8 +298,8 @@ def call_stages(helper, x, mode: int) -> dict:
     bookkeeping; only where the helper fuses the vote) and ``launch`` (the transport's launch without a vote)."""
     import itertools
 
-    from fastvideo.distributed.ulysses.contract import Phase
     from fastvideo.distributed.all_to_all import EVEN
+    from fastvideo.distributed.ulysses.contract import Phase
     from fastvideo.distributed.ulysses.planner import Signature
 
     t = transport(helper)
@@ -303,9 +308,10 @@ def call_stages(helper, x, mode: int) -> dict:
     proposal = helper.planner.propose(sig)
     stages = {"call": lambda: helper.call(x, mode)[0],
               "launch": lambda: t.execute(x, proposal.geom, proposal.plan)}
-    if helper._fused_vote:
+    if helper.stats()["voted_launch"]:
         seq = itertools.count(1 << 40)  # SEQ words no helper call uses (P = 1: no peer compares them)
-        vote = helper._call_vote
+        runtime = getattr(helper, "_runtime", None)  # older trees keep the channel on the helper itself
+        vote = runtime.call_vote if runtime is not None else helper._call_vote
         stages["voted"] = lambda: t.execute(x, proposal.geom, proposal.plan, vote=vote, fields=proposal.fields,
                                             seq=next(seq))
     return stages

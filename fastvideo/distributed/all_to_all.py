@@ -34,7 +34,7 @@ from fastvideo.distributed.host_exchange import classify_failure, group_timeout_
 
 MODE_SEQ_GATHER = 0  # scatter heads (dim 2), gather sequence (dim 1)
 MODE_HEAD_GATHER = 1  # scatter sequence (dim 1), gather heads (dim 2)
-_MODES = {(2, 1): MODE_SEQ_GATHER, (1, 2): MODE_HEAD_GATHER}
+MODES = {(2, 1): MODE_SEQ_GATHER, (1, 2): MODE_HEAD_GATHER}  # (scatter_dim, gather_dim) -> mode
 _OP = "sequence_model_parallel_all_to_all_4D"
 _is_batched = torch._C._functorch.is_batchedtensor  # checked on every call: looked up once
 _Tensor = torch.Tensor
@@ -56,7 +56,7 @@ Shape = tuple[int, int, int, int]
 def mode_for_dims(scatter_dim: int, gather_dim: int) -> int:
     """Map a (scatter_dim, gather_dim) pair to its mode, or raise a ValueError naming the fix."""
     try:
-        return _MODES[(scatter_dim, gather_dim)]
+        return MODES[(scatter_dim, gather_dim)]
     except KeyError:
         raise ValueError(
             f"{_OP}: (scatter_dim, gather_dim)=({scatter_dim}, {gather_dim}) is not "

@@ -30,6 +30,7 @@ from fastvideo.distributed.all_to_all import (
     EVEN,
     MODE_HEAD_GATHER,
     MODE_SEQ_GATHER,
+    MODES,
     Splits,
     balanced_splits,
     check_own_share,
@@ -119,10 +120,12 @@ def sequence_model_parallel_all_to_all_4D(input_: torch.Tensor, scatter_dim: int
     without its wait in the region; under a manual CUDA-graph capture the side stream is forked and joined inside
     the graph (wait before the capture ends). Underneath: ``ulysses/ops.py`` and ``ulysses/exchange.py``.
     """
-    try:
-        mode = mode_for_dims(scatter_dim, gather_dim)
-    except ValueError as exc:
-        _fail(input_, -1, exc)  # checked mode: votes first (-1: an invalid dim pair), so every rank raises
+    mode = MODES.get((scatter_dim, gather_dim))  # a dict lookup: the call enters each module once
+    if mode is None:
+        try:
+            mode_for_dims(scatter_dim, gather_dim)
+        except ValueError as exc:
+            _fail(get_sp_group(), input_, -1, exc)  # checked mode: votes first (-1: an invalid dim pair)
     return _ops.call(input_, mode, 0, seq_splits, head_splits, tag, async_op)
 
 

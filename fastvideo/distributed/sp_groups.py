@@ -68,6 +68,7 @@ class GroupCoordinator(CoordinatorTransfers):
 
     ranks: list[int]
     rank_in_group: int
+    world_size: int  # len(ranks): an attribute, since every call reads it (a property would be a call into here)
     device_group: dist.ProcessGroup
     cpu_group: dist.ProcessGroup
     device: torch.device
@@ -125,6 +126,7 @@ class GroupCoordinator(CoordinatorTransfers):
                 cpu_group: dist.ProcessGroup, device: torch.device, *, vote_group: dist.ProcessGroup | None = None,
                 timeout_s: float | None = None, local_rank: int = 0, unique_name: str = "") -> None:
         self.ranks, self.rank_in_group, self.device = list(ranks), rank_in_group, device
+        self.world_size = len(self.ranks)
         self.device_group, self.cpu_group, self.vote_group = device_group, cpu_group, vote_group
         self.settings, self.vote_failure, self.timeout_s = None, None, timeout_s
         self._generation, self._teardown, self._on_settings = 0, {}, {}
@@ -132,10 +134,6 @@ class GroupCoordinator(CoordinatorTransfers):
         self.use_device_communicator, self.mq_broadcaster, self.use_custom_op_call = True, None, False
         self._communicator = None
         _register_group(self)
-
-    @property
-    def world_size(self) -> int:
-        return len(self.ranks)
 
     # ---------------------------------------------------------------- upstream FastVideo's coordinator surface
 

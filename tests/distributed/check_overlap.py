@@ -49,18 +49,24 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.harness.header import tree_commit  # noqa: E402
 from fastvideo.attention.layer import DistributedAttention  # noqa: E402
 from fastvideo.distributed import parallel_state  # noqa: E402
-from fastvideo.distributed.ulysses import async_ops, ops  # noqa: E402
-from fastvideo.distributed.all_to_all import EVEN, mode_for_dims, validate_input  # noqa: E402
+from fastvideo.distributed.all_to_all import Splits, mode_for_dims, output_shape  # noqa: E402
+from fastvideo.distributed.ulysses import exchange, ops  # noqa: E402
 
 
 def forced(x, scatter_dim, gather_dim, name="", *, async_op=False, seq_splits=None, head_splits=None, tag=None):
-    """The exchange through the op's own bodies even at SP 1 (``DistributedAttention``'s ``all_to_all``)."""
+    """The exchange through the ops themselves even at SP 1, where the public op returns its input
+    (``DistributedAttention``'s ``all_to_all``)."""
     sp = parallel_state.get_sp_group()
     mode = mode_for_dims(scatter_dim, gather_dim)
-    splits = validate_input(x, mode, sp.world_size, sp.rank_in_group, seq_splits, head_splits)
-    if async_op:
-        return async_ops.start(x, mode, 0, splits, tag)
-    return ops.call(x, mode, 0, splits, tag)
+    grad = torch.is_grad_enabled() and x.requires_grad
+    kw = {"seq_splits": seq_splits, "head_splits": head_splits, "tag": tag}
+    if not async_op:
+        return torch.ops.fastvideo.ulysses_all_to_all_4d(x, mode, grad, None, 0, **kw)[0]
+    token, outcome = torch.ops.fastvideo.ulysses_all_to_all_4d_start(x, mode, grad, None, 0, **kw)
+    splits = Splits(None if seq_splits is None else tuple(seq_splits),
+                    None if head_splits is None else tuple(head_splits))
+    shape = list(output_shape(x.shape, mode, sp.world_size, rank=sp.rank_in_group, splits=splits))
+    return ops.AllToAllHandle(None, None, (token, outcome), (mode, shape, x.dtype, x.device, kw))
 
 
 def sdpa_math(q, k, v):
@@ -118,16 +124,21 @@ class Check:
         if not self.cuda:
             return True, "skipped on CPU (no streams); tests/distributed/test_ulysses_async.py covers it over gloo"
         x = self.inputs(1)[0].repeat(3, 1, 1, 1).contiguous()
-        expected = ops.call(x, 0, 0, EVEN)
+        expected = forced(x, 2, 1)
         torch.cuda.synchronize()
-        comm = async_ops.comm_stream(self.device)
+        comm = exchange.comm_stream(self.device)
         with torch.cuda.stream(comm):  # poison the side stream's free blocks of the output's size
             poison = torch.full((expected.numel() * expected.element_size(),), 255, dtype=torch.uint8,
                                 device=self.device)
             del poison
             torch.cuda._sleep(200_000_000)  # ~0.1 s of busy side stream before the exchange
-        handle = async_ops.start(x, 0, 0, EVEN)
-        early = async_ops._PENDING[handle._ident].out.clone()  # the control: no wait
+        real, started = exchange.start, []
+        exchange.start = lambda *args, **kw: started.append(real(*args, **kw)) or started[-1]
+        try:
+            handle = forced(x, 2, 1, async_op=True)
+        finally:
+            exchange.start = real
+        early = started[0][0].out.clone()  # the control: read without the wait
         landed = handle.wait().clone()
         torch.cuda.synchronize()
         bad, early_bad = wrong(landed, expected), wrong(early, expected)
@@ -161,7 +172,7 @@ class Check:
         with torch.cuda.graph(graph):
             out = layer(*static)[0]
             grads = torch.autograd.grad(out, static, gy)
-        left = async_ops.in_flight()
+        left = exchange.in_flight()
         replays, bad = 20, 0
         for i in range(replays):
             fresh = self.inputs(100 + i)

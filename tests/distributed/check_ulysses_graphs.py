@@ -248,7 +248,7 @@ class Check:
         h = self.helper()
         records = list(h.history)[-4:]
         self.assert_records(records, self.expected_plans(h, captured=True), captured=True)
-        seq, length = h._seq, len(h.history)
+        seq, length = h.stats()["calls"], len(h.history)
         bad_replays, worst = 0, 0
         with route(OFF):  # the graph ignores the setting (the plan is frozen); the oracle needs it
             for i in range(REPLAYS):
@@ -261,8 +261,8 @@ class Check:
                 n = sum(wrong(a, b) for a, b in zip(static_out, ref, strict=True))
                 bad_replays += bool(n)
                 worst = max(worst, n)
-        if (h._seq, len(h.history)) != (seq, length):
-            raise AssertionError(f"replays did host work: sequence {seq} -> {h._seq}, history {length} -> "
+        if (h.stats()["calls"], len(h.history)) != (seq, length):
+            raise AssertionError(f"replays did host work: sequence {seq} -> {h.stats()['calls']}, history {length} -> "
                                  f"{len(h.history)}")
         if bad_replays:
             raise AssertionError(f"{bad_replays}/{REPLAYS} replays differ from the eager NCCL route "

@@ -57,32 +57,62 @@ def fixture_rows(world_sizes=(2, 3, 4), heads=(12,), head_dims=(8,), dtypes=None
     )
 
 
+class CaptureSwitch:
+    """A helper's ``capturing`` argument for CPU simulations (CPU has no CUDA graphs): a call counts as captured
+    while ``on`` (a bool, or a callable of the input)."""
+
+    def __init__(self) -> None:
+        self.on = False
+
+    def __call__(self, x) -> bool:
+        return self.on(x) if callable(self.on) else self.on
+
+
 def build_helper(*, window_bytes: int = 1 << 20, transport=None, tuned: bool = True, table=None,
                  vote_timeout_s: float = VOTE_TIMEOUT_S, **kw):
-    """A UlyssesHelper on the SP group with the CPU plan transport, a small window and the fixture rows."""
+    """A UlyssesHelper on the SP group with the CPU plan transport, a small window, the fixture rows and a
+    ``CaptureSwitch`` (``forced_capture``)."""
     from fastvideo.distributed.parallel_state import get_sp_group
     from fastvideo.distributed.ulysses.helper import UlyssesHelper
     from fastvideo.distributed.ulysses.transport import GlooPlanTransport
 
     if table is None:
         table = fixture_rows() if tuned else ()
-    return UlyssesHelper(
+    switch = kw.pop("capturing", None) or CaptureSwitch()
+    helper = UlyssesHelper(
         get_sp_group(),
         transport=transport if transport is not None else GlooPlanTransport(),
         window_bytes=window_bytes,
         vote_timeout_s=vote_timeout_s,
         gpu_name=GPU_NAME,
         tuned_table=table,
+        capturing=switch,
         **kw,
     )
+    _SWITCHES[helper.id] = switch
+    return helper
+
+
+_SWITCHES: dict = {}  # helper id -> the CaptureSwitch build_helper gave it
+
+
+def capture_switch(helper) -> CaptureSwitch:
+    """The ``CaptureSwitch`` ``build_helper`` built ``helper`` with."""
+    return _SWITCHES[helper.id]
 
 
 def stand_in_native_helper(rank: int, world_size: int, launch, hot: bool):
-    """A shared-memory-vote helper whose transport is swapped for the native one on the stand-in library of
-    ``tests/kernel/test_native_dispatch.py``, its completion events always complete, and ``launch(lib)`` (given
-    the stand-in library) as its ``fvk_launch``. The fused vote and the hot path as construction would set them for
-    that transport (the hot path off unless ``hot``). Returns ``(helper, native, built)``: give ``helper`` back
-    ``built``, the transport it was constructed with, before ``destroy()``."""
+    """A shared-memory-vote helper on the native transport driving the stand-in library of
+    ``tests/kernel/test_native_dispatch.py``: the transport's construction steps and topology check stand in
+    (nothing to build on CPU), its completion events always complete, and ``launch(lib)`` (given the stand-in
+    library) is its ``fvk_launch``. The helper is constructed on it as on a GPU, so construction decides the voted
+    launch and the hot path (off unless ``hot``: ``FASTVIDEO_ULYSSES_A2A_HOT_PATH``). Returns ``(helper, native)``."""
+    import os
+
+    import torch
+
+    from fastvideo.distributed.ulysses.runtime import stream_capturing
+    from fastvideo.distributed.ulysses.transport import Capability, TopologyReport
     from tests.kernel.test_native_dispatch import transport as stand_in_transport
 
     class Event:  # the completion ring's stand-in: recorded, and always complete for the watchdog
@@ -92,16 +122,21 @@ def stand_in_native_helper(rank: int, world_size: int, launch, hot: bool):
         def query(self) -> bool:
             return True
 
-    helper = build_helper(vote="shm")
     native, lib = stand_in_transport(world_size, rank=rank)
     native._events = [Event() for _ in native._events]
     lib.fvk_relax_capture_mode = lambda: 0
     lib.fvk_launch = launch(lib)
-    built, helper.transport = helper.transport, native
-    helper._fused_vote = native.fuses_vote(helper._call_vote)
-    helper.hot_decline = native.hot_decline() if hot else "FASTVIDEO_ULYSSES_A2A_HOT_PATH=0"
-    helper._hot_ok = not helper.hot_decline
-    return helper, native, built
+    native.capability = lambda: Capability("native", True, abi_version=9, entry_points=native._entries,
+                                           dtypes=(torch.float32, torch.bfloat16), supports_unaligned=True)
+    native.construction_steps = lambda ctx: []
+    native.topology = TopologyReport
+    native.destroy = lambda: None
+    os.environ["FASTVIDEO_ULYSSES_A2A_HOT_PATH"] = "1" if hot else "0"
+    try:  # the real capture check (the hot path serves only calls made with it)
+        helper = build_helper(vote="shm", transport=native, capturing=stream_capturing)
+    finally:
+        del os.environ["FASTVIDEO_ULYSSES_A2A_HOT_PATH"]
+    return helper, native
 
 
 def construction_fault(rank: int, scenario: str, faulty_rank: int = 1):
@@ -137,13 +172,10 @@ def construction_fault(rank: int, scenario: str, faulty_rank: int = 1):
 
 
 def a2a(helper, x, mode: int, *, seq_splits=None, head_splits=None):
-    """The differentiable all-to-all through ``helper`` (the one op with that helper; validated first)."""
+    """The differentiable all-to-all through ``helper`` (the one op with that helper; validated in its core)."""
     from fastvideo.distributed.ulysses import ops
-    from fastvideo.distributed.all_to_all import validate_input
 
-    splits = validate_input(x, mode, helper.world_size, rank=helper.sp.rank_in_group, seq_splits=seq_splits,
-                            head_splits=head_splits)
-    return ops.all_to_all(x, mode, helper=helper, seq_splits=splits.seq, head_splits=splits.heads)
+    return ops.all_to_all(x, mode, helper=helper, seq_splits=seq_splits, head_splits=head_splits)
 
 
 def rank_input(rank: int, shape, dtype=None, seed: int = 0, requires_grad: bool = False):
@@ -215,13 +247,14 @@ def non_contiguous(x):
 
 @contextlib.contextmanager
 def forced_capture(h):
-    """CUDA-graph capture forced on for ``h``'s calls inside the block (CPU has no graphs: the helper asks
-    ``h._capturing(x)``, for CUDA tensors whether the current stream is capturing), off again after it."""
-    h._capturing = lambda x: True
+    """CUDA-graph capture forced on for ``h``'s calls inside the block (CPU has no graphs: ``build_helper`` gave
+    ``h`` a ``CaptureSwitch`` as its ``capturing``), off again after it."""
+    switch = capture_switch(h)
+    switch.on = True
     try:
         yield h
     finally:
-        h._capturing = lambda x: False
+        switch.on = False
 
 
 def catch(fn, *args, **kw):

@@ -1,4 +1,5 @@
-"""The all-to-all in flight (``async_op=True``; ``fastvideo/distributed/ulysses/async_ops.py``) over gloo ranks.
+"""The all-to-all in flight (``async_op=True``: ``ulysses/ops.py``'s start and wait over ``ulysses/exchange.py``'s
+core) over gloo ranks.
 
 Outputs and gradients (first and second order) equal the synchronous op bit for bit on every CPU route, with the
 route and plan of every call asserted; several exchanges in flight are each waited for their own result in any
@@ -29,7 +30,7 @@ def _records(h, n):
 def _both_orders(rank, p, mode, dtype, use_helper):
     """The sync op and the async op on the same input: outputs, first- and second-order gradients, the route of
     each async start, and (through a helper) the call records of both."""
-    from fastvideo.distributed.ulysses import async_ops, ops
+    from fastvideo.distributed.ulysses import exchange, ops
 
     h = build_helper(window_bytes=1 << 16) if use_helper else None
     shape = (B, S, H, D) if mode == 0 else (B, S * p, H // p, D)
@@ -38,28 +39,28 @@ def _both_orders(rank, p, mode, dtype, use_helper):
     w = rank_input(rank, out_shape, dtype, seed=4, requires_grad=True)
     v = rank_input(rank, shape, dtype, seed=5)
     routes = []
-    real = async_ops.launch
+    real = exchange.start
 
-    def spy(*args, **kw):  # the route each start took, read from the pending table
-        ident, saved = real(*args, **kw)
-        routes.append(async_ops.route_of(ident))
-        return ident, saved
+    def spy(*args, **kw):  # the route each start took
+        started, saved = real(*args, **kw)
+        routes.append(started.route)
+        return started, saved
 
-    async_ops.launch = spy
+    exchange.start = spy
     results = []
     try:
         for asynchronous in (False, True):
-            y = (async_ops.all_to_all_async(x, mode, h).wait() if asynchronous else ops.all_to_all(x, mode, h))
+            y = (ops.all_to_all_async(x, mode, h).wait() if asynchronous else ops.all_to_all(x, mode, h))
             g, = torch.autograd.grad((y * w).sum(), x, create_graph=True)
             gg, = torch.autograd.grad((g * v).sum(), w)
             results.append((y.detach(), g.detach(), gg))
     finally:
-        async_ops.launch = real
+        exchange.start = real
     (y0, g0, s0), (y1, g1, s1) = results
     recs = _records(h, 6) if h is not None else None
     if h is not None:
         h.destroy()
-    return (bit_equal(y0, y1), bit_equal(g0, g1), bit_equal(s0, s1)), routes, recs, async_ops.in_flight()
+    return (bit_equal(y0, y1), bit_equal(g0, g1), bit_equal(s0, s1)), routes, recs, exchange.in_flight()
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
@@ -94,11 +95,11 @@ def test_async_declines_like_sync_and_runs_the_nccl_route_in_flight(ranks):
 
 def _many_in_flight(rank, p, order):
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a_public
-    from fastvideo.distributed.ulysses import async_ops
+    from fastvideo.distributed.ulysses import exchange
 
     xs = [rank_input(rank, (B, S, H, D), seed=10 + i) for i in range(4)]
     handles = [a2a_public(x, 2, 1, async_op=True) for x in xs]
-    peak = async_ops.in_flight()
+    peak = exchange.in_flight()
     outs = {i: handles[i].wait() for i in order}
     expected = [a2a_public(x, 2, 1) for x in xs]
     try:
@@ -106,7 +107,7 @@ def _many_in_flight(rank, p, order):
         again = "no error"
     except RuntimeError as exc:
         again = str(exc)
-    return [bit_equal(outs[i], expected[i]) for i in range(4)], peak, async_ops.in_flight(), again
+    return [bit_equal(outs[i], expected[i]) for i in range(4)], peak, exchange.in_flight(), again
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
@@ -158,15 +159,20 @@ class DelayedTransport(GlooPlanTransport):
 
 
 def _delayed(rank, p, wait):
-    from fastvideo.distributed.ulysses import async_ops
+    from fastvideo.distributed.ulysses import exchange, ops
 
     h = build_helper(transport=DelayedTransport(0.3))
     x = rank_input(rank, (B, S, H, D), seed=20)
-    handle = async_ops.all_to_all_async(x, 0, h)
+    real, started = exchange.start, []
+    exchange.start = lambda *args, **kw: started.append(real(*args, **kw)[0]) or (started[-1], None)
+    try:
+        handle = ops.all_to_all_async(x, 0, h)
+    finally:
+        exchange.start = real
     if wait:
         out = handle.wait()
     else:  # the negative control: the consumer reads the output buffer without waiting
-        out = async_ops._PENDING[handle._ident].out.clone()
+        out = started[0].out.clone()
         handle.wait()
     expected = a2a(h, x, 0)
     time.sleep(0.4)  # the synchronous call's own late landing
@@ -182,6 +188,24 @@ def test_a_consumer_really_waits_for_late_data(ranks):
         assert exact and route == "fused"
     for exact, route in ranks(2, _delayed, False):
         assert not exact and route == "fused"
+
+
+class _OpHandle:
+    """A start through the op itself and its wait, for SP size 1 (where the public op returns its input; the
+    output's shape is the input's)."""
+
+    def __init__(self, x, mode, tag=None):
+        self.args = (mode, list(x.shape), x.dtype, x.device)
+        self.token, self.outcome = torch.ops.fastvideo.ulysses_all_to_all_4d_start(x, mode, False, None, 0, tag=tag,
+                                                                                    own_input=True)
+        self.tag = tag
+
+    def wait(self):
+        return torch.ops.fastvideo.ulysses_all_to_all_4d_wait(self.token, self.outcome, *self.args, tag=self.tag)
+
+
+def _op_call(x, mode, tag=None):
+    return torch.ops.fastvideo.ulysses_all_to_all_4d(x, mode, False, None, 0, tag=tag)[0]
 
 
 def _compiled(rank, p, backend="aot_eager"):
@@ -232,19 +256,21 @@ def test_compile_fullgraph_with_inductor_on_cpu(ranks):
 
 
 def _owned_launches(rank, p, backend):
-    """Which exchanges own their input (``launch``'s ``own``, in launch order) through a forward and its backward of
-    the public op in flight, compiled with ``backend`` (``None``: eager), and whether the gradient is right."""
+    """Which exchanges own their input (``exchange.start``'s ``own``, in start order) through a forward and its
+    backward of the public op in flight, compiled with ``backend`` (``None``: eager), and whether the gradient is
+    right."""
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a_public
-    from fastvideo.distributed.ulysses import async_ops
+    from fastvideo.distributed.ulysses import exchange
 
     owns = []
-    launching = async_ops.launch
+    starting = exchange.start
 
-    def launch(*args, own=False):
+    def start(*args, own=False):
+        own = args[9] if len(args) > 9 else own
         owns.append(own)
-        return launching(*args, own=own)
+        return starting(*args[:9], own=own)
 
-    async_ops.launch = launch
+    exchange.start = start
     x = rank_input(rank, (B, S, H, D), seed=30, requires_grad=True)
     w = rank_input(rank, (B, S * p, H // p, D), seed=31)
 
@@ -273,19 +299,17 @@ def _two_in_flight_compiled(rank, p):
     owns its input (``own_input``, baked in at trace time), so inductor may reuse the caller's buffer."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    from fastvideo.distributed.parallel_state import get_sp_group
-    from fastvideo.distributed.ulysses import async_ops
-    from fastvideo.distributed.all_to_all import validate_input
-
-    sp = get_sp_group()
+    import fastvideo.distributed.ulysses.ops  # noqa: F401 - defines the ops this test calls directly
 
     def start(x):
-        return async_ops.start(x, 0, 0, validate_input(x, 0, sp.world_size, sp.rank_in_group, None, None))
+        token, outcome = torch.ops.fastvideo.ulysses_all_to_all_4d_start(x, 0, False, None, 0, own_input=True)
+        return lambda: torch.ops.fastvideo.ulysses_all_to_all_4d_wait(token, outcome, 0, [B, S * p, H // p, D],
+                                                                       x.dtype, x.device)
 
     def f(x):
         first = start(x * 2)
         second = start(x * 3)  # same size as x * 2: a buffer inductor would take over were x * 2 dead
-        return first.wait(), second.wait()
+        return first(), second()
 
     x = rank_input(rank, (B, S, H, D), seed=7)
     torch._dynamo.reset()
@@ -316,16 +340,11 @@ def _pipelined_block_compiled(rank, p):
     """The pipelined attention block (4 head groups: group g+1's input is packed while group g's exchange is in
     flight) under inductor at SP 1, its exchanges through the op's own start and wait: max |compiled - eager|."""
     from fastvideo.attention.layer import DistributedAttention
-    from fastvideo.distributed.parallel_state import get_sp_group
-    from fastvideo.distributed.ulysses import async_ops, ops
-    from fastvideo.distributed.all_to_all import mode_for_dims, validate_input
-
-    sp = get_sp_group()
+    from fastvideo.distributed.all_to_all import mode_for_dims
 
     def forced(x, scatter_dim, gather_dim, name="", *, async_op=False, tag=None, **_):
         mode = mode_for_dims(scatter_dim, gather_dim)
-        splits = validate_input(x, mode, sp.world_size, sp.rank_in_group, None, None)
-        return async_ops.start(x, mode, 0, splits, tag) if async_op else ops.call(x, mode, 0, splits, tag)
+        return _OpHandle(x, mode, tag) if async_op else _op_call(x, mode, tag)
 
     layer = DistributedAttention(8, 8, overlap_chunks=4, prefix="c", all_to_all=forced)
     layer._set_compile_forward_enabled(True)  # traced whole, as a regional compile does
@@ -378,19 +397,16 @@ def _pipelined_block_bf16_runs(rank, p, own, runs, stop_at_first=False):
     from torch._inductor.utils import run_and_get_code
 
     from fastvideo.attention.layer import DistributedAttention
-    from fastvideo.distributed.parallel_state import get_sp_group
-    from fastvideo.distributed.ulysses import async_ops, ops
-    from fastvideo.distributed.all_to_all import mode_for_dims, validate_input
+    from fastvideo.distributed.all_to_all import mode_for_dims
+    from fastvideo.distributed.ulysses import exchange
 
-    sp = get_sp_group()
     if not own:  # the op body's call; the graph still says own_input=True
-        owning = async_ops.launch
-        async_ops.launch = lambda *args, **_: owning(*args[:7], own=False)
+        owning = exchange.start
+        exchange.start = lambda *args, **_: owning(*args[:9], own=False)
 
     def forced(x, scatter_dim, gather_dim, name="", *, async_op=False, tag=None, **_):
         mode = mode_for_dims(scatter_dim, gather_dim)
-        splits = validate_input(x, mode, sp.world_size, sp.rank_in_group, None, None)
-        return async_ops.start(x, mode, 0, splits, tag) if async_op else ops.call(x, mode, 0, splits, tag)
+        return _OpHandle(x, mode, tag) if async_op else _op_call(x, mode, tag)
 
     layer = DistributedAttention(8, 8, overlap_chunks=4, prefix="c", all_to_all=forced)
     layer._set_compile_forward_enabled(True)

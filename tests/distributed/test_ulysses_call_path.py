@@ -1,12 +1,13 @@
 """The fused call's path from the public function to the library call, traced rather than read.
 
-``docs/architecture.md`` lists the modules one eager fused call passes through: at most 6, none entered twice
-(a module is entered twice when the call leaves it for another module and comes back into it, or enters it again
-after leaving). Two gloo ranks run the public function on a helper whose transport is the native one driving
+``docs/architecture.md`` lists the modules one eager fused call passes through, in order, none entered twice (a
+module is entered twice when the call leaves it for another module and comes back into it, or enters it again
+after leaving): the public function, the op layer, the SP group, the core, the layouts' validation, the route, the
+helper, its call number, its runtime, the transport. Two gloo ranks run the public function on a helper whose transport is the native one driving
 the stand-in library of ``tests/kernel/test_native_dispatch.py`` (the voted form, over the real shared-memory
 vote), and a profile hook records every Python function of ``fastvideo/`` entered from the call's start to the
 library call. The checks read that record: the modules entered, in order, each once; the chain of modules on the
-stack at the library call (public function, op, helper, transport). A negative control feeds the checker a
+stack at the last Python call before the library's (public function, op, core, helper, runtime, transport). A negative control feeds the checker a
 record in which a module is entered twice.
 """
 
@@ -20,8 +21,10 @@ from tests.distributed.conftest import SHM_VOTE_ENV, SHM_VOTE_SKIP, rank_input, 
 
 pytestmark = pytest.mark.skipif(SHM_VOTE_SKIP is not None, reason=SHM_VOTE_SKIP or "")
 
-PATH = ("communication_op", "sp_groups", "ulysses.layout", "ulysses.ops", "ulysses.helper", "ulysses.native")
-CHAIN = ("communication_op", "ulysses.ops", "ulysses.helper", "ulysses.native")  # on the stack at the launch
+PATH = ("communication_op", "ulysses.ops", "sp_groups", "ulysses.exchange", "all_to_all", "ulysses.registry",
+        "ulysses.helper", "ulysses.sequence", "ulysses.runtime", "ulysses.native")
+# On the stack at the launch: the public function, the op layer, the core, the helper, its runtime, the transport.
+CHAIN = ("communication_op", "ulysses.ops", "ulysses.exchange", "ulysses.helper", "ulysses.runtime", "ulysses.native")
 SHAPE = (3, 16, 12, 8)
 
 
@@ -95,36 +98,35 @@ def _traced_call(rank: int, world_size: int, hot: bool = False):
 
         return counted
 
-    helper, _, plan_transport = stand_in_native_helper(rank, world_size, launch, hot)
-    registry.ROUTE = helper
+    helper, _ = stand_in_native_helper(rank, world_size, launch, hot)
+    registry.use_route(helper)
     x = rank_input(rank, SHAPE, torch.float32)
     try:
         with torch.no_grad():
             for _ in range(2):  # the caches warm: the planner's, the launch's, the vote row's
                 sequence_model_parallel_all_to_all_4D(x, 2, 1)
-            ran = (helper.history[-1].route, helper._fused_vote)
+            ran = (helper.history[-1].route, helper.stats()["voted_launch"])
             launched.clear()
             hot_calls = helper.stats()["hot_calls"]
             entered, chain = record(lambda: sequence_model_parallel_all_to_all_4D(x, 2, 1), launched)
             hot_calls = helper.stats()["hot_calls"] - hot_calls
     finally:
-        registry.ROUTE = registry.UNRESOLVED
-        helper.transport = plan_transport  # destroy tears down the transport it built
+        registry.reset()
         helper.destroy()
     return ran, len(launched), entered, chain, hot_calls
 
 
-def test_the_fused_call_enters_six_modules_once_each_before_the_library_call(ranks):
+def test_the_fused_call_enters_each_module_once_before_the_library_call(ranks):
     for r in ranks(2, _traced_call, env=SHM_VOTE_ENV):
         ran, launches, entered, chain, hot_calls = r
         assert ran == ("fused", True)  # the voted form on the native transport
         assert launches == 1 and hot_calls == 0
-        assert tuple(stays(entered)) == PATH, stays(entered)
+        assert tuple(stays(entered)) == PATH, " ".join(stays(entered))
         assert reentered(entered) == []
         assert chain == CHAIN
 
 
-def test_on_the_hot_path_the_call_enters_five_modules_then_one_native_call(ranks):
+def test_on_the_hot_path_the_call_enters_each_module_once_then_one_native_call(ranks):
     """A signature launched fused before: the public function's modules and the helper, then the extension's one
     call (``HotCalls.run``) up to the library; the transport's module is not entered before the launch."""
     from tests.distributed.test_ulysses_hot_path import _hot_unavailable
@@ -136,16 +138,17 @@ def test_on_the_hot_path_the_call_enters_five_modules_then_one_native_call(ranks
     for r in ranks(2, _traced_call, True, env=SHM_VOTE_ENV):
         ran, launches, entered, chain, hot_calls = r
         assert ran == ("fused", True) and launches == 1 and hot_calls == 1
-        assert tuple(stays(entered)) == PATH[:-1], stays(entered)
+        assert tuple(stays(entered)) == PATH[:-2], " ".join(stays(entered))
         assert reentered(entered) == []
-        assert chain == CHAIN[:-1]
+        # the stack at the last Python call before the native one: the call number, taken just before it
+        assert chain == (*CHAIN[:-2], "ulysses.sequence")
 
 
 def test_negative_control_a_module_entered_twice_is_seen():
     """The record of a call that goes back into a module it left (the SP group's module read again after the
     input checks, as the public function once did) and one that calls out and back (a dataclass hash in the
     policy module, called from the transport)."""
-    back = ["communication_op", "sp_groups", "ulysses.layout", "sp_groups", "ulysses.ops"]
+    back = ["communication_op", "ulysses.ops", "sp_groups", "ulysses.exchange", "sp_groups", "all_to_all"]
     assert reentered(back) == ["sp_groups"] and tuple(stays(back)) != PATH
     out_and_back = ["ulysses.native", "ulysses.native", "ulysses.policy", "ulysses.native", "ulysses.vote"]
     assert reentered(out_and_back) == ["ulysses.native"]

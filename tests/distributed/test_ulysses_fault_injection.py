@@ -17,6 +17,7 @@ from tests.distributed.conftest import (
     a2a,
     bit_equal,
     build_helper,
+    capture_switch,
     catch,
     construction_fault,
     last,
@@ -207,15 +208,14 @@ def test_common_eligibility_bit_declines_with_that_reason(ranks):
 
 
 def _capture(rank, world_size, everywhere):
-    # CUDA graph capture cannot happen on CPU: the helper asks ``h._capturing(x)`` (for CUDA tensors, whether
-    # the current stream is capturing), forced here. The CPU transport cannot freeze a plan into a graph (it
-    # runs gloo collectives per call), so a capture declines; the vote, verdict, counting and fallback are the
-    # real code paths. The capturable route: tests/distributed/test_ulysses_graphs.py.
+    # CUDA graph capture cannot happen on CPU: the helper asks its ``capturing(x)`` (for CUDA tensors, whether
+    # the current stream is capturing), forced here (``capture_switch``). The CPU transport cannot freeze a plan
+    # into a graph (it runs gloo collectives per call), so a capture declines; the vote, verdict, counting and
+    # fallback are the real code paths. The capturable route: tests/distributed/test_ulysses_graphs.py.
     h = build_helper()
-    if everywhere or rank == 0:
-        h._capturing = lambda x: True
+    capture_switch(h).on = everywhere or rank == 0
     first = _call_and_check(h, rank, seed=0)
-    h._capturing = lambda x: False
+    capture_switch(h).on = False
     second = _call_and_check(h, rank, seed=1)
     declines = h.stats()["declines"]
     h.destroy()

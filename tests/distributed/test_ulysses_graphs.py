@@ -34,6 +34,7 @@ from tests.distributed.conftest import (
     a2a,
     bit_equal,
     build_helper,
+    capture_switch,
     forced_capture,
     oracle,
     rank_input,
@@ -104,17 +105,11 @@ class Counters:
     host calls."""
 
     def __init__(self, h) -> None:
-        self.h, self.votes = h, 0
-        exchange = h._call_vote.exchange
-
-        def counted(fields):
-            self.votes += 1
-            return exchange(fields)
-
-        h._call_vote.exchange = counted
+        self.h = h
 
     def snapshot(self) -> tuple[int, int, int, int]:
-        return (self.votes, self.h._seq, self.h.stats()["fused"], self.h.transport.host_calls)
+        stats = self.h.stats()
+        return (len(self.h.vote_seconds()), stats["calls"], stats["fused"], self.h.transport.host_calls)
 
 
 def host_work(before: tuple, after: tuple) -> str:
@@ -217,13 +212,11 @@ def _refused(rank, world_size, scenario):
         transport = RecordingTransport(refuse="test: this plan needs host work per call" if rank == 1 else None)
     h = build_helper(transport=transport)
     x = rank_input(rank, SHAPE)
-    h._capturing = lambda t: True
-    with torch.no_grad():
+    with forced_capture(h), torch.no_grad():
         y = a2a(h, x, 0)
-    h._capturing = lambda t: False
     first = (h.history[-1].route, h.history[-1].reason.label, h.history[-1].captured, bit_equal(y, oracle(x, 0)))
     launches = len(getattr(transport, "captured", []))
-    detail = h._capture_detail
+    detail = h.stats()["capture_detail"]
     with torch.no_grad():
         y2 = a2a(h, x, 0)  # not capturing: the fused route again
     second = (h.history[-1].route, bit_equal(y2, oracle(x, 0)))
@@ -257,7 +250,7 @@ def _capture_on_one_rank(rank, world_size, with_bit):
         contract.WINDOW_CAPTURED = 0
     h = build_helper(transport=RecordingTransport(move=False))
     x = rank_input(rank, SHAPE)
-    h._capturing = lambda t: rank == 0
+    capture_switch(h).on = lambda t: rank == 0
     with torch.no_grad():
         a2a(h, x, 0)
     record = h.history[-1]

@@ -114,15 +114,14 @@ def _run(rank: int, world: int, hot_on: bool):
     from fastvideo.distributed.ulysses import registry
 
     records: list = []
-    helper, native, plan_transport = stand_in_native_helper(rank, world, lambda lib: _stand_in(world, records), hot_on)
-    registry.ROUTE = helper
+    helper, native = stand_in_native_helper(rank, world, lambda lib: _stand_in(world, records), hot_on)
+    registry.use_route(helper)
     try:
         steps = _script(rank, helper)
         stats = helper.stats()
         table = native._hot
     finally:
-        registry.ROUTE = registry.UNRESOLVED
-        helper.transport = plan_transport  # destroy tears down the transport it built
+        registry.reset()
         helper.destroy()
         native._reset()
     closed = table is None or table.run(rank_input(rank, SHAPE0), 0, 0) is None  # after teardown: nothing held

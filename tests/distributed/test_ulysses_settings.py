@@ -131,7 +131,7 @@ def _change_on_every_rank(rank, world_size):
         unread = len(h.history)
         agree_ulysses_settings()  # every rank: the route changes; the helper's own settings did not
         a2a(x)
-        route, kept = last(h)[0], not h._destroyed
+        route, kept = last(h)[0], not h.stats()["destroyed"]
     agree_ulysses_settings()  # back to off
     a2a(x)
     calls = len(h.history)
@@ -158,7 +158,7 @@ def _window_change(rank, world_size):
     h = UlyssesHelper(transport=GlooPlanTransport(), vote_timeout_s=10.0)  # window from the settings
     registry.install_default_helper(h)
     with override_ulysses_settings(FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES="4096"):
-        destroyed, current = h._destroyed, registry.current_default_helper()
+        destroyed, current = h.stats()["destroyed"], registry.current_default_helper()
     return destroyed, current is None
 
 

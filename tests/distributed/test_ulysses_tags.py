@@ -27,6 +27,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fastvideo.distributed.all_to_all import check_tag
 from fastvideo.distributed.ulysses import contract
 from fastvideo.distributed.ulysses.contract import ContractMismatchError, Field, Phase
 from tests.distributed.conftest import SHM_VOTE_ENV, SHM_VOTE_SKIP, bit_equal, build_helper, rank_input
@@ -75,8 +76,8 @@ def _schedule(rank: int, world: int, fault: str) -> list[int]:
 
 def _expected(x_of, mode: int = 0):
     """What this rank must get when every rank passes ``x_of(rank)``: the NCCL route computed locally."""
-    from fastvideo.distributed.parallel_state import get_sp_group
     from fastvideo.distributed.all_to_all import reference_all_to_all
+    from fastvideo.distributed.parallel_state import get_sp_group
 
     sp = get_sp_group()
     return reference_all_to_all([x_of(r) for r in range(sp.world_size)], mode)[sp.rank_in_group]
@@ -108,7 +109,7 @@ def _tagged_sequence(rank, world, route, fault, tagged=True):
     after = op(x, 2, 1, tag="after" if tagged else None)
     after_ok = bit_equal(after, _expected(lambda r: rank_input(r, SHAPE, seed=9)))
     rec = helper.history[-1]
-    counts = {t: list(c[:3]) for t, c in helper._tags.items()}
+    counts = {t: list(c) for t, c in helper.stats()["tag_counts"].items()}
     from fastvideo.distributed.ulysses.policy import Geometry
 
     choice = helper.plan_for(Geometry.from_input(SHAPE, 0, world, torch.float32), grad=False)
@@ -211,7 +212,7 @@ def _backward(rank, world):
         (z * 3).sum().backward()
         exact.append(bit_equal(z, 2 * x.detach()) and bool(torch.all(x.grad == 6)))
     records = [(r.phase.name, r.mode, r.route, r.tag) for r in helper.history]
-    counts = {t: list(c[:3]) for t, c in helper._tags.items()}
+    counts = {t: list(c) for t, c in helper.stats()["tag_counts"].items()}
     return exact, records, counts, digests, helper.stats()["tags"]
 
 
@@ -437,12 +438,12 @@ def test_the_digests_alone_name_seq_and_say_a_tagged_call_was_skipped_or_repeate
 
 
 def test_check_tag():
-    contract.check_tag(None)
-    contract.check_tag("blocks.0.attn.qkv")
+    check_tag(None)
+    check_tag("blocks.0.attn.qkv")
     with pytest.raises(TypeError, match="tag=b'x' must be a str"):
-        contract.check_tag(b"x")
+        check_tag(b"x")
     with pytest.raises(ValueError, match="tag='' is empty"):
-        contract.check_tag("")
+        check_tag("")
 
 
 def test_the_video_dit_names_every_blocks_attention():
@@ -504,7 +505,7 @@ def _caller_error(rank, world, route):
         got = type(exc).__name__
     y = op(x, 2, 1, tag="e.qkv")  # the same tag again: every rank's count of it is still 0
     return got, bit_equal(y, _expected(lambda r: rank_input(r, SHAPE))), helper.history[-1].tag, list(
-        helper._tags["e.qkv"][:3])
+        list(helper.stats()["tag_counts"]["e.qkv"]))
 
 
 def test_a_tagged_call_that_fails_on_one_rank_is_not_counted_on_any(ranks):

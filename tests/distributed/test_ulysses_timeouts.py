@@ -101,7 +101,7 @@ def _vote_timeout(rank, world_size):
     from tests.distributed.conftest import build_helper
 
     helper = build_helper(vote_timeout_s=None)
-    result = (helper._vote.timeout_s, helper.watchdog_timeout_s)
+    result = (helper.stats()["vote_timeout_s"], helper.watchdog_timeout_s)
     helper.destroy()
     return result
 

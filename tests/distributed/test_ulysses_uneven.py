@@ -28,8 +28,6 @@ import time
 import pytest
 import torch
 
-from fastvideo.distributed.ulysses import contract
-from fastvideo.distributed.ulysses.contract import ContractMismatchError, DeclineReason, Field, Phase
 from fastvideo.distributed.all_to_all import (
     EVEN,
     Splits,
@@ -39,6 +37,8 @@ from fastvideo.distributed.all_to_all import (
     unpack,
     validate_input,
 )
+from fastvideo.distributed.ulysses import contract
+from fastvideo.distributed.ulysses.contract import ContractMismatchError, DeclineReason, Field, Phase
 from fastvideo.distributed.ulysses.policy import ORIGINAL_CTAS, Geometry, Plan, TunedRow
 from fastvideo.distributed.ulysses.transport import ENTRY_UNEVEN, Capability, GlooPlanTransport
 from tests.distributed.conftest import FIXTURE_GPU, a2a, bit_equal, build_helper, catch, forced_capture
@@ -601,8 +601,8 @@ def test_a_capture_freezes_the_tables(ranks):
 def _split_sizes(rank, world):
     import torch.distributed as dist
 
-    from fastvideo.distributed.parallel_state import get_sp_group
     from fastvideo.distributed.all_to_all import nccl_route
+    from fastvideo.distributed.parallel_state import get_sp_group
 
     seen = []
     real = dist.all_to_all_single

@@ -7,8 +7,8 @@
 capture too); the synchronous op's body and its eager shortcut. ``start`` is the same call in flight (the start
 op's body): on CUDA on this process's communication stream, forked from the caller's, with an event the wait
 makes the caller's stream wait on; on CPU the NCCL route left running in gloo's threads. It returns an
-``Exchange``, which ``wait`` completes. ``validate`` is the one validation of a call (``all_to_all.validate_input``
-on the SP group); in checked mode a caller error is voted first, so that every rank raises.
+``Exchange``, which ``wait`` completes. ``run`` validates its input once (``all_to_all.validate_input`` on the SP
+group); in checked mode a caller error is voted first (``fail``), so that every rank raises.
 
 **The input is the caller's until ``wait()``.** An exchange in flight may still read it (the CUDA routes on the
 communication stream, gloo's threads on CPU), and ``record_stream`` guards only against the allocator. Eager, the
@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import sys
+import tempfile
 import time
 import warnings
 import weakref
@@ -37,8 +39,8 @@ from collections.abc import Callable
 
 import torch
 
-from fastvideo.distributed.all_to_all import Splits, nccl_route, validate_input
-from fastvideo.distributed.sp_groups import get_sp_group
+from fastvideo.distributed.all_to_all import nccl_route, validate_input
+from fastvideo.distributed.sp_groups import GroupCoordinator
 from fastvideo.distributed.ulysses import registry
 
 logger = logging.getLogger(__name__)
@@ -48,6 +50,7 @@ _STREAMS: dict[int, torch.cuda.Stream] = {}  # device index -> this process's co
 _PENDING: dict[int, Exchange] = {}  # the exchanges started in this process and not yet waited for
 _WARNED: set[str] = set()  # start sites whose dropped exchange was logged
 _PACKAGE = __name__.rsplit(".", 2)[0]  # frames of this package are skipped when naming where a start was made
+_GENERATED = (os.path.dirname(torch.__file__), "<", tempfile.gettempdir())  # torch's files and generated code
 
 
 class InputModifiedError(RuntimeError):
@@ -112,21 +115,10 @@ def pending(ident: int) -> Exchange:
     return _PENDING[ident]
 
 
-def validate(x: torch.Tensor, mode: int, seq_splits, head_splits, tag: str | None) -> Splits:
-    """A call's one validation: the split tables ``validate_input`` returns for ``x`` on the SP group. Raises for
-    input no route can serve, before any collective; in checked mode (the default under ``auto``) after voting it,
-    so that every peer raises for this same call instead of waiting in it (``fail``)."""
-    sp = get_sp_group()
-    try:
-        return validate_input(x, mode, sp.world_size, sp.rank_in_group, seq_splits, head_splits, tag=tag)
-    except (TypeError, ValueError, RuntimeError) as exc:
-        fail(x, mode, exc)
-
-
-def fail(x: object, mode: int, error: BaseException):
+def fail(sp: GroupCoordinator, x: object, mode: int, error: BaseException):
     """Raise ``error``, a caller error found before any collective; in checked mode first vote it on the agreed
     route's helper (``UlyssesHelper.vote_caller_error``). Collective in checked mode; always raises."""
-    if torch.compiler.is_compiling() or get_sp_group().world_size == 1:
+    if torch.compiler.is_compiling() or sp.world_size == 1:
         raise error
     helper = registry.route()
     if helper is None or not helper.checked:
@@ -134,70 +126,62 @@ def fail(x: object, mode: int, error: BaseException):
     helper.vote_caller_error(mode, torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad, error)
 
 
-def run(x: torch.Tensor, mode: int, grad: bool, outcome: tuple[int, int, int] | None, route_id: int, seq_splits,
-        head_splits, tag: str | None) -> tuple[torch.Tensor, tuple[int, int, int]]:
-    """The call with its wait inlined: ``(output, (helper id, outcome code, SEQ word))``, the last what a backward
-    of it passes as ``outcome``. Collective over the SP group; blocks the host for the vote where there is one;
-    capture-safe (on the caller's stream)."""
-    splits = validate(x, mode, seq_splits, head_splits, tag)
-    helper, out, saved = _decide(x, mode, grad, outcome, route_id, splits, tag)
+Outcome = tuple[int, int, int]  # what a call saves for its backward: (helper id, outcome code, SEQ word)
+
+
+def run(sp: GroupCoordinator, x: torch.Tensor, mode: int, grad: bool, outcome: Outcome | None, route_id: int,
+        seq_splits, head_splits, tag: str | None, in_flight: bool = False,
+        own: bool = False) -> tuple[torch.Tensor | Callable[[], torch.Tensor], Outcome]:
+    """The call: validate, route, the helper's call (propose, vote, decide, execute, record), the NCCL route where
+    every rank declined or no helper votes. Returns ``(output, saved outcome)``, the latter what a backward of it
+    passes as ``outcome``. Collective over ``sp``; blocks the host for the vote where there is one; capture-safe
+    (on the current stream). ``in_flight`` (``start``): on CPU the NCCL route is left running in gloo's threads and
+    the output is its ``finish()``; ``own``: it may not read ``x`` once this returns."""
+    try:
+        splits = validate_input(x, mode, sp.world_size, sp.rank_in_group, seq_splits, head_splits, tag=tag)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        fail(sp, x, mode, exc)
+    backward = outcome is not None
+    helper = registry.route(outcome[0] if backward else route_id, backward)
+    out, saved = None, (0, 0, 0)
+    if helper is not None:
+        out, (code, word) = helper.call(x, mode, grad, outcome[1:] if backward else None, splits=splits, tag=tag)
+        sp, saved = helper.sp, (helper.id, code, word)
     if out is None:
-        out = nccl_route(x, mode, _group(helper), splits=splits)
+        out = nccl_route(x, mode, sp.device_group, splits=splits, async_op=in_flight and not x.is_cuda,
+                         own_input=own)
     return out, saved
 
 
-def _decide(x: torch.Tensor, mode: int, grad: bool, outcome: tuple[int, int, int] | None, route_id: int,
-            splits: Splits, tag: str | None):
-    """(helper or None, the fused output or None, the saved outcome): the route, then the helper's call."""
-    backward = outcome is not None
-    helper = registry.route(outcome[0] if backward else route_id, backward)
-    if helper is None:
-        return None, None, (0, 0, 0)
-    out, (code, word) = helper.call(x, mode, grad, outcome[1:] if backward else None, splits=splits, tag=tag)
-    return helper, out, (helper.id, code, word)
-
-
-def _group(helper) -> torch.distributed.ProcessGroup:
-    """The device group the NCCL route runs over: the helper's SP group's (or, without a helper, the SP group's)."""
-    return (helper.sp if helper is not None else get_sp_group()).device_group
-
-
-def start(x: torch.Tensor, mode: int, grad: bool, outcome: tuple[int, int, int] | None, route_id: int, seq_splits,
-          head_splits, tag: str | None, own: bool = False) -> tuple[Exchange, tuple[int, int, int]]:
-    """The call in flight: ``(exchange, saved outcome)``. Collective; blocks the host only for the vote;
-    capture-safe on CUDA (every start must be waited before the capture ends). ``own``: the exchange may not read
-    ``x`` after this returns (traced callers; the module docstring)."""
-    splits = validate(x, mode, seq_splits, head_splits, tag)
+def start(sp: GroupCoordinator, x: torch.Tensor, mode: int, grad: bool, outcome: Outcome | None, route_id: int,
+          seq_splits, head_splits, tag: str | None, own: bool = False) -> tuple[Exchange, Outcome]:
+    """The call in flight (``run`` on the communication stream): ``(exchange, saved outcome)``. Collective over
+    ``sp``; blocks the host only for the vote; capture-safe on CUDA (every start must be waited before the capture
+    ends). ``own``: the exchange may not read ``x`` after this returns (traced callers; the module docstring)."""
+    source = x
     if x.is_cuda:
         caller = torch.cuda.current_stream(x.device)
-        source = x
         if own:  # every CUDA route reads its input on the communication stream, after this returns
             x = x.clone(memory_format=torch.contiguous_format)  # on the caller's stream: the side stream waits for it
         comm = comm_stream(x.device)
         comm.wait_stream(caller)  # x was written on the caller's stream
-        with torch.cuda.stream(comm):
-            helper, out, saved = _decide(x, mode, grad, outcome, route_id, splits, tag)
-            route = "fused" if out is not None else "nccl"
-            if out is None:  # on the side stream already: NCCL's stream follows it, the host never waits for NCCL
-                out = nccl_route(x, mode, _group(helper),
-                                 splits=splits)
+        with torch.cuda.stream(comm):  # on the side stream: NCCL's stream follows it, the host never waits for NCCL
+            out, saved = run(sp, x, mode, grad, outcome, route_id, seq_splits, head_splits, tag, True, own)
             event = torch.cuda.Event()
             event.record(comm)
         x.record_stream(comm)  # the side stream reads x: its memory is not reused before that is done
-        exchange = Exchange(route, out, event=event)
+        started = Exchange("fused" if saved[1] > 0 else "nccl", out, event=event)
     else:
-        source = x
-        helper, out, saved = _decide(x, mode, grad, outcome, route_id, splits, tag)
-        if out is not None:  # the CPU plan transport has read x when it returns (a test one may land it later)
-            exchange = Exchange("fused", out, marker=helper.transport.completion_marker())
-        else:  # gloo's threads run it; they read x where the send layout is x's own memory
-            exchange = Exchange("nccl-async", None, finish=nccl_route(x, mode, _group(helper), splits=splits,
-                                                                      async_op=True, own_input=own))
+        out, saved = run(sp, x, mode, grad, outcome, route_id, seq_splits, head_splits, tag, True, own)
+        if callable(out):  # gloo's threads run it; they read x where the send layout is x's own memory
+            started = Exchange("nccl-async", None, finish=out)
+        else:  # the CPU plan transport has read x when it returns (a test one may land it later)
+            started = Exchange("fused", out, marker=registry.route(saved[0]).transport.completion_marker())
     if not own and not source.is_inference():
-        exchange.source, exchange.version = source, source._version
-    exchange.where = _caller()
-    _PENDING[exchange.ident] = exchange
-    return exchange, saved
+        started.source, started.version = source, source._version
+    started.where = _caller()
+    _PENDING[started.ident] = started
+    return started, saved
 
 
 def watch_dropped(owner: object, exchange: Exchange) -> None:
@@ -218,8 +202,10 @@ def _dropped(ident: int, where: str) -> None:
 
 
 def _caller() -> str:
-    """``file:line`` of the innermost frame outside this package and torch: where the user started the exchange."""
+    """``file:line`` of the innermost frame outside this package and torch (its modules and the code its compilers
+    generate): where the user started the exchange."""
     frame = sys._getframe(2)
-    while frame is not None and frame.f_globals.get("__name__", "").startswith((_PACKAGE, "torch")):
+    while frame is not None and (frame.f_globals.get("__name__", "").startswith((_PACKAGE, "torch"))
+                                 or frame.f_code.co_filename.startswith(_GENERATED)):
         frame = frame.f_back
     return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?"

@@ -37,7 +37,7 @@ from fastvideo.distributed.ulysses.contract import DeclineReason, Field, PeerCal
 from fastvideo.distributed.ulysses.hot import HotLane
 from fastvideo.distributed.ulysses.planner import PlanConfig, Planner, Proposal, Signature
 from fastvideo.distributed.ulysses.policy import CAPTURE_ENGINES, TUNED_TABLE, Choice, Geometry, TunedRow
-from fastvideo.distributed.ulysses.runtime import HelperDisposedError, Runtime
+from fastvideo.distributed.ulysses.runtime import HelperDisposedError, Runtime, stream_capturing
 from fastvideo.distributed.ulysses.sequence import CallCounter
 from fastvideo.distributed.ulysses.stats import CallRecord, CallStats
 from fastvideo.distributed.ulysses.transport import Transport
@@ -50,26 +50,18 @@ _IDS = itertools.count(1)
 # Read on every call: module constants, not enum attribute lookups.
 _FORWARD_NO_GRAD, _FORWARD_GRAD, _BACKWARD = Phase.FORWARD_NO_GRAD, Phase.FORWARD_GRAD, Phase.BACKWARD
 _PLAN, _SEQ = int(Field.PLAN), int(Field.SEQ)
-# The current stream's capture status in one call (``torch.cuda.is_current_stream_capturing`` wraps it). Asked only
-# for CUDA tensors: a CPU build's placeholder for it is never called; a build without it takes the wrapper.
-_is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
 _LIVE: weakref.WeakValueDictionary[int, UlyssesHelper] = weakref.WeakValueDictionary()
 
 
 def live_helper(helper_id: int) -> UlyssesHelper:
-    """The helper with ``helper_id`` (``UlyssesHelper.id``); HelperDisposedError when it was destroyed."""
+    """The helper with ``helper_id`` (``UlyssesHelper.id``), or HelperDisposedError when it no longer exists (a
+    destroyed or disposed one that still exists raises at its call)."""
     helper = _LIVE.get(helper_id)
     if helper is not None:
-        helper.check_alive()  # a destroyed or disposed helper raises (and counts it)
         return helper
     raise HelperDisposedError(
         f"Ulysses helper #{helper_id} no longer exists. A backward must run before the helper (or the SP groups) "
         "it ran its forward on is rebuilt; a helper's calls must be made while it lives.")
-
-
-def stream_capturing(x: torch.Tensor) -> bool:
-    """Whether this call is being captured into a CUDA graph (its device's current stream is capturing)."""
-    return x.is_cuda and _is_capturing()
 
 
 class UlyssesHelper:
@@ -418,6 +410,11 @@ class UlyssesHelper:
             "capture_detail": self._stats.capture_detail,
         }
 
+    def use_hot_path(self, on: bool) -> str:
+        """Local, rank-local (the hot path makes the Python path's own proposals, votes and verdicts): turn the hot
+        path off, or on where this transport and build can (returns why not, "" when on). For A/B measurements."""
+        return self._hot.switch(on)
+
     def vote_seconds(self, last: int | None = None) -> list[float]:
         """Local: host seconds of the most recent ``last`` votes (all kept, up to 4096), for benchmarks."""
         votes = list(self._stats.vote_s)
@@ -431,5 +428,10 @@ class UlyssesHelper:
         """Release the transport and the vote channel. Collective over the SP group; blocking; not capture-safe;
         a second call is a no-op."""
         self._runtime.destroy()
+
+    def on_destroy(self, hook: Callable[[], None]) -> None:
+        """Local: call ``hook`` when this helper is destroyed (the registry forgets a route it resolved to it)."""
+        if hook not in self._runtime.on_destroy:
+            self._runtime.on_destroy.append(hook)
 
     close = destroy  # upstream FastVideo's name for it

@@ -162,13 +162,15 @@ class HotLane:
     Local to the rank; the helper calls ``run`` (the table's bound C++ method itself, None while no signature is
     held) for a forward autograd does not record, with even splits, not captured."""
 
-    __slots__ = ("_table", "_transport", "_vote", "decline", "generation", "run")
+    __slots__ = ("_table", "_transport", "_vote", "decline", "finish", "generation", "run")
 
     def __init__(self, transport: Any, vote: Any, decline: str, generation: int) -> None:
         self._transport, self._vote, self.generation = transport, vote, generation
         self.decline = decline  # "" while the lane may learn signatures, else why it is off
         self._table: HotPath | None = None
         self.run: Callable[..., Any] | None = None
+        # ``finish(x, hit)``: the transport's end of a call ``run`` launched (the table's ``HotPath.finish``).
+        self.finish: Callable[..., Any] | None = None
 
     @property
     def learns(self) -> bool:
@@ -176,10 +178,6 @@ class HotLane:
 
     def proposal(self, slot: int) -> Any:
         return self._table.proposal(slot)
-
-    def finish(self, x: torch.Tensor, hit: tuple) -> torch.Tensor | None:
-        """The transport's end of a call ``run`` launched (``HotPath.finish``)."""
-        return self._table.finish(x, hit, self._vote)
 
     def learn(self, x: torch.Tensor, proposal: Any) -> None:
         """Local, host-only. After the Python path's own voted launch of a call the lane may take: hold its
@@ -198,10 +196,19 @@ class HotLane:
         except Exception as exc:  # noqa: BLE001 - the Python path still runs every call
             logger.warning("Ulysses hot path off for helper gen%d (%s: %s); calls take the Python path.",
                            self.generation, type(exc).__name__, exc)
-            self._table = self.run = None
+            self._table = self.run = self.finish = None
             self.decline = f"turned off after {type(exc).__name__}: {exc}"
             return
-        self._table, self.run = table, table.run
+        self._table, self.run, self.finish = table, table.run, functools.partial(table.finish, vote=self._vote)
+
+    def switch(self, on: bool) -> str:
+        """Local: let the lane learn signatures again (``on``, where its transport can: returns why not otherwise)
+        or turn it off; either way it starts empty (the Python path decides every call until it learns)."""
+        self.forget()
+        self._table = self.run = self.finish = None
+        self.decline = (self._transport.hot_decline() if self._transport is not None else "no transport") if on \
+            else "turned off"
+        return self.decline
 
     def forget(self) -> None:
         """Local: a replan may change every held signature's proposal; the Python path learns them again."""

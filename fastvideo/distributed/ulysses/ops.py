@@ -68,13 +68,22 @@ WAIT_SCHEMA = ("(Tensor token, Tensor outcome, int mode, SymInt[] shape, ScalarT
 # Inductor's CUDA-graph trees capture around ops with this tag (graph partition) instead of into them: the op
 # runs, votes and may take the fused route on every replay. Absent on an older torch: no tag.
 _TAGS = tuple(t for t in (getattr(torch.Tag, "cudagraph_unsafe", None),) if t is not None)
-_TRACED: dict[int, torch.Tensor] = {}  # fake tokens of starts traced and not yet waited (``_refuse_unwaited``)
+# Fake tokens of the starts dynamo traced and no traced wait took yet, with the graph they belong to.
+_TRACED: dict[int, tuple[object, torch.Tensor]] = {}
 
 
 def _eager(x: torch.Tensor) -> bool:
     """A plain ``torch.Tensor`` outside compilation and every dispatch mode (FakeTensorMode, make_fx,
     functionalization): what the eager shortcut may take without the dispatcher."""
-    return type(x) is torch.Tensor and torch._C._len_torch_dispatch_stack() == 0 and not torch.compiler.is_compiling()
+    return not torch.compiler.is_compiling() and type(x) is torch.Tensor and torch._C._len_torch_dispatch_stack() == 0
+
+
+def _validated(sp, x: torch.Tensor, mode: int, seq_splits, head_splits, tag):
+    """``validate_input`` on the SP group; in checked mode a caller error is voted first (``exchange.fail``)."""
+    try:
+        return validate_input(x, mode, sp.world_size, sp.rank_in_group, seq_splits, head_splits, tag=tag)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        exchange.fail(sp, x, mode, exc)
 
 
 def _saved(saved: tuple[int, int, int]) -> torch.Tensor:
@@ -119,16 +128,18 @@ def call(x: torch.Tensor, mode: int, route_id: int, seq_splits: Sequence[int] | 
     """The Ulysses all-to-all on ``x`` in ``mode`` through route ``route_id`` (0: the agreed route; a helper's
     ``id``): collective; blocks the host for the vote; differentiable. Validated once, in the core (the op body,
     or the eager shortcut's ``exchange.run``); SP size 1 returns ``x`` (or a handle whose ``wait`` does)."""
-    if get_sp_group().world_size == 1:
-        exchange.validate(x, mode, seq_splits, head_splits, tag)  # SP size 1 refuses bad input alike
+    sp = get_sp_group()
+    if sp.world_size == 1:
+        _validated(sp, x, mode, seq_splits, head_splits, tag)  # SP size 1 refuses bad input alike
         return AllToAllHandle(x) if async_op else x
     grad = torch.is_grad_enabled() and x.requires_grad
-    eager = _eager(x)
+    # the eager shortcut's test (``_eager``), inline: the call enters each module once
+    eager = not torch.compiler.is_compiling() and type(x) is torch.Tensor and torch._C._len_torch_dispatch_stack() == 0
     if eager and not grad:
         if async_op:
-            return AllToAllHandle(None, exchange.start(x, mode, False, None, route_id, seq_splits, head_splits,
+            return AllToAllHandle(None, exchange.start(sp, x, mode, False, None, route_id, seq_splits, head_splits,
                                                        tag)[0])
-        return exchange.run(x, mode, False, None, route_id, seq_splits, head_splits, tag)[0]
+        return exchange.run(sp, x, mode, False, None, route_id, seq_splits, head_splits, tag)[0]
     seq = None if seq_splits is None else list(seq_splits)
     heads = None if head_splits is None else list(head_splits)
     if not async_op:
@@ -136,7 +147,6 @@ def call(x: torch.Tensor, mode: int, route_id: int, seq_splits: Sequence[int] | 
                                                          head_splits=heads, tag=tag)[0]
     token, outcome = torch.ops.fastvideo.ulysses_all_to_all_4d_start(
         x, mode, grad, None, route_id, seq_splits=seq, head_splits=heads, tag=tag, own_input=not eager)
-    sp = get_sp_group()  # the start validated the tables (its fake impl, under tracing)
     splits = Splits(None if seq is None else tuple(seq), None if heads is None else tuple(heads))
     shape = list(output_shape(x.shape, mode, sp.world_size, rank=sp.rank_in_group, splits=splits))
     kw = {"seq_splits": seq, "head_splits": heads, "tag": tag}
@@ -166,7 +176,7 @@ def all_to_all_async(x: torch.Tensor, mode: int, helper: UlyssesHelper | None = 
 def _op(x: torch.Tensor, mode: int, grad: bool, outcome: torch.Tensor | None, helper: int, *,
         seq_splits: list[int] | None = None, head_splits: list[int] | None = None,
         tag: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    out, saved = exchange.run(x, mode, grad, _outcome(outcome), helper, seq_splits, head_splits, tag)
+    out, saved = exchange.run(get_sp_group(), x, mode, grad, _outcome(outcome), helper, seq_splits, head_splits, tag)
     return out, _saved(saved)
 
 
@@ -187,7 +197,7 @@ def _op_backward(ctx, grad_out: torch.Tensor, _grad_outcome: torch.Tensor | None
     grad_out = grad_out.contiguous()
     grad = torch.is_grad_enabled() and grad_out.requires_grad
     if not grad and _eager(grad_out):
-        out = exchange.run(grad_out, 1 - ctx.mode, False, _outcome(outcome), 0, ctx.kw["seq_splits"],
+        out = exchange.run(get_sp_group(), grad_out, 1 - ctx.mode, False, _outcome(outcome), 0, ctx.kw["seq_splits"],
                            ctx.kw["head_splits"], ctx.kw["tag"])[0]
     else:
         out = torch.ops.fastvideo.ulysses_all_to_all_4d(grad_out, 1 - ctx.mode, grad, outcome, 0, **ctx.kw)[0]
@@ -204,7 +214,8 @@ _op.register_autograd(_op_backward, setup_context=_op_setup)
 def _start(x: torch.Tensor, mode: int, grad: bool, outcome: torch.Tensor | None, helper: int, *,
            seq_splits: list[int] | None = None, head_splits: list[int] | None = None, tag: str | None = None,
            own_input: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    started, saved = exchange.start(x, mode, grad, _outcome(outcome), helper, seq_splits, head_splits, tag, own_input)
+    started, saved = exchange.start(get_sp_group(), x, mode, grad, _outcome(outcome), helper, seq_splits, head_splits,
+                                    tag, own_input)
     token = torch.tensor([float(started.ident)], dtype=torch.float64)
     exchange.watch_dropped(token, started)
     return token, _saved(saved)
@@ -287,22 +298,30 @@ def _fake_shape(x: torch.Tensor, mode: int, seq_splits, head_splits, tag) -> tup
     if is_fake(x):
         splits = validate_input(x, mode, sp.world_size, sp.rank_in_group, seq_splits, head_splits, tag=tag)
     else:
-        splits = exchange.validate(x, mode, seq_splits, head_splits, tag)
+        splits = _validated(sp, x, mode, seq_splits, head_splits, tag)
     return output_shape(x.shape, mode, sp.world_size, rank=sp.rank_in_group, splits=splits)
 
 
 def _refuse_unwaited(token: torch.Tensor) -> None:
     """A compiled region's start must have its wait in the same region: a start the compiler saw without its wait
-    would run (or be removed) alone on every rank. Dynamo's end-of-compilation callback refuses the region."""
+    would run (or be removed) alone on every rank. Dynamo's trace of the region is checked (the passes after it
+    re-trace the same calls): at the end of the compilation, a start of its graph whose token no wait took refuses
+    the region. Restarted traces count their last graph only."""
     from torch._dynamo.callback import callback_handler
+    from torch._dynamo.symbolic_convert import InstructionTranslator
 
+    tx = getattr(InstructionTranslator, "current_tx", lambda: None)()
+    if tx is None:
+        return
     if _check_waits not in callback_handler.end_callbacks:  # registered at the first traced start, then kept
         callback_handler.register_end_callback(_check_waits)
-    _TRACED[id(token)] = token
+    _TRACED[id(token)] = (tx.output, token)
 
 
 def _check_waits(*_args) -> None:
-    unwaited, _ = len(_TRACED), _TRACED.clear()
+    graphs = [graph for graph, _ in _TRACED.values()]
+    _TRACED.clear()
+    unwaited = sum(graph is graphs[-1] for graph in graphs) if graphs else 0
     if unwaited:
         raise RuntimeError(
             f"Ulysses all-to-all: {unwaited} exchange(s) started with async_op=True in this compiled region have no "

@@ -36,15 +36,15 @@ _checked_off: UlyssesHelper | None = None
 
 def route(route_id: int = 0, backward: bool = False) -> UlyssesHelper | None:
     """The helper a call votes through, or None for the NCCL route over the SP group without a vote: ``route_id``
-    > 0 is that live helper (``HelperDisposedError`` once it is gone); 0 is the agreed route for a forward
-    (collective the first time and after its helper was destroyed: it may build one, then a lookup) and no helper
-    for a backward (its forward ran without one)."""
+    > 0 is that helper (``HelperDisposedError`` once it is gone); 0 is the agreed route for a forward (collective
+    the first time and after its helper was destroyed: it may build one, then a lookup) and no helper for a
+    backward (its forward ran without one)."""
     if route_id:
         return live_helper(route_id)
     if backward:
         return None
     helper = _agreed
-    if helper is _UNRESOLVED or (helper is not None and not helper.alive):
+    if helper is _UNRESOLVED:  # a destroyed route's helper resets it (``on_destroy``)
         helper = _resolve()
     return helper
 
@@ -88,6 +88,8 @@ def _resolve() -> UlyssesHelper | None:
         helper = get_checked_off_helper()
     else:
         helper = None
+    if helper is not None:
+        helper.on_destroy(reset)
     _agreed = helper
     return helper
 
@@ -137,10 +139,12 @@ def install_default_helper(helper: UlyssesHelper | None) -> None:
 
 def use_route(helper: UlyssesHelper | None) -> None:
     """Make ``helper`` (None: the NCCL route without a vote) the agreed route of this process until the next
-    resolution (``reset``, a re-agreement, the SP groups' teardown). Local; call it on every rank (tests and
-    benchmarks drive one helper through the public op with it)."""
+    resolution (``reset``, the helper's destroy, a re-agreement, the SP groups' teardown). Local; call it on every
+    rank (tests and benchmarks drive one helper through the public op with it)."""
     global _agreed
     _agreed = helper
+    if helper is not None:
+        helper.on_destroy(reset)
 
 
 def destroy_default_helper() -> None:

@@ -23,6 +23,15 @@ from fastvideo.distributed.ulysses.transport import Transport, VoteNotStarted
 from fastvideo.distributed.ulysses.vote import GlooVote, ShmVote, VoteError
 from fastvideo.distributed.ulysses.watchdog import FusedCallWatchdog, InFlight
 
+# The current stream's capture status in one call (``torch.cuda.is_current_stream_capturing`` wraps it). Asked only
+# for CUDA tensors: a CPU build's placeholder for it is never called; a build without it takes the wrapper.
+_is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
+
+
+def stream_capturing(x: torch.Tensor) -> bool:
+    """Whether this call is being captured into a CUDA graph (its device's current stream is capturing)."""
+    return x.is_cuda and _is_capturing()
+
 
 class HelperDisposedError(RuntimeError):
     """The helper was destroyed, or disposed itself after a failed vote; build a new one."""
@@ -41,6 +50,7 @@ class Runtime:
         self._stats = stats
         self._new_watchdog = watchdog
         self._watchdog: FusedCallWatchdog | None = None  # built at the first launch that leaves work in flight
+        self.on_destroy: list[Callable[[], None]] = []  # told when ``destroy`` ran
 
     def constructed(self, built: bool, call_vote: GlooVote | ShmVote) -> None:
         """Local: construction's agreed outcome (whether the transport was built on every rank) and the per-call
@@ -158,3 +168,5 @@ class Runtime:
         if self.call_vote is not self.vote:
             self.call_vote.destroy()
         self.vote.destroy()
+        for hook in self.on_destroy:
+            hook()
