@@ -2,13 +2,13 @@
 
 ``docs/architecture.md`` lists the modules one eager fused call passes through, in order, none entered twice (a
 module is entered twice when the call leaves it for another module and comes back into it, or enters it again
-after leaving): the public function, the op layer, the SP group, the core, the layouts' validation, the route, the
-helper, its call number, its runtime, the transport. Two gloo ranks run the public function on a helper whose transport is the native one driving
-the stand-in library of ``tests/kernel/test_native_dispatch.py`` (the voted form, over the real shared-memory
-vote), and a profile hook records every Python function of ``fastvideo/`` entered from the call's start to the
-library call. The checks read that record: the modules entered, in order, each once; the chain of modules on the
-stack at the last Python call before the library's (public function, op, core, helper, runtime, transport). A negative control feeds the checker a
-record in which a module is entered twice.
+after leaving): the public function, the op layer, the SP group, the core, the layouts' validation, the route,
+the helper, its call number, its runtime, the transport. Two gloo ranks run the public function on a helper
+whose transport is the native one driving the stand-in library of ``tests/kernel/test_native_dispatch.py`` (the
+voted form, over the real shared-memory vote), and a profile hook records every Python function of
+``fastvideo/`` entered from the call's start to the library call. The checks read that record: the modules
+entered, in order, each once; the chain of modules on the stack at the last Python call before the library's.
+A negative control feeds the checker a record in which a module is entered twice.
 """
 
 from __future__ import annotations
