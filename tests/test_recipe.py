@@ -112,8 +112,9 @@ def test_the_main_job_resumes_from_its_middle_checkpoint(wan):
 
 
 def _compare(module: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", f"fastvideo.sp_recipes.{module}", "compare", *args], cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "examples")])}  # sp_recipes: examples/
+    return subprocess.run([sys.executable, "-m", f"sp_recipes.{module}", "compare", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
 
 
 def _tampered(path: pathlib.Path, to: pathlib.Path) -> pathlib.Path:

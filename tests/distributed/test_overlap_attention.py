@@ -231,8 +231,8 @@ def _train_losses(rank, p, runs):
     import torch.distributed as dist
 
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D
-    from fastvideo.sp_recipes.data import SyntheticVideoLatents
-    from fastvideo.sp_recipes.video_dit import CONFIGS, VideoDiT, flow_matching_loss
+    from sp_recipes.data import SyntheticVideoLatents
+    from sp_recipes.video_dit import CONFIGS, VideoDiT, flow_matching_loss
 
     tags = set()
 

@@ -42,7 +42,7 @@ middle=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["checkpo
 echo "recipe: resuming the auto run from $middle" >&2
 FASTVIDEO_ULYSSES_A2A=auto bash "$HERE/train.sh" --out-dir "$out/auto_resumed" --resume "$middle" "$@"
 status=0
-(cd "${FASTVIDEO_OVERLAY_PYTHONPATH%%:*}" && PYTHONPATH="$FASTVIDEO_OVERLAY_PYTHONPATH" "$PY" -m fastvideo.sp_recipes.train_wan compare "$out/off/run.json" \
+(cd "${FASTVIDEO_OVERLAY_PYTHONPATH%%:*}" && PYTHONPATH="$FASTVIDEO_OVERLAY_PYTHONPATH:$ROOT/examples" "$PY" -m sp_recipes.train_wan compare "$out/off/run.json" \
   "$out/auto/run.json" --resumed "$out/auto_resumed/run.json" --plot "$out/loss_and_step_time.png" \
   --table "$out/closing_table.txt") || status=$?
 echo "recipe: done in $((SECONDS - start)) s (overlay set-up ${setup} s); runs under $out"

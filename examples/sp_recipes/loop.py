@@ -27,11 +27,11 @@ import torch
 import torch.distributed as dist
 
 from fastvideo.distributed import parallel_state as ps
-from fastvideo.sp_recipes.checkpoint import load_checkpoint, save_checkpoint
-from fastvideo.sp_recipes.fsdp import shard_dit, world_mesh
-from fastvideo.sp_recipes.progress import ProgressBar
-from fastvideo.sp_recipes.report import step_route_text
-from fastvideo.sp_recipes.route_probe import RouteProbe
+from sp_recipes.checkpoint import load_checkpoint, save_checkpoint
+from sp_recipes.fsdp import shard_dit, world_mesh
+from sp_recipes.progress import ProgressBar
+from sp_recipes.report import step_route_text
+from sp_recipes.route_probe import RouteProbe
 
 __all__ = ["init_groups", "prepare_training", "run_record", "train_steps", "write_run"]
 

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fastvideo.sp_recipes.report import closing_table, write_plot
+from sp_recipes.report import closing_table, write_plot
 
 __all__ = ["compare", "load_run", "parser_for"]
 

@@ -3,7 +3,7 @@
     lines, ok = closing_table(runs, resumed=resumed_run, warmup=1)
     note = write_plot(runs + [resumed_run], path, warmup=1)
 
-A run record (written by ``fastvideo/sp_recipes/loop.py``) names its switch (``FASTVIDEO_ULYSSES_A2A``), the
+A run record (written by ``examples/sp_recipes/loop.py``) names its switch (``FASTVIDEO_ULYSSES_A2A``), the
 process-group backend, and per step the loss, the step time and the route its all-to-alls took, as the Ulysses
 helper recorded it (``route_probe.py``). What the output says, and why:
 

@@ -1,10 +1,12 @@
-"""The benchmark training recipe: this package's own video DiT (``fastvideo/sp_recipes/video_dit.py``) trained with
+"""The benchmark training recipe: this repository's own video DiT (``examples/sp_recipes/video_dit.py``) trained with
 sequence parallelism under FSDP2 on synthetic video latents, and the comparison of the two all-to-all routes. It
 needs no upstream FastVideo, so it serves the offline GPU hosts' benchmarks; the main job trains upstream's Wan DiT
 (``train_wan.py``).
 
-    torchrun --standalone --nproc_per_node=N -m fastvideo.sp_recipes.train_video_dit train --out-dir D [options]
-    python -m fastvideo.sp_recipes.train_video_dit compare OFF/run.json AUTO/run.json [--resumed R/run.json]
+    torchrun --standalone --nproc_per_node=N -m sp_recipes.train_video_dit train --out-dir D [options]
+    python -m sp_recipes.train_video_dit compare OFF/run.json AUTO/run.json [--resumed R/run.json]
+
+with ``examples/`` on ``PYTHONPATH`` (the recipe scripts put it there).
 
 ``examples/training/video_dit/`` holds the recipe scripts (they export ``FASTVIDEO_ULYSSES_A2A`` and
 ``FASTVIDEO_ULYSSES_A2A_LONG_TRAINING`` and launch this; ``compare_routes.sh`` runs the whole recipe).
@@ -34,10 +36,10 @@ import torch
 from fastvideo.attention.dense import attention_backend
 from fastvideo.distributed import parallel_state as ps
 from fastvideo.distributed.communication_op import warmup_sequence_parallel_communication
-from fastvideo.sp_recipes.data import SyntheticVideoLatents
-from fastvideo.sp_recipes.loop import init_groups, prepare_training, run_record, train_steps, write_run
-from fastvideo.sp_recipes.recipe_cli import compare, parser_for
-from fastvideo.sp_recipes.video_dit import CONFIGS, VideoDiT, VideoDiTConfig, flow_matching_loss
+from sp_recipes.data import SyntheticVideoLatents
+from sp_recipes.loop import init_groups, prepare_training, run_record, train_steps, write_run
+from sp_recipes.recipe_cli import compare, parser_for
+from sp_recipes.video_dit import CONFIGS, VideoDiT, VideoDiTConfig, flow_matching_loss
 
 # Per device: the config, steps and batch a run takes unless told (tiny: 2 CPU ranks in seconds).
 DEFAULTS = {"cpu": ("tiny", 30, 2), "cuda": ("small", 50, 1)}

@@ -1,14 +1,16 @@
 """The main job: upstream FastVideo's own Wan DiT (``WanTransformer3DModel``) trained with sequence parallelism on
 this package's Ulysses all-to-all, and the closing table of its runs.
 
-    torchrun --standalone --nproc_per_node=N -m fastvideo.sp_recipes.train_wan train --out-dir D [options]
-    python -m fastvideo.sp_recipes.train_wan compare OFF/run.json AUTO/run.json [--resumed R/run.json] [--plot P]
+    torchrun --standalone --nproc_per_node=N -m sp_recipes.train_wan train --out-dir D [options]
+    python -m sp_recipes.train_wan compare OFF/run.json AUTO/run.json [--resumed R/run.json] [--plot P]
+
+with ``examples/`` on ``PYTHONPATH`` after the overlay's (``examples/training/wan/train.sh`` puts it there).
 
 ``train`` runs inside the overlay (upstream ``fastvideo==0.2.1`` unpacked, this package's ``fastvideo/`` copied
 over it): the model, its config class, the forward context and the attention layer are upstream's, imported
 from the overlay; every all-to-all of its ``DistributedAttention`` goes through this package's public op. The
 model is a tiny embedded config with random weights (``TINY``); the data are synthetic latent clips and caption
-embeddings (``fastvideo/sp_recipes/data.py``), the loss flow matching (velocity ``noise - x0`` at a uniform
+embeddings (``examples/sp_recipes/data.py``), the loss flow matching (velocity ``noise - x0`` at a uniform
 ``t``, timestep ``1000 t``). One rank per GPU over NCCL (bf16 compute, fp32 master weights), or over gloo on
 the CPU (fp32). FSDP2 shards every block and the root over the world (``fsdp.py``); its reduce-scatter
 averages the SP ranks' gradients, upstream's convention for SP training. Checkpoints are safetensors
@@ -34,7 +36,7 @@ from typing import Any
 
 import torch
 
-from fastvideo.sp_recipes.data import LatentGeometry, SyntheticVideoLatents
+from sp_recipes.data import LatentGeometry, SyntheticVideoLatents
 
 # The tiny Wan config (upstream's WanVideoArchConfig fields): 2 blocks, 4 heads of 16, patch (1, 2, 2).
 TINY: dict[str, Any] = {"num_attention_heads": 4, "attention_head_dim": 16, "in_channels": 4, "out_channels": 4,
@@ -44,7 +46,7 @@ TINY: dict[str, Any] = {"num_attention_heads": 4, "attention_head_dim": 16, "in_
 # pads it (upstream's sequence_model_parallel_shard pads, and the gather unpads).
 CLIP = {"frames": 4, "height": 10, "width": 12}
 DEFAULTS = {"cpu": (30, 2), "cuda": (50, 2)}  # steps, clips per DP rank and step
-OVERLAY_HELP = ("fastvideo.sp_recipes.train_wan needs upstream FastVideo 0.2.1 under this package (the overlay): "
+OVERLAY_HELP = ("sp_recipes.train_wan needs upstream FastVideo 0.2.1 under this package (the overlay): "
                 "run `bash scripts/run_demo.sh`, which builds it and launches this inside it")
 
 
@@ -107,7 +109,7 @@ def geometry() -> LatentGeometry:
 
 def train(args: argparse.Namespace) -> int:
     from fastvideo.distributed import parallel_state as ps
-    from fastvideo.sp_recipes.loop import init_groups, prepare_training, run_record, train_steps, write_run
+    from sp_recipes.loop import init_groups, prepare_training, run_record, train_steps, write_run
 
     up = _upstream()
     device = init_groups(args.device, args.sp)
@@ -157,7 +159,7 @@ def _attention_layer(model: torch.nn.Module) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fastvideo.sp_recipes.recipe_cli import compare, parser_for
+    from sp_recipes.recipe_cli import compare, parser_for
 
     parser, _ = parser_for(__doc__.split("\n")[0], defaults="30 steps on CPU, 50 on CUDA",
                         batch_default="2 clips per DP rank")

@@ -1,8 +1,8 @@
 """The SP attention block check: a sequence-parallel DiT attention block, forward and backward, against its reference.
 
 Launched by ``scripts/run_sp_attention_check.sh`` (the correctness command beside the README's main job) as
-``torchrun --standalone --nproc_per_node=N -m fastvideo.sp_recipes.sp_attention_demo``. With 2+
-GPUs it runs over NCCL (bf16), otherwise over gloo on CPU (float32) on an embedded default
+``torchrun --standalone --nproc_per_node=N -m sp_recipes.sp_attention_demo`` (``examples/`` on ``PYTHONPATH``).
+With 2+ GPUs it runs over NCCL (bf16), otherwise over gloo on CPU (float32) on an embedded default
 geometry. For each route (``FASTVIDEO_ULYSSES_A2A=off`` and ``auto``) every rank runs the SP block
 on its shard: ``--warmup`` untimed iterations first (under ``auto`` the first one builds the Ulysses
 helper, collectively), then ``--iters`` timed ones. An iteration is one forward + backward of the
@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from fastvideo.attention.dense import attention_backend
 from fastvideo.distributed import parallel_state
-from fastvideo.sp_recipes.attention_block import SPSelfAttention
+from sp_recipes.attention_block import SPSelfAttention
 
 # Embedded default geometry: small enough for 2 CPU ranks in seconds, every dim divisible by 2..8.
 DEFAULTS = {"batch": 2, "seq": 1680, "hidden": 256, "heads": 8}
