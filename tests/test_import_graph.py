@@ -56,7 +56,7 @@ def import_graph(root: Path, package: str) -> dict[str, set[str]]:
 
 
 def graph_of(files: dict[str, Path]) -> dict[str, set[str]]:
-    """``module -> modules of ``files`` it imports``, for every module of ``files`` (``module -> path``)."""
+    """For every module of ``files`` (``module -> path``), the modules of ``files`` it imports."""
     graph: dict[str, set[str]] = {}
     for module, path in files.items():
         edges: set[str] = set()
@@ -182,14 +182,15 @@ def recipe_references(files: dict[str, Path]) -> list[str]:
 
 def test_the_package_never_imports_the_recipes():
     """One way: the recipes import the package (which the wheel ships alone), nothing in ``fastvideo/`` imports
-    them. Negative control: a module reaching them by a function-local import, the old in-package name, or
-    importlib is flagged; one importing the package alone is not."""
+    them (by any import statement, or by name through importlib). The negative control is the next test."""
     assert recipe_references(PACKAGE) == []
     assert not any(edge in RECIPES for m in PACKAGE for edge in GRAPH[m])
     assert any(edge in PACKAGE for m in RECIPES for edge in GRAPH[m])  # the recipes do import the package
 
 
 def test_the_recipe_reference_check_flags_each_spelling(tmp_path):
+    """A function-local import, a name under ``fastvideo.`` and an importlib call are flagged; a module that
+    imports the package alone and names the recipes in prose is not."""
     sources = {"local": "def f():\n    from sp_recipes.loop import train_steps\n",
                "old": "import fastvideo.sp_recipes.video_dit\n",
                "dynamic": "import importlib\nimportlib.import_module('sp_recipes.report')\n",
