@@ -12,10 +12,9 @@ all-gather follow the same table: no head padding (upstream slices the replicate
 which is wrong there). The all-to-alls are the public op, so ``FASTVIDEO_ULYSSES_A2A=auto`` takes the fused route
 underneath.
 
-Pipelined (``overlap_chunks``, docs/overlap.md), the heads are cut into N groups and each group runs the same steps
-as a Ulysses attention of its own, in ``overlap_plan.schedule(N)``'s order: group g+1's q/k/v exchange and group
-g-1's output exchange in flight (``async_op=True``) under group g's attention. Attention does not mix heads, so the
-result is the unpipelined one. The replicated tokens' outputs of all groups take one all-gather.
+Pipelined (``overlap_chunks``; docs/overlap.md), the same steps run per head group in ``overlap_plan.schedule``'s
+order, each group's exchanges in flight (``async_op=True``) under its neighbours' attention; attention does not mix
+heads, so the result is the unpipelined one.
 
 What attends is chosen once, at construction (``attention_source``):
 
@@ -33,8 +32,8 @@ What attends is chosen once, at construction (``attention_source``):
 traces whole under ``torch.compile(fullgraph=True)`` (the all-to-all is one opaque ``torch.library`` op, the
 all-gather torch's functional collective).
 
-The forward is built from steps an extension can reuse (``_layout``, ``_exchange``, ``_attend_heads``, ``_run``):
-the split of the call, an exchange, the attention on this rank's heads of one call or head group, the schedule.
+The forward's steps, for an extension to reuse: ``_layout``, ``_exchange``, ``_attend_heads`` (this rank's heads of
+the call or of one head group), ``_run_groups`` (the groups' steps in the schedule's order).
 """
 
 from __future__ import annotations
@@ -224,7 +223,7 @@ class DistributedAttention(_Attention):
         replicated = self._check(q, k, v, replicated_q, replicated_k, replicated_v)
         layout = self._layout(q, original_seq_len, seq_splits)
         rep = torch.cat([replicated_q, replicated_k, replicated_v], dim=0) if replicated else None
-        return self._run([q, k, v], layout, freqs_cis, rep, self.overlap_groups())
+        return self._run_groups([q, k, v], layout, freqs_cis, rep, self.overlap_groups())
 
     # -- the steps of a forward: an extension composes these ---------------------------------------------------
 
@@ -244,27 +243,26 @@ class DistributedAttention(_Attention):
         # Heads the SP size does not divide are split as evenly as they go.
         return CallLayout(p, rank, balanced_splits(self.num_heads, p), splits, seq, full)
 
-    def _run(self, stack: list[torch.Tensor], layout: CallLayout, freqs_cis: tuple[torch.Tensor, torch.Tensor] | None,
-             replicated: torch.Tensor | None, chunks: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _run_groups(self, stack: list[torch.Tensor], layout: CallLayout,
+                    freqs_cis: tuple[torch.Tensor, torch.Tensor] | None, replicated: torch.Tensor | None,
+                    chunks: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The exchanges and attention of one forward, collective: ``stack`` (``[B, S/P, H, D]`` each, q and k
         first) packed and exchanged per head group of ``chunks`` (one: synchronous exchanges), each group attended
         (``_attend_heads``) and exchanged back, in ``schedule``'s order; ``replicated`` the packed replicated
         tokens ``[3B, T, H, D]`` or None. Returns ``forward``'s ``(out, replicated_out)``."""
         b, meta, groups = stack[0].shape[0], self._metadata(), layout.groups(chunks)
-        flight = {"async_op": True} if len(groups) > 1 else {}  # an override without async_op serves the rest
-        pending: dict[tuple[str, int], Any] = {}
-        landed: dict[tuple[str, int], torch.Tensor] = {}
-        attended: dict[int, torch.Tensor] = {}
-        replicated_outs = []
-        for step in schedule(len(groups)):
-            key, part = (step.role, step.group), groups[step.group]
+        # One group's exchanges are synchronous: no async_op keyword (an override that takes none serves them).
+        in_flight = {"async_op": True} if len(groups) > 1 else {}
+        pending, landed, attended, replicated_outs = {}, {}, {}, []
+        for step in schedule(len(groups)):  # the join, the last step, follows the loop
+            key, call = (step.role, step.group), groups[step.group]
             if step.kind == "start":
-                x = torch.cat([t[:, :, part.span()] for t in stack]) if step.role == "qkv" else attended.pop(step.group)
-                pending[key] = self._exchange(x, step.role, part, **flight)
+                x = torch.cat([t[:, :, call.span()] for t in stack]) if step.role == "qkv" else attended.pop(step.group)
+                pending[key] = self._exchange(x, step.role, call, **in_flight)
             elif step.kind == "wait":
-                landed[key] = pending.pop(key).wait() if flight else pending.pop(key)
+                landed[key] = pending.pop(key).wait() if in_flight else pending.pop(key)
             elif step.kind == "attend":
-                attended[step.group], rep_out = self._attend_heads(landed.pop(("qkv", step.group)), b, part,
+                attended[step.group], rep_out = self._attend_heads(landed.pop(("qkv", step.group)), b, call,
                                                                    freqs_cis, meta, replicated)
                 replicated_outs.append(rep_out)
         out = _cat_heads([landed.pop(("out", g)) for g in range(len(groups))])
@@ -273,7 +271,7 @@ class DistributedAttention(_Attention):
         # Every rank's heads of every group's replicated tokens in one all-gather, then in the layer's head order.
         splits, order = gather_plan(groups)
         rep_out = sequence_model_parallel_all_gather(_cat_heads(replicated_outs).contiguous(), dim=2, splits=splits)
-        return out, rep_out if order is None else rep_out.index_select(2, torch.tensor(order, device=out.device))
+        return out, rep_out if order is None else rep_out.index_select(2, torch.tensor(order, device=rep_out.device))
 
     def _exchange(self, x: torch.Tensor, role: str, layout: CallLayout, **kwargs: Any) -> Any:
         """One all-to-all of a call through ``all_to_all``, collective: ``"qkv"`` ``[nB, S/P, H, D]`` -> ``[nB, S,
@@ -395,7 +393,7 @@ class DistributedAttention_VSA(DistributedAttention):
                              f"{tuple(gate_compress.shape)}.")
         layout = self._layout(q, original_seq_len, None)
         stack = [q, k, v] if gate_compress is None else [q, k, v, gate_compress]
-        return self._run(stack, layout, freqs_cis, None, 1)[0], None
+        return self._run_groups(stack, layout, freqs_cis, None, 1)[0], None
 
     def _attend_local(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor | None = None,
                       *, meta: Any) -> torch.Tensor:

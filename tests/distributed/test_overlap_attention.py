@@ -1,5 +1,5 @@
 """``DistributedAttention(overlap_chunks=N)``: heads in N groups, each group's exchanges in flight under its
-neighbours' attention (``DistributedAttention._run``, planned by ``fastvideo/distributed/ulysses/overlap_plan.py``).
+neighbours' attention (``DistributedAttention._run_groups``, planned in ``distributed/ulysses/overlap_plan.py``).
 
 * The stream-schedule model: for each consumer, the event it waits on; one wait dropped is flagged.
 * Over gloo at P = 2, 3, 4: the pipelined layer's forward and backward against the unpipelined one, with uneven

@@ -6,7 +6,8 @@ attention of its own over the SP group (its heads split over the ranks as evenly
 per group are normal). ``schedule(N)`` orders the work: group g+1's packed q/k/v exchange is started before group
 g's attention, and group g's output exchange is started right after it, so while the compute stream runs group g's
 attention the communication stream moves group g+1's inputs and group g-1's output. ``schedule(1)`` is the
-unpipelined forward's order: one exchange in, the attention, one exchange back.
+unpipelined forward's order: one exchange in, the attention, one exchange back. ``CallLayout`` is one call's split
+(the layer's, or a head group's): the layer runs on it, ``describe_plan`` describes it.
 
 ``schedule_model`` is a host-side model of the two streams (vector clocks): for every consumer, which event it
 waits on and whether the data it reads has landed. The tests check the layer's own schedule with it.
