@@ -137,7 +137,8 @@ GRAPH = graph_of(PACKAGE | RECIPES)  # one graph, so the edges between the two c
 U = "fastvideo.distributed.ulysses"
 # The routes and the pure pieces below the helper, and what they must never reach.
 BELOW_HELPER = [f"{U}.{m}" for m in ("layout", "nccl", "transport", "native", "vote", "contract", "policy",
-                                     "watchdog", "planner", "stats", "mismatch", "lifecycle", "nccl_runtime")]
+                                     "watchdog", "planner", "stats", "mismatch", "lifecycle", "nccl_runtime",
+                                     "overlap_plan", "explain")]
 ABOVE = {f"{U}.helper", f"{U}.ops", f"{U}.registry", f"{U}.construction", "fastvideo.distributed.communication_op",
          "fastvideo.distributed.parallel_state", "fastvideo.distributed.sp_groups",
          "sp_recipes.attention_block", "sp_recipes.sp_attention_demo", "fastvideo.attention.layer",

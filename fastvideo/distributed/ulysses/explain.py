@@ -11,6 +11,8 @@ import argparse
 
 import torch
 
+from fastvideo.distributed.ulysses.layout import validate_input
+from fastvideo.distributed.ulysses.overlap_plan import describe_plan
 from fastvideo.distributed.ulysses.policy import (
     ENGINE_CE,
     ENGINE_SM,
@@ -91,8 +93,6 @@ def default_gpu() -> tuple[str, str]:
 
 def explain_rows(args: argparse.Namespace) -> tuple[int, list[tuple[str, str]]]:
     """``explain``'s output as ``(label, text)`` rows, and its exit status (2: no route can serve the input)."""
-    from fastvideo.distributed.communication_op import validate_input
-
     rows: list[tuple[str, str]] = []
     mode, p = args.mode, args.world_size
     dtype = DTYPES[args.dtype]
@@ -153,9 +153,7 @@ def explain(args: argparse.Namespace) -> int:
     rc, rows = explain_rows(args)
     for label, text in rows:
         print(f"{label:10s} {text}")
-    if rc == 0 and getattr(args, "overlap", 0) > 1:  # a DistributedAttention's head groups (fastvideo/attention)
-        from fastvideo.attention.overlap import describe_plan
-
+    if rc == 0 and getattr(args, "overlap", 0) > 1:  # a DistributedAttention's head groups (overlap_plan)
         rc, lines = describe_plan(args, args.world_size, DTYPES[args.dtype])
         print("\n".join(lines))
     return rc

@@ -1,18 +1,13 @@
-"""``DistributedAttention`` with its exchanges hidden under its attention: heads in N groups, pipelined.
+"""The plan of ``DistributedAttention(overlap_chunks=N)``'s pipeline: head groups, the issue order, and a
+host-side model of the two streams that checks it. Pure: no process group, no GPU (``explain --overlap`` reads it).
 
-The layer's heads are cut into N contiguous groups (``head_groups``: as even as they go); each group is a
-Ulysses attention of its own over the SP group (its heads split over the ranks as evenly as they go, so uneven
-head splits per group are normal). ``schedule(N)`` orders the work: group g+1's packed q/k/v exchange is started
-before group g's attention, and group g's output exchange is started right after it, so while the compute stream
-runs group g's attention the communication stream moves group g+1's inputs and group g-1's output. Exchanges
-are ``sequence_model_parallel_all_to_all_4D(..., async_op=True)`` (``ulysses/async_ops.py``): started on the
-communication stream, waited on the compute stream just before their consumer. The backward mirrors it through
-autograd (each wait's backward starts the reverse exchange, each start's backward waits for it).
-
-Per-head attention does not mix heads, so the result is the unpipelined layer's (exactly where the attention
-kernel's per-head arithmetic does not depend on how many heads a call carries). The replicated (text) tokens
-are attended per group with this rank's heads of that group; their outputs are gathered over the SP group in
-one all-gather and put back into head order.
+The layer's heads are cut into N contiguous groups (``head_groups``: as even as they go); each group is a Ulysses
+attention of its own over the SP group (its heads split over the ranks as evenly as they go, so uneven head splits
+per group are normal). ``schedule(N)`` orders the work: group g+1's packed q/k/v exchange is started before group
+g's attention, and group g's output exchange is started right after it, so while the compute stream runs group g's
+attention the communication stream moves group g+1's inputs and group g-1's output. ``schedule(1)`` is the
+unpipelined forward's order: one exchange in, the attention, one exchange back. ``CallLayout`` is one call's split
+(the layer's, or a head group's): the layer runs on it, ``describe_plan`` describes it.
 
 ``schedule_model`` is a host-side model of the two streams (vector clocks): for every consumer, which event it
 waits on and whether the data it reads has landed. The tests check the layer's own schedule with it.
@@ -20,16 +15,16 @@ waits on and whether the data it reads has landed. The tests check the layer's o
 
 from __future__ import annotations
 
-import itertools
+import argparse
 from collections.abc import Sequence
-from typing import NamedTuple
+from dataclasses import dataclass, replace
+from itertools import accumulate
+from typing import Any, NamedTuple
 
 import torch
-import torch.nn.functional as F
 
-from fastvideo.distributed.communication_op import sequence_model_parallel_all_gather
-from fastvideo.distributed.parallel_state import get_sp_group, get_sp_parallel_rank, get_sp_world_size
-from fastvideo.distributed.ulysses.layout import balanced_splits, shares
+from fastvideo.distributed.ulysses.layout import balanced_splits
+from fastvideo.distributed.ulysses.policy import ENGINE_CE, Geometry, choose_plan
 
 SETTING = "FASTVIDEO_ULYSSES_A2A_OVERLAP"
 
@@ -59,6 +54,54 @@ def check_chunks(num_heads: int, chunks: int | None) -> int | None:
                          f"({num_heads}): the number of head groups to pipeline (0 or 1: off; None: the agreed "
                          f"{SETTING}).")
     return chunks
+
+
+@dataclass(frozen=True)
+class CallLayout:
+    """One attention call's split of the sequence and heads over the SP group (the same on every rank): a layer's
+    heads, or one head group's. Pure."""
+
+    world: int
+    rank: int
+    heads: tuple[int, ...]  # every rank's heads of the call after the first exchange
+    seq_splits: tuple[int, ...] | None  # every rank's rows, where uneven
+    seq: int  # the unpadded sequence length
+    full: int  # the sequence length the exchange gathers (padded to a multiple of the SP size, or the splits' sum)
+    first: int = 0  # the call's first head in the layer
+    group: int | None = None  # the head group of a pipelined forward
+
+    @property
+    def uneven(self) -> dict[str, Any]:
+        """The public op's ``seq_splits`` / ``head_splits``, only where uneven (an even call passes neither, so an
+        ``all_to_all`` override that takes neither serves it)."""
+        kw: dict[str, Any] = {} if self.seq_splits is None else {"seq_splits": self.seq_splits}
+        return {**kw, "head_splits": self.heads} if len(set(self.heads)) > 1 else kw
+
+    def span(self, rank: int | None = None) -> slice:
+        """The layer's heads of the call (``rank`` None), or of ``rank``'s share of them."""
+        if rank is None:
+            return slice(self.first, self.first + sum(self.heads))
+        start = self.first + sum(self.heads[:rank])
+        return slice(start, start + self.heads[rank])
+
+    def groups(self, chunks: int) -> list[CallLayout]:
+        """The layouts of ``chunks`` head groups of the call (``head_groups``; itself where ``chunks`` <= 1)."""
+        if chunks <= 1:
+            return [self]
+        sizes = head_groups(sum(self.heads), chunks)
+        return [replace(self, heads=balanced_splits(n, self.world), first=self.first + at, group=g)
+                for g, (n, at) in enumerate(zip(sizes, accumulate(sizes, initial=0)))]
+
+
+def gather_plan(groups: Sequence[CallLayout]) -> tuple[list[int] | None, list[int] | None]:
+    """How the replicated tokens' outputs of ``groups`` (each rank's heads of every group side by side) are
+    all-gathered over the heads: every rank's heads (None: even), and the gathered position of each of the layer's
+    heads (None: already in order, one group). Pure."""
+    per_rank = [sum(g.heads[r] for g in groups) for r in range(groups[0].world)]
+    blocks = [g.span(r) for r in range(groups[0].world) for g in groups]  # the gathered heads, in order
+    heads = [h for block in blocks for h in range(block.start, block.stop)]
+    order = sorted(range(len(heads)), key=heads.__getitem__) if len(groups) > 1 else None
+    return (None if len(set(per_rank)) == 1 else per_rank), order
 
 
 def schedule(chunks: int) -> tuple[Step, ...]:
@@ -142,19 +185,15 @@ def group_calls(shape: Sequence[int], world_size: int, chunks: int) -> list[tupl
     D]`` on every rank (even shards): ``(qkv input shape, out input shape on rank 0, head_splits or None when even)``.
     Pure (``explain``)."""
     b, s, h, d = shape
-    calls = []
-    for hg in head_groups(h, chunks):
-        heads = _group_heads(hg, world_size)
-        calls.append(((b, s, hg, d), (b // 3, s * world_size, heads[0], d), None if hg % world_size == 0 else heads))
-    return calls
+    layer = CallLayout(world_size, 0, balanced_splits(h, world_size), None, s * world_size, s * world_size)
+    return [((b, s, sum(g.heads), d), (b // 3, s * world_size, g.heads[0], d), g.uneven.get("head_splits"))
+            for g in layer.groups(chunks)]
 
 
-def describe_plan(args, world_size: int, dtype: torch.dtype) -> tuple[int, list[str]]:
+def describe_plan(args: argparse.Namespace, world_size: int, dtype: torch.dtype) -> tuple[int, list[str]]:
     """``explain --overlap N``'s exit status and lines (``args``: its parsed arguments; ``shape`` a layer's packed
     q/k/v exchange input): the head groups, and each group's two exchanges with the policy's route and kind for
     them; status 2 and an error line for arguments that describe no such layer. Pure."""
-    from fastvideo.distributed.ulysses.policy import ENGINE_CE, Geometry, choose_plan
-
     shape, chunks = args.shape, args.overlap
     if args.mode != 0 or args.seq_splits is not None or args.head_splits is not None:
         return 2, ["error: --overlap explains a layer's packed q/k/v exchange: mode 0 with even shards (no splits)"]
@@ -184,118 +223,3 @@ def describe_plan(args, world_size: int, dtype: torch.dtype) -> tuple[int, list[
             split = f", head splits {list(heads)}" if heads else ""
             lines.append(f"group {g} {role:<3} {list(call_shape)} mode {mode}{split}: {what}")
     return 0, lines
-
-
-def _tag(layer, role: str, group: int) -> dict[str, str]:
-    """The call tag of ``role``'s exchange of ``group``: the layer's tag for the role with ``.g{group}`` appended."""
-    tag = layer.tags[role]
-    return {"tag": f"{tag}.g{group}"} if tag else {}
-
-
-def _group_heads(h: int, p: int) -> tuple[int, ...]:
-    return (h // p,) * p if h % p == 0 else balanced_splits(h, p)
-
-
-def forward(layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, original_seq_len: int | None,
-            replicated_q: torch.Tensor | None, replicated_k: torch.Tensor | None, replicated_v: torch.Tensor | None,
-            freqs_cis: tuple[torch.Tensor, torch.Tensor] | None, seq_splits: Sequence[int] | None,
-            chunks: int, steps: Sequence[Step] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``DistributedAttention.forward`` (checked input) pipelined over ``chunks`` head groups: the same result.
-    Collective over the SP group. ``steps``: the issue order (``schedule(chunks)``; tests pass another)."""
-    b = q.shape[0]
-    p, rank = get_sp_world_size(), get_sp_parallel_rank()
-    groups = head_groups(layer.num_heads, chunks)
-    first = [0, *itertools.accumulate(groups)]
-    seq_kw = {}
-    if seq_splits is not None:
-        seq_kw["seq_splits"] = shares("DistributedAttention", "seq_splits", seq_splits, p)
-        total = sum(seq_kw["seq_splits"])
-        if original_seq_len not in (None, total):
-            raise ValueError(f"DistributedAttention: original_seq_len={original_seq_len} with seq_splits "
-                             f"(summing to {total}): uneven shards carry no padding; pass original_seq_len=None.")
-    heads = [_group_heads(h, p) for h in groups]
-    kws = [{**seq_kw, **({"head_splits": hs} if groups[g] % p else {})} for g, hs in enumerate(heads)]
-    replicated = replicated_q is not None
-    full = q.shape[1] * p if seq_splits is None else sum(seq_kw["seq_splits"])
-    seq = original_seq_len or full
-    if not 0 < seq <= full:
-        raise ValueError(f"DistributedAttention: original_seq_len={original_seq_len} must be in 1..{full} (the "
-                         f"padded sequence: {p} ranks x {q.shape[1]} rows).")
-    if replicated:
-        rep = torch.cat([replicated_q, replicated_k, replicated_v], dim=0)
-    exchange = layer.all_to_all
-    meta = layer._metadata()  # the forward context's attention metadata (upstream's backends), read once
-    handles: dict[tuple[str, int], object] = {}
-    landed: dict[tuple[str, int], torch.Tensor] = {}
-    attended: dict[int, torch.Tensor] = {}
-    rep_outs: dict[int, torch.Tensor] = {}
-    for step in steps if steps is not None else schedule(chunks):
-        g = step.group
-        if step.kind == "start" and step.role == "qkv":
-            sl = slice(first[g], first[g + 1])
-            packed = torch.cat([q[:, :, sl], k[:, :, sl], v[:, :, sl]], dim=0)
-            handles["qkv", g] = exchange(packed, 2, 1, "qkv", async_op=True, **kws[g], **_tag(layer, "qkv", g))
-        elif step.kind == "start":
-            handles["out", g] = exchange(attended.pop(g), 1, 2, "out", async_op=True, **kws[g], **_tag(layer, "out", g))
-        elif step.kind == "wait":
-            landed[step.role, g] = handles.pop((step.role, g)).wait()
-        elif step.kind == "attend":
-            qkv = landed.pop(("qkv", g))
-            qkv = qkv[:, :seq] if seq < full else qkv
-            qkv = layer._rotate(qkv, b, freqs_cis)
-            if layer.attn_impl is not None:  # upstream's backend: its pre-processing, per head group
-                qkv = layer.attn_impl.preprocess_qkv(qkv, meta)
-            if replicated:
-                mine = first[g] + sum(heads[g][:rank])
-                qkv = torch.cat([qkv, rep[:, :, mine:mine + heads[g][rank]]], dim=1)
-            q_, k_, v_ = qkv.chunk(3, dim=0)
-            out = layer._attend_local(q_, k_, v_, meta)
-            if replicated:
-                rep_outs[g] = out[:, seq:]
-                out = out[:, :seq]
-            if layer.attn_impl is not None:
-                out = layer.attn_impl.postprocess_output(out, meta)
-            if seq < full:
-                out = F.pad(out, (0, 0, 0, 0, 0, full - seq))
-            attended[g] = out.contiguous()
-    if handles:
-        raise RuntimeError(f"overlap schedule left exchanges {sorted(handles)} unwaited")
-    out = torch.cat([landed.pop(("out", g)) for g in range(chunks)], dim=2)
-    replicated_out = None
-    if replicated:
-        replicated_out = _gather_replicated([rep_outs[g] for g in range(chunks)], heads, first, p)
-    return out, replicated_out
-
-
-def _gather_replicated(outs: list[torch.Tensor], heads: list[tuple[int, ...]], first: list[int],
-                       p: int) -> torch.Tensor:
-    """Every rank's heads of every group's replicated-token output, in head order: one all-gather over the heads
-    (each rank's groups side by side), then one index to the layer's head order."""
-    per_rank = [sum(hs[r] for hs in heads) for r in range(p)]
-    even = all(n == per_rank[0] for n in per_rank)
-    gathered = sequence_model_parallel_all_gather(torch.cat(outs, dim=2).contiguous(), dim=2,
-                                                  splits=None if even else per_rank)
-    position = {}  # global head -> its position in the gathered tensor
-    at = 0
-    for r in range(p):
-        for g, hs in enumerate(heads):
-            start = first[g] + sum(hs[:r])
-            for j in range(hs[r]):
-                position[start + j] = at
-                at += 1
-    index = torch.tensor([position[h] for h in range(len(position))], device=gathered.device)
-    return gathered.index_select(2, index)
-
-
-def agreed_chunks() -> int:
-    """The agreed ``FASTVIDEO_ULYSSES_A2A_OVERLAP`` of the SP group (0 before the group agreed any settings)."""
-    agreed = get_sp_group().settings
-    return int(agreed[SETTING]) if agreed is not None else 0
-
-
-def chunks_for(num_heads: int, overlap_chunks: int | None) -> int:
-    """How many head groups a layer with ``num_heads`` pipelines over: its own ``overlap_chunks``, else the agreed
-    setting capped at ``num_heads``; 0 or 1: not pipelined. Local (reads the agreed value)."""
-    if overlap_chunks is not None:
-        return overlap_chunks
-    return min(agreed_chunks(), num_heads)
