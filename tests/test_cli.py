@@ -3,7 +3,8 @@
 Mostly through ``main(argv)`` in this process (an argparse error is ``SystemExit(2)`` with the message
 on stderr); one subprocess smoke checks that ``doctor`` with a bad setting exits 1 without a traceback.
 Every test sets the transport variables it needs (``--long-training``, ``monkeypatch``), so none is
-marked ambient.
+marked ambient. The doctor tests that depend on the host say what torch sees of its GPUs (``fake_gpus``), so they
+hold alike on a CPU machine, a one-GPU host and a multi-GPU host.
 """
 
 from __future__ import annotations
