@@ -19,6 +19,11 @@ PY="${PY:-python3}"
 out="${FASTVIDEO_RECIPE_OUT:-$ROOT/build/wan}"
 out=$(realpath -m "$out")
 export PY ROOT
+# Upstream's noise, which is no failure: its platform probe logs "ERROR ... NPU detection failed: PyTorch or
+# PyTorch_NPU is not installed" in every process on a machine without an Ascend NPU (filtered from stdout, where its
+# logger writes), and the overlay's requests package warns that no optional charset detector is installed.
+export PYTHONWARNINGS="${PYTHONWARNINGS:+$PYTHONWARNINGS,}ignore:Unable to find acceptable character detection"
+exec > >(grep -v --line-buffered -F "NPU detection failed: PyTorch or PyTorch_NPU is not installed")
 start=$SECONDS
 if [ -n "${FASTVIDEO_OVERLAY_PYTHONPATH:-}" ]; then
   echo "recipe: using the overlay given in FASTVIDEO_OVERLAY_PYTHONPATH=$FASTVIDEO_OVERLAY_PYTHONPATH" >&2

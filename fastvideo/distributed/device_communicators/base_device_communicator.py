@@ -50,6 +50,7 @@ from fastvideo.distributed.ulysses.nccl import nccl_route
 # ``_c10d_functional_autograd`` ops have an Autograd kernel and no backend one, so a tensor made under
 # ``torch.inference_mode`` (no autograd dispatch key) finds no kernel; untracked input takes the plain ops.
 _all_gather_autograd = getattr(_fc, "all_gather_single_autograd", None) or _fc.all_gather_tensor_autograd
+_all_gather = getattr(_fc, "all_gather_single", None) or _fc.all_gather_tensor  # 2.13 warns on the old name
 _reduce_scatter_autograd = getattr(_fc, "reduce_scatter_single_autograd", None) or _fc.reduce_scatter_tensor_autograd
 
 _ULYSSES_PROVIDER: Callable[[DeviceCommunicatorBase], Any] | None = None
@@ -138,7 +139,7 @@ class DeviceCommunicatorBase:
         table = shares("all_gather", "splits", splits, self.world_size)
         if table is not None:
             check_own_share("all_gather", table, self.rank_in_group, input_, dim)
-        gather = _all_gather_autograd if _grad_tracked(input_) else _fc.all_gather_tensor
+        gather = _all_gather_autograd if _grad_tracked(input_) else _all_gather
         if table is None or len(set(table)) == 1:
             return gather(input_.contiguous(), dim, self.device_group)
         largest = max(table)

@@ -19,7 +19,7 @@ from fastvideo.distributed.ulysses.layout import EVEN, Splits, block_shapes, rec
 
 class CollectiveError(RuntimeError):
     """The NCCL route's collective failed on this rank (a synchronous backend, gloo on CPU): it timed out (a peer is
-    stopped, stuck or not calling) or the connection to a peer closed (the peer is gone). ``kind``: ``timeout``,
+    stopped, stuck or not calling) or a peer closed the connection (it raised or exited). ``kind``: ``timeout``,
     ``closed`` or ``failed``. On NCCL (CUDA) a failure surfaces through torch's NCCL watchdog instead."""
 
     def __init__(self, message: str, kind: str) -> None:
@@ -95,7 +95,8 @@ def _failure(group: dist.ProcessGroup, exc: RuntimeError, seconds: float) -> Col
         what = (f"timed out after {seconds:.1f} s (the SP group's timeout, {limit}: the default process group's "
                 "unless initialize_sequence_parallel was given one): a peer is stopped, stuck, or not calling the op")
     elif kind == "closed":
-        what = f"failed after {seconds:.3f} s: the connection to a peer closed, so that peer's process is gone"
+        # A peer that raised closes its groups too, alive: the closed connection alone does not say it exited.
+        what = f"failed after {seconds:.3f} s: the peer closed the connection (it raised or exited)"
     else:
         what = f"failed after {seconds:.3f} s"
     return CollectiveError(f"Ulysses all-to-all (NCCL route) over SP ranks {ranks} {what} ({exc}).", kind)
