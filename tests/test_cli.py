@@ -3,7 +3,8 @@
 Mostly through ``main(argv)`` in this process (an argparse error is ``SystemExit(2)`` with the message
 on stderr); one subprocess smoke checks that ``doctor`` with a bad setting exits 1 without a traceback.
 Every test sets the transport variables it needs (``--long-training``, ``monkeypatch``), so none is
-marked ambient.
+marked ambient. The doctor tests that depend on the host say what torch sees of its GPUs (``fake_gpus``), so they
+hold alike on a CPU machine, a one-GPU host and a multi-GPU host.
 """
 
 from __future__ import annotations
@@ -328,10 +329,25 @@ def settings(monkeypatch):
     return monkeypatch
 
 
+def fake_gpus(monkeypatch, count: int, peers: bool = True, driver: Path | None = None) -> None:
+    """What torch says of this host's GPUs, whatever the host: ``count`` H200s, with peer access or not. ``driver``:
+    the driver's GPU listing (``/proc/driver/nvidia/gpus``), which a CPU torch cannot see; default: none."""
+    cuda = cli.torch.cuda
+    monkeypatch.setattr(cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(cuda, "device_count", lambda: count)
+    monkeypatch.setattr(cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+    monkeypatch.setattr(cuda, "can_device_access_peer", lambda i, j: peers)
+    monkeypatch.setattr(cuda.nccl, "version", lambda: (2, 28, 9))
+    monkeypatch.setattr(cli, "_NVIDIA_GPUS", driver or Path("/nonexistent/nvidia/gpus"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
 @pytest.fixture
 def fake_kernel(tmp_path, settings):
     """A repo with a development build and a loader package without a packaged library (what the test
-    command leaves behind); ``info()`` answers like the real loader for whichever path is selected."""
+    command leaves behind); ``info()`` answers like the real loader for whichever path is selected. The host: two
+    GPUs with peer access (so that the kernel library is what decides), on every host the suite runs on."""
+    fake_gpus(settings, 2)
     dev = tmp_path / "repo" / "build" / "kernel" / LIB
     dev.parent.mkdir(parents=True)
     dev.write_bytes(b"\x7fELF fake")
@@ -345,7 +361,8 @@ def fake_kernel(tmp_path, settings):
 
     loader = types.SimpleNamespace(__file__=str(package / "__init__.py"), info=info)
     settings.setattr(cli, "_loader", lambda: loader)
-    settings.setattr(cli, "_repo_root", lambda: tmp_path / "repo")
+    (tmp_path / "repo" / "fastvideo-kernel").mkdir()
+    settings.setattr(cli, "_checkout", lambda: tmp_path / "repo")
     return types.SimpleNamespace(dev=dev, wheel=package / "lib" / LIB)
 
 
@@ -411,7 +428,7 @@ def test_doctor_without_the_loader_package_says_how_to_get_it(capsys, fake_kerne
     settings.setattr(cli, "_loader", missing)
     rc, out = doctor(capsys)
     assert rc == 0 and "fastvideo_kernel is not importable" in out
-    assert f"PYTHONPATH={cli._repo_root() / 'fastvideo-kernel'}" in out
+    assert f"PYTHONPATH={cli._checkout() / 'fastvideo-kernel'}" in out
 
 
 def test_doctor_a_check_that_raises_is_a_finding_and_the_rest_still_runs(capsys, fake_kernel, settings):
@@ -431,7 +448,8 @@ def test_doctor_counts_a_missing_kernel_library_as_a_problem_under_auto(capsys, 
     machine under ``off`` is fine (a note), and ``auto`` with a loadable library is fine."""
     settings.setenv("FASTVIDEO_ULYSSES_A2A", "auto")
     rc, out = doctor(capsys)
-    assert rc == 1 and "kernel     PROBLEM: not available while FASTVIDEO_ULYSSES_A2A=auto" in out
+    assert rc == 1 and line(out, "kernel     PROBLEM").startswith("kernel     PROBLEM: no kernel library: ")
+    assert "while FASTVIDEO_ULYSSES_A2A=auto every call takes the NCCL route" in out
     assert "declined: transport_missing" in out and "result     1 problem(s) found:" in out
     assert "no problems found" not in out
     settings.setenv("FASTVIDEO_ULYSSES_A2A", "off")
@@ -450,8 +468,8 @@ def test_doctor_without_the_loader_package_under_auto_is_a_problem(capsys, fake_
     settings.setattr(cli, "_loader", missing)
     settings.setenv("FASTVIDEO_ULYSSES_A2A", "auto")
     rc, out = doctor(capsys)
-    assert rc == 1 and "PROBLEM: not available while FASTVIDEO_ULYSSES_A2A=auto" in out
-    assert "fastvideo_kernel is not importable" in out
+    assert rc == 1 and "while FASTVIDEO_ULYSSES_A2A=auto every call takes the NCCL route" in out
+    assert "PROBLEM: no kernel library: the loader package fastvideo_kernel is not importable" in out
 
 
 def test_doctor_on_this_machine_never_raises(capsys, settings):
@@ -484,3 +502,175 @@ def test_overlap_plan_lists_each_groups_exchanges(capsys):
                                                                       "nccl route"))
     rc, out = explain(capsys, "--world-size", "2", "--shape", "3,4096,8,64", "--overlap", "9", *PINNED)
     assert rc == 2 and "must be in 2..H (8)" in out
+
+
+# ------------------------------------------------------------------------------------- doctor: what blocks the route
+
+
+ADVICE = ("to use a development build", "to make a development build", "PYTHONPATH=", "pip install")
+
+
+@pytest.mark.parametrize("count, peers, blocked", [
+    (0, False, "1 of 6: no CUDA GPU"), (1, False, "2 of 6: one GPU only"), (2, False, "3 of 6: no NVLink peer"),
+    (8, True, "4 of 6: no kernel library")])
+def test_doctor_names_the_first_blocker_the_host_before_the_kernel(capsys, fake_kernel, settings, count, peers,
+                                                                     blocked):
+    """No kernel library is in use (the wheel's is missing, the variable unset) under ``auto``. Where the host's GPUs
+    cannot run the fused route, doctor names that, gives no build advice and finds no problem (nothing built here
+    would help); on 2+ GPUs with peer access the library is the blocker and the problem, with how to get one."""
+    fake_gpus(settings, count, peers)
+    settings.setenv("FASTVIDEO_ULYSSES_A2A", "auto")
+    rc, out = doctor(capsys)
+    assert line(out, "fused").startswith(f"fused      blocked at {blocked}"), out
+    if count < 2 or not peers:
+        assert rc == 0 and "PROBLEM" not in out and not any(a in out for a in ADVICE), out
+        assert line(out, "fused").endswith("; nothing on this host can change that")
+        assert "of no use on this host" in line(out, "kernel     not available")
+    else:
+        assert rc == 1 and f"to use a development build: export FASTVIDEO_KERNEL_LIBRARY={fake_kernel.dev}" in \
+            line(out, "fused")
+
+
+def test_doctor_advises_only_what_this_host_can_change(capsys, fake_kernel, settings, tmp_path):
+    """A CPU build of torch where the driver lists GPUs: install a CUDA torch. One GPU visible under
+    ``CUDA_VISIBLE_DEVICES``: the variable may hide the others. Controls: neither, and nothing to advise."""
+    driver = tmp_path / "nvidia-gpus"
+    (driver / "0000:18:00.0").mkdir(parents=True)
+    settings.setattr(cli.torch.version, "cuda", None)
+    fake_gpus(settings, 0, driver=driver)
+    assert line(doctor(capsys)[1], "fused").endswith("this torch is a CPU build and the driver lists GPUs: install a "
+                                                     "CUDA build of torch")
+    fake_gpus(settings, 0)
+    assert line(doctor(capsys)[1], "fused").endswith("nothing on this host can change that")
+    fake_gpus(settings, 1)
+    settings.setenv("CUDA_VISIBLE_DEVICES", "3")
+    assert line(doctor(capsys)[1], "fused").endswith("one SP rank each); CUDA_VISIBLE_DEVICES=3 may hide the others")
+    settings.delenv("CUDA_VISIBLE_DEVICES")
+    assert line(doctor(capsys)[1], "fused").endswith("one SP rank each); nothing on this host can change that")
+
+
+def _loader_with(info: dict):
+    path = info["path"]
+    return types.SimpleNamespace(__file__=str(Path(path).parent / "fastvideo_kernel" / "__init__.py"),
+                                 info=lambda: {"exists": True, **info})
+
+
+@pytest.mark.parametrize("info, why", [
+    ({"abi_version": 1, "problem": "kernel ABI 1 is older than the oldest supported (2)"}, "kernel ABI 1 is older"),
+    ({"abi_version": 5, "nccl_build": 22809, "nccl_runtime": 23007},
+     "kernel built against NCCL 2.28.9, process runs NCCL 2.30.7"),
+])
+def test_doctor_blocker_5_is_a_library_this_package_cannot_drive(capsys, fake_kernel, settings, info, why):
+    """A library that loads but is too old for this package, or built for another NCCL than the process runs:
+    blocker 5, a problem under ``auto``. Control: the same library at the matching NCCL is no blocker."""
+    settings.syspath_prepend(str(ROOT / "fastvideo-kernel"))  # the loader's version helper, as where it is installed
+    settings.setattr(cli, "_loader", lambda: _loader_with({"path": str(fake_kernel.dev), **info}))
+    settings.setenv("FASTVIDEO_ULYSSES_A2A", "auto")
+    rc, out = doctor(capsys)
+    assert rc == 1 and line(out, "fused").startswith(f"fused      blocked at 5 of 6: kernel library unusable: {why}")
+    settings.setattr(cli, "_loader", lambda: _loader_with({"path": str(fake_kernel.dev), "abi_version": 5,
+                                                           "nccl_build": 22809, "nccl_runtime": 22809}))
+    rc, out = doctor(capsys)
+    assert rc == 0 and line(out, "fused").startswith("fused      available: every requirement is met")
+
+
+def test_doctor_blocker_6_is_the_setting(capsys, fake_kernel, settings):
+    """Everything else in place: unset (the default ``off``) and ``off`` are blocker 6 with the fix, not problems;
+    ``auto`` is no blocker."""
+    settings.setenv("FASTVIDEO_KERNEL_LIBRARY", str(fake_kernel.dev))
+    rc, out = doctor(capsys)
+    assert rc == 0 and line(out, "fused") == ("fused      blocked at 6 of 6: the setting: FASTVIDEO_ULYSSES_A2A=off "
+                                              "(default): every call takes the NCCL route; export "
+                                              "FASTVIDEO_ULYSSES_A2A=auto")
+    settings.setenv("FASTVIDEO_ULYSSES_A2A", "off")
+    rc, out = doctor(capsys)
+    assert rc == 0 and "FASTVIDEO_ULYSSES_A2A=off: every call" in line(out, "fused")
+    settings.setenv("FASTVIDEO_ULYSSES_A2A", "auto")
+    rc, out = doctor(capsys)
+    assert rc == 0 and line(out, "fused").startswith("fused      available")
+
+
+def test_doctor_reports_an_invalid_route_as_invalid_on_every_line_never_as_off(capsys, fake_kernel, settings):
+    """``FASTVIDEO_ULYSSES_A2A=bogus``: the environment's problem, the checked mode, the kernel note and the verdict
+    all say invalid; no line reads it as ``off``. Control: unset, the same lines say off."""
+    off = ("FASTVIDEO_ULYSSES_A2A=off", "FASTVIDEO_ULYSSES_A2A='off'", "the route is off")
+    rc, out = doctor(capsys)
+    assert rc == 0 and all(text in out for text in off)
+    settings.setenv("FASTVIDEO_ULYSSES_A2A", "bogus")
+    rc, out = doctor(capsys)
+    assert rc == 1 and not any(text in out for text in off), out
+    assert "PROBLEM: FASTVIDEO_ULYSSES_A2A='bogus' is not valid" in out
+    assert line(out, "env          checked mode") == "env          checked mode unknown: FASTVIDEO_ULYSSES_A2A is " \
+                                                    "invalid (above)"
+    assert line(out, "kernel     not available").endswith("(FASTVIDEO_ULYSSES_A2A is invalid (above))")
+    settings.setenv("FASTVIDEO_KERNEL_LIBRARY", str(fake_kernel.dev))
+    rc, out = doctor(capsys)
+    assert line(out, "fused") == ("fused      blocked at 6 of 6: the setting: FASTVIDEO_ULYSSES_A2A='bogus' is "
+                                  "invalid (off or auto): a job refuses to start")
+
+
+# ------------------------------------------------------------------------------------- explain: global geometry
+
+
+EXPLAIN = ("--gpu", "H200", *PINNED)
+
+
+def test_explain_geometry_is_the_global_operand_and_the_header_prints_both_shapes(capsys):
+    """``--geometry wan720p`` at SP2 plans rank 0's half, as ``--shape 1,37800,40,128`` does; the documented global
+    shape typed as ``--shape`` is twice the data, and the header says so."""
+    rc, named = explain(capsys, "--world-size", "2", "--geometry", "wan720p", *EXPLAIN)
+    assert rc == 0 and line(named, "input").startswith(
+        "input      global [1, 75600, 40, 128] (wan720p), per rank [1, 37800, 40, 128] (rank 0's input to the op)")
+    rc, shaped = explain(capsys, "--world-size", "2", "--shape", "1,37800,40,128", *EXPLAIN)
+    assert rc == 0 and line(shaped, "input").startswith("input      global [1, 75600, 40, 128], per rank [1, 37800,")
+    assert named.splitlines()[1:] == shaped.splitlines()[1:]  # the same plan
+    rc, doubled = explain(capsys, "--world-size", "2", "--shape", "1,75600,40,128", *EXPLAIN)
+    assert line(doubled, "input").startswith("input      global [1, 151200, 40, 128], per rank [1, 75600, 40, 128]")
+    assert line(doubled, "geometry") != line(named, "geometry")
+
+
+def test_explain_geometry_in_mode_1_and_with_uneven_shares(capsys):
+    rc, out = explain(capsys, "--world-size", "4", "--geometry", "h3-32k", "--mode", "1", *EXPLAIN)
+    assert rc == 0 and line(out, "input").startswith("input      global [3, 32768, 56, 128] (h3-32k), per rank "
+                                                     "[3, 32768, 14, 128]")
+    rc, out = explain(capsys, "--world-size", "3", "--geometry", "1,100,8,64", "--seq-splits", "40,30,30",
+                      "--head-splits", "3,3,2", "--rank", "1", *EXPLAIN)
+    assert rc == 0 and line(out, "input").startswith("input      global [1, 100, 8, 64] (1,100,8,64), per rank "
+                                                     "[1, 30, 8, 64] (rank 1's input")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (("--world-size", "2", "--geometry", "h3"), "choose one of wan720p, h3-32k, h3-128k, h3-250k, toy or give"),
+    (("--world-size", "2", "--geometry", "1,75601,40,128"),
+     "--geometry 1,75601,40,128: S=75601 does not divide by the SP size 2: pass --seq-splits or another --world-size"),
+    (("--world-size", "3", "--geometry", "1,100,8,64", "--seq-splits", "40,30,20"),
+     "--geometry 1,100,8,64: --seq-splits sums to 90, not S=100"),
+    (("--world-size", "2", "--geometry", "wan720p", "--shape", "1,37800,40,128"), "not allowed with argument"),
+])
+def test_explain_bad_geometry_is_an_argparse_error_naming_the_fix(capsys, argv, needle):
+    assert needle in explain_error(capsys, *argv, *EXPLAIN)
+
+
+def test_explain_geometry_names_are_the_benchmarks_names():
+    """One table: the benchmarks' ``--geometry`` presets are the package's, and reading them does not import the
+    package (the benchmarks choose the tree they measure first)."""
+    from benchmarks.harness import cli as bench
+    from fastvideo.distributed.ulysses.geometries import GEOMETRIES
+
+    assert bench.PRESETS == GEOMETRIES and {"wan720p", "h3-32k"} <= set(GEOMETRIES)
+    probe = "import sys, benchmarks.harness.cli as c; print(len(c.PRESETS), 'fastvideo' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.stdout.split() == [str(len(GEOMETRIES)), "False"], done.stdout + done.stderr
+
+
+def test_explain_says_default_for_an_unset_variable(capsys, settings):
+    """Unset: ``(default)``; set: ``(from the environment)``; a flag: the flag."""
+    for name in ("FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES", "FASTVIDEO_ULYSSES_A2A_OVERLAP"):
+        settings.delenv(name, raising=False)
+    rc, out = explain(capsys, *H3)
+    assert rc == 0 and line(out, "switch") == "switch     FASTVIDEO_ULYSSES_A2A=off (default)"
+    assert line(out, "policy") == f"policy     grad=False long_training=auto (default) window={GIB} B (default)"
+    settings.setenv("FASTVIDEO_ULYSSES_A2A_LONG_TRAINING", "chunked")
+    rc, out = explain(capsys, *H3, "--window-bytes", "4096")
+    assert "long_training=chunked (from the environment) window=4096 B (--window-bytes)" in line(out, "policy")

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from fastvideo.sp_recipes import sp_attention_demo
+from sp_recipes import sp_attention_demo
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ROW = re.compile(r"^(?P<route>(off|auto)->\S+(?: \([a-z_, ]+\))?)\s+x\[\S+\] qkv\[\S+\]\s+(?P<median>\d+\.\d)\s+"
@@ -19,11 +19,11 @@ ROW = re.compile(r"^(?P<route>(off|auto)->\S+(?: \([a-z_, ]+\))?)\s+x\[\S+\] qkv
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "examples")])}  # sp_recipes: examples/
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "FASTVIDEO_ULYSSES_A2A"):
         env.pop(key, None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "fastvideo.sp_recipes.sp_attention_demo", "--device", "cpu", *args]
+           "-m", "sp_recipes.sp_attention_demo", "--device", "cpu", *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
 
 

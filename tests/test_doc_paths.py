@@ -9,7 +9,7 @@ What is checked, in each file:
   root; a glob (``gpu_*.sh``) must match at least one path;
 * relative paths (``../x``), from the file: inside the repository and existing;
 * ``python -m MODULE``: a module of the repository (``fastvideo``, ``benchmarks``, ``tests``,
-  ``fastvideo_kernel``) must be a file of it; any other must be importable here.
+  ``fastvideo_kernel``, the recipes' ``sp_recipes``) must be a file of it; any other must be importable here.
 
 Nothing is exempt: a doc that names a path that does not exist fails here. A path outside the repository (an
 upstream file, a build output) is written so that it does not read as one of ours: ``build/`` outputs are not
@@ -28,7 +28,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TOP = ("scripts", "benchmarks", "tests", "fastvideo", "fastvideo-kernel", "csrc", "examples", "docs", ".ci")
 REPO_MODULES = {"fastvideo": "fastvideo", "benchmarks": "benchmarks", "tests": "tests",
-                "fastvideo_kernel": "fastvideo-kernel/fastvideo_kernel"}
+                "fastvideo_kernel": "fastvideo-kernel/fastvideo_kernel", "sp_recipes": "examples/sp_recipes"}
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 # A repository path: one of the top folders, not preceded by a path character (so `.revs/base/csrc/x` or
@@ -120,8 +120,9 @@ def test_negative_control_made_up_paths_and_commands_are_flagged():
 Run `bash scripts/no_such_script.sh` or `benchmarks/measure_nothing_*.py`, see [the guide](missing_guide.md)
 and [design](../../shared/DESIGN.md), read ../outside.md, then `python -m fastvideo.no_such_module` and
 `python -m no_such_package_anywhere`. The moved files: fastvideo/distributed/ulysses/no_such.py,
-tests/{test_cli,test_no_such}.py.
-Real ones pass: `scripts/run_tests.sh`, scripts/gpu_*.sh, [kernel](kernel.md#build), [home](../README.md),
+tests/{test_cli,test_no_such}.py, `python -m fastvideo.sp_recipes.train_wan`, `python -m sp_recipes.no_such`.
+Real ones pass: `python -m sp_recipes.train_wan compare`,
+`scripts/run_tests.sh`, scripts/gpu_*.sh, [kernel](kernel.md#build), [home](../README.md),
 `python -m fastvideo.distributed.ulysses explain`, `python -m torch.distributed.run`, https://example.com/x.md,
 `$WORK/kernel/x.so`, `.revs/base/csrc/none.cu`, build/video_dit/loss.png, csrc/ulysses_a2a/*.cu.
 """
@@ -136,4 +137,6 @@ Real ones pass: `scripts/run_tests.sh`, scripts/gpu_*.sh, [kernel](kernel.md#bui
         "python -m: no_such_package_anywhere",
         "path: fastvideo/distributed/ulysses/no_such.py",
         "path: tests/{test_cli,test_no_such}.py",
+        "python -m: fastvideo.sp_recipes.train_wan",
+        "python -m: sp_recipes.no_such",
     ])

@@ -1,4 +1,5 @@
-"""Layers go one way: no import cycle among ``fastvideo/`` modules, and the layer rules hold.
+"""Layers go one way: no import cycle among ``fastvideo/`` modules and the recipes' (``examples/sp_recipes/``,
+the top-level package ``sp_recipes``), the layer rules hold, and the recipes import the package, never the reverse.
 
 The graph is built statically with ``ast`` from every import statement in every module, including
 function-local ones and ``TYPE_CHECKING`` blocks (a deferred import is still a dependency, and a
@@ -6,12 +7,14 @@ cycle hidden in a function is still a cycle). Importing ``a.b.c`` counts as impo
 ``a.b`` too (Python imports the parent packages first); ``from a.b import c`` counts ``a.b.c`` when
 it is a module. Negative controls feed the checker a synthetic cycle (a graph, and a source tree
 whose cycle goes through a function-local and a relative import) and assert it is flagged. Beside the graph:
-one autograd formula for the op, and no module over the size limit (each with its negative control).
+one autograd formula for the op, and no module over the size limit (each with its negative control). The checks
+below the graph cover the package's modules and the recipes' alike.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -42,9 +45,18 @@ def _imported(node: ast.AST, module: str, is_package: bool) -> list[str]:
     return [target] + [f"{target}.{alias.name}" for alias in node.names if alias.name != "*"]
 
 
+def modules(root: Path, package: str) -> dict[str, Path]:
+    """``module -> path`` of every ``.py`` under ``root/package`` (``root`` the folder on the path)."""
+    return {module_name(p, root): p for p in sorted((root / package).rglob("*.py"))}
+
+
 def import_graph(root: Path, package: str) -> dict[str, set[str]]:
     """``module -> modules of the same tree it imports`` for every ``.py`` under ``root/package``."""
-    files = {module_name(p, root): p for p in sorted((root / package).rglob("*.py"))}
+    return graph_of(modules(root, package))
+
+
+def graph_of(files: dict[str, Path]) -> dict[str, set[str]]:
+    """For every module of ``files`` (``module -> path``), the modules of ``files`` it imports."""
     graph: dict[str, set[str]] = {}
     for module, path in files.items():
         edges: set[str] = set()
@@ -119,24 +131,30 @@ def closure(graph: dict[str, set[str]], start: str) -> set[str]:
     return seen
 
 
-GRAPH = import_graph(ROOT, "fastvideo")
+PACKAGE = modules(ROOT, "fastvideo")
+RECIPES = modules(ROOT / "examples", "sp_recipes")  # outside the package: importable with examples/ on the path
+GRAPH = graph_of(PACKAGE | RECIPES)  # one graph, so the edges between the two count (cycles, closures)
 U = "fastvideo.distributed.ulysses"
 A2A = "fastvideo.distributed.all_to_all"
 # The routes and the pure pieces below the helper, and what they must never reach.
 BELOW_HELPER = [A2A, "fastvideo.distributed.communicator"] + [
     f"{U}.{m}" for m in ("transport", "native", "vote", "contract", "policy", "watchdog", "planner", "stats",
-                         "mismatch", "runtime", "sequence", "hot", "nccl_runtime")]
+                         "mismatch", "runtime", "sequence", "hot", "nccl_runtime", "overlap_plan", "explain")]
 ABOVE = {f"{U}.helper", f"{U}.ops", f"{U}.exchange", f"{U}.registry", f"{U}.construction",
          "fastvideo.distributed.communication_op", "fastvideo.distributed.parallel_state",
          "fastvideo.distributed.sp_groups", "fastvideo.attention.layer",
+         "sp_recipes.attention_block", "sp_recipes.sp_attention_demo",
          "fastvideo.distributed.device_communicators.ulysses_a2a"}
 
 
 def test_the_graph_sees_the_package():
-    """Guards the checker itself: it found the modules and the known edges (one of them function-local)."""
+    """Guards the checker itself: it found the modules and the known edges (one of them function-local, one from
+    the recipes into the package)."""
     assert {f"{U}.helper", "fastvideo.distributed.communication_op", "fastvideo.envs"} <= set(GRAPH)
     assert f"{U}.ops" in GRAPH["fastvideo.distributed.communication_op"]
     assert {f"{U}.exchange", f"{U}.helper"} <= GRAPH[f"{U}.ops"]
+    assert {"sp_recipes.loop", "sp_recipes.video_dit", "sp_recipes.train_wan"} <= set(GRAPH)
+    assert "fastvideo.distributed.parallel_state" in GRAPH["sp_recipes.sp_attention_demo"]
     assert f"{U}.native" in GRAPH[f"{U}.construction"]  # imported inside a function
     assert {f"{U}.runtime", f"{U}.sequence", f"{U}.hot", f"{U}.stats"} <= GRAPH[f"{U}.helper"]
     assert "fastvideo.distributed.sp_groups" in GRAPH["fastvideo.distributed.parallel_state"]
@@ -144,6 +162,47 @@ def test_the_graph_sees_the_package():
 
 def test_no_import_cycle_among_fastvideo_modules():
     assert find_cycles(GRAPH) == []
+
+
+_RECIPE_NAME = re.compile(r"(?:[\w.]*\.)?sp_recipes(?:\.[\w.]*)?")
+
+
+def recipe_references(files: dict[str, Path]) -> list[str]:
+    """Where ``files`` reach for the recipes: an import statement (at any depth) naming ``sp_recipes`` or
+    ``*.sp_recipes``, or a string that is such a module name (``importlib.import_module``'s argument)."""
+    found = []
+    for module, path in files.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [n for n in _imported(node, module, path.name == "__init__.py") if n]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                names = [node.value]
+            else:
+                continue
+            found += [f"{module}:{node.lineno} {n}" for n in names if _RECIPE_NAME.fullmatch(n)][:1]
+    return found
+
+
+def test_the_package_never_imports_the_recipes():
+    """One way: the recipes import the package (which the wheel ships alone), nothing in ``fastvideo/`` imports
+    them (by any import statement, or by name through importlib). The negative control is the next test."""
+    assert recipe_references(PACKAGE) == []
+    assert not any(edge in RECIPES for m in PACKAGE for edge in GRAPH[m])
+    assert any(edge in PACKAGE for m in RECIPES for edge in GRAPH[m])  # the recipes do import the package
+
+
+def test_the_recipe_reference_check_flags_each_spelling(tmp_path):
+    """A function-local import, a name under ``fastvideo.`` and an importlib call are flagged; a module that
+    imports the package alone and names the recipes in prose is not."""
+    sources = {"local": "def f():\n    from sp_recipes.loop import train_steps\n",
+               "old": "import fastvideo.sp_recipes.video_dit\n",
+               "dynamic": "import importlib\nimportlib.import_module('sp_recipes.report')\n",
+               "clean": '"""Not the recipes: sp_recipes are elsewhere."""\nfrom fastvideo import envs\n'}
+    paths = {name: tmp_path / f"{name}.py" for name in sources}
+    for name, source in sources.items():
+        paths[name].write_text(source)
+    assert recipe_references(paths) == ["local:2 sp_recipes.loop", "old:1 fastvideo.sp_recipes.video_dit",
+                                        "dynamic:2 sp_recipes.report"]
 
 
 @pytest.mark.parametrize("module", BELOW_HELPER)
@@ -166,7 +225,7 @@ def test_layers_go_one_way():
 
 
 def test_validation_lives_in_one_place():
-    """Both entry points validate through layout.validate_input; nothing else defines one."""
+    """Every entry point validates through all_to_all.validate_input; nothing else defines one."""
     defining = [m for m, p in _files().items() if "def validate_input" in p.read_text()]
     assert defining == [A2A]
 
@@ -183,9 +242,9 @@ _TABLES_UNVALIDATED = {f"{A2A}.validate_input", f"{U}.policy.Geometry.from_input
                        "fastvideo.distributed.communication_op.sequence_model_parallel_all_to_all_4D",
                        # layers that hand them to a step that validates them before any collective
                        "fastvideo.attention.layer.DistributedAttention.forward",
-                       "fastvideo.sp_recipes.attention_block.SPSelfAttention.forward",
-                       "fastvideo.sp_recipes.video_dit.VideoDiTBlock.forward",
-                       "fastvideo.sp_recipes.video_dit.VideoDiTBlock._forward"}
+                       "sp_recipes.attention_block.SPSelfAttention.forward",
+                       "sp_recipes.video_dit.VideoDiTBlock.forward",
+                       "sp_recipes.video_dit.VideoDiTBlock._forward"}
 
 
 def _functions(tree: ast.AST, prefix: str):
@@ -202,8 +261,8 @@ _VALIDATORS = {"validate_input", "shares", "validate", "_fake_shape", "_validate
 
 
 def split_table_findings(files: dict[str, Path]) -> list[str]:
-    """Where validation of the split tables is not in ``layout`` (``validate_input``, ``shares``): a function
-    outside layout that raises about ``seq_splits``/``head_splits`` without calling one of them first, or one
+    """Where validation of the split tables is not in ``all_to_all`` (``validate_input``, ``shares``): a function
+    outside it that raises about ``seq_splits``/``head_splits`` without calling one of them first, or one
     that takes ``seq_splits`` and neither validates it nor is known to run after validation."""
     found = []
     for module, path in files.items():
@@ -236,7 +295,8 @@ def test_split_tables_are_validated_in_one_place(tmp_path):
 
 
 def _files() -> dict[str, Path]:
-    return {module_name(p, ROOT): p for p in (ROOT / "fastvideo").rglob("*.py")}
+    """The package's modules and the recipes' (the rules below held for the recipes inside the package too)."""
+    return modules(ROOT, "fastvideo") | modules(ROOT / "examples", "sp_recipes")
 
 
 # ------------------------------------------------------------------------------------- policy: no torch.distributed
@@ -327,7 +387,8 @@ def autograd_functions(source: str) -> list[str]:
 def test_the_op_has_one_autograd_formula():
     """The registered autograd of ``fastvideo::ulysses_all_to_all_4d`` is the only backward formula of the
     synchronous all-to-all, and the start/wait pair's the only one of the one in flight: no
-    ``torch.autograd.Function`` anywhere in fastvideo/, and ``register_autograd`` in ``ulysses/ops.py`` only."""
+    ``torch.autograd.Function`` anywhere in fastvideo/ or the recipes, and ``register_autograd`` in
+    ``ulysses/ops.py`` only."""
     functions = {m: autograd_functions(p.read_text()) for m, p in _files().items()}
     assert {m: f for m, f in functions.items() if f} == {}
     registrations = [m for m, p in _files().items() if "register_autograd(" in p.read_text()]
@@ -350,7 +411,7 @@ def oversized(files: dict[str, Path], limit: int = MAX_MODULE_LINES) -> dict[str
     return {m: n for m, n in counts.items() if n > limit}
 
 
-def test_no_module_of_fastvideo_is_over_the_size_limit():
+def test_no_module_of_fastvideo_or_the_recipes_is_over_the_size_limit():
     assert oversized(_files()) == {}
 
 

@@ -1,6 +1,8 @@
-"""The README's API snippet runs as pasted: extracted from README.md and run under torchrun on 2 gloo ranks (the
-GPUs hidden), imports and process-group set-up included. Negative control: the same snippet with its round-trip
-assertion inverted fails, so a snippet that breaks is seen."""
+"""The README: its API snippet runs as pasted (extracted from README.md and run under torchrun on 2 gloo ranks, the
+GPUs hidden, imports and process-group set-up included), and it reads in five minutes (at most 900 words, the two
+commands first, the hard constraints in their box). Negative controls: the same snippet with its round-trip
+assertion inverted fails, so a snippet that breaks is seen; a padded README, one with the commands moved down and
+one with a rule dropped are each flagged."""
 
 from __future__ import annotations
 
@@ -44,3 +46,35 @@ def test_negative_control_a_broken_snippet_fails(tmp_path):
     assert "assert torch.equal(z, x)" in code
     proc = run_under_torchrun(code.replace("assert torch.equal(z, x)", "assert not torch.equal(z, x)"), tmp_path)
     assert proc.returncode != 0 and "AssertionError" in proc.stderr + proc.stdout
+
+
+README_WORDS = 900
+
+
+def readme_problems(text: str) -> list[str]:
+    """What keeps the README from being read in five minutes: over ``README_WORDS`` words (code included), the two
+    commands not first, or a hard constraint missing from its box."""
+    problems = []
+    if len(text.split()) > README_WORDS:
+        problems.append(f"{len(text.split())} words, over {README_WORDS}")
+    sections = re.findall(r"^## (.+)$", text, re.M)
+    if sections[:2] != ["The two commands", "API"]:
+        problems.append(f"sections {sections[:2]}: the two commands first, then the API")
+    box = "\n".join(line for line in text.splitlines() if line.startswith(">"))
+    for rule in ("What `off` (the default) does not protect", "Untagged calls are matched by their order alone",
+                 "The async input is the caller's until `wait()`"):
+        if rule not in box:
+            problems.append(f"the hard constraints box lacks: {rule}")
+    return problems
+
+
+def test_the_readme_reads_in_five_minutes():
+    text = (ROOT / "README.md").read_text()
+    assert readme_problems(text) == []
+    # The controls: padded past the limit, the commands moved down, a rule dropped from the box.
+    assert readme_problems(text + " word" * README_WORDS)[0].endswith(f"over {README_WORDS}")
+    moved = text.replace("## The two commands", "## Commands", 1)
+    assert any(p.startswith("sections") for p in readme_problems(moved))
+    dropped = text.replace("Untagged calls are matched by their order alone", "Calls", 1)
+    assert readme_problems(dropped) == ["the hard constraints box lacks: Untagged calls are matched by their order "
+                                        "alone"]

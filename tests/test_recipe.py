@@ -19,6 +19,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -89,6 +90,15 @@ def test_the_main_job_trains_upstreams_wan_dit_to_identical_losses_on_both_switc
     assert any(line.startswith(f"note: off, auto, auto (resumed from step 2) took the same route ({GLOO_ROUTE})")
                for line in lines), proc.stdout
     assert "[auto] step 4/4" in proc.stderr and f"route {GLOO_ROUTE}, 0/8 calls fused" in proc.stderr
+    # A quiet log: no ERROR line (upstream's NPU probe is filtered: it is none) and no warning from this package's
+    # own files (the overlay's fastvideo/ holds them beside upstream's).
+    everything = proc.stdout.splitlines() + proc.stderr.splitlines()
+    assert not [ln for ln in everything if "ERROR" in ln], proc.stdout + proc.stderr
+    warned = [m[1] for m in map(re.compile(r".*/fastvideo/(\S+\.py):\d+: \w*Warning").match, everything) if m]
+    assert not [f for f in warned if (ROOT / "fastvideo" / f).is_file()], warned
+    ours = {p.name for p in (ROOT / "fastvideo" / "distributed" / "ulysses").glob("*.py")} - {"__init__.py"}
+    logged = [m[1] for m in map(re.compile(r"WARNING .*\[(\S+\.py):\d+\]").match, everything) if m]
+    assert not [f for f in logged if f in ours], logged  # a CPU job's decline is news to no one: INFO
     # Recorded as printed, the job's own lines only: from the model line to the verdict, no library log line.
     table = (out / "closing_table.txt").read_text().splitlines()
     assert table[0].startswith("upstream WanTransformer3DModel (tiny): 2 ranks") and table[-1] == lines[-2]
@@ -112,8 +122,9 @@ def test_the_main_job_resumes_from_its_middle_checkpoint(wan):
 
 
 def _compare(module: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", f"fastvideo.sp_recipes.{module}", "compare", *args], cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "examples")])}  # sp_recipes: examples/
+    return subprocess.run([sys.executable, "-m", f"sp_recipes.{module}", "compare", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
 
 
 def _tampered(path: pathlib.Path, to: pathlib.Path) -> pathlib.Path:

@@ -1,4 +1,4 @@
-"""The training recipes' closing table and plot (``fastvideo/sp_recipes/report.py``) on synthetic run records:
+"""The training recipes' closing table and plot (``examples/sp_recipes/report.py``) on synthetic run records:
 routes named with the backend that carried them, the noise note only where two runs took the same route, the
 resumed run labelled and checked, warm-up steps out of the timings and the time axis. Each with a negative
 control (the same check on records where it must come out the other way)."""
@@ -10,7 +10,7 @@ import importlib.util
 
 import pytest
 
-from fastvideo.sp_recipes import report
+from sp_recipes import report
 
 NCCL_OFF = {"kind": "nccl", "calls": None, "fused": None, "reasons": [], "source": "switch off: no helper"}
 NCCL_DECLINED = {"kind": "nccl", "calls": 8, "fused": 0, "reasons": ["transport_missing"], "source": "helper stats"}

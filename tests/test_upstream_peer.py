@@ -193,28 +193,46 @@ def test_the_build_preloads_its_nccl_because_a_loaded_one_captures_the_soname(tm
 
 def test_two_nccl_libraries_in_one_process_are_named_and_refused(tmp_path):
     """What the upstream peer checks before handing torch's communicator to upstream's extension: every libnccl
-    mapped into the process, with its version; one passes, two are refused, naming both."""
+    mapped into the process, with its version; one passes, two are refused, naming both.
+
+    The fakes are compared against what the process had mapped before loading them: a CUDA torch maps its own
+    libnccl at import (a GPU host), a CPU torch none. Each case also runs with a third fake preloaded, standing in
+    for a CUDA torch's own library, so that both kinds of host are exercised on every host."""
     libs = []
-    for tree, code in (("a", 22809), ("b", 23007)):
+    for tree, code in (("a", 22809), ("b", 23007), ("torch", 22809)):
         (tmp_path / tree).mkdir()
         libs.append(_cc(tmp_path, f"{tree}/libnccl.so.2", f"int ncclGetVersion(int *v) {{ *v = {code}; return 0; }}",
                         "-shared", "-fPIC"))
     program = ("import ctypes, json, sys; from benchmarks.cases import upstream_peer as u\n"
                "from benchmarks.harness import header as h\n"
+               "before = h.nccl_libraries()\n"
                "[ctypes.CDLL(p) for p in sys.argv[1:]]\n"
-               "found = h.nccl_libraries(); print(json.dumps([found, u.nccl_conflict('2.28.9', found)]))")
+               "found = h.nccl_libraries(); new = {p: v for p, v in found.items() if p not in before}\n"
+               "print(json.dumps([before, new, u.nccl_conflict('2.28.9', new), u.nccl_conflict('2.28.9', found)]))")
 
-    def run(*paths: Path) -> tuple[dict[str, str], str]:
+    def run(*paths: Path, preload: Path | None = None) -> tuple[dict[str, str], dict[str, str], str, str]:
+        env = {**os.environ, "LD_PRELOAD": " ".join(filter(None, [str(preload or ""), os.environ.get("LD_PRELOAD")]))}
         done = subprocess.run([sys.executable, "-c", program, *map(str, paths)], cwd=ROOT, capture_output=True,
-                              text=True, timeout=120, check=True)
-        found, why = json.loads(done.stdout.splitlines()[-1])
-        return found, why
+                              text=True, timeout=120, check=True, env=env)
+        before, new, why_new, why_all = json.loads(done.stdout.splitlines()[-1])
+        return before, new, why_new, why_all
 
-    one, why_one = run(libs[0])
-    assert one == {str(libs[0].resolve()): "2.28.9"} and why_one == ""
-    both, why_both = run(*libs)  # the control: a second library, another version
-    assert both == {str(libs[0].resolve()): "2.28.9", str(libs[1].resolve()): "2.30.7"}
-    assert why_both.startswith("2 NCCL libraries loaded") and str(libs[1].resolve()) in why_both
+    a, b, own = (str(lib.resolve()) for lib in libs)
+    for preload in (None, libs[2]):
+        before, one, why_one, why_process = run(libs[0], preload=preload)
+        if preload is not None:
+            assert before.get(own) == "2.28.9", before  # the stand-in for a CUDA torch's own libnccl
+        assert one == {a: "2.28.9"} and why_one == ""
+        # The process as a whole: one library passes; a CUDA torch's own beside the fake is two, both named.
+        if before:
+            assert why_process.startswith(f"{len(before) + 1} NCCL libraries loaded"), why_process
+            assert all(path in why_process for path in [*before, a]), why_process
+        else:
+            assert why_process == ""
+        _, both, why_both, why_process = run(*libs[:2], preload=preload)  # the control: a second, another version
+        assert both == {a: "2.28.9", b: "2.30.7"}
+        assert why_both.startswith("2 NCCL libraries loaded") and b in why_both
+        assert why_process.startswith(f"{len(before) + 2} NCCL libraries loaded"), why_process
     assert upstream_peer.nccl_conflict("2.30.7", {}) == ""
     # The header names the NCCL that runs, not only the one torch was built against.
     assert header.describe_nccl("2.28.9", ["2.30.7"]) == "2.30.7 (torch built against 2.28.9)"

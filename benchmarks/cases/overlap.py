@@ -68,7 +68,7 @@ def derive_group_rows(table: tuple, heads: list[int], groups: list[int]) -> tupl
     rows keyed by the groups' head counts (where no row has that key already). Pure."""
     from dataclasses import replace
 
-    from fastvideo.attention.overlap import head_groups
+    from fastvideo.distributed.ulysses.overlap_plan import head_groups
 
     keys = {row.key for row in table}
     extra = []

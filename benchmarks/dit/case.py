@@ -144,11 +144,11 @@ class DitStepCase(Case):
         probe = runner.Probe(device)
         dispatch = runner.Dispatch(probe)
         model = build_model(args, device, attn, dispatch)
-        from fastvideo.attention.overlap import check_chunks, chunks_for
+        from fastvideo.distributed.ulysses.overlap_plan import check_chunks
 
-        overlap = chunks_for(args.heads, check_chunks(args.heads, args.overlap))
         for block in model.blocks:
-            block.attn.overlap_chunks = overlap
+            block.attn.overlap_chunks = check_chunks(args.heads, args.overlap)
+        overlap = model.blocks[0].attn.overlap_groups()
         steps = runner.Runner(args, model, device, probe)
         ctx.header.update(
             hidden=args.hidden, heads=args.heads, blocks=args.blocks, params=sum(p.numel() for p in model.parameters()),

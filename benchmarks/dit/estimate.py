@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-# Calibration: the SP1 32k dense step measured on one H200 (docs/results/2026-11-29-h200-one-gpu/dit_sp1.json):
+# Calibration: the SP1 32k dense step measured on one H200 (docs/results/2026-11-29-h200-one-gpu-1c4193e/run.json):
 # its forward FLOPs (forward_flops) over its inference time, and its training / inference time ratio.
 EST_FLOPS_PER_S = 2.85e14 / 0.460
 EST_TRAIN_OVER_INFER = 2.018 / 0.460  # forward + recompute + backward (2 forwards) + clip + AdamW

@@ -1,5 +1,5 @@
-"""The model the DiT step benchmark runs: the product's video DiT blocks (``fastvideo/sp_recipes/video_dit.py``) on
-video tokens alone, under FSDP2 (``fastvideo/sp_recipes/fsdp.py``).
+"""The model the DiT step benchmark runs: the recipes' video DiT blocks (``examples/sp_recipes/video_dit.py``) on
+video tokens alone, under FSDP2 (``examples/sp_recipes/fsdp.py``).
 
 What the runner needs from it:
 
@@ -29,8 +29,8 @@ import torch
 from torch import nn
 
 from benchmarks.harness.cli import DTYPES
-from fastvideo.sp_recipes.fsdp import shard_dit, world_mesh
-from fastvideo.sp_recipes.video_dit import VideoDiTBlock, VideoDiTConfig
+from sp_recipes.fsdp import shard_dit, world_mesh
+from sp_recipes.video_dit import VideoDiTBlock, VideoDiTConfig
 
 SPARSE_BLOCK = 128
 SPARSE_KEEP_EVERY = 10  # keep 1 key block in 10: 90% block sparsity

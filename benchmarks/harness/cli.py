@@ -9,25 +9,25 @@ Common flags (each case adds its own; ``python -m benchmarks.run CASE --help`` l
 * ``--lineup auto|shm|gloo``; ``--seed``; ``--json PATH``; ``--progress-every S``;
 * ``--compare-revs DIR_A DIR_B`` with ``--rounds``, ``--tree-libraries``, ``--compare-out`` (cases with a row key).
 
-Geometries are ``(B, S_global, H, D)``: the presets below, or ``B,S,H,D``. Mode 0 feeds ``[B, S/P, H, D]``
-(before attention), mode 1 ``[B, S, H/P, D]`` (after); the ``h3`` presets are packed QKV (B = 3 planes).
+Geometries are ``(B, S_global, H, D)``: the presets (``fastvideo/distributed/ulysses/geometries.py``), or
+``B,S,H,D``. Mode 0 feeds ``[B, S/P, H, D]`` (before attention), mode 1 ``[B, S, H/P, D]`` (after); the ``h3``
+presets are packed QKV (B = 3 planes).
 """
 
 from __future__ import annotations
 
 import argparse
+import runpy
 
 import torch
 
 from benchmarks.harness.lineup import LINEUPS
+from benchmarks.harness.tree import BENCH_ROOT
 
-PRESETS: dict[str, tuple[int, int, int, int]] = {
-    "wan720p": (1, 75600, 40, 128),
-    "h3-32k": (3, 32768, 56, 128),
-    "h3-128k": (3, 131072, 56, 128),
-    "h3-250k": (3, 250000, 56, 128),
-    "toy": (3, 512, 8, 32),
-}
+# The package owns the named geometries (``explain --geometry`` reads them too); loaded by path, since importing
+# fastvideo here would choose the tree under test before ``--tree`` is parsed.
+PRESETS: dict[str, tuple[int, int, int, int]] = runpy.run_path(
+    str(BENCH_ROOT / "fastvideo" / "distributed" / "ulysses" / "geometries.py"))["GEOMETRIES"]
 GPU_GEOMETRIES = ("wan720p", "h3-32k", "h3-128k", "h3-250k")
 CPU_GEOMETRIES = ("toy",)
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,

@@ -3,8 +3,9 @@
 The benchmark code (this repository) and the package it measures can differ: ``--compare-revs`` runs this code
 against exported trees of other revisions, ``--tree DIR`` against one. The chosen tree goes first on
 ``sys.path``, so ``import fastvideo`` finds it; the ``benchmarks`` package is imported by then and keeps
-resolving to this repository. The choice is exported (``FASTVIDEO_BENCH_TREE``) so that every rank a launcher
-starts makes the same one.
+resolving to this repository, and so do the recipes' models the DiT case builds (``sp_recipes``, from this
+repository's ``examples/``, put on ``sys.path`` after the tree): the workload stays the same whichever package is
+measured. The choice is exported (``FASTVIDEO_BENCH_TREE``) so that every rank a launcher starts makes the same one.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ LIBRARY_NAME = "libfastvideo_ulysses_a2a.so"
 
 
 def select_tree(tree: str | os.PathLike | None = None) -> Path:
-    """Put the tree under test first on ``sys.path`` and return it: ``tree``, else ``$FASTVIDEO_BENCH_TREE``,
-    else this repository. Local. Raises if a different ``fastvideo`` was imported already."""
+    """Put the tree under test first on ``sys.path`` (this repository's recipes after it) and return it: ``tree``,
+    else ``$FASTVIDEO_BENCH_TREE``, else this repository. Local. Raises if a different ``fastvideo`` was imported
+    already."""
     chosen = Path(tree or os.environ.get(TREE_ENV) or BENCH_ROOT).resolve()
     if not (chosen / "fastvideo").is_dir():
         raise SystemExit(f"--tree {chosen}: no fastvideo/ package there (export a tree with git archive)")
@@ -36,6 +38,9 @@ def select_tree(tree: str | os.PathLike | None = None) -> Path:
     if path in sys.path:
         sys.path.remove(path)
     sys.path.insert(0, path)
+    recipes = str(BENCH_ROOT / "examples")
+    if recipes not in sys.path:
+        sys.path.insert(1, recipes)
     return chosen
 
 

@@ -5,11 +5,16 @@ over this package's Ulysses all-to-all.
 of P, or with ``seq_splits`` every rank's own share of the unpadded sequence), packs them on the batch dim into ONE
 all-to-all (``[3B, S/P, H, D] -> [3B, S, H/P, D]``), trims the padding (``original_seq_len``), applies the rotary
 embedding to q and k over the whole sequence (``freqs_cis``), appends this rank's heads of the replicated tokens
-(text tokens, identical on every rank) to the sequence, attends, all-gathers the replicated tokens' output over the
-heads, pads the sequence back and returns it with a second all-to-all. Where P does not divide the heads, the
-all-to-alls split them as evenly as they go (``balanced_splits``) and the replicated tokens' heads and all-gather
-follow the same table: no head padding (upstream slices the replicated heads by ``num_heads // P``, which is wrong
-there). The all-to-alls are the public op, so ``FASTVIDEO_ULYSSES_A2A=auto`` takes the fused route underneath.
+(text tokens, identical on every rank) to the sequence, attends, pads the sequence back and returns it with a
+second all-to-all; the replicated tokens' output is all-gathered over the heads. Where P does not divide the heads,
+the all-to-alls split them as evenly as they go (``balanced_splits``) and the replicated tokens' heads and
+all-gather follow the same table: no head padding (upstream slices the replicated heads by ``num_heads // P``,
+which is wrong there). The all-to-alls are the public op, so ``FASTVIDEO_ULYSSES_A2A=auto`` takes the fused route
+underneath.
+
+Pipelined (``overlap_chunks``; docs/overlap.md), the same steps run per head group in ``overlap_plan.schedule``'s
+order, each group's exchanges in flight (``async_op=True``) under its neighbours' attention; attention does not mix
+heads, so the result is the unpipelined one.
 
 What attends is chosen once, at construction (``attention_source``):
 
@@ -27,21 +32,19 @@ What attends is chosen once, at construction (``attention_source``):
 traces whole under ``torch.compile(fullgraph=True)`` (the all-to-all is one opaque ``torch.library`` op, the
 all-gather torch's functional collective).
 
-The forward is built from helpers an extension can reuse (``_layout``, ``_scatter_heads``, ``_attend_heads``,
-``_gather_heads``): the exchange in, the local attention on this rank's heads, the exchange back.
+The forward's steps, for an extension to reuse: ``_layout``, ``_exchange``, ``_attend_heads`` (this rank's heads of
+the call or of one head group), ``_run_groups`` (the groups' steps in the schedule's order).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastvideo.attention import overlap as _overlap
 from fastvideo.attention.dense import attention
 from fastvideo.attention.rotary import _apply_rotary_emb as _dense_rotary
 from fastvideo.attention.sources import (  # upstream's compile boundary, imported from here by upstream's modules
@@ -57,7 +60,8 @@ from fastvideo.distributed.communication_op import (
     sequence_model_parallel_all_gather,
     sequence_model_parallel_all_to_all_4D,
 )
-from fastvideo.distributed.parallel_state import get_sp_parallel_rank, get_sp_world_size
+from fastvideo.distributed.parallel_state import get_sp_group, get_sp_parallel_rank, get_sp_world_size
+from fastvideo.distributed.ulysses.overlap_plan import SETTING, CallLayout, check_chunks, gather_plan, schedule
 
 __all__ = ["DistributedAttention", "DistributedAttention_VSA", "LocalAttention", "upstream_attention"]
 
@@ -127,21 +131,8 @@ def _public_all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, name:
     return sequence_model_parallel_all_to_all_4D(x, scatter_dim=scatter_dim, gather_dim=gather_dim, **kwargs)
 
 
-@dataclass(frozen=True)
-class _Layout:
-    """One forward's split of the sequence and heads over the SP group (the same on every rank)."""
-
-    world: int
-    rank: int
-    heads: tuple[int, ...]  # every rank's heads after the first exchange
-    uneven: dict[str, Any]  # the public op's ``seq_splits`` / ``head_splits``, only where uneven
-    seq: int  # the unpadded sequence length
-    full: int  # the sequence length the exchange gathers (padded to a multiple of the SP size, or the splits' sum)
-
-    @property
-    def first_head(self) -> int:
-        """This rank's first head in the full head dim."""
-        return sum(self.heads[: self.rank])
+def _cat_heads(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
 
 
 class DistributedAttention(_Attention):
@@ -164,9 +155,10 @@ class DistributedAttention(_Attention):
     ``attend(q, k, v)`` the attention (e.g. a block-sparse one); both default to the package's.
 
     ``overlap_chunks`` (this package's): pipeline the heads in that many groups, each group's exchanges in flight
-    under its neighbours' attention (``fastvideo/attention/overlap.py``; the same result); None: the agreed
-    ``FASTVIDEO_ULYSSES_A2A_OVERLAP`` (0, off, by default); 0 or 1: off. An ``all_to_all`` override must then
-    take ``async_op=True`` and return a handle with ``wait()``, as the public op does.
+    under its neighbours' attention (module docstring; the same result); None: the agreed
+    ``FASTVIDEO_ULYSSES_A2A_OVERLAP`` (0, off, by default); 0 or 1: off (``overlap_groups``). An ``all_to_all``
+    override must then take ``async_op=True`` and return a handle with ``wait()``, as the public op does, and the
+    calls' tags get the group's ``.g{group}``.
     """
 
     def __init__(self, num_heads: int, head_size: int, num_kv_heads: int | None = None,
@@ -182,17 +174,24 @@ class DistributedAttention(_Attention):
                          supported_attention_backends, extra_impl_args, impl_prefix=f"{prefix}.impl")
         self.prefix = prefix
         self.tags = call_tags(prefix)
-        # Each role's tag keyword, only where there is a tag (an override that takes none serves untagged layers).
-        self._tag_kw = {role: {"tag": tag} if tag is not None else {} for role, tag in self.tags.items()}
         self.all_to_all = all_to_all or _public_all_to_all  # a module function: the module holds no reference cycle
         self.attend = attend
-        self.overlap_chunks = _overlap.check_chunks(num_heads, overlap_chunks)
+        self.overlap_chunks = check_chunks(num_heads, overlap_chunks)
         # Upstream's compile boundary, per instance (module docstring).
         self._compile_forward_enabled = not _attention_compile_disabled()
 
     def _set_compile_forward_enabled(self, enabled: bool) -> None:
         """Let this instance's ``forward`` be traced (True), or keep it behind ``torch.compiler.disable``."""
         self._compile_forward_enabled = enabled
+
+    def overlap_groups(self) -> int:
+        """How many head groups ``forward`` pipelines over (local; reads the agreed setting): ``overlap_chunks``,
+        else the agreed ``FASTVIDEO_ULYSSES_A2A_OVERLAP`` capped at ``num_heads`` (0 before the SP group agreed
+        any settings); 0 or 1: not pipelined."""
+        if self.overlap_chunks is not None:
+            return self.overlap_chunks
+        agreed = get_sp_group().settings
+        return min(int(agreed[SETTING]) if agreed is not None else 0, self.num_heads)
 
     @_maybe_compiler_disable
     def forward(
@@ -222,54 +221,66 @@ class DistributedAttention(_Attention):
         loss on it counts once per rank; each rank's ``replicated_*`` gradient covers its own heads.
         """
         replicated = self._check(q, k, v, replicated_q, replicated_k, replicated_v)
-        chunks = _overlap.chunks_for(self.num_heads, self.overlap_chunks)
-        if chunks > 1:  # head groups pipelined under their exchanges (fastvideo/attention/overlap.py)
-            return _overlap.forward(self, q, k, v, original_seq_len, replicated_q, replicated_k, replicated_v,
-                                    freqs_cis, seq_splits, chunks)
         layout = self._layout(q, original_seq_len, seq_splits)
-        meta = self._metadata()
-        qkv = self._scatter_heads(torch.cat([q, k, v], dim=0), layout)
-        out, replicated_out = self._attend_heads(qkv, q.shape[0], layout, freqs_cis, meta,
-                                                 replicated=(replicated_q, replicated_k, replicated_v)
-                                                 if replicated else None)
-        return self._gather_heads(out, layout), replicated_out
+        rep = torch.cat([replicated_q, replicated_k, replicated_v], dim=0) if replicated else None
+        return self._run_groups([q, k, v], layout, freqs_cis, rep, self.overlap_groups())
 
     # -- the steps of a forward: an extension composes these ---------------------------------------------------
 
-    def _layout(self, q: torch.Tensor, original_seq_len: int | None, seq_splits: Sequence[int] | None) -> _Layout:
+    def _layout(self, q: torch.Tensor, original_seq_len: int | None, seq_splits: Sequence[int] | None) -> CallLayout:
         """The split of this call (validated before any collective: bad arguments raise on every rank alike)."""
         cls = type(self).__name__
         p, rank = get_sp_world_size(), get_sp_parallel_rank()
-        # Heads the SP size does not divide are split as evenly as they go; the op's keywords only where uneven,
-        # so an even call (and an all_to_all override that takes none) is as before.
-        heads = (self.num_heads // p,) * p if self.num_heads % p == 0 else tuple(balanced_splits(self.num_heads, p))
-        uneven: dict[str, Any] = {}
-        if seq_splits is not None:
-            uneven["seq_splits"] = shares(cls, "seq_splits", seq_splits, p)
-            full = sum(uneven["seq_splits"])
-            if original_seq_len not in (None, full):
-                raise ValueError(f"{cls}: original_seq_len={original_seq_len} with seq_splits (summing to {full}): "
-                                 "uneven shards carry no padding; pass original_seq_len=None.")
-        else:
-            full = p * q.shape[1]
-        if self.num_heads % p:
-            uneven["head_splits"] = heads
+        splits = shares(cls, "seq_splits", seq_splits, p)
+        full = p * q.shape[1] if splits is None else sum(splits)
+        if splits is not None and original_seq_len not in (None, full):
+            raise ValueError(f"{cls}: original_seq_len={original_seq_len} with seq_splits (summing to {full}): "
+                             "uneven shards carry no padding; pass original_seq_len=None.")
         seq = original_seq_len or full
         if not 0 < seq <= full:
             raise ValueError(f"{cls}: original_seq_len={original_seq_len} must be in 1..{full} (the padded "
                              f"sequence: {p} ranks x {q.shape[1]} rows).")
-        return _Layout(p, rank, heads, uneven, seq, full)
+        # Heads the SP size does not divide are split as evenly as they go.
+        return CallLayout(p, rank, balanced_splits(self.num_heads, p), splits, seq, full)
 
-    def _scatter_heads(self, x: torch.Tensor, layout: _Layout) -> torch.Tensor:
-        """``[nB, S/P, H, D]`` -> ``[nB, S0, H_rank, D]``: the first all-to-all, the padding trimmed."""
-        x = self.all_to_all(x, 2, 1, "qkv", **layout.uneven, **self._tag_kw["qkv"])
-        return x[:, :layout.seq] if layout.seq < layout.full else x
+    def _run_groups(self, stack: list[torch.Tensor], layout: CallLayout,
+                    freqs_cis: tuple[torch.Tensor, torch.Tensor] | None, replicated: torch.Tensor | None,
+                    chunks: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The exchanges and attention of one forward, collective: ``stack`` (``[B, S/P, H, D]`` each, q and k
+        first) packed and exchanged per head group of ``chunks`` (one: synchronous exchanges), each group attended
+        (``_attend_heads``) and exchanged back, in ``schedule``'s order; ``replicated`` the packed replicated
+        tokens ``[3B, T, H, D]`` or None. Returns ``forward``'s ``(out, replicated_out)``."""
+        b, meta, groups = stack[0].shape[0], self._metadata(), layout.groups(chunks)
+        # One group's exchanges are synchronous: no async_op keyword (an override that takes none serves them).
+        in_flight = {"async_op": True} if len(groups) > 1 else {}
+        pending, landed, attended, replicated_outs = {}, {}, {}, []
+        for step in schedule(len(groups)):  # the join, the last step, follows the loop
+            key, call = (step.role, step.group), groups[step.group]
+            if step.kind == "start":
+                x = torch.cat([t[:, :, call.span()] for t in stack]) if step.role == "qkv" else attended.pop(step.group)
+                pending[key] = self._exchange(x, step.role, call, **in_flight)
+            elif step.kind == "wait":
+                landed[key] = pending.pop(key).wait() if in_flight else pending.pop(key)
+            elif step.kind == "attend":
+                attended[step.group], rep_out = self._attend_heads(landed.pop(("qkv", step.group)), b, call,
+                                                                   freqs_cis, meta, replicated)
+                replicated_outs.append(rep_out)
+        out = _cat_heads([landed.pop(("out", g)) for g in range(len(groups))])
+        if replicated is None:
+            return out, None
+        # Every rank's heads of every group's replicated tokens in one all-gather, then in the layer's head order.
+        splits, order = gather_plan(groups)
+        rep_out = sequence_model_parallel_all_gather(_cat_heads(replicated_outs).contiguous(), dim=2, splits=splits)
+        return out, rep_out if order is None else rep_out.index_select(2, torch.tensor(order, device=rep_out.device))
 
-    def _gather_heads(self, out: torch.Tensor, layout: _Layout) -> torch.Tensor:
-        """``[B, S0, H_rank, D]`` -> ``[B, S/P, H, D]``: the padding restored (zero), the second all-to-all."""
-        if layout.seq < layout.full:
-            out = F.pad(out, (0, 0, 0, 0, 0, layout.full - layout.seq))
-        return self.all_to_all(out.contiguous(), 1, 2, "out", **layout.uneven, **self._tag_kw["out"])
+    def _exchange(self, x: torch.Tensor, role: str, layout: CallLayout, **kwargs: Any) -> Any:
+        """One all-to-all of a call through ``all_to_all``, collective: ``"qkv"`` ``[nB, S/P, H, D]`` -> ``[nB, S,
+        h, D]`` (heads scattered), ``"out"`` back; tagged with the layer's tag for the role (``.g{group}`` added for
+        a head group)."""
+        tag = self.tags[role]
+        tag = f"{tag}.g{layout.group}" if tag is not None and layout.group is not None else tag
+        dims = (2, 1) if role == "qkv" else (1, 2)
+        return self.all_to_all(x, *dims, role, **layout.uneven, **({"tag": tag} if tag else {}), **kwargs)
 
     def _rotate(self, x: torch.Tensor, b: int, freqs_cis: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         """q and k (the first ``2b`` of the batch dim) rotated; out of place (upstream writes into the exchange's
@@ -279,32 +290,28 @@ class DistributedAttention(_Attention):
         cos, sin = freqs_cis
         return torch.cat([self._rotary(x[: 2 * b], cos, sin, is_neox_style=False), x[2 * b:]], dim=0)
 
-    def _attend_heads(self, qkv: torch.Tensor, b: int, layout: _Layout,
+    def _attend_heads(self, x: torch.Tensor, b: int, layout: CallLayout,
                       freqs_cis: tuple[torch.Tensor, torch.Tensor] | None, meta: Any,
-                      replicated: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Attention on this rank's heads of the whole sequence, ``qkv`` ``[3B, S0, H_rank, D]``: rotary, the
-        backend's pre-processing, this rank's heads of the replicated tokens appended, attention, the replicated
-        tokens' output all-gathered over the heads (collective), the backend's post-processing of the rest.
-        Returns ``([B, S0, H_rank, D], [B, T, H, D] or None)``."""
-        qkv = self._rotate(qkv, b, freqs_cis)
+                      replicated: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attention on this rank's heads of one call (local), ``x`` its first exchange's output ``[nB, S, h, D]``:
+        the padding trimmed, rotary, the backend's pre-processing, this rank's heads of the replicated tokens
+        (``[3B, T, H, D]``) appended, attention, the backend's post-processing, the padding restored. Returns
+        ``([B, S, h, D]``, ready for the second exchange, ``[B, T, h, D]`` of the replicated tokens or None)."""
+        trimmed = layout.seq < layout.full
+        x = self._rotate(x[:, :layout.seq] if trimmed else x, b, freqs_cis)
         if self.attn_impl is not None:
-            qkv = self.attn_impl.preprocess_qkv(qkv, meta)
+            x = self.attn_impl.preprocess_qkv(x, meta)
         if replicated is not None:
-            mine = slice(layout.first_head, layout.first_head + layout.heads[layout.rank])
-            qkv = torch.cat([qkv, torch.cat(replicated, dim=0)[:, :, mine]], dim=1)
-        q, k, v = qkv.chunk(3, dim=0)
-        out = self._attend_local(q, k, v, meta)  # [B, S0 (+ T), H_rank, D]
+            x = torch.cat([x, replicated[:, :, layout.span(layout.rank)]], dim=1)
+        out = self._attend_local(*x.chunk(x.shape[0] // b, dim=0), meta=meta)  # [B, S0 (+ T), h, D]
         replicated_out = None
         if replicated is not None:
-            replicated_out = sequence_model_parallel_all_gather(out[:, layout.seq:].contiguous(), dim=2,
-                                                                splits=layout.uneven.get("head_splits"))
-            out = out[:, :layout.seq]
+            out, replicated_out = out[:, :layout.seq], out[:, layout.seq:]
         if self.attn_impl is not None:
             out = self.attn_impl.postprocess_output(out, meta)
-        return out, replicated_out
+        return (F.pad(out, (0, 0, 0, 0, 0, layout.full - layout.seq)) if trimmed else out).contiguous(), replicated_out
 
-    def _attend_local(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: Any) -> torch.Tensor:
+    def _attend_local(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, meta: Any) -> torch.Tensor:
         """Attention on this rank's heads ``[B, S, h, D]``: ``attend`` where given, else the upstream backend, else
         dense attention. Local.
 
@@ -385,21 +392,15 @@ class DistributedAttention_VSA(DistributedAttention):
             raise ValueError(f"DistributedAttention_VSA: gate_compress must be shaped as q {tuple(q.shape)}, got "
                              f"{tuple(gate_compress.shape)}.")
         layout = self._layout(q, original_seq_len, None)
-        meta = self._metadata()
-        b = q.shape[0]
         stack = [q, k, v] if gate_compress is None else [q, k, v, gate_compress]
-        x = self._rotate(self._scatter_heads(torch.cat(stack, dim=0), layout), b, freqs_cis)
-        if self.attn_impl is not None:
-            x = self.attn_impl.preprocess_qkv(x, meta)
-        q, k, v, *gate = x.chunk(len(stack), dim=0)
-        gate_local = gate[0] if gate else None
+        return self._run_groups(stack, layout, freqs_cis, None, 1)[0], None
+
+    def _attend_local(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor | None = None,
+                      *, meta: Any) -> torch.Tensor:
+        """The sparse attention on this rank's heads, with the gate where given. Local."""
         if self.attend is not None:
-            out = self.attend(q, k, v, gate_local)
-        else:
-            out = self.attn_impl.forward(q, k, v, gate_local, meta)
-        if self.attn_impl is not None:
-            out = self.attn_impl.postprocess_output(out, meta)
-        return self._gather_heads(out, layout), None
+            return self.attend(q, k, v, gate)
+        return self.attn_impl.forward(q, k, v, gate, meta)
 
 
 class LocalAttention(_Attention):

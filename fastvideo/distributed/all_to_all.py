@@ -390,7 +390,8 @@ def _failure(group: dist.ProcessGroup, exc: RuntimeError, seconds: float) -> Col
         what = (f"timed out after {seconds:.1f} s (the SP group's timeout, {limit}: the default process group's "
                 "unless initialize_sequence_parallel was given one): a peer is stopped, stuck, or not calling the op")
     elif kind == "closed":
-        what = f"failed after {seconds:.3f} s: the connection to a peer closed, so that peer's process is gone"
+        # A peer that raised closes its groups too, alive: the closed connection alone does not say it exited.
+        what = f"failed after {seconds:.3f} s: the peer closed the connection (it raised or exited)"
     else:
         what = f"failed after {seconds:.3f} s"
     return CollectiveError(f"Ulysses all-to-all (NCCL route) over SP ranks {ranks} {what} ({exc}).", kind)

@@ -122,7 +122,7 @@ def test_sp_size_one_returns_input():
 
 
 def attention_block_matches_reference(rank: int, world: int) -> float:
-    from fastvideo.sp_recipes.attention_block import SPSelfAttention
+    from sp_recipes.attention_block import SPSelfAttention
 
     torch.manual_seed(0)
     block = SPSelfAttention(48, 2 * world, dtype=torch.float64)

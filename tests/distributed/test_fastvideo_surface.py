@@ -358,6 +358,41 @@ def test_all_gather_under_inference_mode_with_an_autograd_only_functional_collec
         assert r["direct"][0] == "NotImplementedError" and "Could not run" in r["direct"][1], r["direct"]
 
 
+def _gather_warnings(rank, world_size):
+    """Every warning the SP all-gathers raise (even and uneven, untracked and grad-tracked) from this package's own
+    files; then the control: the deprecated functional name in their place, which torch 2.13 warns about."""
+    import warnings
+
+    from fastvideo.distributed.device_communicators import base_device_communicator as base
+    from fastvideo.distributed.parallel_state import get_sp_group
+
+    comm = get_sp_group().device_communicator
+    table = tuple(range(1, world_size + 1))
+
+    def ours() -> list[str]:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            comm.all_gather(rank_input(rank, (2, 3, 4)), 1)
+            comm.all_gather(rank_input(rank, (2, table[rank], 4)), 1, splits=table)
+            comm.all_gather(rank_input(rank, (2, 3, 4), requires_grad=True), 1)
+        return [f"{w.category.__name__}: {w.message} ({w.filename})" for w in seen if "/fastvideo/" in w.filename]
+
+    clean = ours()
+    base._all_gather = base._fc.all_gather_tensor  # the call the package made before
+    return clean, ours()
+
+
+def test_the_all_gathers_raise_no_warning_from_this_package(ranks):
+    """The untracked all-gather calls torch's current functional name (``all_gather_single`` on 2.13, the old name
+    on 2.11, which lacks the new one): no ``FutureWarning`` attributed to this package's file."""
+    import torch.distributed._functional_collectives as fc
+
+    for clean, old in ranks(2, _gather_warnings):
+        assert clean == [], clean
+        if hasattr(fc, "all_gather_single"):  # the control: where the old name is deprecated, it is caught
+            assert any("FutureWarning" in w and "base_device_communicator.py" in w for w in old), old
+
+
 # ------------------------------------------------------------------------------------- ulysses_a2a itself
 
 

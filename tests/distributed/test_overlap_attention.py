@@ -1,5 +1,5 @@
 """``DistributedAttention(overlap_chunks=N)``: heads in N groups, each group's exchanges in flight under its
-neighbours' attention (``fastvideo/attention/overlap.py``).
+neighbours' attention (``DistributedAttention._run_groups``, planned in ``distributed/ulysses/overlap_plan.py``).
 
 * The stream-schedule model: for each consumer, the event it waits on; one wait dropped is flagged.
 * Over gloo at P = 2, 3, 4: the pipelined layer's forward and backward against the unpipelined one, with uneven
@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastvideo.attention.overlap import Step, check_chunks, head_groups, schedule, schedule_model
+from fastvideo.distributed.ulysses.overlap_plan import Step, check_chunks, head_groups, schedule, schedule_model
 from tests.distributed.conftest import bit_equal, rank_input
 from tests.distributed.mp import RankError
 
@@ -231,8 +231,8 @@ def _train_losses(rank, p, runs):
     import torch.distributed as dist
 
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D
-    from fastvideo.sp_recipes.data import SyntheticVideoLatents
-    from fastvideo.sp_recipes.video_dit import CONFIGS, VideoDiT, flow_matching_loss
+    from sp_recipes.data import SyntheticVideoLatents
+    from sp_recipes.video_dit import CONFIGS, VideoDiT, flow_matching_loss
 
     tags = set()
 

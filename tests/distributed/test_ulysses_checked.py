@@ -90,6 +90,8 @@ def _assert_every_rank_raised(results, mistakes):
         if MISTAKES[mistake] is None:  # the meta tensor: a caller error on rank 1, voted to rank 0
             assert rank1[0] == "ValueError" and "meta tensor" in rank1[1]
             assert rank0[0] == "PeerCallError" and "rank(s) [1]" in rank0[1]
+            # The vote carries the peer's own exception: rank 0's error names it, type and message.
+            assert "rank 1: ValueError: " in rank0[1] and "meta tensor" in rank0[1], rank0[1]
         else:
             for kind, message, field, _, _ in (rank0, rank1):
                 assert (kind, field) == ("ContractMismatchError", MISTAKES[mistake]), (mistake, kind, message)

@@ -71,3 +71,27 @@ def test_no_decline_no_log(ranks):
     """Negative control: a construction that succeeds logs no decline on any rank."""
     for records, per_rank in ranks(2, _fine, timeout_s=60):
         assert records == [] and per_rank == {}
+
+
+def _default_helper_on_cpu(rank, world_size):
+    from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D
+
+    handler = _Records()
+    logger = logging.getLogger("fastvideo.distributed.ulysses")
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        sequence_model_parallel_all_to_all_4D(rank_input(rank, (3, 16, 12, 8)), 2, 1)  # builds the default helper
+    finally:
+        logger.removeHandler(handler)
+    return [r for r in handler.records if "declined" in r[1]]
+
+
+def test_a_cpu_jobs_decline_is_information_not_a_warning(ranks):
+    """``auto`` on CPU ranks: no device of theirs has a fused route, so there is nothing to fix and the decline is
+    logged once at INFO (a log of a CPU job carries no warning of ours). The control is the test above: a decline
+    where a fused route could run (a rank without the library, without NVLink, ...) is a WARNING."""
+    records0, records1 = ranks(2, _default_helper_on_cpu, env={"FASTVIDEO_ULYSSES_A2A": "auto"}, timeout_s=60)
+    assert records1 == [] and len(records0) == 1, records0
+    level, message = records0[0]
+    assert level == "INFO" and "(transport_missing)" in message and "no transport for this device" in message

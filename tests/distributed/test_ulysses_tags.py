@@ -449,7 +449,7 @@ def test_check_tag():
 def test_the_video_dit_names_every_blocks_attention():
     """The package's video DiT gives each block's attention its own prefix: every all-to-all of the model is tagged,
     each tag once."""
-    from fastvideo.sp_recipes.video_dit import CONFIGS, VideoDiT
+    from sp_recipes.video_dit import CONFIGS, VideoDiT
 
     model = VideoDiT(CONFIGS["tiny"])
     tags = [tag for block in model.blocks for tag in block.attn.tags.values()]
@@ -485,7 +485,7 @@ def test_an_all_to_all_override_gets_the_layers_tag_only_where_it_has_one(ranks)
 def test_the_benchmark_dit_names_its_blocks_as_the_video_dit_does():
     """The DiT benchmark's model (its all-to-all an override) tags every call as the package's video DiT would."""
     from benchmarks.dit.model import TokenDiT
-    from fastvideo.sp_recipes.video_dit import CONFIGS
+    from sp_recipes.video_dit import CONFIGS
 
     model = TokenDiT(CONFIGS["tiny"], None, lambda x, *a, **k: x)
     assert [t for b in model.blocks for t in b.attn.tags.values()] == [

@@ -8,7 +8,9 @@ left at 0). Then, on 2 and 3 gloo ranks:
   timed out, after how long, on which SP ranks, and the timeout that governs it, on every route: ``off`` (the
   NCCL route's collective), ``auto`` voting over shared memory, ``auto`` voting over gloo;
 * a peer that exits: the survivors raise at once, an error that says the peer is gone (its connection closed,
-  or its process no longer exists), not a timeout.
+  or its process no longer exists), not a timeout;
+* a peer that raised and closed its groups, alive: over gloo the survivor is told that the peer closed the
+  connection (it raised or exited), never that its process is gone.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ JOB_TIMEOUT_S = 6.0
 SLACK_S = 6.0  # process scheduling on a loaded 2-core machine
 SHAPE = (2, 4, 6, 8)
 ROUTES = ("off", "auto-shm", "auto-gloo")
+CLOSED = "the peer closed the connection (it raised or exited"
 # The shared-memory vote needs the built library (its ranks load it as production does); without it, say so.
 NEEDS_LIBRARY = pytest.mark.skipif(SHM_VOTE_SKIP is not None, reason=SHM_VOTE_SKIP or "")
 
@@ -52,6 +55,17 @@ def _survivor(rank, world_size, route, fault):
     call()  # every rank in step once
     timeouts = (get_sp_group().timeout_s, helper.watchdog_timeout_s if helper is not None else None)
     if rank == world_size - 1:
+        if fault == "raise":  # what a job's teardown does after an exception: its groups close, the process lives
+            import gc
+
+            import torch.distributed as dist
+
+            from fastvideo.distributed.parallel_state import destroy_sequence_parallel
+
+            destroy_sequence_parallel()
+            dist.destroy_process_group()
+            gc.collect()  # the groups' last references: their sockets close with them
+            time.sleep(120)  # killed by the harness once the survivor reported
         if fault == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)
         os._exit(0)
@@ -92,9 +106,29 @@ def test_a_peer_that_exits_is_reported_gone_not_timed_out(ranks, route):
     kind, message, what, seconds, _ = results[0]
     assert "timed out" not in message and seconds < 20, (seconds, message)
     if route == "off":
-        assert (kind, what) == ("CollectiveError", "closed") and "process is gone" in message, message
+        assert (kind, what) == ("CollectiveError", "closed") and CLOSED in message, message
     else:
         assert (kind, what) == ("PeerGoneError", "peer_gone") and "rank 1" in message, message
+
+
+def test_a_peer_that_raised_and_lives_is_not_reported_gone(ranks):
+    """Under ``off`` the peer raised and closed its groups, alive: the survivor's error says the peer closed the
+    connection (it raised or exited), not that its process is gone."""
+    results = ranks(2, _survivor, "off", "raise", env=_env("off"), job_timeout_s=60.0, results_from={0},
+                    timeout_s=120)
+    kind, message, what, seconds, _ = results[0]
+    assert "timed out" not in message and seconds < 20, (seconds, message)
+    assert (kind, what) == ("CollectiveError", "closed") and CLOSED in message, message
+    assert "process is gone" not in message, message
+
+
+def test_the_gloo_votes_closed_connection_says_raised_or_exited():
+    """The gloo vote's error for a closed connection, as gloo words it: the same wording as the NCCL route's."""
+    from fastvideo.distributed.ulysses.vote import PeerGoneError, gloo_failure
+
+    error = gloo_failure("Ulysses vote", [0, 1], 0, RuntimeError("Connection closed by peer [127.0.0.1]:1"), 0.01, 5)
+    assert isinstance(error, PeerGoneError) and CLOSED in str(error) and "rank 1" in str(error), error
+    assert "process is gone" not in str(error)
 
 
 def _vote_timeout(rank, world_size):

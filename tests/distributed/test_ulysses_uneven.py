@@ -293,7 +293,7 @@ def _attention_block(rank, world, route):
     from fastvideo.distributed.communication_op import balanced_splits
     from fastvideo.distributed.parallel_state import get_sp_group
     from fastvideo.distributed.ulysses import registry
-    from fastvideo.sp_recipes.attention_block import SPSelfAttention
+    from sp_recipes.attention_block import SPSelfAttention
 
     if route == "fused":
         registry.install_default_helper(build_helper(table=()))

@@ -1,6 +1,6 @@
 """The video DiT under sequence parallelism equals the same DiT on one rank, and its checkpoints round-trip.
 
-The model (``fastvideo/sp_recipes/video_dit.py``) shards its video tokens over the SP group and gathers the
+The model (``examples/sp_recipes/video_dit.py``) shards its video tokens over the SP group and gathers the
 prediction, so every SP rank holds the same loss; upstream's collective gradients (the gather's backward sums over
 SP ranks, the shard's divides by the SP size) make the SP ranks' parameter gradients sum to SP size x the
 single-device gradient. Checked in float64 against one rank at SP2, SP3 (80 video tokens: uneven shares, or padded
@@ -21,8 +21,8 @@ def _dit_step(rank, world_size, seq_shard="uneven"):
     import torch.distributed as dist
 
     from fastvideo.distributed.parallel_state import get_sp_group
-    from fastvideo.sp_recipes.data import SyntheticVideoLatents
-    from fastvideo.sp_recipes.video_dit import CONFIGS, VideoDiT, flow_matching_loss
+    from sp_recipes.data import SyntheticVideoLatents
+    from sp_recipes.video_dit import CONFIGS, VideoDiT, flow_matching_loss
 
     cfg = CONFIGS["tiny"]
     torch.manual_seed(0)
@@ -53,10 +53,10 @@ def test_the_dit_under_sp_equals_the_dit_on_one_rank(world_size, seq_shard):
 
 
 def _save(rank, world_size, path):
-    from fastvideo.sp_recipes.checkpoint import save_checkpoint
-    from fastvideo.sp_recipes.data import SyntheticVideoLatents
-    from fastvideo.sp_recipes.fsdp import shard_dit, world_mesh
-    from fastvideo.sp_recipes.video_dit import CONFIGS, VideoDiT, flow_matching_loss
+    from sp_recipes.checkpoint import save_checkpoint
+    from sp_recipes.data import SyntheticVideoLatents
+    from sp_recipes.fsdp import shard_dit, world_mesh
+    from sp_recipes.video_dit import CONFIGS, VideoDiT, flow_matching_loss
 
     cfg = CONFIGS["tiny"]
     torch.manual_seed(0)
@@ -71,9 +71,9 @@ def _save(rank, world_size, path):
 
 
 def _load(rank, world_size, path, sharded):
-    from fastvideo.sp_recipes.checkpoint import load_checkpoint
-    from fastvideo.sp_recipes.fsdp import shard_dit, world_mesh
-    from fastvideo.sp_recipes.video_dit import CONFIGS, VideoDiT, VideoDiTConfig
+    from sp_recipes.checkpoint import load_checkpoint
+    from sp_recipes.fsdp import shard_dit, world_mesh
+    from sp_recipes.video_dit import CONFIGS, VideoDiT, VideoDiTConfig
 
     cfg = CONFIGS["tiny"]
     torch.manual_seed(1)  # other initial weights: everything must come from the file
@@ -107,8 +107,8 @@ def test_checkpoints_round_trip_across_world_sizes(tmp_path):
 
 
 def _prepare(rank, world_size, path):
-    from fastvideo.sp_recipes.loop import prepare_training
-    from fastvideo.sp_recipes.video_dit import CONFIGS, VideoDiT, VideoDiTConfig
+    from sp_recipes.loop import prepare_training
+    from sp_recipes.video_dit import CONFIGS, VideoDiT, VideoDiTConfig
 
     cfg = CONFIGS["tiny"]
     device = torch.device("cpu")

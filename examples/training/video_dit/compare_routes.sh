@@ -13,7 +13,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../../.." && pwd)
 PY="${PY:-python3}"
-export PY PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PY PYTHONPATH="$ROOT:$ROOT/examples${PYTHONPATH:+:$PYTHONPATH}"  # the package and the recipes
 out="${FASTVIDEO_RECIPE_OUT:-$ROOT/build/video_dit}"
 rm -rf "$out/off" "$out/auto" "$out/auto_resumed" "$out/loss_and_step_time.png"
 start=$SECONDS
@@ -22,6 +22,6 @@ FASTVIDEO_ULYSSES_A2A=auto bash "$HERE/train.sh" --out-dir "$out/auto" "$@"
 middle=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["checkpoints"][0]["path"])' "$out/auto/run.json")
 echo "recipe: resuming the auto run from $middle" >&2
 FASTVIDEO_ULYSSES_A2A=auto bash "$HERE/train.sh" --out-dir "$out/auto_resumed" --resume "$middle" "$@"
-"$PY" -m fastvideo.sp_recipes.train_video_dit compare "$out/off/run.json" "$out/auto/run.json" \
+"$PY" -m sp_recipes.train_video_dit compare "$out/off/run.json" "$out/auto/run.json" \
   --resumed "$out/auto_resumed/run.json" --plot "$out/loss_and_step_time.png"
 echo "recipe: done in $((SECONDS - start)) s; runs under $out"

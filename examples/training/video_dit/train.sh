@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One training run of the video DiT recipe (fastvideo/sp_recipes/train_video_dit.py): exports the two Ulysses
+# One training run of the video DiT recipe (examples/sp_recipes/train_video_dit.py): exports the two Ulysses
 # switches, then launches one rank per GPU with torchrun (2 gloo ranks on the CPU where there is no GPU to use).
 #
 #   FASTVIDEO_ULYSSES_A2A=auto bash examples/training/video_dit/train.sh --out-dir build/video_dit/auto
@@ -15,7 +15,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)
 PY="${PY:-python3}"
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$ROOT:$ROOT/examples${PYTHONPATH:+:$PYTHONPATH}"  # the package and the recipes (sp_recipes)
 source "$(dirname "${BASH_SOURCE[0]}")/../recipe_env.sh"  # the switches, NCCL, cuBLAS; sets device and nproc
-exec "$PY" -m torch.distributed.run --standalone --nproc_per_node="$nproc" -m fastvideo.sp_recipes.train_video_dit \
+exec "$PY" -m torch.distributed.run --standalone --nproc_per_node="$nproc" -m sp_recipes.train_video_dit \
   train --device "$device" "$@"

@@ -19,6 +19,11 @@ PY="${PY:-python3}"
 out="${FASTVIDEO_RECIPE_OUT:-$ROOT/build/wan}"
 out=$(realpath -m "$out")
 export PY ROOT
+# Upstream's noise, which is no failure: its platform probe logs "ERROR ... NPU detection failed: PyTorch or
+# PyTorch_NPU is not installed" in every process on a machine without an Ascend NPU (filtered from stdout, where its
+# logger writes), and the overlay's requests package warns that no optional charset detector is installed.
+export PYTHONWARNINGS="${PYTHONWARNINGS:+$PYTHONWARNINGS,}ignore:Unable to find acceptable character detection"
+exec > >(grep -v --line-buffered -F "NPU detection failed: PyTorch or PyTorch_NPU is not installed")
 start=$SECONDS
 if [ -n "${FASTVIDEO_OVERLAY_PYTHONPATH:-}" ]; then
   echo "recipe: using the overlay given in FASTVIDEO_OVERLAY_PYTHONPATH=$FASTVIDEO_OVERLAY_PYTHONPATH" >&2
@@ -42,7 +47,7 @@ middle=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["checkpo
 echo "recipe: resuming the auto run from $middle" >&2
 FASTVIDEO_ULYSSES_A2A=auto bash "$HERE/train.sh" --out-dir "$out/auto_resumed" --resume "$middle" "$@"
 status=0
-(cd "${FASTVIDEO_OVERLAY_PYTHONPATH%%:*}" && PYTHONPATH="$FASTVIDEO_OVERLAY_PYTHONPATH" "$PY" -m fastvideo.sp_recipes.train_wan compare "$out/off/run.json" \
+(cd "${FASTVIDEO_OVERLAY_PYTHONPATH%%:*}" && PYTHONPATH="$FASTVIDEO_OVERLAY_PYTHONPATH:$ROOT/examples" "$PY" -m sp_recipes.train_wan compare "$out/off/run.json" \
   "$out/auto/run.json" --resumed "$out/auto_resumed/run.json" --plot "$out/loss_and_step_time.png" \
   --table "$out/closing_table.txt") || status=$?
 echo "recipe: done in $((SECONDS - start)) s (overlay set-up ${setup} s); runs under $out"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One training run of the Wan recipe (fastvideo/sp_recipes/train_wan.py) inside the overlay: exports the Ulysses
+# One training run of the Wan recipe (examples/sp_recipes/train_wan.py) inside the overlay: exports the Ulysses
 # switches as a FastVideo recipe does, then launches one rank per GPU with torchrun (2 gloo ranks on the CPU where
 # there are not 2 GPUs to use).
 #
@@ -24,7 +24,10 @@ if [ -z "${FASTVIDEO_OVERLAY_PYTHONPATH:-}" ]; then
        "scripts/run_demo.sh, which build it" >&2
   exit 2
 fi
-export PYTHONPATH="$FASTVIDEO_OVERLAY_PYTHONPATH"  # the overlay's fastvideo, never the tree's alone
+# The overlay's fastvideo, never the tree's alone; then the recipes (sp_recipes, which the overlay does not copy):
+# examples/ holds no fastvideo, so it shadows nothing of the overlay's. torchrun's ranks inherit this PYTHONPATH.
+EXAMPLES=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+export PYTHONPATH="$FASTVIDEO_OVERLAY_PYTHONPATH:$EXAMPLES"
 export FASTVIDEO_ATTENTION_BACKEND="${FASTVIDEO_ATTENTION_BACKEND:-TORCH_SDPA}"
 source "$(dirname "${BASH_SOURCE[0]}")/../recipe_env.sh"  # the switches, NCCL, cuBLAS; sets device and nproc
 # `python -m` puts the working directory first on sys.path: in the tree that is the tree's fastvideo/ alone, which
@@ -38,5 +41,5 @@ while (($#)); do
   esac
 done
 cd "${FASTVIDEO_OVERLAY_PYTHONPATH%%:*}"
-exec "$PY" -m torch.distributed.run --standalone --nproc_per_node="$nproc" -m fastvideo.sp_recipes.train_wan \
+exec "$PY" -m torch.distributed.run --standalone --nproc_per_node="$nproc" -m sp_recipes.train_wan \
   train --device "$device" "${args[@]}"

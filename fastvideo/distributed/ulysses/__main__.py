@@ -1,6 +1,6 @@
 """Ask the Ulysses helper why, without running anything.
 
-    python -m fastvideo.distributed.ulysses explain --world-size 4 --shape 3,62500,56,128 \\
+    python -m fastvideo.distributed.ulysses explain --world-size 4 (--shape 3,62500,56,128 | --geometry h3-250k) \\
         --dtype bfloat16 [--gpu GB200] [--a2a auto] [--mode 0] [--grad] [--long-training chunked] \\
         [--window-bytes N] \\
         [--seq-splits 62500,62500,62500,62499 --head-splits 14,14,14,14 --rank 0] [--overlap N]
@@ -9,15 +9,18 @@
 ``explain`` applies the switch (``FASTVIDEO_ULYSSES_A2A`` or ``--a2a``: ``off`` is the NCCL route) and the
 same pure policy the helper applies on every call, and prints the plan (route, kind, CTAs, chunking, window
 bytes) or the decline reason; no GPU or process group is needed (without a GPU and ``--gpu`` it plans for an
-H200 and says so). With ``--seq-splits`` / ``--head-splits`` (every rank's shares) ``--shape`` is rank
-``--rank``'s input. ``--overlap N`` (N > 1): ``--shape`` is a ``DistributedAttention``'s packed q/k/v; it adds
-its head groups' plans.
+H200 and says so). ``--shape`` is one rank's input, as the op takes it; with ``--seq-splits`` /
+``--head-splits`` (every rank's shares) rank ``--rank``'s. ``--geometry`` (a name of ``geometries.py``, or
+B,S,H,D) is the global operand instead, ``--rank``'s share of it the input. ``--overlap N`` (N > 1): the input is
+a ``DistributedAttention``'s packed q/k/v; it adds its head groups' plans.
 Bad arguments are argparse errors (exit 2) that name the argument and the fix.
-``doctor`` prints versions, the kernel library (every place it looked), GPUs and peer access, the
-host identity and the environment variables. It reports problems (an invalid ``FASTVIDEO_*`` value,
-a ``FASTVIDEO_KERNEL_LIBRARY`` that cannot be loaded, no kernel library while ``FASTVIDEO_ULYSSES_A2A=auto``,
-a check that raised) as findings, goes on,
-and exits 1 at the end if there were any.
+``doctor`` prints versions, the host identity, the environment variables, GPUs and peer access, the kernel
+library (every place it looked), then the first thing that blocks the fused route, in the order a user must
+fix them: 1 no CUDA GPU, 2 one GPU only, 3 no NVLink peer, 4 no kernel library, 5 a kernel library too old
+for this package or built for another NCCL, 6 the setting; with advice only where this host can change it. It
+reports problems (an invalid ``FASTVIDEO_*`` value, a ``FASTVIDEO_KERNEL_LIBRARY`` that cannot be loaded, no
+usable kernel library while ``FASTVIDEO_ULYSSES_A2A=auto`` on GPUs that could run it, a check that raised) as
+findings, goes on, and exits 1 at the end if there were any. It runs from a checkout or an installed wheel.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from types import ModuleType
 import torch
 
 from fastvideo import envs
-from fastvideo.distributed.ulysses.explain import ASSUMED_GPU, DTYPES, ROUTE_VAR, default_gpu, explain
+from fastvideo.distributed.ulysses.explain import ASSUMED_GPU, DTYPES, ROUTE_VAR, default_gpu, explain, rank_shape
+from fastvideo.distributed.ulysses.geometries import GEOMETRIES
 from fastvideo.distributed.ulysses.policy import DEFAULT_WINDOW_BYTES
 
 _WINDOW_VAR = "FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES"
@@ -60,6 +64,14 @@ def _shape(text: str) -> tuple[int, int, int, int]:
     if bad:
         raise argparse.ArgumentTypeError(f"{text!r}: shapes are positive; {', '.join(bad)} (use e.g. 3,62500,56,128)")
     return dims  # type: ignore[return-value]
+
+
+def _geometry(text: str) -> tuple[str, tuple[int, int, int, int]]:
+    if text in GEOMETRIES:
+        return text, GEOMETRIES[text]
+    if "," not in text:
+        raise argparse.ArgumentTypeError(f"{text!r}: choose one of {', '.join(GEOMETRIES)} or give B,S_global,H,D")
+    return text, _shape(text)
 
 
 def _bounded_int(minimum: int, expected: str, below: str):
@@ -108,13 +120,6 @@ def _splits(text: str) -> list[int]:
 
 
 
-def _dtype(text: str) -> str:
-    low = text.strip().lower()
-    if low not in DTYPES:
-        raise argparse.ArgumentTypeError(f"{text!r}: choose one of {', '.join(sorted(DTYPES))} (any case)")
-    return low
-
-
 def _negative_values_as_values(argv: list[str], options: tuple[str, ...]) -> list[str]:
     """``--shape -1,2,3,4`` -> ``--shape=-1,2,3,4``: argparse otherwise takes ``-1,...`` for an option and
     says only "expected one argument"; joined, the value reaches its type check and gets a real message."""
@@ -160,16 +165,37 @@ def _loader() -> ModuleType:
     return fastvideo_kernel
 
 
-def _repo_root() -> Path:
-    return Path(__file__).resolve().parents[3]  # <root>/fastvideo/distributed/ulysses/__main__.py
+def _checkout() -> Path | None:
+    """The repository checkout this package runs from, or None where it is installed (a wheel in site-packages)."""
+    root = Path(__file__).resolve().parents[3]  # <root>/fastvideo/distributed/ulysses/__main__.py
+    return root if (root / "fastvideo-kernel" / "pyproject.toml").is_file() else None
 
 
-def kernel_places(repo_root: Path, loader: ModuleType | None) -> list[tuple[str, Path | None, str]]:
+_NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # the driver's GPUs, which a CPU build of torch cannot see
+_NONE_HERE = "nothing on this host can change that"
+Blocker = tuple[int, str]  # doctor's blockers in the order a user must fix them (1-6) and what to say
+
+
+def host_blocker(gpus: int, peers: bool) -> Blocker | None:
+    """Blockers 1-3, the host's GPUs, with advice only where this host can change them; None: none."""
+    if gpus == 0:
+        cpu_torch = torch.version.cuda is None and _NVIDIA_GPUS.is_dir() and any(_NVIDIA_GPUS.iterdir())
+        fix = "this torch is a CPU build and the driver lists GPUs: install a CUDA build of torch" if cpu_torch \
+            else _NONE_HERE
+        return 1, f"no CUDA GPU: the fused route runs on 2+ CUDA GPUs of one host; {fix}"
+    if gpus == 1:
+        hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+        fix = f"CUDA_VISIBLE_DEVICES={hidden} may hide the others" if hidden else _NONE_HERE
+        return 2, f"one GPU only: the fused route needs 2+ (one SP rank each); {fix}"
+    return None if peers else (3, f"no NVLink peer: no two of this host's GPUs have peer access; {_NONE_HERE}")
+
+
+def kernel_places(checkout: Path | None, loader: ModuleType | None) -> list[tuple[str, Path | None, str]]:
     """Every place a kernel library is looked for, in the loader's order, then the development builds.
 
     Returns ``(label, path or None, state)``. ``fastvideo_kernel.load`` opens
     ``$FASTVIDEO_KERNEL_LIBRARY`` when it is set, else the installed wheel's library; a development
-    build (``<repo>/build/kernel*/``, what ``scripts/build_kernel.sh`` writes) is opened only when
+    build (``<checkout>/build/kernel*/``, what ``scripts/build_kernel.sh`` writes) is opened only when
     ``FASTVIDEO_KERNEL_LIBRARY`` points at it.
     """
     loaded = "found; the loader opens this one"
@@ -185,76 +211,80 @@ def kernel_places(repo_root: Path, loader: ModuleType | None) -> list[tuple[str,
         places.append(("the wheel's library", wheel, state if wheel.is_file() else "missing"))
     else:
         places.append(("the wheel's library", None, "the loader package fastvideo_kernel is not importable"))
-    builds = sorted((repo_root / "build").glob(f"kernel*/{_LIBRARY_NAME}"))
+    if checkout is None:
+        return [*places, ("development build", None, "none: this package is installed, not run from a checkout")]
+    builds = sorted((checkout / "build").glob(f"kernel*/{_LIBRARY_NAME}"))
     for build in builds:
         chosen = override and Path(override).resolve() == build.resolve()
         places.append(("development build", build, loaded if chosen else f"found; loaded only via ${_ENV_LIBRARY}"))
     if not builds:
-        places.append(("development build", repo_root / "build" / "kernel" / _LIBRARY_NAME, "missing"))
+        places.append(("development build", checkout / "build" / "kernel" / _LIBRARY_NAME, "missing"))
     return places
 
 
-def _doctor_kernel(doc: _Doctor, repo_root: Path, switch: str | None) -> None:
-    """The kernel library's places and state. Missing is a problem under ``switch == "auto"`` (every call would
-    take the NCCL route, declining ``transport_missing``), a note otherwise."""
-
-    def unavailable(text: str) -> None:
-        if switch == "auto":
-            doc.finding("kernel", f"not available while {ROUTE_VAR}=auto, so every call takes the NCCL route "
-                                  f"(declined: transport_missing): {text}")
-        else:
-            doc.line("kernel", f"not available: {text} (not needed while {ROUTE_VAR}={switch or 'off'})")
+def _doctor_kernel(doc: _Doctor, checkout: Path | None, switch: str | None, fixable: bool) -> Blocker | None:
+    """The kernel library's places and state, and blocker 4 (none loads) or 5 (an ABI this package cannot drive,
+    or a build for another NCCL than the process runs). Under ``switch == "auto"`` on GPUs that could run the fused
+    route (``fixable``) that is a problem (every call would decline ``transport_missing``), else a note; how to
+    get a library is said only where it would help."""
+    from fastvideo.distributed.ulysses.nccl_runtime import nccl_mismatch
 
     try:
         loader: ModuleType | None = _loader()
     except ImportError:
         loader = None
     override = os.environ.get(_ENV_LIBRARY, "")
-    places = kernel_places(repo_root, loader)
+    places = kernel_places(checkout, loader)
     doc.line("kernel", "looked for the library in (the loader's order, then development builds):")
     for label, path, state in places:
         doc.line("kernel", f"  {label}: {path if path is not None else '-'}  [{state}]")
     dev = [path for label, path, state in places if label == "development build" and state.startswith("found")]
-    if loader is None:
-        fix = (
-            "pip install --no-build-isolation --no-deps ./fastvideo-kernel, or put its source on the path: "
-            f"export PYTHONPATH={repo_root / 'fastvideo-kernel'}:$PYTHONPATH"
-        )
-        if override:
-            doc.finding(
-                "kernel",
-                f"${_ENV_LIBRARY} is set but the loader package fastvideo_kernel is not "
-                f"importable, so nothing can load it: {fix}",
-            )
-        else:
-            unavailable(f"the loader package fastvideo_kernel is not importable ({fix})")
+    info = loader.info() if loader else {"error": "the loader package fastvideo_kernel is not importable"}
+    if "error" not in info:
+        for key, value in info.items():
+            doc.line("kernel", f"{key}: {value}")
+        from fastvideo.distributed.ulysses import hot  # loads torch: doctor runs in the user's environment
+
+        why = hot.load(Path(str(info.get("path", ""))).parent)[1]  # beside the library the loader opens
+        doc.line("kernel", f"hot-path extension: {why or 'built for this torch, loaded'}")
+    why = info.get("problem") or info.get("nccl_runtime_error") or (
+        nccl_mismatch(info["nccl_build"], info["nccl_runtime"]) if "nccl_runtime" in info else None)
+    if "error" not in info and not why:
+        return None
+    if checkout is None:
+        fix = "install the fastvideo-kernel wheel built from the repository's fastvideo-kernel/ for this torch"
+    elif loader is None:
+        fix = ("pip install --no-build-isolation --no-deps ./fastvideo-kernel, or put its source on the path: "
+               f"export PYTHONPATH={checkout / 'fastvideo-kernel'}:$PYTHONPATH")
+    elif dev and not override:
+        fix = f"to use a development build: export {_ENV_LIBRARY}={dev[0]}"
     else:
-        info = loader.info()
-        if "error" not in info:
-            for key, value in info.items():
-                doc.line("kernel", f"{key}: {value}")
-            from fastvideo.distributed.ulysses import hot  # loads torch: doctor runs in the user's environment
-
-            why = hot.load(Path(str(info.get("path", ""))).parent)[1]  # beside the library the loader opens
-            doc.line("kernel", f"hot-path extension: {why or 'built for this torch, loaded'}")
-        elif override:
-            doc.finding("kernel", f"${_ENV_LIBRARY} is set but unusable: {info['error']}")
-        else:
-            unavailable(info["error"])
-    if dev and not override:
-        doc.line("kernel", f"to use a development build: export {_ENV_LIBRARY}={dev[0]}")
-    elif not dev and not override:
-        doc.line("kernel", f"to make a development build: {_BUILD_HINT} (then set {_ENV_LIBRARY} to its path)")
+        fix = f"to make a development build: cd {checkout} && {_BUILD_HINT} (then set {_ENV_LIBRARY} to its path)"
+    index, text = (4, f"no kernel library: {info['error']}") if "error" in info else \
+        (5, f"kernel library unusable: {why}")
+    text += f"; {fix}" if fixable else ""
+    if override and index == 4:  # the user named a library: whatever the host, that is a mistake to fix
+        doc.finding("kernel", f"${_ENV_LIBRARY} is set but unusable: {text}")
+    elif switch == "auto" and fixable:
+        doc.finding("kernel", f"{text}; while {ROUTE_VAR}=auto every call takes the NCCL route (declined: "
+                              "transport_missing)")
+    else:
+        need = f"not needed while {ROUTE_VAR}=off" if switch == "off" else f"{ROUTE_VAR} is invalid (above)"
+        doc.line("kernel", f"not available: {text} ({need if fixable else 'of no use on this host: fused, below'})")
+    return index, text
 
 
-def doctor(_: argparse.Namespace, repo_root: Path | None = None) -> int:
+def doctor(_: argparse.Namespace) -> int:
+    """Local, blocking: prints what this host runs and the first thing that blocks the fused route; 1 on a problem."""
     import platform
 
     doc = _Doctor()
+    raw = os.environ.get(ROUTE_VAR)
     try:
         switch: str | None = envs.get(ROUTE_VAR)
     except ValueError:
-        switch = None  # reported by the environment check
+        switch = None  # invalid: reported as such by the environment check and the verdict, never read as off
+    facts: dict[str, Blocker | None] = {}
 
     def versions() -> None:
         doc.line("python", f"{platform.python_version()}  torch {torch.__version__}")
@@ -277,19 +307,18 @@ def doctor(_: argparse.Namespace, repo_root: Path | None = None) -> int:
             except ValueError as exc:
                 doc.finding("env", str(exc))
                 continue
-            doc.line("env", f"{name}={value!r}  (default {var.default!r}{'' if raw else ', unset'})")
+            doc.line("env", f"{name}={value!r}  ({'default' if raw is None else f'default {var.default!r}'})")
             if name == "FASTVIDEO_ULYSSES_A2A_CHECKED" and value == "auto":
                 from fastvideo.distributed.settings import checked_mode
 
-                try:
-                    route = envs.get("FASTVIDEO_ULYSSES_A2A")
-                except ValueError:
-                    route = "off"  # reported on its own line
                 level = torch.distributed.get_debug_level().name
-                why = ("the route is auto (every call votes on every route)" if route == "auto" else
+                if switch is None:
+                    doc.line("env", f"  checked mode unknown: {ROUTE_VAR} is invalid (above)")
+                    continue
+                why = ("the route is auto (every call votes on every route)" if switch == "auto" else
                        f"the route is off and torch's distributed debug level is {level} (on at DETAIL: "
                        "TORCH_DISTRIBUTED_DEBUG=DETAIL)")
-                doc.line("env", f"  checked mode {'on' if checked_mode(value, route) else 'off'}: {why}")
+                doc.line("env", f"  checked mode {'on' if checked_mode(value, switch) else 'off'}: {why}")
         # A misspelt setting is otherwise ignored silently (build and test knobs share the prefix: only
         # names close to a real setting are pointed out).
         for name in sorted(n for n in os.environ if n.startswith("FASTVIDEO_") and n not in registry):
@@ -297,17 +326,32 @@ def doctor(_: argparse.Namespace, repo_root: Path | None = None) -> int:
             if close:
                 doc.line("env", f"{name} is set but is not a setting: did you mean {close[0]}?")
 
-    def kernel() -> None:
-        _doctor_kernel(doc, repo_root if repo_root is not None else _repo_root(), switch)
-
     def gpus() -> None:
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         doc.line("gpus", str(count))
+        any_peer = False
         for i in range(count):
             peers = [j for j in range(count) if j != i and torch.cuda.can_device_access_peer(i, j)]
+            any_peer = any_peer or bool(peers)
             doc.line(f"gpu {i}", f"{torch.cuda.get_device_name(i)}; peer access to {peers}")
+        facts["host"] = host_blocker(count, any_peer)
 
-    for label, fn in (("versions", versions), ("host", host), ("env", environment), ("kernel", kernel), ("gpus", gpus)):
+    def kernel() -> None:
+        facts["kernel"] = _doctor_kernel(doc, _checkout(), switch, fixable="host" in facts and not facts["host"])
+
+    def fused() -> None:
+        if len(facts) < 2:
+            doc.line("fused", "unknown: a check above raised")
+            return
+        setting = f"the setting: {ROUTE_VAR}="
+        blocker = facts["host"] or facts["kernel"] or (None if switch == "auto" else (6, setting + (
+            f"{raw!r} is invalid (off or auto): a job refuses to start" if switch is None else
+            f"off{' (default)' if raw is None else ''}: every call takes the NCCL route; export {ROUTE_VAR}=auto")))
+        doc.line("fused", f"blocked at {blocker[0]} of 6: {blocker[1]}" if blocker else "available: every requirement "
+                          "is met (under auto each call takes it where the policy plans it and every rank agrees)")
+
+    for label, fn in (("versions", versions), ("host", host), ("env", environment), ("gpus", gpus),
+                      ("kernel", kernel), ("fused", fused)):
         doc.check(label, fn)
     if doc.findings:
         doc.line("result", f"{len(doc.findings)} problem(s) found:")
@@ -326,10 +370,13 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("explain", help="print the plan or the decline reason for one call")
     ex.add_argument("--world-size", type=_world_size, required=True, help="SP size (a positive integer)")
-    ex.add_argument("--shape", type=_shape, required=True, help="input shape B,S,H,D as passed to the op")
-    ex.add_argument(
-        "--dtype", type=_dtype, default="bfloat16", metavar="DTYPE", help=f"one of {', '.join(sorted(DTYPES))}"
-    )
+    shape = ex.add_mutually_exclusive_group(required=True)
+    shape.add_argument("--shape", type=_shape, help="one rank's input B,S_local,H,D (mode 0) as passed to the op")
+    shape.add_argument("--geometry", type=_geometry, metavar="NAME|B,S,H,D",
+                       help=f"the global operand: {', '.join(GEOMETRIES)} or B,S_global,H,D (--rank's share is "
+                            "its input)")
+    ex.add_argument("--dtype", type=str.lower, choices=sorted(DTYPES), default="bfloat16", metavar="DTYPE",
+                    help=f"one of {', '.join(sorted(DTYPES))} (any case)")
     ex.add_argument("--gpu", default=None,
                     help=f"GPU model, e.g. GB200, H200 (default: GPU 0's model; without a GPU, {ASSUMED_GPU}, "
                          "printed as an assumption)")
@@ -359,13 +406,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(_negative_values_as_values(
         argv, ("--shape", "--world-size", "--window-bytes", "--seq-splits", "--head-splits", "--rank")))
     if args.command == "explain":
-        args.a2a_source = "--a2a" if args.a2a is not None else "from the environment"
+        if args.geometry is not None:
+            table = args.seq_splits if args.mode == 0 else args.head_splits
+            try:
+                args.shape = rank_shape(args.geometry[1], args.mode, args.world_size, args.rank, table)
+            except ValueError as exc:
+                ex.error(f"--geometry {args.geometry[0]}: {exc}")
+        args.sources = {}
         for attr, flag, var in (
             ("a2a", "--a2a", ROUTE_VAR),
             ("long_training", "--long-training", _LONG_VAR),
             ("window_bytes", "--window-bytes", _WINDOW_VAR),
             ("overlap", "--overlap", "FASTVIDEO_ULYSSES_A2A_OVERLAP"),
         ):
+            args.sources[attr] = flag if getattr(args, attr) is not None else \
+                "from the environment" if os.environ.get(var) else "default"
             if getattr(args, attr) is None:  # the flag's default is the setting's value, refused as doctor does
                 try:
                     setattr(args, attr, envs.get(var))

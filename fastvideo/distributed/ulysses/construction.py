@@ -35,6 +35,7 @@ from fastvideo.distributed.ulysses.transport import Capability, ConstructionCont
 from fastvideo.distributed.ulysses.vote import GlooVote, ShmVote, load_vote_library
 
 logger = logging.getLogger("fastvideo.distributed.ulysses.helper")
+_NO_DEVICE_TRANSPORT = "no transport for this device"  # a CPU job's: no fused route exists for its device
 
 
 def host_identity() -> tuple[str, str]:
@@ -127,7 +128,7 @@ def construct(sp: GroupCoordinator, transport: Transport | None, vote: GlooVote,
     elif transport is not None:
         cap = transport.capability()
     else:
-        cap = Capability("none", False, decline=DeclineReason.TRANSPORT_MISSING, detail="no transport for this device")
+        cap = Capability("none", False, decline=DeclineReason.TRANSPORT_MISSING, detail=_NO_DEVICE_TRANSPORT)
     host, boot = identity()
     shm_ok = vote_request != "gloo" and load_vote_library() is not None
     info = (cap.agreement_key(), cap.decline, cap.detail, host, boot, window_bytes, gpu_name, shm_ok, generation,
@@ -267,11 +268,14 @@ def _choose_vote(vote: GlooVote, rank: int, peers: list[tuple], request: str) ->
 def _record_decline(sp: GroupCoordinator, result: Construction, reason: DeclineReason, detail: str,
                     per_rank: list[str]) -> None:
     """Record the agreed decline. Logged once for the SP group, by its first rank, at WARNING, naming every
-    rank's part (every rank holds the same exchange, so the others would only repeat it)."""
+    rank's part (every rank holds the same exchange, so the others would only repeat it); at INFO where every rank
+    is a CPU one (no transport for its device)."""
     result.reason, result.detail = reason, detail
     result.per_rank = {rank: why for rank, why in zip(sp.ranks, per_rank, strict=True)}
     if sp.rank_in_group == 0 and reason is not DeclineReason.DISABLED:  # `off` is a choice, not news
-        logger.warning(
-            "Ulysses fused all-to-all declined at construction on SP ranks %s (%s); every call takes the NCCL "
+        # A CPU job had no fused route to lose (nothing to fix): said at INFO. A decline on GPUs is news.
+        level = logging.INFO if all(_NO_DEVICE_TRANSPORT in why for why in per_rank) else logging.WARNING
+        logger.log(
+            level, "Ulysses fused all-to-all declined at construction on SP ranks %s (%s); every call takes the NCCL "
             "route. Per rank: %s.", sp.ranks, reason.label,
             "; ".join(f"rank {rank}: {why}" for rank, why in result.per_rank.items()))

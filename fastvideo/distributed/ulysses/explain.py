@@ -11,6 +11,8 @@ import argparse
 
 import torch
 
+from fastvideo.distributed.all_to_all import validate_input
+from fastvideo.distributed.ulysses.overlap_plan import describe_plan
 from fastvideo.distributed.ulysses.policy import (
     ENGINE_CE,
     ENGINE_SM,
@@ -89,10 +91,24 @@ def default_gpu() -> tuple[str, str]:
     return ASSUMED_GPU, "assumed: this machine has no GPU; pass --gpu to plan for another model"
 
 
+Shape = tuple[int, int, int, int]
+
+
+def rank_shape(glob: Shape, mode: int, p: int, rank: int, table: list[int] | None) -> Shape:
+    """Rank ``rank``'s input to the op for the global ``glob``: its share of S (mode 0) or of H (mode 1), even or
+    ``table``'s. Pure; a ValueError names the fix."""
+    dim, name, flag = (1, "S", "--seq-splits") if mode == 0 else (2, "H", "--head-splits")
+    if table is None and glob[dim] % p:
+        raise ValueError(f"{name}={glob[dim]} does not divide by the SP size {p}: pass {flag} or another --world-size")
+    if table is not None and sum(table) != glob[dim]:
+        raise ValueError(f"{flag} sums to {sum(table)}, not {name}={glob[dim]}")
+    out = list(glob)
+    out[dim] = glob[dim] // p if table is None else table[rank] if rank < len(table) else 0
+    return tuple(out)  # type: ignore[return-value]
+
+
 def explain_rows(args: argparse.Namespace) -> tuple[int, list[tuple[str, str]]]:
     """``explain``'s output as ``(label, text)`` rows, and its exit status (2: no route can serve the input)."""
-    from fastvideo.distributed.communication_op import validate_input
-
     rows: list[tuple[str, str]] = []
     mode, p = args.mode, args.world_size
     dtype = DTYPES[args.dtype]
@@ -101,7 +117,12 @@ def explain_rows(args: argparse.Namespace) -> tuple[int, list[tuple[str, str]]]:
                                 seq_splits=args.seq_splits, head_splits=args.head_splits, allow_meta=True)
     except ValueError as exc:
         return 2, [("error:", str(exc))]
-    rows.append(("input", f"{list(args.shape)} {dtype} mode {mode} "
+    dim, table = (1, splits.seq) if mode == 0 else (2, splits.heads)
+    glob = list(args.shape)
+    glob[dim] = sum(table) if table else glob[dim] * p  # the global operand: every rank's share of S or H
+    named = f" ({args.geometry[0]})" if getattr(args, "geometry", None) else ""
+    rows.append(("input", f"global {glob}{named}, per rank {list(args.shape)} (rank {args.rank}'s input to "
+                          f"the op) {dtype} mode {mode} "
                           f"({'scatter heads' if mode == 0 else 'scatter sequence'})"))
     if p == 1:
         # sequence_model_parallel_all_to_all_4D returns x itself at SP1: no route, no vote, no plan.
@@ -120,8 +141,10 @@ def explain_rows(args: argparse.Namespace) -> tuple[int, list[tuple[str, str]]]:
     else:
         rows.append(("splits", f"even ({geom.S} rows and {geom.H // p} heads per rank)"))
     rows.append(("gpu", f"{args.gpu} ({args.gpu_source})"))
-    rows.append(("policy", f"grad={args.grad} long_training={args.long_training} window={args.window_bytes} B"))
-    rows.append(("switch", f"{ROUTE_VAR}={args.a2a} ({args.a2a_source})"))
+    src = getattr(args, "sources", {})
+    rows.append(("policy", f"grad={args.grad} long_training={args.long_training} ({src.get('long_training', '')}) "
+                           f"window={args.window_bytes} B ({src.get('window_bytes', '')})"))
+    rows.append(("switch", f"{ROUTE_VAR}={args.a2a} ({src.get('a2a', '')})"))
     rows.append(("tuned row", tuned_row_note(args.gpu, geom)))
     if choice.plan is None:
         assert choice.reason is not None
@@ -153,9 +176,7 @@ def explain(args: argparse.Namespace) -> int:
     rc, rows = explain_rows(args)
     for label, text in rows:
         print(f"{label:10s} {text}")
-    if rc == 0 and getattr(args, "overlap", 0) > 1:  # a DistributedAttention's head groups (fastvideo/attention)
-        from fastvideo.attention.overlap import describe_plan
-
+    if rc == 0 and getattr(args, "overlap", 0) > 1:  # a DistributedAttention's head groups (overlap_plan)
         rc, lines = describe_plan(args, args.world_size, DTYPES[args.dtype])
         print("\n".join(lines))
     return rc

@@ -73,8 +73,8 @@ def gloo_failure(what: str, ranks: list[int], rank: int, exc: BaseException, sec
             f"({exc})")
     if kind == "closed":
         return PeerGoneError(
-            f"{what} over SP ranks {ranks} failed after {seconds:.3f} s: the connection to {waiting} closed, so "
-            f"that peer's process is gone (see its log: killed, crashed, out of memory). ({exc})")
+            f"{what} over SP ranks {ranks} failed after {seconds:.3f} s: the peer closed the connection (it raised "
+            f"or exited; {waiting}: see its log). ({exc})")
     return VoteError(f"{what} over SP ranks {ranks} failed after {seconds:.3f} s: {exc}. {_ADVICE}")
 
 
