@@ -123,8 +123,8 @@ def helper_summary() -> dict[str, Any] | None:
     """The op's helper's construction and counts (None: no helper, the switch is off)."""
     from fastvideo.distributed.ulysses import registry
 
-    helper = registry.ROUTE
-    if helper is None or helper is registry.UNRESOLVED:
+    _, helper = registry.resolved()
+    if helper is None:
         return None
     stats = helper.stats()  # type: ignore[union-attr]
     return {k: stats[k] for k in ("construction", "construction_detail", "calls", "fused", "declines", "plans")}

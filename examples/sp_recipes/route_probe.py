@@ -32,8 +32,8 @@ class RouteProbe:
         self._before: tuple[int, int, dict[str, int]] | None = None
 
     def _counts(self) -> tuple[int, int, dict[str, int]] | None:
-        helper = registry.ROUTE
-        if helper is registry.UNRESOLVED or helper is None:
+        _, helper = registry.resolved()
+        if helper is None:
             return None
         stats = helper.stats()  # type: ignore[union-attr]
         return stats["calls"], stats["fused"], dict(stats["declines"])
@@ -46,8 +46,8 @@ class RouteProbe:
         """The route the calls since ``mark()`` took (call after the step's backward)."""
         if self.sp_size == 1:
             return {"kind": "identity", "calls": None, "fused": None, "reasons": [], "source": "SP1"}
-        helper = registry.ROUTE
-        if helper is registry.UNRESOLVED:
+        resolved, helper = registry.resolved()
+        if not resolved:
             raise RuntimeError("RouteProbe.taken: no all-to-all ran through the public op since the SP group "
                                "was set up (is the model's attention the sequence-parallel one?)")
         if helper is None:

@@ -49,6 +49,12 @@ def route(route_id: int = 0, backward: bool = False) -> UlyssesHelper | None:
     return helper
 
 
+def resolved() -> tuple[bool, UlyssesHelper | None]:
+    """Local, never builds anything: ``(True, the helper or None)`` once the agreed route is resolved (the first
+    call does it), else ``(False, None)``."""
+    return (False, None) if _agreed is _UNRESOLVED else (True, _agreed)
+
+
 def enabled() -> bool:
     """Whether the fused route is opted in (``FASTVIDEO_ULYSSES_A2A=auto``). Local, never collective: the SP
     group's agreed value once the SP groups exist, this rank's environment before."""
