@@ -1,0 +1,159 @@
+"""The all-to-all in flight cannot be silently wrong: backward order, the input until ``wait()``, dropped handles.
+
+* **Order.** Two exchanges of one shape in flight, waited in opposite orders on the two ranks, then a loss over both
+  outputs: autograd reaches the two backward exchanges in opposite orders. Each backward votes the SEQ word of the
+  forward it differentiates, so every rank raises ``ContractMismatchError`` on SEQ (within 30 s) instead of swapping
+  the gradients; untagged and with one tag on both calls, under ``auto`` and under ``off`` in checked mode, at
+  P = 2 and 3. The negative control waits in the same order on every rank: exact gradients.
+* **The input.** Mode (1, 2) with B = 1 is the layout where gloo sends ``x`` itself: an in-place write between the
+  start and ``wait()`` raises ``InputModifiedError`` at the wait, on every one of 20 runs; without the write the
+  output is exact (the control). Under ``torch.inference_mode`` tensors carry no version counter: no check.
+* **Dropped handles.** A start whose handle (eager) or token (autograd) is dropped without ``wait()`` gives a
+  ``ResourceWarning`` and one log line naming where it started, and the count of exchanges in flight returns to its
+  prior value after ``gc.collect()``.
+* **Compiled regions.** A start without its wait in the region is refused at trace time; the control traces.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from tests.distributed.conftest import bit_equal, nccl_reference, oracle, rank_input
+
+B, S, H, D = 2, 4, 6, 3
+AUTO = {"FASTVIDEO_ULYSSES_A2A": "auto", "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S": "20"}
+OFF_CHECKED = {"FASTVIDEO_ULYSSES_A2A": "off", "FASTVIDEO_ULYSSES_A2A_CHECKED": "1",
+               "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S": "20"}
+
+
+def _two_in_flight(rank, p, opposite, tag):
+    """Two same-shape exchanges in flight, waited in issue order, or (``opposite``) in the reverse order on rank 0;
+    the loss uses both outputs. Returns ("ok", gradients exact) or (error type, field, seconds)."""
+    from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
+
+    xs = [rank_input(rank, (B, S, H, D), seed=10 + i, requires_grad=True) for i in range(2)]
+    ws = [rank_input(rank, (B, S * p, H // p, D), seed=20 + i) for i in range(2)]
+    handles = [a2a(x, 2, 1, tag=tag, async_op=True) for x in xs]
+    order = [1, 0] if opposite and rank == 0 else [0, 1]
+    ys = {i: handles[i].wait() for i in order}
+    loss = sum((ys[i] * ws[i]).sum() for i in range(2))
+    start = time.monotonic()
+    try:
+        grads = torch.autograd.grad(loss, xs)
+    except Exception as exc:  # noqa: BLE001 - the test asserts on what came back
+        field = getattr(exc, "field", None)
+        return type(exc).__name__, field.name if field is not None else None, time.monotonic() - start, str(exc)
+    expected = [nccl_reference(x, w, 0)[1] for x, w in zip(xs, ws, strict=True)]
+    return "ok", all(bit_equal(g, e) for g, e in zip(grads, expected, strict=True))
+
+
+@pytest.mark.parametrize("env", [AUTO, OFF_CHECKED], ids=["auto", "off-checked"])
+@pytest.mark.parametrize("tag", [None, "blocks.0.attn.qkv"], ids=["untagged", "same-tag"])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_backwards_in_opposite_orders_raise_on_every_rank(ranks, world_size, tag, env):
+    for result in ranks(world_size, _two_in_flight, True, tag, env=env, timeout_s=90):
+        assert result[:2] == ("ContractMismatchError", "SEQ"), result
+        assert result[2] < 30.0, result
+        assert "backward of different calls" in result[3], result
+
+
+@pytest.mark.parametrize("env", [AUTO, OFF_CHECKED], ids=["auto", "off-checked"])
+@pytest.mark.parametrize("tag", [None, "blocks.0.attn.qkv"], ids=["untagged", "same-tag"])
+def test_negative_control_the_same_order_is_exact(ranks, tag, env):
+    for result in ranks(2, _two_in_flight, False, tag, env=env, timeout_s=90):
+        assert result == ("ok", True)
+
+
+def _write_between(rank, p, write, runs):
+    """``runs`` exchanges of a [1, S * p, H / p, D] input in mode (1, 2) (gloo sends ``x``'s own memory), each
+    followed by an in-place write to ``x`` before ``wait()`` when ``write``: what each run gave."""
+    from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
+    from fastvideo.distributed.ulysses.exchange import InputModifiedError, in_flight
+
+    outcomes = []
+    for run in range(runs):
+        x = rank_input(rank, (1, S * p, H // p, D), seed=run)
+        expected = oracle(x, 1)
+        handle = a2a(x, 1, 2, async_op=True)
+        if write:
+            x.add_(1.0)
+        try:
+            outcomes.append("exact" if bit_equal(handle.wait(), expected) else "wrong")
+        except InputModifiedError as exc:
+            outcomes.append("raised" if "input_" in str(exc) else str(exc))
+    with torch.inference_mode():  # no version counter: the rule is the caller's (documented), nothing raises
+        x = rank_input(rank, (1, S * p, H // p, D), seed=99)
+        handle = a2a(x, 1, 2, async_op=True)
+        inference = type(handle.wait()).__name__
+    return outcomes, in_flight(), inference
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_write_between_start_and_wait_raises_every_time(ranks, world_size):
+    for outcomes, left, inference in ranks(world_size, _write_between, True, 20, env=AUTO, timeout_s=120):
+        assert outcomes == ["raised"] * 20 and left == 0 and inference == "Tensor"
+
+
+def test_negative_control_without_the_write_the_output_is_exact(ranks):
+    for outcomes, left, _ in ranks(2, _write_between, False, 5, env=AUTO, timeout_s=120):
+        assert outcomes == ["exact"] * 5 and left == 0
+
+
+def _dropped(rank, p, grad):
+    """Drop a started exchange's handle without waiting (``grad``: through the op, so the token carries it)."""
+    import gc
+    import logging
+    import warnings
+
+    from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
+    from fastvideo.distributed.ulysses import exchange
+
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logging.getLogger(exchange.__name__).addHandler(Collect())
+    before = exchange.in_flight()
+    x = rank_input(rank, (B, S, H, D), seed=5, requires_grad=grad)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        handle = a2a(x, 2, 1, async_op=True)  # the start site the warning names: this line
+        during = exchange.in_flight()
+        del handle
+        gc.collect()
+    after = exchange.in_flight()
+    resource = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    return before, during, after, resource, lines
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["eager", "autograd"])
+def test_a_dropped_handle_warns_and_is_released(ranks, grad):
+    for before, during, after, resource, lines in ranks(2, _dropped, grad, env=AUTO, timeout_s=60):
+        assert during == before + 1 and after == before
+        assert len(resource) == 1 and "test_ulysses_async_safety.py" in resource[0], resource
+        assert len(lines) == 1 and "never waited for" in lines[0]
+
+
+def _compiled(rank, p, wait):
+    from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
+
+    def f(x):
+        handle = a2a(x * 2, 2, 1, async_op=True)
+        return handle.wait().sum() if wait else x.sum()
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(f, backend="aot_eager", fullgraph=True)(rank_input(rank, (B, S, H, D)))
+    except Exception as exc:  # noqa: BLE001 - the test asserts on what came back
+        return "no wait() in it" in str(exc)
+    return "traced"
+
+
+def test_a_compiled_start_without_its_wait_is_refused_at_trace_time(ranks):
+    assert ranks(2, _compiled, False, timeout_s=180) == [True, True]
+    assert ranks(2, _compiled, True, timeout_s=180) == ["traced", "traced"]  # the control
