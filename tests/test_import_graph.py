@@ -234,11 +234,10 @@ def test_validation_lives_in_one_place():
 # validated input, its converter, the geometry, the op's fake impl for a FakeTensor), and model blocks and layers that
 # hand them to a step that validates them (DistributedAttention.forward: its _layout, before any collective).
 _TABLES_UNVALIDATED = {f"{A2A}.validate_input", f"{U}.policy.Geometry.from_input",
-                       # the op layer hands the tables to the core, which validates them (exchange.validate), and
+                       # the op layer hands the tables to the core, which validates them (exchange.issue), and
                        # the wait takes the tables its start validated
                        f"{U}.ops.call", f"{U}.ops.all_to_all", f"{U}.ops.all_to_all_async", f"{U}.ops._op",
-                       f"{U}.ops._start", f"{U}.ops._wait", f"{U}.ops._wait_fake", f"{U}.exchange.run",
-                       f"{U}.exchange.start",
+                       f"{U}.ops._start", f"{U}.ops._wait", f"{U}.ops._wait_fake",
                        "fastvideo.distributed.communication_op.sequence_model_parallel_all_to_all_4D",
                        # layers that hand them to a step that validates them before any collective
                        "fastvideo.attention.layer.DistributedAttention.forward",

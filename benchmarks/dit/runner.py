@@ -105,7 +105,7 @@ class Probe:
             return start.elapsed_time(end) / 1e3  # type: ignore[attr-defined]
         return float(end) - float(start)  # type: ignore[arg-type]
 
-    def call(self, x: torch.Tensor, scatter_dim: int, gather_dim: int, name: str, **kwargs) -> torch.Tensor:
+    def timed_all_to_all(self, x: torch.Tensor, scatter_dim: int, gather_dim: int, name: str, **kwargs) -> torch.Tensor:
         if kwargs.get("async_op"):  # in flight (the pipelined layer): a start's time is not the exchange's; untimed
             return self.dispatch.fn(x, scatter_dim, gather_dim, **kwargs)
         grad = torch.is_grad_enabled() and x.requires_grad
@@ -158,7 +158,7 @@ class Dispatch:
         """``kwargs``: the public op's keywords (``seq_splits``, ``head_splits`` where the model's call is uneven,
         ``tag``: the layer's call tag)."""
         if self.probe.active:
-            return self.probe.call(x, scatter_dim, gather_dim, name, **kwargs)
+            return self.probe.timed_all_to_all(x, scatter_dim, gather_dim, name, **kwargs)
         return self.fn(x, scatter_dim, gather_dim, **kwargs)
 
 

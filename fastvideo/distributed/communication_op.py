@@ -46,8 +46,8 @@ from fastvideo.distributed.parallel_state import get_sp_group
 from fastvideo.distributed.parallel_state import get_tp_group as _get_tp_group
 from fastvideo.distributed.parallel_state import model_parallel_is_initialized as _model_parallel_is_initialized
 from fastvideo.distributed.ulysses import ops as _ops
+from fastvideo.distributed.ulysses.exchange import AllToAllHandle
 from fastvideo.distributed.ulysses.exchange import fail as _fail
-from fastvideo.distributed.ulysses.ops import AllToAllHandle
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +125,8 @@ def sequence_model_parallel_all_to_all_4D(input_: torch.Tensor, scatter_dim: int
         try:
             mode_for_dims(scatter_dim, gather_dim)
         except ValueError as exc:
-            _fail(get_sp_group(), input_, -1, exc)  # checked mode: votes first (-1: an invalid dim pair)
+            grad = torch.is_grad_enabled() and isinstance(input_, torch.Tensor) and input_.requires_grad
+            _fail(get_sp_group(), -1, grad, exc)  # checked mode: votes first (-1: an invalid dim pair)
     return _ops.call(input_, mode, 0, seq_splits, head_splits, tag, async_op)
 
 

@@ -49,24 +49,20 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.harness.header import tree_commit  # noqa: E402
 from fastvideo.attention.layer import DistributedAttention  # noqa: E402
 from fastvideo.distributed import parallel_state  # noqa: E402
-from fastvideo.distributed.all_to_all import Splits, mode_for_dims, output_shape  # noqa: E402
+from fastvideo.distributed.all_to_all import mode_for_dims  # noqa: E402
 from fastvideo.distributed.ulysses import exchange, ops  # noqa: E402
 
 
 def forced(x, scatter_dim, gather_dim, name="", *, async_op=False, seq_splits=None, head_splits=None, tag=None):
     """The exchange through the ops themselves even at SP 1, where the public op returns its input
     (``DistributedAttention``'s ``all_to_all``)."""
-    sp = parallel_state.get_sp_group()
     mode = mode_for_dims(scatter_dim, gather_dim)
     grad = torch.is_grad_enabled() and x.requires_grad
     kw = {"seq_splits": seq_splits, "head_splits": head_splits, "tag": tag}
     if not async_op:
         return torch.ops.fastvideo.ulysses_all_to_all_4d(x, mode, grad, None, 0, **kw)[0]
     token, outcome = torch.ops.fastvideo.ulysses_all_to_all_4d_start(x, mode, grad, None, 0, **kw)
-    splits = Splits(None if seq_splits is None else tuple(seq_splits),
-                    None if head_splits is None else tuple(head_splits))
-    shape = list(output_shape(x.shape, mode, sp.world_size, rank=sp.rank_in_group, splits=splits))
-    return ops.AllToAllHandle(None, None, (token, outcome), (mode, shape, x.dtype, x.device, kw))
+    return ops.TracedHandle((token, outcome), (mode, tuple(x.shape), x.dtype, x.device, kw))
 
 
 def sdpa_math(q, k, v):
@@ -132,12 +128,12 @@ class Check:
                                 device=self.device)
             del poison
             torch.cuda._sleep(200_000_000)  # ~0.1 s of busy side stream before the exchange
-        real, started = exchange.start, []
-        exchange.start = lambda *args, **kw: started.append(real(*args, **kw)) or started[-1]
+        real, started = exchange.issue, []
+        exchange.issue = lambda *args, **kw: started.append(real(*args, **kw)) or started[-1]
         try:
             handle = forced(x, 2, 1, async_op=True)
         finally:
-            exchange.start = real
+            exchange.issue = real
         early = started[0][0].out.clone()  # the control: read without the wait
         landed = handle.wait().clone()
         torch.cuda.synchronize()

@@ -39,14 +39,15 @@ def _both_orders(rank, p, mode, dtype, use_helper):
     w = rank_input(rank, out_shape, dtype, seed=4, requires_grad=True)
     v = rank_input(rank, shape, dtype, seed=5)
     routes = []
-    real = exchange.start
+    real = exchange.issue
 
     def spy(*args, **kw):  # the route each start took
         started, saved = real(*args, **kw)
-        routes.append(started.route)
+        if kw.get("in_flight"):
+            routes.append(started.route)
         return started, saved
 
-    exchange.start = spy
+    exchange.issue = spy
     results = []
     try:
         for asynchronous in (False, True):
@@ -55,7 +56,7 @@ def _both_orders(rank, p, mode, dtype, use_helper):
             gg, = torch.autograd.grad((g * v).sum(), w)
             results.append((y.detach(), g.detach(), gg))
     finally:
-        exchange.start = real
+        exchange.issue = real
     (y0, g0, s0), (y1, g1, s1) = results
     recs = _records(h, 6) if h is not None else None
     if h is not None:
@@ -163,16 +164,16 @@ def _delayed(rank, p, wait):
 
     h = build_helper(transport=DelayedTransport(0.3))
     x = rank_input(rank, (B, S, H, D), seed=20)
-    real, started = exchange.start, []
-    exchange.start = lambda *args, **kw: started.append(real(*args, **kw)[0]) or (started[-1], None)
+    real, started = exchange.issue, []
+    exchange.issue = lambda *args, **kw: started.append(real(*args, **kw)) or started[-1]
     try:
         handle = ops.all_to_all_async(x, 0, h)
     finally:
-        exchange.start = real
+        exchange.issue = real
     if wait:
         out = handle.wait()
     else:  # the negative control: the consumer reads the output buffer without waiting
-        out = started[0].out.clone()
+        out = started[0][0].out.clone()
         handle.wait()
     expected = a2a(h, x, 0)
     time.sleep(0.4)  # the synchronous call's own late landing
@@ -263,14 +264,14 @@ def _owned_launches(rank, p, backend):
     from fastvideo.distributed.ulysses import exchange
 
     owns = []
-    starting = exchange.start
+    issuing = exchange.issue
 
-    def start(*args, own=False):
-        own = args[9] if len(args) > 9 else own
-        owns.append(own)
-        return starting(*args[:9], own=own)
+    def issue(*args, **kw):
+        if kw.get("in_flight"):
+            owns.append(kw.get("own", False))
+        return issuing(*args, **kw)
 
-    exchange.start = start
+    exchange.issue = issue
     x = rank_input(rank, (B, S, H, D), seed=30, requires_grad=True)
     w = rank_input(rank, (B, S * p, H // p, D), seed=31)
 
@@ -401,8 +402,8 @@ def _pipelined_block_bf16_runs(rank, p, own, runs, stop_at_first=False):
     from fastvideo.distributed.ulysses import exchange
 
     if not own:  # the op body's call; the graph still says own_input=True
-        owning = exchange.start
-        exchange.start = lambda *args, **_: owning(*args[:9], own=False)
+        owning = exchange.issue
+        exchange.issue = lambda *args, **kw: owning(*args, **{**kw, "own": False})
 
     def forced(x, scatter_dim, gather_dim, name="", *, async_op=False, tag=None, **_):
         mode = mode_for_dims(scatter_dim, gather_dim)

@@ -1,14 +1,15 @@
-"""One Ulysses all-to-all call, from its input to its output: the core every entry point shares.
+"""One Ulysses all-to-all call, from its input to its output: the core every entry point shares (``issue``).
 
     validate -> route -> the helper (propose, vote, decide, execute the fused plan, record) -> the NCCL route
     where every rank declined or no helper votes
 
-``run`` is the call with its wait inlined: on the caller's stream, no side stream and no event (under CUDA-graph
-capture too); the synchronous op's body and its eager shortcut. ``start`` is the same call in flight (the start
-op's body): on CUDA on this process's communication stream, forked from the caller's, with an event the wait
-makes the caller's stream wait on; on CPU the NCCL route left running in gloo's threads. It returns an
-``Exchange``, which ``wait`` completes. ``run`` validates its input once (``all_to_all.validate_input`` on the SP
-group); in checked mode a caller error is voted first (``fail``), so that every rank raises.
+The call with its wait inlined (the synchronous op's body, the public function's eager path): on the caller's
+stream, no side stream and no event (under CUDA-graph capture too). In flight (``in_flight``: the start op's body,
+the eager path of ``async_op=True``): on CUDA on this process's communication stream, forked from the caller's,
+with an event the wait makes the caller's stream wait on; on CPU the NCCL route left running in gloo's threads.
+It then returns an ``AllToAllHandle``, which ``wait`` completes. The input is validated once
+(``all_to_all.validate_input`` on the SP group); in checked mode a caller error is voted first (``fail``), so
+that every rank raises.
 
 **The input is the caller's until ``wait()``.** An exchange in flight may still read it (the CUDA routes on the
 communication stream, gloo's threads on CPU), and ``record_stream`` guards only against the allocator. Eager, the
@@ -27,6 +28,7 @@ started. A start without its wait in the same compiled region is refused at trac
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -42,12 +44,16 @@ import torch
 from fastvideo.distributed.all_to_all import nccl_route, validate_input
 from fastvideo.distributed.sp_groups import GroupCoordinator
 from fastvideo.distributed.ulysses import registry
+from fastvideo.distributed.ulysses.helper import UlyssesHelper
 
 logger = logging.getLogger(__name__)
 
+Outcome = tuple[int, int, int]  # what a call saves for its backward: (helper id, outcome code, SEQ word)
 _IDS = itertools.count(1)
 _STREAMS: dict[int, torch.cuda.Stream] = {}  # device index -> this process's communication stream
-_PENDING: dict[int, Exchange] = {}  # the exchanges started in this process and not yet waited for
+# The exchanges started in this process and not yet waited for: held by their handles (eager) or their tokens
+# (the start op's, through the release hook), never by this table.
+_PENDING: weakref.WeakValueDictionary[int, AllToAllHandle] = weakref.WeakValueDictionary()
 _WARNED: set[str] = set()  # start sites whose dropped exchange was logged
 _PACKAGE = __name__.rsplit(".", 2)[0]  # frames of this package are skipped when naming where a start was made
 _GENERATED = (os.path.dirname(torch.__file__), "<", tempfile.gettempdir())  # torch's files and generated code
@@ -57,18 +63,25 @@ class InputModifiedError(RuntimeError):
     """The input of an exchange in flight was written in place before its ``wait()``."""
 
 
-class Exchange:
-    """One exchange between its start and its wait (process-local, in flight until ``wait``)."""
+class AllToAllHandle:
+    """An all-to-all in flight (``sequence_model_parallel_all_to_all_4D(..., async_op=True)``). ``wait()`` returns
+    its output, as ``torch.distributed``'s ``Work.wait()`` makes an ``async_op`` result usable; call it once. A
+    handle dropped without ``wait()`` is released with a ``ResourceWarning`` naming where it started."""
 
-    __slots__ = ("__weakref__", "event", "finish", "ident", "marker", "out", "route", "source", "version", "where")
+    __slots__ = ("__weakref__", "event", "finish", "ident", "marker", "out", "release", "route", "source", "version",
+                 "where")
 
-    def __init__(self, route: str, out: torch.Tensor | None, finish: Callable[[], torch.Tensor] | None = None,
-                 marker: object = None, event: torch.cuda.Event | None = None) -> None:
-        self.route, self.out, self.finish, self.marker, self.event = route, out, finish, marker, event
+    def __init__(self) -> None:
+        self.route = ""  # "fused", "nccl" (the side stream on CUDA), "nccl-async" (gloo's threads) or "identity"
+        self.out: torch.Tensor | None = None
+        self.finish: Callable[[], torch.Tensor] | None = None  # gloo's work: waits and lays the output out
+        self.marker: object = None  # a CPU transport's completion marker (it lands its data after returning)
+        self.event: torch.cuda.Event | None = None  # CUDA: recorded on the communication stream
         self.source: torch.Tensor | None = None  # the input whose version is checked at the wait
         self.version = 0
         self.where = ""
         self.ident = next(_IDS)
+        self.release: weakref.finalize | None = None  # the release of a dropped start (``release_when_dropped``)
 
     def wait(self) -> torch.Tensor:
         """The output, once landed where the caller reads it: on CUDA the caller's current stream waits for the
@@ -77,6 +90,8 @@ class Exchange:
         if _PENDING.pop(self.ident, None) is None:
             raise RuntimeError(f"Ulysses all-to-all wait: exchange #{self.ident} is not in flight in this process "
                                "(waited already). Wait for each started exchange exactly once.")
+        if self.release is not None:
+            self.release.detach()
         if self.event is not None:
             out = self.out
             caller = torch.cuda.current_stream(out.device)
@@ -110,12 +125,12 @@ def in_flight() -> int:
     return len(_PENDING)
 
 
-def pending(ident: int) -> Exchange:
+def pending(ident: int) -> AllToAllHandle:
     """Local: exchange ``ident`` (a token's value) while in flight (KeyError once waited or released)."""
     return _PENDING[ident]
 
 
-def fail(sp: GroupCoordinator, x: object, mode: int, error: BaseException):
+def fail(sp: GroupCoordinator, mode: int, grad: bool, error: BaseException):
     """Raise ``error``, a caller error found before any collective; in checked mode first vote it on the agreed
     route's helper (``UlyssesHelper.vote_caller_error``). Collective in checked mode; always raises."""
     if torch.compiler.is_compiling() or sp.world_size == 1:
@@ -123,76 +138,75 @@ def fail(sp: GroupCoordinator, x: object, mode: int, error: BaseException):
     helper = registry.route()
     if helper is None or not helper.checked:
         raise error  # as with any torch collective: the peers of a rank that raised alone wait for it
-    helper.vote_caller_error(mode, torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad, error)
+    helper.vote_caller_error(mode, grad, error)
 
 
-Outcome = tuple[int, int, int]  # what a call saves for its backward: (helper id, outcome code, SEQ word)
-
-
-def run(sp: GroupCoordinator, x: torch.Tensor, mode: int, grad: bool, outcome: Outcome | None, route_id: int,
-        seq_splits, head_splits, tag: str | None, in_flight: bool = False,
-        own: bool = False) -> tuple[torch.Tensor | Callable[[], torch.Tensor], Outcome]:
-    """The call: validate, route, the helper's call (propose, vote, decide, execute, record), the NCCL route where
-    every rank declined or no helper votes. Returns ``(output, saved outcome)``, the latter what a backward of it
-    passes as ``outcome``. Collective over ``sp``; blocks the host for the vote where there is one; capture-safe
-    (on the current stream). ``in_flight`` (``start``): on CPU the NCCL route is left running in gloo's threads and
-    the output is its ``finish()``; ``own``: it may not read ``x`` once this returns."""
+def issue(sp: GroupCoordinator, x: torch.Tensor, mode: int, grad: bool, outcome: Outcome | None, route_id: int,
+          seq_splits, head_splits, tag: str | None, *, in_flight: bool = False, own: bool = False,
+          eager: bool = False) -> tuple[torch.Tensor | AllToAllHandle, Outcome]:
+    """The call: ``(output, saved outcome)``, the latter what a backward of it passes as ``outcome``; in flight
+    (``in_flight``) the output is an ``AllToAllHandle``. Collective over ``sp``; blocks the host for the vote where
+    there is one; capture-safe on CUDA (the in-flight form must be waited before the capture ends). ``own``: the
+    exchange may not read ``x`` once this returns (traced callers: the module docstring). ``eager``: the public
+    function's eager path, whose handle owns its exchange and whose output at SP size 1 is ``x`` itself (an op's
+    start is owned by its token, and an op's output may not alias its input)."""
+    handle = AllToAllHandle() if in_flight else None  # made before the call leaves this module
+    fork = contextlib.nullcontext()
+    if in_flight and x.is_cuda:  # the communication stream, forked from the caller's (x was written there)
+        caller, comm = torch.cuda.current_stream(x.device), comm_stream(x.device)
+        if own:  # every CUDA route reads its input on the communication stream, after this returns
+            x = x.clone(memory_format=torch.contiguous_format)  # on the caller's stream: the side stream waits for it
+        comm.wait_stream(caller)
+        fork = torch.cuda.stream(comm)
     try:
         splits = validate_input(x, mode, sp.world_size, sp.rank_in_group, seq_splits, head_splits, tag=tag)
     except (TypeError, ValueError, RuntimeError) as exc:
-        fail(sp, x, mode, exc)
-    backward = outcome is not None
-    helper = registry.route(outcome[0] if backward else route_id, backward)
-    out, saved = None, (0, 0, 0)
-    if helper is not None:
-        out, (code, word) = helper.call(x, mode, grad, outcome[1:] if backward else None, splits=splits, tag=tag)
-        sp, saved = helper.sp, (helper.id, code, word)
-    if out is None:
-        out = nccl_route(x, mode, sp.device_group, splits=splits, async_op=in_flight and not x.is_cuda,
-                         own_input=own)
-    return out, saved
-
-
-def start(sp: GroupCoordinator, x: torch.Tensor, mode: int, grad: bool, outcome: Outcome | None, route_id: int,
-          seq_splits, head_splits, tag: str | None, own: bool = False) -> tuple[Exchange, Outcome]:
-    """The call in flight (``run`` on the communication stream): ``(exchange, saved outcome)``. Collective over
-    ``sp``; blocks the host only for the vote; capture-safe on CUDA (every start must be waited before the capture
-    ends). ``own``: the exchange may not read ``x`` after this returns (traced callers; the module docstring)."""
-    source = x
-    if x.is_cuda:
-        caller = torch.cuda.current_stream(x.device)
-        if own:  # every CUDA route reads its input on the communication stream, after this returns
-            x = x.clone(memory_format=torch.contiguous_format)  # on the caller's stream: the side stream waits for it
-        comm = comm_stream(x.device)
-        comm.wait_stream(caller)  # x was written on the caller's stream
-        with torch.cuda.stream(comm):  # on the side stream: NCCL's stream follows it, the host never waits for NCCL
-            out, saved = run(sp, x, mode, grad, outcome, route_id, seq_splits, head_splits, tag, True, own)
-            event = torch.cuda.Event()
-            event.record(comm)
-        x.record_stream(comm)  # the side stream reads x: its memory is not reused before that is done
-        started = Exchange("fused" if saved[1] > 0 else "nccl", out, event=event)
-    else:
-        out, saved = run(sp, x, mode, grad, outcome, route_id, seq_splits, head_splits, tag, True, own)
+        fail(sp, mode, grad, exc)
+    with fork:  # on the side stream, NCCL's stream follows it: the host never waits for NCCL
+        out, saved = None, (0, 0, 0)
+        if eager and sp.world_size == 1:
+            out = x
+        else:
+            backward = outcome is not None
+            helper: UlyssesHelper | None = registry.route(outcome[0] if backward else route_id, backward)
+            if helper is not None:
+                out, (code, word) = helper.call(x, mode, grad, outcome[1:] if backward else None, splits=splits,
+                                                tag=tag)
+                sp, saved = helper.sp, (helper.id, code, word)
+                if out is not None and handle is not None and not x.is_cuda:  # a test transport may land it later
+                    handle.marker = helper.transport.completion_marker()
+            if out is None:
+                out = nccl_route(x, mode, sp.device_group, splits=splits, async_op=in_flight and not x.is_cuda,
+                                 own_input=own)
+        if handle is None:
+            return out, saved
+        handle.route = "identity" if out is x else "fused" if saved[1] > 0 else "nccl"
         if callable(out):  # gloo's threads run it; they read x where the send layout is x's own memory
-            started = Exchange("nccl-async", None, finish=out)
-        else:  # the CPU plan transport has read x when it returns (a test one may land it later)
-            started = Exchange("fused", out, marker=registry.route(saved[0]).transport.completion_marker())
-    if not own and not source.is_inference():
-        started.source, started.version = source, source._version
-    started.where = _caller()
-    _PENDING[started.ident] = started
-    return started, saved
+            handle.route, handle.finish = "nccl-async", out
+        else:
+            handle.out = out
+        if isinstance(fork, torch.cuda.StreamContext):
+            handle.event = torch.cuda.Event()
+            handle.event.record(comm)
+            x.record_stream(comm)  # the side stream reads x: its memory is not reused before that is done
+    if not own and not x.is_inference():  # the version counter is checked at the wait (module docstring)
+        handle.source, handle.version = x, x._version
+    handle.where = _caller()
+    _PENDING[handle.ident] = handle
+    if eager:
+        release_when_dropped(handle, handle)
+    return handle, saved
 
 
-def watch_dropped(owner: object, exchange: Exchange) -> None:
-    """Release ``exchange`` with a warning if ``owner`` (its handle, or the token a wait would take) is collected
-    while it is still in flight. Local."""
-    weakref.finalize(owner, _dropped, exchange.ident, exchange.where)
+def release_when_dropped(owner: object, handle: AllToAllHandle) -> None:
+    """Release ``handle`` with a warning if ``owner`` (the handle itself, or the token a wait would take) is
+    collected before its ``wait()``; a token keeps its exchange's handle alive until then. Local."""
+    handle.release = weakref.finalize(owner, _dropped, handle.ident, handle.where,
+                                      None if owner is handle else handle)
 
 
-def _dropped(ident: int, where: str) -> None:
-    if _PENDING.pop(ident, None) is None:
-        return  # waited
+def _dropped(ident: int, where: str, _kept: AllToAllHandle | None) -> None:
+    _PENDING.pop(ident, None)
     message = (f"Ulysses all-to-all started at {where} with async_op=True was never waited for; it is released "
                "now. Call handle.wait() once for every start (its peers' exchange completed regardless).")
     warnings.warn(message, ResourceWarning, stacklevel=2)

@@ -210,35 +210,31 @@ class UlyssesHelper:
             code, forward_word = outcome
             seq, word = self._counter.next(phase, tag, forward_word)
         if not self._votes:  # declined at construction (agreed), checked mode off: no call needs a vote
-            return self._declined(x, mode, seq, phase, self.construction_reason, word, tag=tag)
+            return self._declined(seq, phase, mode, self.construction_reason, word, None, tag)
         run = self._hot.run  # 1-2 in one native call for a signature launched fused before (hot.py); else None
         hit = (run(x, mode, word) if run is not None and phase is _FORWARD_NO_GRAD and splits is EVEN
                and self._capturing is stream_capturing else None)  # (a simulated capture: the Python path)
         if hit is not None:
             capturing, proposal = False, self._hot.proposal(hit[1])
             self._stats.hot += 1
-            out, rows, error = self._runtime.voted_launch(x, proposal, word, seq, self._hot, hit)
         else:
             capturing = self._capturing(x)
             # 1. propose: pure, cached per signature (the key holds a Signature's fields: equal to it, hashed alike)
             key = (x.shape, x.dtype, x.device, mode, phase, code, capturing, x.is_contiguous(),
                    x.data_ptr() % x.element_size() == 0, splits)
             proposal = self.planner.cache.get(key) or self._propose(Signature._make(key))
-            # 2. vote (and, where the transport fuses them, launch in the same library call)
-            out, error = None, proposal.error
-            if proposal.plan is not None and self._voted_launch and not capturing:
-                out, rows, error = self._runtime.voted_launch(x, proposal, word, seq)
-                if out is not None and self._hot.learns and phase is _FORWARD_NO_GRAD and splits is EVEN:
-                    self._hot.learn(x, proposal)  # its later calls take the hot lane
-            else:
-                rows = self._runtime.exchange(contract.with_seq(proposal.fields, word))
+        # 2. vote (and, where the transport fuses them, launch in the same library call)
+        if hit is not None or (proposal.plan is not None and self._voted_launch and not capturing):
+            out, rows, error = self._runtime.voted_launch(x, proposal, word, seq, self._hot, hit)
+            if out is not None and hit is None and self._hot.learns and phase is _FORWARD_NO_GRAD and splits is EVEN:
+                self._hot.learn(x, proposal)  # its later calls take the hot lane
+        else:
+            out, rows, error = None, self._runtime.exchange(contract.with_seq(proposal.fields, word)), proposal.error
         if out is None:
             # 3. decide: the same verdict on every rank (a RAISE raises here, on every rank)
-            decision = contract.decide(rows)
-            if decision.verdict is Verdict.RAISE:
-                self._raise(decision.error, proposal, seq, phase, tag, word, error)
+            decision = self._decide(rows, proposal, seq, phase, tag, word, error)
             if decision.verdict is Verdict.DECLINE:
-                return self._declined(x, mode, seq, phase, decision.reason, word, proposal.why, tag)
+                return self._declined(seq, phase, mode, decision.reason, word, proposal, tag)
             # 4. execute: every rank runs (or captures) this plan: the capture bit is in the agreed fields
             out = self._runtime.execute(x, proposal, seq, capturing)
         # 5. record (after the launch: the device is already moving the data)
@@ -251,15 +247,20 @@ class UlyssesHelper:
                     f"{proposal.geom}", lambda: proposal.plan.describe(proposal.geom), marker, time.monotonic()))
         return out, (proposal.fields[_PLAN], word)
 
-    def _raise(self, error: BaseException, proposal: Proposal, seq: int, phase: Phase, tag: str | None, word: int,
-               local: BaseException | None) -> NoReturn:
-        """A RAISE verdict, on every rank: counted, the call not counted for its tag, raised ``from local`` with the
-        detail the votes lacked (``mismatch.with_detail``: collective for the three kinds it names)."""
+    def _decide(self, rows: torch.Tensor, proposal: Proposal, seq: int, phase: Phase, tag: str | None, word: int,
+                local: BaseException | None) -> contract.Decision:
+        """Step 3 of a call: the verdict every rank computes from the same votes. RUN or DECLINE is returned; RAISE
+        raises on every rank: counted, the call not counted for its tag, raised ``from local`` with the detail the
+        votes lacked (``mismatch.with_detail``: collective for the three kinds it names)."""
+        decision = contract.decide(rows)
+        if decision.verdict is not Verdict.RAISE:
+            return decision
         self._stats.raised += 1
         count = self._counter.rollback(tag, phase)
         if tag is not None and phase is _BACKWARD:  # its forward's count, from the word it voted
             count = (word ^ contract.tag_bases(tag)[_FORWARD_GRAD]) & contract.TAG_COUNT_MASK
-        raise mismatch.with_detail(self._runtime.gather, error, proposal, seq, phase, tag, count, local) from local
+        raise mismatch.with_detail(self._runtime.gather, decision.error, proposal, seq, phase, tag, count,
+                                   local) from local
 
     def _propose(self, sig: Signature) -> Proposal:
         try:
@@ -269,9 +270,9 @@ class UlyssesHelper:
                                   tuple(sig.shape), sig.phase)
             return Proposal(None, None, tuple(row), "", exc)
 
-    def _declined(self, x: torch.Tensor, mode: int, seq: int, phase: Phase, reason: DeclineReason, word: int,
-                  why: str = "", tag: str | None = None) -> tuple[None, tuple[int, int]]:
-        self._stats.declined(seq, phase, mode, reason, tag, tuple(x.shape), x.dtype, why)
+    def _declined(self, seq: int, phase: Phase, mode: int, reason: DeclineReason, word: int,
+                  proposal: Proposal | None, tag: str | None) -> tuple[None, tuple[int, int]]:
+        self._stats.declined(seq, phase, mode, reason, tag, proposal)
         return None, (contract.outcome_code(0, reason), word)
 
     def vote_caller_error(self, mode: int, grad: bool, error: BaseException) -> NoReturn:

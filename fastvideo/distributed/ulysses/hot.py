@@ -114,7 +114,7 @@ class HotPath:
         self._launch_for, self._finish = launch_for, finish
         self._held: list[Held] = []
 
-    def add(self, x: torch.Tensor, proposal: Any, row: tuple[Any, int]) -> int:
+    def hold(self, x: torch.Tensor, proposal: Any, row: tuple[Any, int]) -> int:
         """Hold ``x``'s signature (its shape, dtype, device; the proposal's mode) with ``proposal`` (its geometry and
         plan) and its vote row ``row`` (``ShmVote.send_row``'s ``(words, address)``). Returns its slot. Raises for a
         plan this build cannot launch through the one entry (nothing held then)."""
@@ -192,7 +192,7 @@ class HotLane:
                 return
             if table is not self._table or len(table) >= LIMIT:
                 table.clear()
-            table.add(x, proposal, self._vote.send_row(proposal.fields))
+            table.hold(x, proposal, self._vote.send_row(proposal.fields))
         except Exception as exc:  # noqa: BLE001 - the Python path still runs every call
             logger.warning("Ulysses hot path off for helper gen%d (%s: %s); calls take the Python path.",
                            self.generation, type(exc).__name__, exc)

@@ -327,7 +327,7 @@ class NativeTransport(Transport):
         try:  # everything before the exchange: with a vote, a failure here leaves this rank unvoted
             if self._handle is None or self._event is None or self._ctx is None:
                 raise NativeKernelError("execute before construction (or after destroy)")
-            launch = self._launch_for(geom, plan, x.dtype, capture)
+            launch = self._launch_for(geom, plan, geom.dtype, capture)  # the geometry's dtype is the input's
             out = x.new_empty(launch.out_shape)  # x's dtype and device, positional: the cheapest allocation call
             index, raw = self._current_raw(x)
             vote_ref = self._vote_for(vote, fields, seq) if vote is not None else None

@@ -54,6 +54,7 @@ from fastvideo.distributed.all_to_all import Splits, output_shape, validate_inpu
 from fastvideo.distributed.sp_groups import get_sp_group
 from fastvideo.distributed.ulysses import exchange
 from fastvideo.distributed.ulysses.contract import OUTCOME_LEN
+from fastvideo.distributed.ulysses.exchange import AllToAllHandle
 from fastvideo.distributed.ulysses.helper import UlyssesHelper
 
 OP = "fastvideo::ulysses_all_to_all_4d"
@@ -74,16 +75,8 @@ _TRACED: dict[int, tuple[object, torch.Tensor]] = {}
 
 def _eager(x: torch.Tensor) -> bool:
     """A plain ``torch.Tensor`` outside compilation and every dispatch mode (FakeTensorMode, make_fx,
-    functionalization): what the eager shortcut may take without the dispatcher."""
+    functionalization): what the eager path may take without the dispatcher."""
     return not torch.compiler.is_compiling() and type(x) is torch.Tensor and torch._C._len_torch_dispatch_stack() == 0
-
-
-def _validated(sp, x: torch.Tensor, mode: int, seq_splits, head_splits, tag):
-    """``validate_input`` on the SP group; in checked mode a caller error is voted first (``exchange.fail``)."""
-    try:
-        return validate_input(x, mode, sp.world_size, sp.rank_in_group, seq_splits, head_splits, tag=tag)
-    except (TypeError, ValueError, RuntimeError) as exc:
-        exchange.fail(sp, x, mode, exc)
 
 
 def _saved(saved: tuple[int, int, int]) -> torch.Tensor:
@@ -94,63 +87,47 @@ def _outcome(outcome: torch.Tensor | None) -> tuple[int, int, int] | None:
     return None if outcome is None else tuple(outcome.tolist())
 
 
-class AllToAllHandle:
-    """An all-to-all in flight (``sequence_model_parallel_all_to_all_4D(..., async_op=True)``). ``wait()`` returns
-    its output, as ``torch.distributed``'s ``Work.wait()`` makes an ``async_op`` result usable; call it once. A
-    handle dropped without ``wait()`` releases its exchange with a ``ResourceWarning``."""
+class TracedHandle(AllToAllHandle):
+    """The handle of a start through the op (autograd records it, or a compiler traces it): ``wait()`` is the wait
+    op, which the compiler sees as the second node and autograd differentiates."""
 
-    __slots__ = ("__weakref__", "_exchange", "_result", "_token", "_wait_args")
+    __slots__ = ("_args", "_token")
 
-    def __init__(self, result: torch.Tensor | None = None, exchange_: exchange.Exchange | None = None,
-                 token: tuple | None = None, wait_args: tuple = ()) -> None:
-        self._result, self._exchange, self._token, self._wait_args = result, exchange_, token, wait_args
-        if exchange_ is not None:
-            exchange.watch_dropped(self, exchange_)
+    def __init__(self, token: tuple[torch.Tensor, torch.Tensor], args: tuple) -> None:
+        self._token, self._args = token, args  # the token and outcome; (mode, input shape, dtype, device, keywords)
 
     def wait(self) -> torch.Tensor:
-        """The output: local; does not block the host on CUDA (the current stream waits for the exchange); on CPU
-        it waits for the backend. Differentiable where the input was. Raises ``InputModifiedError`` where the input
-        was written in place since the start, and for a second call."""
-        if self._result is not None:  # SP size 1: nothing was exchanged
-            return self._result
-        if self._exchange is not None:  # the eager shortcut: no autograd, no dispatcher
-            return self._exchange.wait()
         if self._token is None:
             raise RuntimeError("Ulysses all-to-all wait: this handle was waited already. Wait once per start.")
         (token, outcome), self._token = self._token, None
-        mode, shape, dtype, device, kw = self._wait_args
-        return torch.ops.fastvideo.ulysses_all_to_all_4d_wait(token, outcome, mode, shape, dtype, device, **kw)
+        mode, shape, dtype, device, kw = self._args
+        sp = get_sp_group()  # the start validated the tables (its body, or its fake impl under tracing)
+        splits = Splits(*(None if kw[k] is None else tuple(kw[k]) for k in ("seq_splits", "head_splits")))
+        out_shape = list(output_shape(shape, mode, sp.world_size, rank=sp.rank_in_group, splits=splits))
+        return torch.ops.fastvideo.ulysses_all_to_all_4d_wait(token, outcome, mode, out_shape, dtype, device, **kw)
 
 
 def call(x: torch.Tensor, mode: int, route_id: int, seq_splits: Sequence[int] | None = None,
          head_splits: Sequence[int] | None = None, tag: str | None = None,
          async_op: bool = False) -> torch.Tensor | AllToAllHandle:
     """The Ulysses all-to-all on ``x`` in ``mode`` through route ``route_id`` (0: the agreed route; a helper's
-    ``id``): collective; blocks the host for the vote; differentiable. Validated once, in the core (the op body,
-    or the eager shortcut's ``exchange.run``); SP size 1 returns ``x`` (or a handle whose ``wait`` does)."""
+    ``id``): collective; blocks the host for the vote; differentiable. Validated once, in the core (the op body, or
+    the eager path's ``exchange.issue``); SP size 1 returns ``x`` (or a handle whose ``wait`` does). The eager path
+    (a plain tensor autograd does not record, at any SP size 1 call) skips the dispatcher: the core directly."""
     sp = get_sp_group()
-    if sp.world_size == 1:
-        _validated(sp, x, mode, seq_splits, head_splits, tag)  # SP size 1 refuses bad input alike
-        return AllToAllHandle(x) if async_op else x
     grad = torch.is_grad_enabled() and x.requires_grad
-    # the eager shortcut's test (``_eager``), inline: the call enters each module once
+    # the eager path's test (``_eager``), inline: the call enters each module once
     eager = not torch.compiler.is_compiling() and type(x) is torch.Tensor and torch._C._len_torch_dispatch_stack() == 0
-    if eager and not grad:
-        if async_op:
-            return AllToAllHandle(None, exchange.start(sp, x, mode, False, None, route_id, seq_splits, head_splits,
-                                                       tag)[0])
-        return exchange.run(sp, x, mode, False, None, route_id, seq_splits, head_splits, tag)[0]
-    seq = None if seq_splits is None else list(seq_splits)
-    heads = None if head_splits is None else list(head_splits)
-    if not async_op:
-        return torch.ops.fastvideo.ulysses_all_to_all_4d(x, mode, grad, None, route_id, seq_splits=seq,
-                                                         head_splits=heads, tag=tag)[0]
-    token, outcome = torch.ops.fastvideo.ulysses_all_to_all_4d_start(
-        x, mode, grad, None, route_id, seq_splits=seq, head_splits=heads, tag=tag, own_input=not eager)
-    splits = Splits(None if seq is None else tuple(seq), None if heads is None else tuple(heads))
-    shape = list(output_shape(x.shape, mode, sp.world_size, rank=sp.rank_in_group, splits=splits))
-    kw = {"seq_splits": seq, "head_splits": heads, "tag": tag}
-    return AllToAllHandle(None, None, (token, outcome), (mode, shape, x.dtype, x.device, kw))
+    if (grad or not eager) and sp.world_size > 1:
+        kw = {"seq_splits": None if seq_splits is None else list(seq_splits),
+              "head_splits": None if head_splits is None else list(head_splits), "tag": tag}
+        if not async_op:
+            return torch.ops.fastvideo.ulysses_all_to_all_4d(x, mode, grad, None, route_id, **kw)[0]
+        token = torch.ops.fastvideo.ulysses_all_to_all_4d_start(x, mode, grad, None, route_id, **kw,
+                                                                own_input=not eager)
+        return TracedHandle(token, (mode, tuple(x.shape), x.dtype, x.device, kw))
+    return exchange.issue(sp, x, mode, grad, None, route_id, seq_splits, head_splits, tag, in_flight=async_op,
+                          eager=True)[0]
 
 
 def all_to_all(x: torch.Tensor, mode: int, helper: UlyssesHelper | None = None, *,
@@ -176,7 +153,8 @@ def all_to_all_async(x: torch.Tensor, mode: int, helper: UlyssesHelper | None = 
 def _op(x: torch.Tensor, mode: int, grad: bool, outcome: torch.Tensor | None, helper: int, *,
         seq_splits: list[int] | None = None, head_splits: list[int] | None = None,
         tag: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    out, saved = exchange.run(get_sp_group(), x, mode, grad, _outcome(outcome), helper, seq_splits, head_splits, tag)
+    out, saved = exchange.issue(get_sp_group(), x, mode, grad, _outcome(outcome), helper, seq_splits, head_splits,
+                                tag)
     return out, _saved(saved)
 
 
@@ -197,8 +175,8 @@ def _op_backward(ctx, grad_out: torch.Tensor, _grad_outcome: torch.Tensor | None
     grad_out = grad_out.contiguous()
     grad = torch.is_grad_enabled() and grad_out.requires_grad
     if not grad and _eager(grad_out):
-        out = exchange.run(get_sp_group(), grad_out, 1 - ctx.mode, False, _outcome(outcome), 0, ctx.kw["seq_splits"],
-                           ctx.kw["head_splits"], ctx.kw["tag"])[0]
+        out = exchange.issue(get_sp_group(), grad_out, 1 - ctx.mode, False, _outcome(outcome), 0,
+                             ctx.kw["seq_splits"], ctx.kw["head_splits"], ctx.kw["tag"])[0]
     else:
         out = torch.ops.fastvideo.ulysses_all_to_all_4d(grad_out, 1 - ctx.mode, grad, outcome, 0, **ctx.kw)[0]
     return out, None, None, None, None
@@ -214,10 +192,10 @@ _op.register_autograd(_op_backward, setup_context=_op_setup)
 def _start(x: torch.Tensor, mode: int, grad: bool, outcome: torch.Tensor | None, helper: int, *,
            seq_splits: list[int] | None = None, head_splits: list[int] | None = None, tag: str | None = None,
            own_input: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    started, saved = exchange.start(get_sp_group(), x, mode, grad, _outcome(outcome), helper, seq_splits, head_splits,
-                                    tag, own_input)
+    started, saved = exchange.issue(get_sp_group(), x, mode, grad, _outcome(outcome), helper, seq_splits, head_splits,
+                                    tag, in_flight=True, own=own_input)
     token = torch.tensor([float(started.ident)], dtype=torch.float64)
-    exchange.watch_dropped(token, started)
+    exchange.release_when_dropped(token, started)
     return token, _saved(saved)
 
 
@@ -295,10 +273,12 @@ def _fake_shape(x: torch.Tensor, mode: int, seq_splits, head_splits, tag) -> tup
     tensor) is refused instead, voted in checked mode as the op's own validation is: a meta output here would leave
     the peers waiting."""
     sp = get_sp_group()
-    if is_fake(x):
+    try:
         splits = validate_input(x, mode, sp.world_size, sp.rank_in_group, seq_splits, head_splits, tag=tag)
-    else:
-        splits = _validated(sp, x, mode, seq_splits, head_splits, tag)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        if is_fake(x):
+            raise
+        exchange.fail(sp, mode, torch.is_grad_enabled() and x.requires_grad, exc)
     return output_shape(x.shape, mode, sp.world_size, rank=sp.rank_in_group, splits=splits)
 
 

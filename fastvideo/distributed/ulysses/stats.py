@@ -68,19 +68,21 @@ class CallStats:
                                                  proposal.chunks, captured, tag)))
 
     def declined(self, seq: int, phase: Phase, mode: int, reason: DeclineReason, tag: str | None = None,
-                 shape: tuple = (), dtype: object = None, why: str = "") -> None:
-        """A call every rank declined to the NCCL route; each reason is logged once per helper (``why``: a capture's
-        local reason, kept for the log)."""
+                 proposal=None) -> None:
+        """A call every rank declined to the NCCL route; each reason is logged once per helper. ``proposal``: this
+        rank's (``planner.Proposal``; None for a construction decline, logged at construction)."""
         self.declines[reason] += 1
         self.history.append(CallRecord(seq, phase, mode, "nccl", None, reason, 0, False, tag))
+        why = proposal.why if proposal is not None else ""  # why a capture could not freeze its plan here
         if why:
             self.capture_detail = why
         if reason in self._logged:
             return
         self._logged.add(reason)
+        geom = proposal.geom if proposal is not None else None
         logger.warning(
-            "Ulysses fused all-to-all declined (%s) for input %s %s, mode %d; using the NCCL route. %s",
-            reason.label, shape, dtype, mode,
+            "Ulysses fused all-to-all declined (%s) for a call of %s, mode %d; using the NCCL route. %s",
+            reason.label, geom if geom is not None else "an unplanned geometry", mode,
             f"Under CUDA-graph capture the plan could not be frozen on some rank (here: {why or 'a peer could not'}); "
             "the NCCL route is captured." if reason is DeclineReason.CUDA_GRAPH_CAPTURE
             else "Run `python -m fastvideo.distributed.ulysses explain` for details.")
