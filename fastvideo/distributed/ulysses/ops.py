@@ -286,7 +286,7 @@ def _refuse_unwaited(token: torch.Tensor) -> None:
     """A compiled region's start must have its wait in the same region: a start the compiler saw without its wait
     would run (or be removed) alone on every rank. Dynamo's trace of the region is checked (the passes after it
     re-trace the same calls): at the end of the compilation, a start of its graph whose token no wait took refuses
-    the region. Restarted traces count their last graph only."""
+    the region. A restarted trace replaces the starts of the attempt before it."""
     from torch._dynamo.callback import callback_handler
     from torch._dynamo.symbolic_convert import InstructionTranslator
 
@@ -295,13 +295,14 @@ def _refuse_unwaited(token: torch.Tensor) -> None:
         return
     if _check_waits not in callback_handler.end_callbacks:  # registered at the first traced start, then kept
         callback_handler.register_end_callback(_check_waits)
+    if any(graph is not tx.output for graph, _ in _TRACED.values()):
+        _TRACED.clear()  # an earlier attempt's graph (dynamo restarted its trace): this one replaces it
     _TRACED[id(token)] = (tx.output, token)
 
 
 def _check_waits(*_args) -> None:
-    graphs = [graph for graph, _ in _TRACED.values()]
+    unwaited = len(_TRACED)
     _TRACED.clear()
-    unwaited = sum(graph is graphs[-1] for graph in graphs) if graphs else 0
     if unwaited:
         raise RuntimeError(
             f"Ulysses all-to-all: {unwaited} exchange(s) started with async_op=True in this compiled region have no "
