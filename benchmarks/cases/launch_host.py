@@ -99,7 +99,8 @@ def cpu_stand_in(window_bytes: int):
     import torch.distributed as dist
 
     from fastvideo.distributed.parallel_state import get_sp_group
-    from fastvideo.distributed.ulysses.transport import ConstructionContext, GlooPlanTransport
+    from fastvideo.distributed.ulysses.transport import ConstructionContext
+    from tests.plan_transport import GlooPlanTransport
 
     transport = GlooPlanTransport()
     ctx = ConstructionContext(rank=0, world_size=1, device=torch.device("cpu"), window_bytes=window_bytes,

@@ -40,7 +40,7 @@ def default_helper(device: torch.device):
     """
     if device.type != "cuda":
         from fastvideo.distributed.ulysses.helper import UlyssesHelper
-        from fastvideo.distributed.ulysses.transport import GlooPlanTransport
+        from tests.plan_transport import GlooPlanTransport
 
         helper = UlyssesHelper(transport=GlooPlanTransport())
         registry().install_default_helper(helper)

@@ -208,7 +208,7 @@ class Gate:
     def helper(self, table=None, window_bytes=None) -> helper_mod.UlyssesHelper:
         transport = None
         if self.dry_run:
-            from fastvideo.distributed.ulysses.transport import GlooPlanTransport
+            from tests.plan_transport import GlooPlanTransport
 
             transport = GlooPlanTransport()
         h = helper_mod.UlyssesHelper(self.sp, tuned_table=self.fixture if table is None else table,

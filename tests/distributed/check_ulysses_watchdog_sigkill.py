@@ -67,7 +67,8 @@ def worker(args: argparse.Namespace) -> int:
         # The launcher, the environment, the store probe and the default action, without a GPU: the CPU
         # transport stands in for the kernel; from kill_at on, the survivor's "launch" never completes
         # and its host blocks as torch.cuda.synchronize() would.
-        from fastvideo.distributed.ulysses.transport import GlooPlanTransport, output_shape
+        from fastvideo.distributed.ulysses.transport import output_shape
+        from tests.plan_transport import GlooPlanTransport
 
         class Never:
             def query(self) -> bool:

@@ -74,7 +74,7 @@ def build_helper(*, window_bytes: int = 1 << 20, transport=None, tuned: bool = T
     ``CaptureSwitch`` (``forced_capture``)."""
     from fastvideo.distributed.parallel_state import get_sp_group
     from fastvideo.distributed.ulysses.helper import UlyssesHelper
-    from fastvideo.distributed.ulysses.transport import GlooPlanTransport
+    from tests.plan_transport import GlooPlanTransport
 
     if table is None:
         table = fixture_rows() if tuned else ()
@@ -145,7 +145,8 @@ def construction_fault(rank: int, scenario: str, faulty_rank: int = 1):
     allocation fails), ``nvlink`` (its topology is PCIe only), ``window`` (every rank asks for another
     window), ``hosts`` / ``boot_id`` (every rank on another host / boot); anything else builds normally."""
     from fastvideo.distributed.ulysses.contract import DeclineReason
-    from fastvideo.distributed.ulysses.transport import Capability, GlooPlanTransport, TopologyReport
+    from fastvideo.distributed.ulysses.transport import Capability, TopologyReport
+    from tests.plan_transport import GlooPlanTransport
 
     kw: dict = {}
     transport = GlooPlanTransport()

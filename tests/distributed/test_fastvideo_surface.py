@@ -19,9 +19,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastvideo.distributed.ulysses.transport import GlooPlanTransport
 from tests.distributed.conftest import bit_equal, build_helper, catch, rank_input
 from tests.distributed.mp import run_ranks
+from tests.plan_transport import GlooPlanTransport
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # (B, S_local, H, D): B = 3 as DistributedAttention's packed QKV, and B = 1. H divides by 2 and 3.

@@ -16,8 +16,8 @@ import time
 import pytest
 import torch
 
-from fastvideo.distributed.ulysses.transport import GlooPlanTransport
 from tests.distributed.conftest import a2a, bit_equal, build_helper, rank_input
+from tests.plan_transport import GlooPlanTransport
 
 B, S, H, D = 2, 4, 12, 3
 

@@ -81,7 +81,7 @@ def test_fused_gradients_bit_exact_vs_nccl_route_and_single_device(ranks, world_
 def _ce_parity(rank, world_size, mode, entries):
     from dataclasses import replace
 
-    from fastvideo.distributed.ulysses.transport import GlooPlanTransport
+    from tests.plan_transport import GlooPlanTransport
 
     transport = GlooPlanTransport()
     if entries is not None:  # a build without the copy-engine entry point

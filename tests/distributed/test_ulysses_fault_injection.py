@@ -265,7 +265,8 @@ def test_vote_timeout_raises_and_disposes_the_helper(ranks):
 def _launch_fails_after_vote(rank, world_size):
     import torch.distributed as dist
 
-    from fastvideo.distributed.ulysses.transport import GlooPlanTransport, output_shape
+    from fastvideo.distributed.ulysses.transport import output_shape
+    from tests.plan_transport import GlooPlanTransport
 
     class FailsOnLastRank(GlooPlanTransport):
         """A launch that fails on one rank only, after every rank voted to run it (local, no collective)."""

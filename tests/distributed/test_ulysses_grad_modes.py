@@ -33,7 +33,7 @@ BASE = {"FASTVIDEO_ULYSSES_A2A_LONG_TRAINING": "auto", "FASTVIDEO_ULYSSES_A2A_WI
 def _cpu_fused_transport() -> None:
     """Helpers built lazily on this rank get the CPU plan transport (so ``auto`` runs fused on CPU)."""
     from fastvideo.distributed.ulysses import construction
-    from fastvideo.distributed.ulysses.transport import GlooPlanTransport
+    from tests.plan_transport import GlooPlanTransport
 
     construction.set_transport_factory(lambda device: GlooPlanTransport())
 

@@ -28,7 +28,7 @@ import torch
 from fastvideo.distributed.ulysses import contract
 from fastvideo.distributed.ulysses.contract import DeclineReason, Field, Phase, Verdict
 from fastvideo.distributed.ulysses.policy import Geometry, Plan
-from fastvideo.distributed.ulysses.transport import ENTRY_CAPTURE, ENTRY_CE_CAPTURE, GlooPlanTransport, output_shape
+from fastvideo.distributed.ulysses.transport import ENTRY_CAPTURE, ENTRY_CE_CAPTURE, output_shape
 from tests.distributed.conftest import (
     READS_LONG_TRAINING,
     a2a,
@@ -39,6 +39,7 @@ from tests.distributed.conftest import (
     oracle,
     rank_input,
 )
+from tests.plan_transport import GlooPlanTransport
 
 SHAPE = (3, 16, 12, 8)  # [B, S_local, H, D] at SP2: the fixture row freezes 144 CTAs, one plane per chunk
 TUNED = Plan(144, 1, 16, True)

@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from fastvideo.distributed.ulysses.transport import GlooPlanTransport
 from tests.distributed.conftest import a2a, build_helper, rank_input
+from tests.plan_transport import GlooPlanTransport
 
 SHAPE = (3, 16, 12, 8)
 CYCLES = 1000

@@ -153,7 +153,7 @@ def _window_change(rank, world_size):
     from fastvideo.distributed.parallel_state import override_ulysses_settings
     from fastvideo.distributed.ulysses import registry
     from fastvideo.distributed.ulysses.helper import UlyssesHelper
-    from fastvideo.distributed.ulysses.transport import GlooPlanTransport
+    from tests.plan_transport import GlooPlanTransport
 
     h = UlyssesHelper(transport=GlooPlanTransport(), vote_timeout_s=10.0)  # window from the settings
     registry.install_default_helper(h)

@@ -114,7 +114,8 @@ def voted_transport():
     import time
 
     from fastvideo.distributed.ulysses.contract import with_seq
-    from fastvideo.distributed.ulysses.transport import GlooPlanTransport, VoteNotStarted
+    from fastvideo.distributed.ulysses.transport import VoteNotStarted
+    from tests.plan_transport import GlooPlanTransport
 
     class VotedGlooTransport(GlooPlanTransport):
         name = "gloo-voted"

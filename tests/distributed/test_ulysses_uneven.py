@@ -40,8 +40,9 @@ from fastvideo.distributed.all_to_all import (
 from fastvideo.distributed.ulysses import contract
 from fastvideo.distributed.ulysses.contract import ContractMismatchError, DeclineReason, Field, Phase
 from fastvideo.distributed.ulysses.policy import ORIGINAL_CTAS, Geometry, Plan, TunedRow
-from fastvideo.distributed.ulysses.transport import ENTRY_UNEVEN, Capability, GlooPlanTransport
+from fastvideo.distributed.ulysses.transport import ENTRY_UNEVEN, Capability
 from tests.distributed.conftest import FIXTURE_GPU, a2a, bit_equal, build_helper, catch, forced_capture
+from tests.plan_transport import GlooPlanTransport
 
 A2A, CHECKED = "FASTVIDEO_ULYSSES_A2A", "FASTVIDEO_ULYSSES_A2A_CHECKED"
 D = 3
@@ -204,7 +205,7 @@ def test_uneven_splits_bit_exact_against_an_all_gather_reference(ranks, world, r
 
 def _chunked(rank, world, window, with_uneven):
     """SP3, seq (5, 1, 2), heads (1, 2, 3): one row of the largest share is 3 x 3 heads x D x 4 B."""
-    import fastvideo.distributed.ulysses.transport as transport_mod
+    import tests.plan_transport as transport_mod
 
     seq, heads = (5, 1, 2), (1, 2, 3)
     received = []

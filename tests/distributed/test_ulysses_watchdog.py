@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from fastvideo.distributed.ulysses.transport import GlooPlanTransport
 from fastvideo.distributed.ulysses.watchdog import (
     POLL_EVERY,
     WATCHDOG_EXIT_CODE,
@@ -26,6 +25,7 @@ from fastvideo.distributed.ulysses.watchdog import (
     StoreProbe,
 )
 from tests.distributed.conftest import a2a, build_helper, rank_input
+from tests.plan_transport import GlooPlanTransport
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -118,6 +118,19 @@ def _rank_main(rank: int, world: int, port: int, route: str, dtypes: tuple[str, 
         conn.close()
 
 
+def _plan_transport():
+    """The tests' CPU plan transport (``tests/plan_transport.py``), loaded from its file: this script runs on the
+    overlay's path, which holds no tree but the overlay."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "plan_transport.py"
+    spec = importlib.util.spec_from_file_location("plan_transport", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _run(rank: int, world: int, route: str, dtypes: tuple[str, ...]) -> dict:
     import torch
 
@@ -126,7 +139,7 @@ def _run(rank: int, world: int, route: str, dtypes: tuple[str, ...]) -> dict:
     from fastvideo.distributed.parallel_state import get_sp_group
     from fastvideo.distributed.ulysses import registry
     from fastvideo.distributed.ulysses.helper import UlyssesHelper
-    from fastvideo.distributed.ulysses.transport import GlooPlanTransport
+    GlooPlanTransport = _plan_transport().GlooPlanTransport
 
     class CorruptOnce(GlooPlanTransport):
         """The CPU plan transport with rank 0's first output of each step off by one in one element."""
