@@ -261,64 +261,19 @@ class TunedRow:
 
 # Only measured rows belong here (docs/ulysses_policy.md says where each came from).
 TUNED_TABLE: tuple[TunedRow, ...] = (
-    TunedRow(
-        "GB200",
-        4,
-        torch.bfloat16,
-        56,
-        128,
-        ctas=144,
-        planes_per_chunk=1,
-        source="upstream H3 measurements, 4x GB200, NCCL 2.29.7 (docs/ulysses_policy.md)",
-    ),
+    TunedRow("GB200", 4, torch.bfloat16, 56, 128, ctas=144, planes_per_chunk=1,
+             source="upstream H3 measurements, 4x GB200, NCCL 2.29.7 (docs/ulysses_policy.md)"),
     # 2x H200 (NV18), bf16: the tuner's winners over both engines, then the SM kernel's best for the same keys
     # (where the copy-engine kind does not apply: a build without it, CUDA-graph capture). Where each was
     # measured, with the figures: the table of tuned rows in docs/ulysses_policy.md.
-    TunedRow(
-        "H200",
-        2,
-        torch.bfloat16,
-        40,
-        128,
-        ctas=132,
-        planes_per_chunk=1,
-        row_chunks=2,
-        engine="ce",
-        source="2x H200 tuner sweep, copy-engine and SM plans, wan720p modes 0/1 (docs/ulysses_policy.md)",
-    ),
-    TunedRow(
-        "H200",
-        2,
-        torch.bfloat16,
-        56,
-        128,
-        ctas=132,
-        planes_per_chunk=2,
-        engine="ce",
-        source="2x H200 tuner sweep, copy-engine and SM plans, h3-32k QKV modes 0/1 (docs/ulysses_policy.md)",
-    ),
-    TunedRow(
-        "H200",
-        2,
-        torch.bfloat16,
-        40,
-        128,
-        ctas=144,
-        planes_per_chunk=1,
-        row_chunks=4,
-        source="2x H200 tuner sweep, SM plans, wan720p (docs/ulysses_policy.md)",
-    ),
-    TunedRow(
-        "H200",
-        2,
-        torch.bfloat16,
-        56,
-        128,
-        ctas=144,
-        planes_per_chunk=1,
-        row_chunks=2,
-        source="2x H200 tuner sweep, SM plans, h3-32k QKV (docs/ulysses_policy.md)",
-    ),
+    TunedRow("H200", 2, torch.bfloat16, 40, 128, ctas=132, planes_per_chunk=1, row_chunks=2, engine="ce",
+             source="2x H200 tuner sweep, copy-engine and SM plans, wan720p modes 0/1 (docs/ulysses_policy.md)"),
+    TunedRow("H200", 2, torch.bfloat16, 56, 128, ctas=132, planes_per_chunk=2, engine="ce",
+             source="2x H200 tuner sweep, copy-engine and SM plans, h3-32k QKV modes 0/1 (docs/ulysses_policy.md)"),
+    TunedRow("H200", 2, torch.bfloat16, 40, 128, ctas=144, planes_per_chunk=1, row_chunks=4,
+             source="2x H200 tuner sweep, SM plans, wan720p (docs/ulysses_policy.md)"),
+    TunedRow("H200", 2, torch.bfloat16, 56, 128, ctas=144, planes_per_chunk=1, row_chunks=2,
+             source="2x H200 tuner sweep, SM plans, h3-32k QKV (docs/ulysses_policy.md)"),
 )
 
 
