@@ -17,6 +17,7 @@ builds its communicators' Ulysses helpers, ``initialize_model_parallel`` install
 from __future__ import annotations
 
 import contextlib
+import datetime
 import gc
 import logging
 import os
@@ -40,7 +41,6 @@ from fastvideo.distributed.sp_groups import (
     get_sp_group,
     get_sp_rank,
     get_sp_world_size,
-    initialize_sequence_parallel,
     model_parallel_is_initialized,
     override_ulysses_settings,
 )
@@ -245,7 +245,6 @@ def initialize_model_parallel(
                          f"{sequence_model_parallel_size}; call destroy_sequence_parallel() first.")
     for coordinator in (get_sp_group(), get_dp_group()):  # the SP and DP groups exist now
         coordinator.local_rank = world.local_rank
-    _ulysses_registry.install()  # device_communicator.ulysses_a2a answers with the SP group's helper
     rank, dev_backend = dist.get_rank(), dist.get_backend()
     tp: GroupCoordinator | None = None
     for start in range(0, n, tensor_model_parallel_size):
@@ -329,6 +328,15 @@ def initialize_tensor_parallel_group(tensor_model_parallel_size: int = 1, backen
     groups = _consecutive("initialize_tensor_parallel_group", tensor_model_parallel_size)
     return init_model_parallel_group(groups, get_world_group().local_rank, backend or dist.get_backend(), True,
                                      f"tp_{group_name_suffix}" if group_name_suffix else "tp")
+
+
+def initialize_sequence_parallel(sp_size: int, *, timeout: datetime.timedelta | None = None) -> GroupCoordinator:
+    """``sp_groups.initialize_sequence_parallel`` (the SP and DP groups, the agreed settings; collective over the
+    world), then what the SP communicator's ``ulysses_a2a`` answers installed (``ulysses.registry.install``, as
+    upstream's init builds its communicators' helpers)."""
+    sp = _sp_groups.initialize_sequence_parallel(sp_size, timeout=timeout)
+    _ulysses_registry.install()
+    return sp
 
 
 def initialize_sequence_parallel_group(sequence_model_parallel_size: int = 1, backend: str | None = None,

@@ -193,18 +193,24 @@ def test_checked_mode_votes_every_compiled_call(ranks):
 
 
 def _opcheck(rank, world_size):
-    from fastvideo.distributed.ulysses.ops import run
+    from fastvideo.distributed.parallel_state import get_sp_group
+    from fastvideo.distributed.ulysses.exchange import issue
+    from fastvideo.distributed.ulysses.ops import call  # noqa: F401 - defines the ops opcheck calls
 
     op = torch.ops.fastvideo.ulysses_all_to_all_4d.default
     x = rank_input(rank, SHAPE, seed=3)
-    results = [torch.library.opcheck(op, (x.clone().requires_grad_(), 0, True, None, 0))]
+    # A forward's saved outcome carries its SEQ word, the call count every call advances, so two runs of a forward
+    # differ there by design: the AOT-dispatch checks (which compare two runs) take the backward's call, whose word
+    # is its forward's (carried in ``outcome``), the same on every run.
+    forward_checks = ("test_schema", "test_autograd_registration", "test_faketensor")
+    results = [torch.library.opcheck(op, (x.clone().requires_grad_(), 0, True, None, 0), test_utils=forward_checks)]
     out, outcome = op(x, 0, False, None, 0)
     results.append(torch.library.opcheck(op, (torch.ones_like(out), 1, False, outcome, 0)))  # a backward's call
 
     # Negative control: the same eager implementation behind a fake impl with the wrong output shape.
     @torch.library.custom_op("fastvideo_test::wrong_fake", mutates_args=())
     def wrong(t: torch.Tensor) -> torch.Tensor:
-        return run(t, 0, False, None, 0)[0]
+        return issue(get_sp_group(), t, 0, False, None, 0, None, None, None)[0]
 
     @wrong.register_fake
     def _(t):
@@ -219,8 +225,9 @@ def _opcheck(rank, world_size):
 
 
 def test_opcheck_passes_on_the_forward_and_backward_calls_and_fails_a_wrong_fake(ranks):
-    """opcheck (schema, autograd registration, fake tensor, AOT dispatch) on two ranks in lockstep, under auto
-    (the helper's path; the checks are about the op's registration, the same under either route)."""
+    """opcheck (schema, autograd registration, fake tensor; AOT dispatch on the backward's call, whose outputs are
+    the same on every run) on two ranks in lockstep, under auto (the helper's path; the checks are about the op's
+    registration, the same under either route)."""
     for results, control in ranks(2, _opcheck, env={A2A: "auto"}, timeout_s=120):
         assert results == [["SUCCESS"]] * 2
         assert control == "OpCheckError"

@@ -76,13 +76,14 @@ def test_geometry_mismatch_raises_on_every_rank_naming_the_field(ranks, world_si
 
 
 def _one_call_ahead(rank, world_size):
+    """Rank 0's calls carry SEQ words one ahead of its peers' (what a rank that made a call its peers did not
+    looks like): backwards of the same forward, through the helper's public ``call``, whose outcome carries the word
+    the forward voted. Identical DiT layers would otherwise pair the wrong calls."""
     h = build_helper()
-    if rank == 0:
-        # White-box: rank 0's helper has counted one call its peers never made (what a rank that
-        # skipped a vote would look like). Identical DiT layers would otherwise pair the wrong calls.
-        h._seq += 1
-    got = catch(a2a, h, rank_input(rank, SHAPE), 0)
-    again = catch(a2a, h, rank_input(rank, SHAPE), 0)  # still desynchronised: raises again, no hang
+    y, (code, word) = h.call(rank_input(rank, SHAPE), 0, True)
+    ahead = int(rank == 0)
+    got = catch(h.call, y.contiguous(), 1, False, (code, word + ahead))
+    again = catch(h.call, y.contiguous(), 1, False, (code, word + 1 + ahead))  # raises again, no hang
     h.destroy()
     return got, again
 

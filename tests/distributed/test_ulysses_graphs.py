@@ -108,6 +108,10 @@ class Counters:
     def __init__(self, h) -> None:
         self.h = h
 
+    @property
+    def votes(self) -> int:
+        return len(self.h.vote_seconds())  # every vote's time is kept (up to 4096)
+
     def snapshot(self) -> tuple[int, int, int, int]:
         stats = self.h.stats()
         return (len(self.h.vote_seconds()), stats["calls"], stats["fused"], self.h.transport.host_calls)
