@@ -69,8 +69,8 @@ WAIT_SCHEMA = ("(Tensor token, Tensor outcome, int mode, SymInt[] shape, ScalarT
 # Inductor's CUDA-graph trees capture around ops with this tag (graph partition) instead of into them: the op
 # runs, votes and may take the fused route on every replay. Absent on an older torch: no tag.
 _TAGS = tuple(t for t in (getattr(torch.Tag, "cudagraph_unsafe", None),) if t is not None)
-# Fake tokens of the starts dynamo traced and no traced wait took yet, with the graph they belong to.
-_TRACED: dict[int, tuple[object, torch.Tensor]] = {}
+# The compilation under way: its graph, and per pass (fake mode) its traced starts less its traced waits.
+_TRACED: dict[str, object] = {}
 
 
 def _eager(x: torch.Tensor) -> bool:
@@ -223,7 +223,7 @@ def _wait(token: torch.Tensor, outcome: torch.Tensor, mode: int, shape: list[int
 
 @_wait.register_fake
 def _wait_fake(token, outcome, mode, shape, dtype, device, *, seq_splits=None, head_splits=None, tag=None):
-    _TRACED.pop(id(token), None)
+    _count(token, -1)
     return torch.empty(shape, dtype=dtype, device=device)
 
 
@@ -284,9 +284,10 @@ def _fake_shape(x: torch.Tensor, mode: int, seq_splits, head_splits, tag) -> tup
 
 def _refuse_unwaited(token: torch.Tensor) -> None:
     """A compiled region's start must have its wait in the same region: a start the compiler saw without its wait
-    would run (or be removed) alone on every rank. Dynamo's trace of the region is checked (the passes after it
-    re-trace the same calls): at the end of the compilation, a start of its graph whose token no wait took refuses
-    the region. A restarted trace replaces the starts of the attempt before it."""
+    would run (or be removed) alone on every rank. Every pass of a compilation over the region (dynamo's trace, AOT
+    autograd's, inductor's) runs the fake impls of its starts and waits on the pass's own fake tensors, so each
+    pass's starts and waits are counted apart (by its fake mode); at the end of the compilation a pass with more
+    starts than waits refuses the region. A restarted trace (a new graph) replaces the counts before it."""
     from torch._dynamo.callback import callback_handler
     from torch._dynamo.symbolic_convert import InstructionTranslator
 
@@ -295,15 +296,25 @@ def _refuse_unwaited(token: torch.Tensor) -> None:
         return
     if _check_waits not in callback_handler.end_callbacks:  # registered at the first traced start, then kept
         callback_handler.register_end_callback(_check_waits)
-    if any(graph is not tx.output for graph, _ in _TRACED.values()):
-        _TRACED.clear()  # an earlier attempt's graph (dynamo restarted its trace): this one replaces it
-    _TRACED[id(token)] = (tx.output, token)
+    graph, counts = _TRACED.get("graph"), _TRACED.setdefault("counts", {})
+    if graph is not tx.output:
+        counts.clear()  # an earlier attempt's graph (dynamo restarted its trace), or another compilation
+        _TRACED["graph"] = tx.output
+    _count(token, 1)
+
+
+def _count(token: torch.Tensor, step: int) -> None:
+    mode = getattr(token, "fake_mode", None)
+    counts = _TRACED.get("counts")
+    if mode is not None and counts is not None:
+        counts[id(mode)] = (mode, counts.get(id(mode), (mode, 0))[1] + step)
 
 
 def _check_waits(*_args) -> None:
-    unwaited = len(_TRACED)
-    _TRACED.clear()
-    if unwaited:
+    counts = _TRACED.pop("counts", {})
+    _TRACED.pop("graph", None)
+    unwaited = max((n for _, n in counts.values()), default=0)
+    if unwaited > 0:
         raise RuntimeError(
             f"Ulysses all-to-all: {unwaited} exchange(s) started with async_op=True in this compiled region have no "
             "wait() in it. Call handle.wait() on every handle before the region ends (a graph break between a start "
