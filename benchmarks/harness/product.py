@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import ModuleType
 
 import torch
@@ -178,37 +178,46 @@ def library_noop(native):
     return native._lib.fvk_abi_version
 
 
-@contextlib.contextmanager
-def stub_public_op_route() -> Iterator[None]:
-    """Replace the public op's NCCL route (``off``) with an identity in this process: what the op itself adds. The
-    route is ``ops.nccl_route`` (older trees: ``communication_op._NcclAllToAll.apply``)."""
+def _route_sites(modules: tuple[str, ...]) -> list[tuple[object, str, object]]:
+    """``(owner, name, stub)`` for the first of ``modules`` (``fastvideo.distributed.<module>``) that holds the
+    NCCL route as ``nccl_route``, else the oldest trees' ``communication_op._NcclAllToAll.apply``."""
+    import importlib
+
+    stub = lambda t, mode, group, **_: t  # noqa: E731 - ``**_``: the route's keyword-only splits and flags
+    for module in modules:
+        try:
+            target = importlib.import_module(f"fastvideo.distributed.{module}")
+        except ImportError:
+            continue
+        if "nccl_route" in vars(target):
+            return [(target, "nccl_route", stub)]
     from fastvideo.distributed import communication_op as op
 
-    try:
-        from fastvideo.distributed.ulysses import ops as target
-        name, stub = "nccl_route", lambda t, mode, group, **_: t  # ``**_``: the route's keyword-only splits
-        getattr(target, name)
-    except (ImportError, AttributeError):
-        target, name, stub = op._NcclAllToAll, "apply", staticmethod(lambda t, mode, group: t)
-    real = target.__dict__[name]
-    setattr(target, name, stub)
-    try:
-        yield
-    finally:
-        setattr(target, name, real)
+    return [(op._NcclAllToAll, "apply", staticmethod(lambda t, mode, group: t))]
 
 
 @contextlib.contextmanager
-def stub_checked_route() -> Iterator[None]:
-    """Replace the route the checked mode's decline runs (the helper module's ``nccl_route``) with an identity."""
-    from fastvideo.distributed.ulysses import helper as helper_mod
-
-    real = helper_mod.nccl_route
-    helper_mod.nccl_route = lambda t, mode, group, **_: t
+def _stubbed(sites: list[tuple[object, str, object]]) -> Iterator[None]:
+    saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in sites]
+    for owner, name, stub in sites:
+        setattr(owner, name, stub)
     try:
         yield
     finally:
-        helper_mod.nccl_route = real
+        for owner, name, real in saved:
+            setattr(owner, name, real)
+
+
+def stub_public_op_route() -> contextlib.AbstractContextManager:
+    """Replace the public op's NCCL route (``off``) with an identity in this process: what the op itself adds. The
+    route is the exchange's ``nccl_route`` (older trees: the op module's, then ``_NcclAllToAll.apply``)."""
+    return _stubbed(_route_sites(("ulysses.exchange", "ulysses.ops")))
+
+
+def stub_checked_route() -> contextlib.AbstractContextManager:
+    """Replace the route the checked mode's decline runs with an identity (the exchange's ``nccl_route``; older
+    trees: the helper module's)."""
+    return _stubbed(_route_sites(("ulysses.exchange", "ulysses.helper")))
 
 
 def checked_vote_kind() -> str | None:
@@ -234,11 +243,17 @@ def stub_sp_group(world_size: int = 2) -> Iterator[None]:
 
     group = StubGroup()
     patches: list[tuple[object, str, object]] = [(op, "get_sp_group", lambda: group)]
+    undo_on_exit: list[Callable[[], None]] = []
     try:  # this tree: settings agreed once; the route is the registry's (None: the NCCL route)
         from fastvideo.distributed.ulysses import ops
         from fastvideo.distributed.ulysses import registry as routes
 
-        patches += [(ops, "get_sp_group", lambda: group), (routes, "ROUTE", None)]
+        patches.append((ops, "get_sp_group", lambda: group))
+        if hasattr(routes, "use_route"):  # the route until the next resolution; reset on exit
+            routes.use_route(None)
+            undo_on_exit.append(routes.reset)
+        else:  # older trees kept the resolved route as a module global
+            patches.append((routes, "ROUTE", None))
     except ImportError:  # older trees re-read the settings per call through the SP group
         from fastvideo.distributed import settings
 
@@ -254,6 +269,8 @@ def stub_sp_group(world_size: int = 2) -> Iterator[None]:
     finally:
         for target, name, value in saved:
             setattr(target, name, value)
+        for undo in undo_on_exit:
+            undo()
 
 
 def send_layout(x: torch.Tensor, mode: int, world_size: int) -> torch.Tensor:

@@ -351,14 +351,14 @@ def votes(rows: int = 2, **fields: list[int] | int) -> torch.Tensor:
 
 
 def test_contract_wire_format_is_frozen():
-    """Exactly 12 int64 fields in this order (v3); the header packs CONTRACT_VERSION and the generation, MODE_PHASE
+    """Exactly 12 int64 fields in this order (v4); the header packs CONTRACT_VERSION and the generation, MODE_PHASE
     the mode and the phase; ELIGIBILITY and PLAN stay at 2 and 11 (where the library's fvk_vote_would_run reads
     them); MODE and PHASE are names for MODE_PHASE's parts, never wire slots."""
     assert NUM_FIELDS == 12 and [f.value for f in WIRE_FIELDS] == list(range(12))
     assert [f.name for f in WIRE_FIELDS] == ["HEADER", "SEQ", "ELIGIBILITY", "MODE_PHASE", "DTYPE", "B", "S", "H",
                                              "D", "SPLITS", "WINDOW_BYTES", "PLAN"]
     assert (Field.ELIGIBILITY, Field.PLAN) == (2, 11) and Field.MODE >= NUM_FIELDS and Field.PHASE >= NUM_FIELDS
-    assert CONTRACT_VERSION == 3
+    assert CONTRACT_VERSION == 4
     assert header(7) >> 32 == CONTRACT_VERSION and header(7) & 0xFFFFFFFF == 7
     assert mode_phase(1, Phase.BACKWARD) == 1 | 2 << 4 and mode_phase(0, Phase.FORWARD_GRAD) == 16
     row = fields(5, 9, 0, 1, torch.bfloat16, (2, 37, 12, 64), Phase.BACKWARD, 4096, 77, splits=123)

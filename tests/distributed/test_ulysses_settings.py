@@ -136,10 +136,10 @@ def _change_on_every_rank(rank, world_size):
     a2a(x)
     calls = len(h.history)
     with override_ulysses_settings(FASTVIDEO_ULYSSES_A2A="auto", FASTVIDEO_ULYSSES_A2A_LONG_TRAINING="chunked"):
-        followed = (h.long_training, h._destroyed)  # the helper plans with the new policy
+        followed = (h.long_training, not h.alive)  # the helper plans with the new policy
     after = h.long_training  # and with the restored one after the block
     with override_ulysses_settings(FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES="2048"):
-        replaced = h._destroyed  # its window came from... an argument: it keeps it (build_helper passes one)
+        replaced = not h.alive  # its window came from... an argument: it keeps it (build_helper passes one)
     return (unread, route, kept, calls, followed, after, replaced, get_sp_group().settings[A2A],
             get_sp_group().settings[LONG])
 

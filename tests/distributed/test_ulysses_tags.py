@@ -420,7 +420,7 @@ def test_tag_seq_words_are_distinct_per_tag_phase_and_count_and_never_an_untagge
 def test_the_digests_alone_name_seq_and_say_a_tagged_call_was_skipped_or_repeated():
     """Pure: the verdict on the votes (what every rank sees of the others before the helper exchanges the tags)
     names SEQ, shows each rank's value as a tagged call's digest and says a tagged call was skipped or repeated; an
-    untagged mismatch keeps today's message (the counts, and the hint that an untagged skip is not seen)."""
+    untagged mismatch shows the counts and says that a rank made more or fewer calls, and that a tag would name it."""
     rows = torch.zeros(2, contract.NUM_FIELDS, dtype=torch.int64)
     rows[:, Field.HEADER] = contract.header(1)
     rows[0, Field.SEQ] = contract.tag_seq("a", 0, 1)
@@ -431,7 +431,8 @@ def test_the_digests_alone_name_seq_and_say_a_tagged_call_was_skipped_or_repeate
     assert "a rank skipped or repeated a tagged call" in str(err)
     rows[0, Field.SEQ], rows[1, Field.SEQ] = 1, 0
     err = contract.decide(rows).error
-    assert err.field is Field.SEQ and "rank 0: 1, rank 1: 0" in str(err) and "tag the calls" in str(err)
+    assert err.field is Field.SEQ and "rank 0: 1, rank 1: 0" in str(err) and "more or fewer calls" in str(err)
+    assert "a call-site tag names the call" in str(err)
     named = ContractMismatchError(Field.SEQ, [1, 2], ["tag 'a', forward_no_grad call 1", "untagged call 7"],
                                   tags=["a"], hint=contract.tag_hint(["a"]))
     assert "a rank skipped or repeated a call tagged 'a'" in str(named) and named.tags == ("a",)

@@ -142,11 +142,11 @@ def test_retained_output_is_unchanged_by_a_later_call(ranks, window):
 
 
 def _stats_and_logging(rank, world_size):
-    from fastvideo.distributed.ulysses import helper as helper_mod
+    from fastvideo.distributed.ulysses import stats as stats_mod
 
     warnings: list[str] = []
-    original = helper_mod.logger.warning
-    helper_mod.logger.warning = lambda msg, *a, **k: (warnings.append(msg % a), original(msg, *a, **k))
+    original = stats_mod.logger.warning
+    stats_mod.logger.warning = lambda msg, *a, **k: (warnings.append(msg % a), original(msg, *a, **k))
     try:
         h = build_helper()
         x = rank_input(rank, (B, S, H, D))
@@ -158,7 +158,7 @@ def _stats_and_logging(rank, world_size):
         stats = h.stats()
         h.destroy()
     finally:
-        helper_mod.logger.warning = original
+        stats_mod.logger.warning = original
     return exact, stats["calls"], stats["fused"], stats["declines"], warnings
 
 

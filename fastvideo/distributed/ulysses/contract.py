@@ -308,9 +308,13 @@ def tag_hint(tags: Sequence[str], backward: bool = False) -> str:
 def mismatch(field: Field, column: list[int], phases: Sequence[int] = ()) -> ContractMismatchError:
     """The error for a MUST_MATCH ``field`` whose ``column`` (every rank's value) differs: MODE_PHASE names the
     part that differs, MODE before PHASE; a SEQ mismatch between backwards (``phases``: every rank's MODE_PHASE)
-    says that autograd ordered them differently."""
-    if field is Field.SEQ and phases and all(v >> PHASE_SHIFT == Phase.BACKWARD for v in phases):
+    says that autograd ordered them differently, and one between a backward and a forward is named as the PHASE
+    that differs (a backward carries its forward's word, so its SEQ differs from any forward's by construction)."""
+    backward = [v >> PHASE_SHIFT == Phase.BACKWARD for v in phases]
+    if field is Field.SEQ and backward and all(backward):
         return ContractMismatchError(field, column, hint=_BACKWARD_HINT)
+    if field is Field.SEQ and any(backward):
+        return ContractMismatchError(Field.PHASE, [v >> PHASE_SHIFT for v in phases])
     if field is Field.MODE_PHASE:
         modes = [v & _MODE_MASK for v in column]
         if any(m != modes[0] for m in modes):
