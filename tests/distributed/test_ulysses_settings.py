@@ -300,3 +300,22 @@ def test_helper_generation_mismatch_raises_everywhere_then_resynchronises(ranks)
     for kind, field, _ in results:
         assert (kind, field) == ("ContractMismatchError", "HEADER")
     assert results[0][2] == results[1][2]
+
+
+def _idiom_on_every_rank(rank, world_size):
+    from fastvideo import envs
+    from fastvideo.distributed.parallel_state import agree_ulysses_settings, get_sp_group
+
+    sp = get_sp_group()
+    with envs.FASTVIDEO_ULYSSES_A2A_LONG_TRAINING.override("chunked"):
+        read, unagreed = envs.FASTVIDEO_ULYSSES_A2A_LONG_TRAINING, sp.settings[LONG]
+        agreed = agree_ulysses_settings()[LONG]
+    return read, unagreed, agreed, sp.settings[LONG], agree_ulysses_settings()[LONG]
+
+
+def test_an_override_reaches_the_agreed_settings_only_through_an_agreement(ranks):
+    """Upstream's ``envs.NAME.override(value)`` sets this rank's environment: ``envs.NAME`` reads it at once, the
+    SP group's agreed settings (what the helpers follow) only after every rank agrees again, and they keep the
+    block's value until the next agreement after it."""
+    assert ranks(2, _idiom_on_every_rank, env=BASE, timeout_s=60) == [
+        ("chunked", "auto", "chunked", "chunked", "auto")] * 2
