@@ -33,6 +33,7 @@ The forward is built from helpers an extension can reuse (``_layout``, ``_scatte
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +61,12 @@ from fastvideo.distributed.parallel_state import get_sp_parallel_rank, get_sp_wo
 from fastvideo.distributed.ulysses.layout import balanced_splits, shares
 
 __all__ = ["DistributedAttention", "DistributedAttention_VSA", "LocalAttention", "upstream_attention"]
+
+def get_attn_backend(*args: Any, **kwargs: Any) -> Any:
+    """Upstream's ``fastvideo.attention.selector.get_attn_backend`` (over upstream only), looked up at each call: the
+    layers call this name at construction, so patching it here changes what they build, as in upstream's module."""
+    return importlib.import_module("fastvideo.attention.selector").get_attn_backend(*args, **kwargs)
+
 
 class _Attention(nn.Module):
     """What the three layers share: arguments, and the attention chosen at construction."""
@@ -94,8 +101,8 @@ class _Attention(nn.Module):
         self.attention_source = "upstream"
         self.dtype = up.get_compute_dtype()
         kwargs = {"default_backend": default_backend} if default_backend is not None else {}
-        backend = up.get_attn_backend(head_size, self.dtype, supported_attention_backends=supported_attention_backends,
-                                      **kwargs)
+        backend = get_attn_backend(head_size, self.dtype, supported_attention_backends=supported_attention_backends,
+                                   **kwargs)
         impl_kwargs = {"prefix": impl_prefix} if impl_prefix is not None else {}
         self.attn_impl = backend.get_impl_cls()(num_heads=num_heads, head_size=head_size, causal=causal,
                                                 softmax_scale=self.softmax_scale, num_kv_heads=self.num_kv_heads,
