@@ -14,9 +14,8 @@ Two kinds of variable, one module (it replaces upstream's ``fastvideo/envs.py`` 
 
 ``FASTVIDEO_ULYSSES_A2A`` is both: upstream's name and default, this package's parsing (``" AUTO "`` reads as
 ``auto`` as upstream's does; a value other than ``off``/``auto`` raises where upstream's passes it through and
-its readers treat it as ``off``; an empty value is ``off``). Ranks of an SP group whose agreed settings differ
-decline together, as upstream's do: each differing setting takes its conservative value on every rank (the route
-``off``), with a warning on every rank naming each rank's value (``fastvideo/distributed/settings.py``).
+its readers treat it as ``off``; an empty value is ``off``). Ranks whose agreed settings differ decline together,
+as upstream's do: each such setting takes its conservative value (the route ``off``), with a warning on every rank.
 
     >>> from fastvideo import envs
     >>> envs.get("FASTVIDEO_ULYSSES_A2A")
@@ -26,18 +25,12 @@ decline together, as upstream's do: each differing setting takes its conservativ
     'auto'
     >>> envs.FASTVIDEO_ULYSSES_A2A      # upstream FastVideo's spelling: the same parsed value, read now
     'off'
-    >>> with envs.FASTVIDEO_ULYSSES_A2A_LONG_TRAINING.override("chunked"):   # upstream's idiom, the same override
+    >>> with envs.FASTVIDEO_ULYSSES_A2A_LONG_TRAINING.override("chunked"):   # upstream's idiom (upstream_envs.py)
     ...     envs.FASTVIDEO_ULYSSES_A2A_LONG_TRAINING
     'chunked'
 
-``envs.NAME`` returns the value as a ``str``, ``int``, ``float`` or (for booleans, which Python cannot subclass) an
-``int`` that prints and compares as ``True`` / ``False``, with upstream's ``.override(value)``: a context manager
-that sets the variable in this process for the block (``None`` unsets it, a bool is ``1`` / ``0``) and restores it
-on exit, also on an exception (``envs.override``). A value of None (unset, no default) has none: use
-``envs.override(NAME=...)``. Pickled or copied, the value is the plain one. Overriding is local and changes the
-environment only: the Ulysses helpers and the op's route follow the settings the SP group *agreed*
-(``fastvideo/distributed/settings.py``), so an override reaches them only through a new agreement on every rank
-(``parallel_state.agree_ulysses_settings()`` inside the block, or ``override_ulysses_settings``).
+An override sets this process's environment for the block; helpers follow the settings the SP group *agreed*, so
+it reaches them only through a new agreement on every rank (``parallel_state.agree_ulysses_settings()``).
 
 Assigning one of this package's variables (``envs.FASTVIDEO_ULYSSES_A2A = "auto"``) raises: upstream FastVideo
 reads the environment on every use, so an assignment there is silently ignored by most readers; here the
@@ -58,6 +51,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 # Upstream's variables, and its helpers of the same names (its envs.py defines them; code may import them here).
+from fastvideo import upstream_envs as _upstream_envs
 from fastvideo.upstream_envs import VARIABLES as _UPSTREAM
 from fastvideo.upstream_envs import get_default_cache_root, get_default_config_root, maybe_convert_int  # noqa: F401
 
@@ -415,58 +409,6 @@ def override(**values: str | None) -> Iterator[None]:
 # ---------------------------------------------------------------------------------------- module attributes
 
 
-class _Overridable:
-    """What ``envs.NAME``'s values add to the plain value: upstream's ``.override(value)``."""
-
-    name: str
-    _plain: type
-
-    def override(self, value: object) -> contextlib.AbstractContextManager[None]:
-        """Local: set this variable to ``value`` (None unsets it; a bool is 1 or 0) in this process for the block,
-        restored on exit and on an exception. The SP group's agreed settings change only at a new agreement."""
-        text = None if value is None else str(int(value)) if isinstance(value, bool) else str(value)
-        return override(**{self.name: text})
-
-    def __reduce__(self) -> tuple:  # pickled (Ray, multiprocessing) or copied: the plain value
-        return self._plain, (self._plain(self),)
-
-
-class EnvStr(_Overridable, str):
-    _plain = str
-
-
-class EnvInt(_Overridable, int):
-    _plain = int
-
-
-class EnvFloat(_Overridable, float):
-    _plain = float
-
-
-class EnvFlag(_Overridable, int):
-    """A bool value (``bool`` cannot be subclassed): an int 0 or 1 that prints as ``False`` / ``True``."""
-
-    _plain = bool
-
-    def __repr__(self) -> str:
-        return repr(bool(self))
-
-    __str__ = __repr__
-
-
-_WRAPPERS: dict[type, type] = {str: EnvStr, int: EnvInt, float: EnvFloat, bool: EnvFlag}
-
-
-def _with_override(name: str, value: Any) -> Any:
-    """``value`` (read from ``name``) with ``.override``; None and values of other types as they are."""
-    wrapper = _WRAPPERS.get(type(value))
-    if wrapper is None:
-        return value
-    wrapped = wrapper(value)
-    wrapped.name = name
-    return wrapped
-
-
 ASSIGNMENT_HELP = (
     "Set {name} in the environment before the SP groups are initialised (initialize_sequence_parallel, or "
     "maybe_init_distributed_environment_and_model_parallel), where every rank's value is validated and agreed; "
@@ -483,7 +425,7 @@ class _EnvsModule(types.ModuleType):
     def __getattr__(self, name: str) -> Any:  # only for names the module itself does not define
         reader = environment_variables.get(name)
         if reader is not None:
-            return _with_override(name, reader())
+            return _upstream_envs.with_override(name, reader(), override)
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}; the FastVideo environment variables "
                              f"are this package's {', '.join(_REGISTRY)} and upstream's {', '.join(upstream_names())}")
 
