@@ -152,18 +152,6 @@ class _Overridable:
         return self._plain, (self._plain(self),)
 
 
-class EnvStr(_Overridable, str):
-    _plain = str
-
-
-class EnvInt(_Overridable, int):
-    _plain = int
-
-
-class EnvFloat(_Overridable, float):
-    _plain = float
-
-
 class EnvFlag(_Overridable, int):
     """A bool value (``bool`` cannot be subclassed): an int 0 or 1 that prints as ``False`` / ``True``."""
 
@@ -175,7 +163,9 @@ class EnvFlag(_Overridable, int):
     __str__ = __repr__
 
 
-_WRAPPERS: dict[type, type] = {str: EnvStr, int: EnvInt, float: EnvFloat, bool: EnvFlag}
+# A str, int or float value as a subclass of its type (EnvStr, EnvInt, EnvFloat); a bool as EnvFlag.
+_WRAPPERS: dict[type, type] = {t: type(f"Env{t.__name__.capitalize()}", (_Overridable, t), {"_plain": t})
+                               for t in (str, int, float)} | {bool: EnvFlag}
 
 
 def with_override(name: str, value: Any, override: Callable[..., AbstractContextManager[None]]) -> Any:
