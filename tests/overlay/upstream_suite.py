@@ -33,6 +33,7 @@ import argparse
 import concurrent.futures
 import fcntl
 import hashlib
+import inspect
 import json
 import os
 import resource
@@ -154,11 +155,15 @@ def run_side(side: build.Overlay, out: Path, select: list[str] | None = None) ->
 
 
 def _key() -> str:
+    """What pure upstream's outcomes depend on: the wheel, the pins, the python, torch, the selection, how a side is
+    run (the code of the functions that run it, the patches and the plugin) and whether the rank files get GPUs."""
     import torch
 
-    sources = [HERE / "upstream_suite.py", *sorted(SUITE_PATH.glob("*.py"))]
+    run = [inspect.getsource(fn) for fn in (run_side, run_pytest, _env, _has_pytest_timeout)]
+    patches = [p.read_text() for p in sorted(SUITE_PATH.glob("*.py"))]
     parts = [build.UPSTREAM_SHA256, sorted(build._pins().items()), list(sys.version_info[:2]), torch.__version__,
-             FILES, RANK_FILES, "gpu" if gpu_ranks() else f"cpu{CPU_RANKS}", [p.read_text() for p in sources]]
+             FILES, RANK_FILES, str(TESTS), CPU_RANKS, TEST_TIMEOUT_S, TIMEOUT_S,
+             "gpu" if gpu_ranks() else f"cpu{CPU_RANKS}", run, patches]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
@@ -263,6 +268,18 @@ def failing_lines(report: Report) -> list[str]:
     return [line for line in report.lines if line.startswith("FAIL")]
 
 
+def _header() -> dict:
+    import platform
+
+    import torch
+
+    git = subprocess.run(["git", "-C", str(build.ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": git.stdout.strip() or "unknown",
+            "python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
+            "upstream": f"{build.UPSTREAM}=={build.UPSTREAM_VERSION} sha256 {build.UPSTREAM_SHA256}",
+            "command": "python -m tests.overlay.upstream_suite " + " ".join(sys.argv[1:])}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=build.cache_dir() / "upstream-suite" / "last",
@@ -272,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result = run(args.out)
     print("\n".join(result.report.lines))
-    record = {"lines": result.report.lines, "passed": result.report.passed, "counted": result.report.counted,
+    record = {"header": _header(), "lines": result.report.lines, "passed": result.report.passed,
+              "counted": result.report.counted,
               "pure_from_cache": result.pure_cached, "seconds": result.seconds,
               "rank_files": "as written" if gpu_ranks() else f"{CPU_RANKS} CPU ranks, the runner's patches"}
     ok = result.report.passed == result.report.counted
