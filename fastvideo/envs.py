@@ -14,7 +14,8 @@ Two kinds of variable, one module (it replaces upstream's ``fastvideo/envs.py`` 
 
 ``FASTVIDEO_ULYSSES_A2A`` is both: upstream's name and default, this package's parsing (``" AUTO "`` reads as
 ``auto`` as upstream's does; a value other than ``off``/``auto`` raises where upstream's passes it through and
-its readers treat it as ``off``; an empty value is ``off``).
+its readers treat it as ``off``; an empty value is ``off``). Ranks whose agreed settings differ decline together,
+as upstream's do: each such setting takes its conservative value (the route ``off``), with a warning on every rank.
 
     >>> from fastvideo import envs
     >>> envs.get("FASTVIDEO_ULYSSES_A2A")
@@ -24,6 +25,12 @@ its readers treat it as ``off``; an empty value is ``off``).
     'auto'
     >>> envs.FASTVIDEO_ULYSSES_A2A      # upstream FastVideo's spelling: the same parsed value, read now
     'off'
+    >>> with envs.FASTVIDEO_ULYSSES_A2A_LONG_TRAINING.override("chunked"):   # upstream's idiom (upstream_envs.py)
+    ...     envs.FASTVIDEO_ULYSSES_A2A_LONG_TRAINING
+    'chunked'
+
+An override sets this process's environment for the block; helpers follow the settings the SP group *agreed*, so
+it reaches them only through a new agreement on every rank (``parallel_state.agree_ulysses_settings()``).
 
 Assigning one of this package's variables (``envs.FASTVIDEO_ULYSSES_A2A = "auto"``) raises: upstream FastVideo
 reads the environment on every use, so an assignment there is silently ignored by most readers; here the
@@ -44,6 +51,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 # Upstream's variables, and its helpers of the same names (its envs.py defines them; code may import them here).
+from fastvideo import upstream_envs as _upstream_envs
 from fastvideo.upstream_envs import VARIABLES as _UPSTREAM
 from fastvideo.upstream_envs import get_default_cache_root, get_default_config_root, maybe_convert_int  # noqa: F401
 
@@ -167,7 +175,9 @@ _register(
         "off",
         "Ulysses all-to-all transport: `off` always takes the NCCL route (no vote unless checked mode is on); "
         "`auto` votes on every call, on every route (FASTVIDEO_ULYSSES_A2A_CHECKED=0: the fused route's calls "
-        "only), and takes the fused NCCL-device-API route where every rank agrees it can.",
+        "only), and takes the fused NCCL-device-API route where every rank agrees it can. Agreed across the SP "
+        "group: ranks that differ decline together to `off` (exact, over NCCL), each warning with every rank's "
+        "value, as upstream's ranks decline; the next agreement on which they agree restores it.",
         choices=("off", "auto"),
         agreed=True,
     )
@@ -398,6 +408,7 @@ def override(**values: str | None) -> Iterator[None]:
 
 # ---------------------------------------------------------------------------------------- module attributes
 
+
 ASSIGNMENT_HELP = (
     "Set {name} in the environment before the SP groups are initialised (initialize_sequence_parallel, or "
     "maybe_init_distributed_environment_and_model_parallel), where every rank's value is validated and agreed; "
@@ -408,12 +419,13 @@ ASSIGNMENT_HELP = (
 
 class _EnvsModule(types.ModuleType):
     """This module, with upstream FastVideo's attribute access: ``envs.NAME`` is ``environment_variables[NAME]()``,
-    read now; assigning or deleting one of this package's variables raises (see the module docstring)."""
+    read now, with ``.override``; assigning or deleting one of this package's variables raises (see the module
+    docstring)."""
 
     def __getattr__(self, name: str) -> Any:  # only for names the module itself does not define
         reader = environment_variables.get(name)
         if reader is not None:
-            return reader()
+            return _upstream_envs.with_override(name, reader(), override)
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}; the FastVideo environment variables "
                              f"are this package's {', '.join(_REGISTRY)} and upstream's {', '.join(upstream_names())}")
 

@@ -1,12 +1,19 @@
 """Upstream FastVideo 0.2.1's environment variables: their names, parsers and defaults, reimplemented (upstream
-reads each with a lambda of ``os.environ``; these are the same readings as functions of the name).
-``fastvideo.envs`` serves them beside this package's typed settings; nothing else imports this module.
+reads each with a lambda of ``os.environ``; these are the same readings as functions of the name), and the values
+``envs.NAME`` returns: each with upstream's ``.override(value)``. ``fastvideo.envs`` serves them beside this
+package's typed settings; nothing else imports this module.
+
+``.override(value)`` sets the variable in this process for the block (``None`` unsets it, a bool is ``1`` / ``0``)
+and restores it on exit, also on an exception (``envs.override``). The value is a ``str``, ``int``, ``float`` or,
+for a bool (which Python cannot subclass), an ``int`` that prints as ``True`` / ``False``; pickled or copied it is
+the plain value. None (unset, no default) has no ``.override``: use ``envs.override(NAME=...)``.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 
@@ -123,3 +130,50 @@ VARIABLES: tuple[tuple[str, Reader | None, str], ...] = (
     ("FASTVIDEO_CFG_GATE_STEP", _number(float, "1.0"),
      "Fraction of denoising steps that run the unconditional pass (1.0: every step, exact CFG)."),
 )
+
+
+# ------------------------------------------------------------------------------------- the values envs.NAME returns
+
+
+class _Overridable:
+    """What ``envs.NAME``'s values add to the plain value: upstream's ``.override(value)``."""
+
+    name: str
+    _plain: type
+    _set: Callable[..., AbstractContextManager[None]]  # envs.override
+
+    def override(self, value: object) -> AbstractContextManager[None]:
+        """Local: set this variable to ``value`` (None unsets it; a bool is 1 or 0) in this process for the block,
+        restored on exit and on an exception. The SP group's agreed settings change only at a new agreement."""
+        text = None if value is None else str(int(value)) if isinstance(value, bool) else str(value)
+        return self._set(**{self.name: text})
+
+    def __reduce__(self) -> tuple:  # pickled (Ray, multiprocessing) or copied: the plain value
+        return self._plain, (self._plain(self),)
+
+
+class EnvFlag(_Overridable, int):
+    """A bool value (``bool`` cannot be subclassed): an int 0 or 1 that prints as ``False`` / ``True``."""
+
+    _plain = bool
+
+    def __repr__(self) -> str:
+        return repr(bool(self))
+
+    __str__ = __repr__
+
+
+# A str, int or float value as a subclass of its type (EnvStr, EnvInt, EnvFloat); a bool as EnvFlag.
+_WRAPPERS: dict[type, type] = {t: type(f"Env{t.__name__.capitalize()}", (_Overridable, t), {"_plain": t})
+                               for t in (str, int, float)} | {bool: EnvFlag}
+
+
+def with_override(name: str, value: Any, override: Callable[..., AbstractContextManager[None]]) -> Any:
+    """``value`` (read from ``name``) with ``.override`` (by ``override``, ``envs.override``); None and values of
+    other types as they are."""
+    wrapper = _WRAPPERS.get(type(value))
+    if wrapper is None:
+        return value
+    wrapped = wrapper(value)
+    wrapped.name, wrapped._set = name, override
+    return wrapped

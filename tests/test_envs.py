@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
+import pickle
 import re
 
 import pytest
@@ -154,3 +156,55 @@ def test_other_module_attributes_stay_assignable_and_unknown_names_are_clear(mon
     assert envs.ASSIGNMENT_HELP == "patched"
     with pytest.raises(AttributeError, match=r"FASTVIDEO_ULYSSES_A2A_NOPE.*the FastVideo environment variables"):
         envs.FASTVIDEO_ULYSSES_A2A_NOPE  # noqa: B018
+
+
+# ------------------------------------------------------------------------------------- upstream's .override idiom
+
+# (name, its raw value before, what ``.override`` gets, what ``envs.NAME`` reads inside, the plain type): the
+# variables upstream's later tests override (the long-training policy, the route) and one of each value type.
+IDIOM = [
+    ("FASTVIDEO_ULYSSES_A2A_LONG_TRAINING", "chunked", "auto", "auto", str),
+    ("FASTVIDEO_ULYSSES_A2A", "off", "auto", "auto", str),
+    ("FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES", "2048", 4096, 4096, int),
+    ("FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S", "1", 2.5, 2.5, float),
+    ("FASTVIDEO_STAGE_LOGGING", "0", True, True, bool),
+    ("LOCAL_RANK", "1", 3, 3, int),
+]
+
+
+@pytest.mark.parametrize("set_before", [True, False], ids=["set", "unset"])
+@pytest.mark.parametrize("name, before, value, inside, plain", IDIOM, ids=[row[0] for row in IDIOM])
+def test_value_override_sets_the_variable_for_the_block_and_restores_it(monkeypatch, name, before, value, inside,
+                                                                         plain, set_before):
+    """``envs.NAME.override(value)``: the variable is set in this process inside the block (``envs.NAME`` reads
+    it), and on exit, normal or by an exception, it is what it was, set or unset."""
+    if set_before:
+        monkeypatch.setenv(name, before)
+    else:
+        monkeypatch.delenv(name, raising=False)
+    expected = os.environ.get(name)
+    current = getattr(envs, name)
+    assert isinstance(current, plain if plain is not bool else int) and current == envs.get(name)
+    with current.override(value):
+        got = getattr(envs, name)
+        assert got == inside and os.environ[name] == (str(int(value)) if plain is bool else str(value))
+        assert os.environ.get(name) != expected  # the control: the block did change it
+    assert os.environ.get(name) == expected
+    with pytest.raises(RuntimeError, match="inside"), getattr(envs, name).override(value):
+        raise RuntimeError("inside")
+    assert os.environ.get(name) == expected
+    assert type(pickle.loads(pickle.dumps(got))) is plain and pickle.loads(pickle.dumps(got)) == inside
+
+
+def test_override_values_read_as_the_plain_ones(monkeypatch):
+    """Only ``envs.NAME`` adds ``.override``: ``envs.get`` and ``environment_variables`` give the plain value; a
+    bool reads and prints as one; None (unset, no default) stays None."""
+    monkeypatch.setenv("FASTVIDEO_STAGE_LOGGING", "1")
+    flag = envs.FASTVIDEO_STAGE_LOGGING
+    assert flag and flag == True and (repr(flag), str(flag), f"{flag}") == ("True", "True", "True")  # noqa: E712
+    assert envs.get("FASTVIDEO_STAGE_LOGGING") is True and not hasattr(envs.get("FASTVIDEO_STAGE_LOGGING"), "name")
+    monkeypatch.setenv("FASTVIDEO_ULYSSES_A2A", "auto")
+    assert type(envs.get("FASTVIDEO_ULYSSES_A2A")) is str and not hasattr(envs.get("FASTVIDEO_ULYSSES_A2A"),
+                                                                           "override")
+    monkeypatch.delenv("FASTVIDEO_ATTENTION_BACKEND", raising=False)
+    assert envs.FASTVIDEO_ATTENTION_BACKEND is None

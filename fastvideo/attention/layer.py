@@ -38,6 +38,7 @@ the call or of one head group), ``_run_groups`` (the groups' steps in the schedu
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -64,6 +65,12 @@ from fastvideo.distributed.parallel_state import get_sp_group, get_sp_parallel_r
 from fastvideo.distributed.ulysses.overlap_plan import SETTING, CallLayout, check_chunks, gather_plan, schedule
 
 __all__ = ["DistributedAttention", "DistributedAttention_VSA", "LocalAttention", "upstream_attention"]
+
+def get_attn_backend(*args: Any, **kwargs: Any) -> Any:
+    """Upstream's ``fastvideo.attention.selector.get_attn_backend`` (over upstream only), looked up at each call: the
+    layers call this name at construction, so patching it here changes what they build, as in upstream's module."""
+    return importlib.import_module("fastvideo.attention.selector").get_attn_backend(*args, **kwargs)
+
 
 class _Attention(nn.Module):
     """What the three layers share: arguments, and the attention chosen at construction."""
@@ -98,8 +105,8 @@ class _Attention(nn.Module):
         self.attention_source = "upstream"
         self.dtype = up.get_compute_dtype()
         kwargs = {"default_backend": default_backend} if default_backend is not None else {}
-        backend = up.get_attn_backend(head_size, self.dtype, supported_attention_backends=supported_attention_backends,
-                                      **kwargs)
+        backend = get_attn_backend(head_size, self.dtype, supported_attention_backends=supported_attention_backends,
+                                   **kwargs)
         impl_kwargs = {"prefix": impl_prefix} if impl_prefix is not None else {}
         self.attn_impl = backend.get_impl_cls()(num_heads=num_heads, head_size=head_size, causal=causal,
                                                 softmax_scale=self.softmax_scale, num_kv_heads=self.num_kv_heads,

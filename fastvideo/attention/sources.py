@@ -28,7 +28,6 @@ def upstream_attention() -> SimpleNamespace | None:
         return None
     selector = importlib.import_module(_SELECTOR)
     return SimpleNamespace(
-        get_attn_backend=selector.get_attn_backend,
         backend_name_to_enum=selector.backend_name_to_enum,
         get_forward_context=importlib.import_module("fastvideo.forward_context").get_forward_context,
         get_compute_dtype=importlib.import_module("fastvideo.utils").get_compute_dtype,

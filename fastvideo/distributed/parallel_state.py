@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from fastvideo import _module_present
 from fastvideo.distributed import sp_groups as _sp_groups
 from fastvideo.distributed.group_transfers import GraphCaptureContext, TensorMetadata
 from fastvideo.distributed.node_groups import get_same_node_ranks, is_the_same_node_as
@@ -149,12 +150,18 @@ def get_dp_rank() -> int:
 
 def get_local_torch_device() -> torch.device:
     """The device this rank computes on: the world group's once it exists (``cuda:LOCAL_RANK`` over NCCL, the
-    CPU over gloo), before that ``cuda:LOCAL_RANK`` where CUDA is available, else the CPU. Local."""
+    CPU over gloo); before that the platform's, asked as upstream asks it (its ``current_platform``; alone, torch):
+    ``npu:LOCAL_RANK`` or ``cuda:LOCAL_RANK``, else the CPU (upstream says ``mps``, which gloo cannot use). Local."""
     if _WORLD is not None:
         return _WORLD.device
-    if torch.cuda.is_available():
-        return torch.device("cuda", _local_rank_from_env())
-    return torch.device("cpu")
+    if not _module_present("fastvideo.platforms"):
+        kind = "cuda" if torch.cuda.is_available() else None
+    else:
+        from fastvideo.platforms import current_platform
+
+        cuda = current_platform.is_cuda_alike() or current_platform.is_cuda()
+        kind = "npu" if current_platform.is_npu() else "cuda" if cuda else None
+    return torch.device(kind, _local_rank_from_env()) if kind else torch.device("cpu")
 
 
 def init_distributed_environment(

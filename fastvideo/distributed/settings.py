@@ -1,5 +1,6 @@
-"""FastVideo settings agreed across an SP group: validated on every rank, one exchange, and a mismatch
-raises the same error on every rank instead of hanging later.
+"""FastVideo settings agreed across an SP group: validated on every rank, one exchange, and one value of each
+setting used identically by every rank (a mismatch declines together to its conservative value, with a warning
+on every rank) instead of hanging later.
 
 What is agreed, and when (``docs/env_vars.md``, "Agreement"):
 
@@ -9,18 +10,21 @@ What is agreed, and when (``docs/env_vars.md``, "Agreement"):
 * The helper's construction exchange carries the same report (no extra round) and refreshes it.
 * Nothing reads the environment per call. A change takes effect at the next explicit agreement,
   ``parallel_state.agree_ulysses_settings()`` (or ``override_ulysses_settings``), collective: every rank
-  changed the same way, the new values apply; ranks now differ, ``SettingsMismatchError`` on every rank;
-  a rank that re-agrees alone raises ``SettingsAgreementError`` after the timeout, saying its settings
-  changed after agreement.
+  changed the same way, the new values apply; ranks now differ, they decline together again; a rank that
+  re-agrees alone raises ``SettingsAgreementError`` after the timeout, saying its settings changed after
+  agreement.
 
-Invalid values are exchanged as errors and raised on every rank, so a typo on one rank never leaves
-its peers waiting inside a collective.
+Ranks that hold different values of a setting decline together, as upstream FastVideo's ranks do: every rank
+takes the setting's conservative value (``CONSERVATIVE``), warns naming the setting and each rank's value, and
+the job runs on, exact (the NCCL route when the route differs); a later agreement on which the ranks agree
+restores their values. Invalid values are exchanged as errors and raised on every rank, so a typo on one rank
+never leaves its peers waiting inside a collective.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,18 +38,26 @@ logger = logging.getLogger(__name__)
 AGREED = envs.agreed_names()
 CHECKED = "FASTVIDEO_ULYSSES_A2A_CHECKED"
 ROUTE = "FASTVIDEO_ULYSSES_A2A"
+# What ranks that differ on a setting agree on, from every rank's value (each safe whatever the others hold):
+# the NCCL route (exact, needs no capability), the untuned long-training policy (chunks need a validated
+# activation-memory budget), the smallest window and overlap (memory and streams every rank can give), and
+# checked mode on (ranks already disagree: every call is then checked).
+CONSERVATIVE: dict[str, Callable[[list[Any]], Any]] = {
+    ROUTE: lambda values: "off",
+    "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING": lambda values: "auto",
+    "FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES": min,
+    CHECKED: lambda values: True,
+    "FASTVIDEO_ULYSSES_A2A_OVERLAP": min,
+}
+
+
+# Per SP group (its ranks): the decline last warned about, so that the exchanges that repeat it (a helper's
+# construction after the initialisation's) do not warn again; an agreement without a difference forgets it.
+_WARNED: dict[tuple[int, ...], str] = {}
 
 
 class SettingsError(ValueError):
     """Some rank holds an invalid value. Raised on every rank, naming the rank, variable, value and choices."""
-
-
-class SettingsMismatchError(ValueError):
-    """Ranks of one SP group hold different values of an agreed variable. Raised on every rank."""
-
-    def __init__(self, message: str, differing: dict[str, list[Any]]):
-        super().__init__(message)
-        self.differing = differing  # name -> value by SP rank
 
 
 class SettingsAgreementError(RuntimeError):
@@ -84,6 +96,7 @@ class AgreedSettings:
 
     raw: tuple[object, ...]  # envs.snapshot when agreed
     values: dict[str, Any]
+    differing: tuple[str, ...] = ()  # the settings the ranks differed on (each took its conservative value)
 
     def __getitem__(self, name: str) -> Any:
         return self.values[name]
@@ -94,9 +107,11 @@ class AgreedSettings:
 
 
 def decide(reports: Sequence[LocalReport], ranks: Sequence[int], rank_in_group: int, where: str) -> AgreedSettings:
-    """The agreed settings from every rank's report (pure; identical on every rank), or the error every rank raises.
+    """The agreed settings from every rank's report (identical on every rank), or the SettingsError every rank
+    raises for an invalid value. Pure but for the warning every rank logs when ranks differ (they then take each
+    differing setting's conservative value).
 
-    ``ranks`` are the global ranks of the group, in group order; errors name ranks by global rank.
+    ``ranks`` are the global ranks of the group, in group order; messages name ranks by global rank.
     """
     bad = [(ranks[i], e) for i, r in enumerate(reports) for e in r.errors]
     if bad:
@@ -106,28 +121,31 @@ def decide(reports: Sequence[LocalReport], ranks: Sequence[int], rank_in_group: 
             f"Invalid FastVideo settings ({where}, SP ranks {list(ranks)}): {detail}. Fix the value on that rank "
             "(every rank raises this error, so none is left waiting in a collective)."
         )
-    differing = {
-        name: [r.values[name] for r in reports]
-        for name in AGREED
-        if any(r.values[name] != reports[0].values[name] for r in reports)
-    }
-    if differing:
-        per_var = "; ".join(
-            f"{name} is " + ", ".join(f"rank {ranks[i]}: {v!r}" for i, v in enumerate(values))
-            for name, values in differing.items()
-        )
-        if CHECKED in differing:
-            per_var += (f" ({CHECKED} is the effective checked mode: the variable, or where it is auto, on under "
-                        f"{ROUTE}=auto and, under off, whether torch's distributed debug level is DETAIL, i.e. "
-                        "TORCH_DISTRIBUTED_DEBUG=DETAIL)")
-        raise SettingsMismatchError(
-            f"Ulysses settings differ between the ranks of SP group {list(ranks)} ({where}): {per_var}. Set "
-            f"{', '.join(differing)} identically on every rank: these decide which collectives each rank runs, "
-            "and ranks that disagree would hang.",
-            differing,
-        )
     mine = reports[rank_in_group]
-    return AgreedSettings(mine.raw, dict(mine.values))
+    values = dict(mine.values)
+    differing = [name for name in AGREED if any(r.values[name] != reports[0].values[name] for r in reports)]
+    for name in differing:
+        values[name] = CONSERVATIVE[name]([r.values[name] for r in reports])
+    key = tuple(ranks)
+    if not differing:
+        _WARNED.pop(key, None)
+        return AgreedSettings(mine.raw, values)
+    per_var = "; ".join(
+        f"{name} is " + ", ".join(f"rank {ranks[i]}: {r.values[name]!r}" for i, r in enumerate(reports))
+        + f", all now use {values[name]!r}" for name in differing
+    )
+    if CHECKED in differing:
+        per_var += (f" ({CHECKED} is the effective checked mode: the variable, or where it is auto, on under "
+                    f"{ROUTE}=auto and, under off, whether torch's distributed debug level is DETAIL, i.e. "
+                    "TORCH_DISTRIBUTED_DEBUG=DETAIL)")
+    if _WARNED.get(key) != per_var:  # the same decline again (a helper's construction exchange) warns once
+        _WARNED[key] = per_var
+        logger.warning(
+            "Ulysses settings differ between the ranks of SP group %s (%s): %s. Every rank declined to these "
+            "conservative values and the job goes on, exact. Set %s identically on every rank; they apply at the "
+            "next agreement (parallel_state.agree_ulysses_settings() on every rank).",
+            list(ranks), where, per_var, ", ".join(differing))
+    return AgreedSettings(mine.raw, values, tuple(differing))
 
 
 def agree(

@@ -9,9 +9,10 @@ and destroyed with the group, so rebuilding helpers creates no process group. Cr
 over the world (``torch.distributed.new_group`` needs every rank).
 
 Settings: ``initialize_sequence_parallel`` validates every ``FASTVIDEO_*`` variable on every rank and
-agrees the ones that decide collectives across each SP group (``settings.py``); a mismatch raises
-the same error on every rank there. ``GroupCoordinator.settings`` holds them; nothing re-reads the
-environment per call (``agree_ulysses_settings()`` re-agrees after a change on every rank).
+agrees the ones that decide collectives across each SP group (``settings.py``); ranks that differ
+decline together to each setting's conservative value, warning on every rank. ``GroupCoordinator.settings``
+holds them; nothing re-reads the environment per call (``agree_ulysses_settings()`` re-agrees after a change on
+every rank).
 
 This module knows nothing of the layers above it: whoever builds something on a group that must be
 torn down before the group (the Ulysses helper) registers a hook with ``add_teardown``. Upstream
@@ -268,10 +269,9 @@ def initialize_sequence_parallel(sp_size: int, *, timeout: datetime.timedelta | 
     ``sp_size`` must divide the world size. ``timeout`` bounds every collective of the new groups (device, CPU and
     vote groups, gloo and NCCL); by default they take the default process group's timeout
     (``init_process_group(timeout=...)``), and so does the Ulysses vote unless
-    ``FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S`` says otherwise (``docs/env_vars.md``, "Timeouts"). Raises on every rank,
-    before any later
-    collective, when some rank holds an invalid ``FASTVIDEO_*`` value or the ranks of an SP group
-    disagree on a setting (``settings.SettingsError`` / ``SettingsMismatchError``).
+    ``FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S`` says otherwise (``docs/env_vars.md``, "Timeouts"). Raises
+    ``settings.SettingsError`` on every rank, before any later collective, when some rank holds an invalid
+    ``FASTVIDEO_*`` value; ranks that differ on a setting take its conservative value together, warning.
     """
     global _SP, _DP
     if not dist.is_initialized():
@@ -355,8 +355,8 @@ def agree_ulysses_settings() -> AgreedSettings:
 def override_ulysses_settings(**values: str | None) -> Iterator[AgreedSettings]:
     """Collective over the SP group, blocking, not capture-safe: set FastVideo settings on this rank
     (``envs.override``) and agree them, for the block; restore and re-agree at its end. Every rank must enter
-    it with the same values at the same point (a rank that differs raises ``SettingsMismatchError`` on every
-    rank). What the settings decide follows them: the route, and a helper built on settings that changed."""
+    it with the same values at the same point (ranks that differ decline together to the conservative values).
+    What the settings decide follows them: the route, and a helper built on settings that changed."""
     try:
         with envs.override(**values):
             yield agree_ulysses_settings()

@@ -172,6 +172,24 @@ def test_upstream_machinery_is_used_as_upstream_uses_it():
     assert DistributedAttention(6, D).attention_source == "dense"
 
 
+def test_patching_the_modules_get_attn_backend_changes_what_the_layers_build(monkeypatch):
+    """Upstream's tests patch ``fastvideo.attention.layer.get_attn_backend``: the layers then build from the
+    patched one; unpatched (the control), from upstream's selector."""
+    import fastvideo.attention.layer as layer
+
+    picked = []
+
+    def patched(*args, **kwargs):
+        picked.append(args)
+        return _backend("TORCH_SDPA", GatedImpl)
+
+    with upstream_machinery() as (selections, _):
+        assert type(layer.DistributedAttention(6, D).attn_impl) is RecordingImpl and len(selections) == 1
+        monkeypatch.setattr(layer, "get_attn_backend", patched)
+        built = layer.DistributedAttention(6, D)
+    assert type(built.attn_impl) is GatedImpl and picked == [(D, torch.get_default_dtype())] and len(selections) == 1
+
+
 def test_local_attention_over_upstreams_machinery_matches_the_dense_one():
     from fastvideo.attention.layer import LocalAttention
 
@@ -193,7 +211,7 @@ def test_an_installed_but_broken_upstream_raises_instead_of_falling_back(monkeyp
     broken = types.ModuleType("fastvideo.attention.selector")
     broken.__spec__ = importlib.machinery.ModuleSpec(broken.__name__, None)
     monkeypatch.setitem(sys.modules, broken.__name__, broken)
-    with pytest.raises(AttributeError, match="get_attn_backend"):
+    with pytest.raises(AttributeError, match=r"'fastvideo\.attention\.selector' has no attribute"):
         DistributedAttention(6, D)
 
 

@@ -499,3 +499,27 @@ def test_uneven_shard_and_all_gather_without_padding(ranks, world_size, table):
         assert bad["gather dim"][0] == "ValueError" and "dim=3 is out of range" in bad["gather dim"][1]
         assert bad["shard dim"][0] == "ValueError" and "dim=-4 is out of range" in bad["shard dim"][1]
         assert bad["shard dim even"][0] == "ValueError" and "dim=3 is out of range" in bad["shard dim even"][1]
+
+
+def test_local_device_asks_upstreams_platform_before_the_world_group_exists(monkeypatch):
+    """Before the world group exists, ``get_local_torch_device`` asks upstream's ``current_platform`` as upstream's
+    does (its worker test makes the platform CUDA-like on a machine without CUDA): ``cuda:LOCAL_RANK``, and the
+    CPU where upstream says ``mps``. Alone (no upstream platform), torch decides: the CPU on a machine without CUDA
+    (the control: the platform's answer is what moved it)."""
+    import sys
+    import types
+
+    from fastvideo.distributed import parallel_state
+
+    assert not parallel_state.model_parallel_is_initialized()
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    platform = types.SimpleNamespace(is_npu=lambda: False, is_cuda_alike=lambda: True, is_cuda=lambda: False)
+    module = types.ModuleType("fastvideo.platforms")
+    module.current_platform = platform
+    with monkeypatch.context() as patched:
+        patched.setitem(sys.modules, "fastvideo.platforms", module)
+        assert parallel_state.get_local_torch_device() == torch.device("cuda", 3)
+        platform.is_cuda_alike = lambda: False
+        assert parallel_state.get_local_torch_device() == torch.device("cpu")
+    alone = torch.device("cuda", 3) if torch.cuda.is_available() else torch.device("cpu")
+    assert parallel_state.get_local_torch_device() == alone

@@ -19,7 +19,6 @@ import torch
 
 from fastvideo.distributed.ulysses.overlap_plan import Step, check_chunks, head_groups, schedule, schedule_model
 from tests.distributed.conftest import bit_equal, rank_input
-from tests.distributed.mp import RankError
 
 OVERLAP = "FASTVIDEO_ULYSSES_A2A_OVERLAP"
 
@@ -206,17 +205,16 @@ def test_a_layer_follows_the_agreed_setting_unless_told(ranks):
         assert calls == ["a.qkv.g0", "a.qkv.g1", "a.out.g0", "a.out.g1", "b.qkv", "b.out"]
 
 
-def _noop(rank, p):
-    return "ran"
+def _agreed_overlap(rank, p):
+    from fastvideo.distributed.parallel_state import get_sp_group
+
+    return get_sp_group().settings[OVERLAP], get_sp_group().settings.differing
 
 
-def test_ranks_that_disagree_on_the_setting_raise_together(ranks):
-    with pytest.raises(RankError) as info:
-        ranks(2, _noop, rank_env={0: {OVERLAP: "2"}, 1: {OVERLAP: "0"}}, timeout_s=20)
-    errors = info.value.errors
-    assert sorted(errors) == [0, 1]
-    for kind, message, _ in errors.values():
-        assert kind == "SettingsMismatchError" and OVERLAP in message
+def test_ranks_that_disagree_on_the_setting_take_the_smallest_together(ranks):
+    assert ranks(2, _agreed_overlap, rank_env={0: {OVERLAP: "2"}, 1: {OVERLAP: "0"}}, timeout_s=20) == [
+        (0, (OVERLAP,))] * 2
+    assert ranks(2, _agreed_overlap, env={OVERLAP: "2"}, timeout_s=20) == [(2, ())] * 2  # agreeing: kept
 
 
 # ------------------------------------------------------------------------------------- the recipe's model trains alike

@@ -1,9 +1,10 @@
 """Settings agreed across the SP group (``fastvideo/distributed/settings.py``), over gloo ranks.
 
-A setting that differs between ranks, or is invalid on one, raises the same error on every rank at
-``initialize_sequence_parallel`` (or at helper construction, or at the call that re-agrees after a
-change), never a hang later. Every scenario sets both ambient variables itself on every rank, so
-the tests pass whatever the shell sets; ``run_ranks(timeout_s=...)`` bounds each one.
+A setting that is invalid on one rank raises the same error on every rank at ``initialize_sequence_parallel`` (or
+at helper construction, or at the agreement after a change); ranks that differ on a setting decline together to
+its conservative value (``settings.CONSERVATIVE``), each warning with every rank's value, and run on exact; a later
+agreement on which they agree restores their values. Never a hang. Every scenario sets both ambient variables
+itself on every rank, so the tests pass whatever the shell sets; ``run_ranks(timeout_s=...)`` bounds each one.
 """
 
 from __future__ import annotations
@@ -13,11 +14,20 @@ import time
 import pytest
 
 from fastvideo import envs
-from fastvideo.distributed.settings import AGREED, AgreedSettings, LocalReport, SettingsError, decide
-from tests.distributed.conftest import a2a, build_helper, catch, last, rank_input
+from fastvideo.distributed.settings import (
+    AGREED,
+    CHECKED,
+    CONSERVATIVE,
+    AgreedSettings,
+    LocalReport,
+    SettingsError,
+    decide,
+)
+from tests.distributed.conftest import a2a, bit_equal, build_helper, catch, last, oracle, rank_input
 from tests.distributed.mp import RankError
 
 A2A, LONG, WINDOW = "FASTVIDEO_ULYSSES_A2A", "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING", "FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES"
+OVERLAP = "FASTVIDEO_ULYSSES_A2A_OVERLAP"
 BASE = {A2A: "off", LONG: "auto", WINDOW: None, "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S": "5"}
 SHAPE = (3, 16, 12, 8)
 
@@ -35,25 +45,62 @@ def _init_errors(ranks, rank_env, world_size=2):
     return {r: (kind, message) for r, (kind, message, _) in info.value.errors.items()}, elapsed
 
 
+def _declined_at_init(rank, world_size):
+    """Upstream's entry point with this rank's settings, the settings module's warnings recorded: the agreed
+    values, what differed, the warnings, the SP group's helper, and whether the op's result is the NCCL route's."""
+    import logging
+
+    from fastvideo.distributed import maybe_init_distributed_environment_and_model_parallel
+    from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D
+    from fastvideo.distributed.parallel_state import get_sp_group
+
+    warnings: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logging.getLogger("fastvideo.distributed.settings").addHandler(handler)
+    maybe_init_distributed_environment_and_model_parallel(1, world_size)
+    sp = get_sp_group()
+    x = rank_input(rank, SHAPE)
+    exact = bit_equal(sequence_model_parallel_all_to_all_4D(x, 2, 1), oracle(x, 0))
+    return (dict(sp.settings.values), sp.settings.differing, warnings, sp.device_communicator.ulysses_a2a is None,
+            exact)
+
+
+def _declined(ranks, rank_env, world_size=2):
+    start = time.monotonic()
+    results = ranks(world_size, _declined_at_init, env=BASE, rank_env=rank_env, initialize=False, timeout_s=30)
+    return results, time.monotonic() - start
+
+
 @pytest.mark.parametrize("first, second", [("off", "auto"), ("auto", "off")])
-def test_a2a_mismatch_raises_on_every_rank_at_initialization(ranks, first, second):
-    """off on one rank, auto on the other (both orders): every rank raises SettingsMismatchError at
-    initialize_sequence_parallel, naming each rank's value and the fix, within 10 s (it used to hang)."""
-    errors, elapsed = _init_errors(ranks, {0: {A2A: first}, 1: {A2A: second}})
-    assert sorted(errors) == [0, 1] and elapsed < 10
-    for kind, message in errors.values():
-        assert kind == "SettingsMismatchError"
-        assert f"{A2A} is rank 0: {first!r}, rank 1: {second!r}" in message
-        assert "identically on every rank" in message and "initialize_sequence_parallel" in message
-    assert errors[0][1] == errors[1][1]  # the same message everywhere
+def test_a2a_mismatch_declines_to_nccl_together_at_initialization(ranks, first, second):
+    """off on one rank, auto on the other (both orders): every rank agrees on off (the NCCL route) at
+    initialisation, warns naming each rank's value and the fix, and runs on exact (it used to hang, then raise)."""
+    results, elapsed = _declined(ranks, {0: {A2A: first}, 1: {A2A: second}})
+    assert elapsed < 30
+    for values, differing, warnings, no_helper, exact in results:
+        # The checked mode's effective value follows the route (on under auto, off under off): it differs too.
+        assert (values[A2A], values[CHECKED], differing) == ("off", True, (A2A, CHECKED))
+        assert no_helper and exact
+        assert len(warnings) == 1
+        assert f"{A2A} is rank 0: {first!r}, rank 1: {second!r}, all now use 'off'" in warnings[0]
+        assert "identically on every rank" in warnings[0] and "initialize_sequence_parallel" in warnings[0]
+    assert results[0][:3] == results[1][:3]  # one value of every setting, and the same warning, everywhere
 
 
-def test_long_training_mismatch_raises_on_every_rank_at_initialization(ranks):
-    errors, elapsed = _init_errors(ranks, {0: {LONG: "chunked"}, 1: {LONG: "auto"}}, world_size=3)
-    assert sorted(errors) == [0, 1, 2] and elapsed < 10
-    for kind, message in errors.values():
-        assert kind == "SettingsMismatchError"
-        assert f"{LONG} is rank 0: 'chunked', rank 1: 'auto', rank 2: 'auto'" in message
+def test_agreeing_ranks_neither_decline_nor_warn(ranks):
+    """Negative control for the decline: the same values on both ranks (one spelt differently) keep them, silently."""
+    results, _ = _declined(ranks, {0: {A2A: "auto"}, 1: {A2A: " AUTO "}})
+    for values, differing, warnings, no_helper, exact in results:
+        assert (values[A2A], differing, warnings, no_helper, exact) == ("auto", (), [], False, True)
+
+
+def test_long_training_mismatch_declines_to_auto_on_every_rank(ranks):
+    results, elapsed = _declined(ranks, {0: {LONG: "chunked"}, 1: {LONG: "auto"}}, world_size=3)
+    assert elapsed < 30
+    for values, differing, warnings, _, exact in results:
+        assert (values[LONG], values[A2A], differing, exact) == ("auto", "off", (LONG,), True)
+        assert f"{LONG} is rank 0: 'chunked', rank 1: 'auto', rank 2: 'auto', all now use 'auto'" in warnings[0]
 
 
 @pytest.mark.parametrize("bad", ["yes", "1", "on"])
@@ -79,17 +126,21 @@ def test_case_and_space_differences_are_the_same_value(ranks):
     assert ranks(2, _noop, env=BASE, rank_env={0: {LONG: " AUTO "}, 1: {LONG: "auto"}}, timeout_s=30) == ["ran"] * 2
 
 
-def test_decide_is_pure_and_needs_a_real_difference():
-    """Negative control for the verdict: identical values pass; a difference in any agreed variable raises."""
-    values = {A2A: "off", LONG: "auto", WINDOW: 1 << 30, "FASTVIDEO_ULYSSES_A2A_CHECKED": False,
-              "FASTVIDEO_ULYSSES_A2A_OVERLAP": 0}
-    assert set(values) == set(AGREED)
+def test_decide_declines_each_differing_setting_to_its_conservative_value():
+    """The verdict: identical values are kept; a difference in any agreed variable gives every rank the same
+    conservative value of it (the same whichever rank decides), and the rest unchanged; an invalid value raises."""
+    values = {A2A: "auto", LONG: "chunked", WINDOW: 1 << 30, CHECKED: False, OVERLAP: 4}
+    assert set(values) == set(AGREED) == set(CONSERVATIVE)
     same = [LocalReport((None,) * len(AGREED), dict(values), ()) for _ in range(2)]
-    assert isinstance(decide(same, [0, 1], 0, "test"), AgreedSettings)
+    kept = decide(same, [0, 1], 0, "test")
+    assert isinstance(kept, AgreedSettings) and kept.values == values and kept.differing == ()
+    other = {A2A: "off", LONG: "auto", WINDOW: 4096, CHECKED: True, OVERLAP: 0}
+    expected = {A2A: "off", LONG: "auto", WINDOW: 4096, CHECKED: True, OVERLAP: 0}
     for name in AGREED:
-        other = dict(values, **{name: "x"})
-        with pytest.raises(ValueError, match=name):
-            decide([same[0], LocalReport(same[0].raw, other, ())], [4, 5], 0, "test")
+        reports = [same[0], LocalReport(same[0].raw, dict(values, **{name: other[name]}), ())]
+        for mine in (0, 1):
+            agreed = decide(reports, [4, 5], mine, "test")
+            assert agreed.values == dict(values, **{name: expected[name]}) and agreed.differing == (name,), name
     with pytest.raises(SettingsError, match="rank 5: boom"):
         decide([same[0], LocalReport(same[0].raw, {}, ("boom",))], [4, 5], 0, "test")
 
@@ -176,16 +227,19 @@ def _change_on_one_rank(rank, world_size):
     if rank == 1:
         os.environ[A2A] = "auto"  # after the agreement, on this rank only
     calls = catch(a2a, x)[0]  # the agreed route still: both ranks in step
-    got = catch(agree_ulysses_settings)
-    return calls, got[0], got[1]
+    declined = agree_ulysses_settings()
+    exact = bit_equal(a2a(x), oracle(x, 0))
+    os.environ[A2A] = "auto"  # now on every rank: the next agreement takes it
+    recovered = agree_ulysses_settings()
+    return calls, declined[A2A], declined.differing, exact, recovered[A2A], recovered.differing
 
 
-def test_a_change_on_one_rank_is_not_read_per_call_and_raises_everywhere_at_agreement(ranks):
+def test_a_change_on_one_rank_is_not_read_per_call_and_declines_together_until_every_rank_agrees(ranks):
     """Rank 1 alone switches to auto after initialisation: its calls keep the agreed route (nothing re-reads the
-    environment), and the next agreement raises SettingsMismatchError on every rank, naming the variable."""
-    for calls, kind, message in ranks(2, _change_on_one_rank, env=BASE, timeout_s=60):
-        assert calls == "ok" and kind == "SettingsMismatchError"
-        assert f"{A2A} is rank 0: 'off', rank 1: 'auto'" in message
+    environment); the next agreement declines to off on every rank, exact; once every rank says auto, the
+    agreement after that takes it."""
+    for result in ranks(2, _change_on_one_rank, env=BASE, timeout_s=60):
+        assert result == ("ok", "off", (A2A, CHECKED), True, "auto", ())
 
 
 def _agreement_on_one_rank(rank, world_size):
@@ -213,21 +267,20 @@ def test_an_agreement_only_one_rank_enters_fails_loudly_not_forever(ranks):
 def _helper_construction_mismatch(rank, world_size):
     import os
 
+    from fastvideo.distributed.parallel_state import get_sp_group
+
     os.environ[LONG] = "chunked" if rank == 0 else "auto"
-    got = catch(build_helper)
-    os.environ[LONG] = "auto"
-    h = build_helper()  # agreed again: construction succeeds, runs fused
+    h = build_helper()  # its exchange agrees the settings again: they differ now
+    agreed = get_sp_group().settings
     after = catch(a2a, h, rank_input(rank, SHAPE), 0)
     record = last(h)
     h.destroy()
-    return got[0], got[1], after[0], record[0]
+    return agreed[LONG], agreed.differing, h.long_training, after[0], record[0]
 
 
-def test_helper_construction_agrees_settings_on_every_rank(ranks):
-    for kind, message, after, route in ranks(2, _helper_construction_mismatch, env=BASE, timeout_s=60):
-        assert kind == "SettingsMismatchError" and "UlyssesHelper construction" in message
-        assert f"{LONG} is rank 0: 'chunked', rank 1: 'auto'" in message
-        assert (after, route) == ("ok", "fused")
+def test_helper_construction_declines_differing_settings_on_every_rank(ranks):
+    for result in ranks(2, _helper_construction_mismatch, env=BASE, timeout_s=60):
+        assert result == ("auto", (LONG,), "auto", "ok", "fused")
 
 
 def _generation_mismatch(rank, world_size):
@@ -247,3 +300,22 @@ def test_helper_generation_mismatch_raises_everywhere_then_resynchronises(ranks)
     for kind, field, _ in results:
         assert (kind, field) == ("ContractMismatchError", "HEADER")
     assert results[0][2] == results[1][2]
+
+
+def _idiom_on_every_rank(rank, world_size):
+    from fastvideo import envs
+    from fastvideo.distributed.parallel_state import agree_ulysses_settings, get_sp_group
+
+    sp = get_sp_group()
+    with envs.FASTVIDEO_ULYSSES_A2A_LONG_TRAINING.override("chunked"):
+        read, unagreed = envs.FASTVIDEO_ULYSSES_A2A_LONG_TRAINING, sp.settings[LONG]
+        agreed = agree_ulysses_settings()[LONG]
+    return read, unagreed, agreed, sp.settings[LONG], agree_ulysses_settings()[LONG]
+
+
+def test_an_override_reaches_the_agreed_settings_only_through_an_agreement(ranks):
+    """Upstream's ``envs.NAME.override(value)`` sets this rank's environment: ``envs.NAME`` reads it at once, the
+    SP group's agreed settings (what the helpers follow) only after every rank agrees again, and they keep the
+    block's value until the next agreement after it."""
+    assert ranks(2, _idiom_on_every_rank, env=BASE, timeout_s=60) == [
+        ("chunked", "auto", "chunked", "chunked", "auto")] * 2

@@ -377,7 +377,7 @@ class Overlay:
         return env
 
 
-def _make_overlay(install: Path, dest: Path | None) -> Path:
+def _make_overlay(install: Path, dest: Path | None, copy_tree: bool = True) -> Path:
     runs = cache_dir() / "overlays"
     runs.mkdir(parents=True, exist_ok=True)
     now = time.time()
@@ -394,6 +394,9 @@ def _make_overlay(install: Path, dest: Path | None) -> Path:
     # Upstream hard-linked (no copy of its 14 MB), then every file of this tree copied over: a link is
     # unlinked first, so the cached install is never written through.
     shutil.copytree(install / "upstream" / UPSTREAM, target, copy_function=os.link)
+    if not copy_tree:
+        _log(f"pure upstream {UPSTREAM_VERSION} in {target}")
+        return root
     ours = ROOT / UPSTREAM
     copied = 0
     for src in sorted(ours.rglob("*")):
@@ -443,9 +446,10 @@ def upstream_source(*, python: str = sys.executable, wheels: Path | str | None =
 
 
 def build_overlay(*, python: str = sys.executable, wheels: Path | str | None = None,
-                  dest: Path | None = None, index: bool = False) -> Overlay:
+                  dest: Path | None = None, index: bool = False, pure: bool = False) -> Overlay:
     """Build (or reuse) the cached install and make a fresh overlay copy; see the module docstring. ``index``:
-    download from the package index even where a wheel folder is found."""
+    download from the package index even where a wheel folder is found. ``pure``: the copy is upstream's alone
+    (nothing of this tree over it), set up exactly as the overlay is, for comparisons."""
     wheels = _wheel_folder(wheels, index)
     info = _python_info(python)
     missing = sorted(pkg for mod, pkg in HOST.items() if not info["found"][mod])
@@ -453,7 +457,7 @@ def build_overlay(*, python: str = sys.executable, wheels: Path | str | None = N
         raise OverlayError(f"{python} lacks {', '.join(missing)}, which the overlay takes from the python that "
                            f"runs it: pip install {' '.join(missing)}")
     install = _install(python, wheels, info)
-    root = _make_overlay(install, dest)
+    root = _make_overlay(install, dest, copy_tree=not pure)
     stand_ins = tuple(sorted(p.name for p in (install / "stand_ins").glob("*"))) if (
         install / "stand_ins").is_dir() else ()
     path = [root, install / "deps"] + ([install / "stand_ins"] if stand_ins else [])
