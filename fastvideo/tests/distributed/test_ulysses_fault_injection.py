@@ -6,7 +6,8 @@ file over upstream's; docs/fastvideo_migration.md, "Upstream's tests, edited"). 
 upstream's. Upstream injects each failure by patching its helper's private methods on the faulty rank
 (``_can_attempt``, ``_allocate``, ``_register_window``, ``_create_dev_comm``, ``_dispose``, ``_nbytes``) and reads
 ``helper._handle`` ("armed"). Here each failure goes through the public constructor arguments of the package's
-helper, built on every rank on the CPU plan transport (``GlooPlanTransport``) and installed as the public op's
+helper, built on every rank on the tests' CPU plan transport (``GlooPlanTransport``, a simulation kept out of the
+package: the suite's path holds it as ``plan_transport``) and installed as the public op's
 (``install_default_helper``, so ``ulysses_a2a`` is it), with the fault on the faulty rank only; "armed" is the
 public state: the helper's construction succeeded (``fused_available``) and the call after the fault ran fused
 (``helper.history``). ``configuration`` is upstream's own injection (the route ``off`` on one rank). The helper
@@ -67,7 +68,8 @@ def _install_helper(faulty: bool, stage: str) -> None:
     """Edited: upstream's private-method patches as public constructor arguments, the fault on ``faulty`` only."""
     from fastvideo.distributed.device_communicators.ulysses_a2a import UlyssesHelper, install_default_helper
     from fastvideo.distributed.ulysses.contract import DeclineReason
-    from fastvideo.distributed.ulysses.transport import Capability, GlooPlanTransport, TopologyReport
+    from fastvideo.distributed.ulysses.transport import Capability, TopologyReport
+    from plan_transport import GlooPlanTransport
 
     faults = {
         "capability": dict(capability_override=Capability(
