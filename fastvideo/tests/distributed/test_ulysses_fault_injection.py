@@ -66,10 +66,11 @@ NOT_INJECTABLE = {
 
 def _install_helper(faulty: bool, stage: str) -> None:
     """Edited: upstream's private-method patches as public constructor arguments, the fault on ``faulty`` only."""
+    from plan_transport import GlooPlanTransport
+
     from fastvideo.distributed.device_communicators.ulysses_a2a import UlyssesHelper, install_default_helper
     from fastvideo.distributed.ulysses.contract import DeclineReason
     from fastvideo.distributed.ulysses.transport import Capability, TopologyReport
-    from plan_transport import GlooPlanTransport
 
     faults = {
         "capability": dict(capability_override=Capability(
