@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The fused call's host overhead at P = 1 on one GPU, A/B between older trees and this one, in one run, each tree
-# on its own loader and kernel library build (their library ABIs may differ). From the repository root:
+# on its own loader, kernel library and hot-path extension builds (their ABIs may differ). From the repository root:
 #
 #   git archive REV | (mkdir -p .revs/base && tar -x -C .revs/base) && echo REV > .revs/base/COMMIT
 #   OUT=/tmp/ab BASE=.revs/base ROUNDS=3 bash scripts/gpu_host_overhead_ab.sh
@@ -40,6 +40,10 @@ fi
 for base in $BASE; do
   name=$(basename "$base")
   step "build $name library" 240 build.log "$python" "$base/fastvideo-kernel/build_lib.py" --out "$base/build/kernel"
+  if [[ -f $base/fastvideo-kernel/build_hot.py ]]; then  # a tree with a hot path runs it, as this one does
+    step "build $name hot-path extension" 240 build.log "$python" "$base/fastvideo-kernel/build_hot.py" \
+      --out "$base/build/kernel"
+  fi
   step "fused host overhead A/B ($name)" "${AB_LIMIT_S:-300}" "ab-$name.log" "$python" -m benchmarks.run \
     fused_host_overhead --compare-revs "$base" "$ROOT" --nproc 1 --tree-libraries --rounds "${ROUNDS:-3}" \
     --compare-out "$WORK/logs/ab-$name" --json "$WORK/logs/ab-$name.json"
