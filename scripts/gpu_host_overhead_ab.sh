@@ -37,6 +37,8 @@ if [[ "${HOT:-0}" == 1 ]]; then
     --hot both "${decompose[@]}" --kernel-library dev --json "$WORK/logs/hot.json"
   results+=(logs/hot.json)
 fi
+lanes=()  # HOT=1: every A/B row twice, the Python lane and the hot lane of each tree
+[[ "${HOT:-0}" == 1 ]] && lanes=(--hot both)
 for base in $BASE; do
   name=$(basename "$base")
   step "build $name library" 240 build.log "$python" "$base/fastvideo-kernel/build_lib.py" --out "$base/build/kernel"
@@ -45,7 +47,7 @@ for base in $BASE; do
       --out "$base/build/kernel"
   fi
   step "fused host overhead A/B ($name)" "${AB_LIMIT_S:-300}" "ab-$name.log" "$python" -m benchmarks.run \
-    fused_host_overhead --compare-revs "$base" "$ROOT" --nproc 1 --tree-libraries --rounds "${ROUNDS:-3}" \
+    fused_host_overhead --compare-revs "$base" "$ROOT" --nproc 1 --tree-libraries --rounds "${ROUNDS:-3}" "${lanes[@]}" \
     --compare-out "$WORK/logs/ab-$name" --json "$WORK/logs/ab-$name.json"
   results+=("logs/ab-$name.json")
 done

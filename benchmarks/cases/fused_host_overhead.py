@@ -253,7 +253,7 @@ class FusedHostOverheadCase(Case):
                                       row_chunks=splits, engine=engine, source="fused_host_overhead (P = 1)"),)
                     transport = None
                     if not cuda:
-                        from tests.plan_transport import GlooPlanTransport
+                        GlooPlanTransport = product.plan_transport()
 
                         transport = GlooPlanTransport()
                     helper = UlyssesHelper(tuned_table=table, vote="shm" if cuda else "auto", transport=transport)

@@ -22,7 +22,7 @@ import statistics
 import time
 from typing import ClassVar
 
-from benchmarks.harness import oracle, report, stats, timing
+from benchmarks.harness import oracle, product, report, stats, timing
 from benchmarks.harness.case import Case, Context
 
 
@@ -71,8 +71,8 @@ class HostPathCase(Case):
         from fastvideo.distributed.ulysses.helper import UlyssesHelper
         from fastvideo.distributed.ulysses.policy import TunedRow
         from fastvideo.distributed.ulysses.transport import output_shape
-        from tests.plan_transport import GlooPlanTransport
 
+        GlooPlanTransport = product.plan_transport()
         args = ctx.args
         if ctx.world < 2:
             raise SystemExit("host_path needs >= 2 ranks (--nproc 2): the helper's fused route starts at SP2")

@@ -100,7 +100,7 @@ def cpu_stand_in(window_bytes: int):
 
     from fastvideo.distributed.parallel_state import get_sp_group
     from fastvideo.distributed.ulysses.transport import ConstructionContext
-    from tests.plan_transport import GlooPlanTransport
+    GlooPlanTransport = product.plan_transport()
 
     transport = GlooPlanTransport()
     ctx = ConstructionContext(rank=0, world_size=1, device=torch.device("cpu"), window_bytes=window_bytes,

@@ -109,7 +109,7 @@ class TuneCase(Case):
             raise SystemExit("tune needs an SP group of >= 2 ranks (--nproc 2, or torchrun --nproc_per_node=N)")
         transport = None
         if device.type == "cpu":
-            from tests.plan_transport import GlooPlanTransport
+            GlooPlanTransport = product.plan_transport()
 
             transport = GlooPlanTransport()
         helper = UlyssesHelper(transport=transport)

@@ -14,8 +14,11 @@ an older tree under ``--compare-revs`` kept something elsewhere, the adapter say
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import ModuleType
 
 import torch
@@ -31,6 +34,25 @@ def registry() -> ModuleType:
     return module
 
 
+def plan_transport() -> type:
+    """The CPU plan transport (``GlooPlanTransport``, a simulation): the tree's own where it ships one in the package
+    (older trees), else this repository's ``tests/plan_transport.py``, loaded from its file (a tree under test that
+    is first on ``sys.path`` shadows the ``tests`` package)."""
+    try:
+        from fastvideo.distributed.ulysses.transport import GlooPlanTransport
+    except ImportError:
+        name = "_benchmarks_plan_transport"
+        module = sys.modules.get(name)
+        if module is None:
+            spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[2] / "tests"
+                                                          / "plan_transport.py")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        GlooPlanTransport = module.GlooPlanTransport
+    return GlooPlanTransport
+
+
 def default_helper(device: torch.device):
     """The helper the public op uses under ``auto``, built if needed. Collective (construction).
 
@@ -40,9 +62,8 @@ def default_helper(device: torch.device):
     """
     if device.type != "cuda":
         from fastvideo.distributed.ulysses.helper import UlyssesHelper
-        from tests.plan_transport import GlooPlanTransport
 
-        helper = UlyssesHelper(transport=GlooPlanTransport())
+        helper = UlyssesHelper(transport=plan_transport()())
         registry().install_default_helper(helper)
         return helper
     return registry().get_default_helper()

@@ -129,10 +129,10 @@ def check_kind(engine: str, ctas: int, chunks: int) -> None:
         check(torch.equal(graphed.view(torch.int16), x.view(torch.int16)), f"{name}: the graph's replay is exact")
         held = hot.stats()["hot_signatures"]
         hot.long_training = "chunked"
-        check(held == 2 and hot.stats()["hot_signatures"] == 0 and len(hot._hot) == 0,
+        check(held == 2 and hot.stats()["hot_signatures"] == 0 and len(hot.transport.hot_path(None)) == 0,
               f"{name}: a replan empties the table ({held} held before)")
         calls(hot, x, 0, 2)  # held again, so that destroy has something to close
-        table = hot._hot
+        table = hot.transport.hot_path(None)  # the transport's table (None: build none, return the one it has)
         check(len(table) == 1, f"{name}: the signature held again after the replan")
     finally:
         hot.destroy()

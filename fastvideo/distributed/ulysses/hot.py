@@ -162,22 +162,22 @@ class HotLane:
     Local to the rank; the helper calls ``run`` (the table's bound C++ method itself, None while no signature is
     held) for a forward autograd does not record, with even splits, not captured."""
 
-    __slots__ = ("_table", "_transport", "_vote", "decline", "finish", "generation", "run")
+    __slots__ = ("_table", "_transport", "_vote", "decline", "finish", "generation", "proposal", "run")
 
     def __init__(self, transport: Any, vote: Any, decline: str, generation: int) -> None:
         self._transport, self._vote, self.generation = transport, vote, generation
         self.decline = decline  # "" while the lane may learn signatures, else why it is off
         self._table: HotPath | None = None
+        # The table's own bound methods while it holds signatures (None before): the hot case calls them directly,
+        # no frame of this object's in between. ``run(x, mode, seq)``: the launch or None; ``proposal(slot)``: what
+        # it launched; ``finish(x, hit, vote)``: the transport's end of that call (``HotPath``).
         self.run: Callable[..., Any] | None = None
-        # ``finish(x, hit)``: the transport's end of a call ``run`` launched (the table's ``HotPath.finish``).
+        self.proposal: Callable[[int], Any] | None = None
         self.finish: Callable[..., Any] | None = None
 
     @property
     def learns(self) -> bool:
         return not self.decline
-
-    def proposal(self, slot: int) -> Any:
-        return self._table.proposal(slot)
 
     def learn(self, x: torch.Tensor, proposal: Any) -> None:
         """Local, host-only. After the Python path's own voted launch of a call the lane may take: hold its
@@ -196,16 +196,16 @@ class HotLane:
         except Exception as exc:  # noqa: BLE001 - the Python path still runs every call
             logger.warning("Ulysses hot path off for helper gen%d (%s: %s); calls take the Python path.",
                            self.generation, type(exc).__name__, exc)
-            self._table = self.run = self.finish = None
+            self._table = self.run = self.proposal = self.finish = None
             self.decline = f"turned off after {type(exc).__name__}: {exc}"
             return
-        self._table, self.run, self.finish = table, table.run, functools.partial(table.finish, vote=self._vote)
+        self._table, self.run, self.proposal, self.finish = table, table.run, table.proposal, table.finish
 
     def switch(self, on: bool) -> str:
         """Local: let the lane learn signatures again (``on``, where its transport can: returns why not otherwise)
         or turn it off; either way it starts empty (the Python path decides every call until it learns)."""
         self.forget()
-        self._table = self.run = self.finish = None
+        self._table = self.run = self.proposal = self.finish = None
         self.decline = (self._transport.hot_decline() if self._transport is not None else "no transport") if on \
             else "turned off"
         return self.decline

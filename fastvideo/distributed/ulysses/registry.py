@@ -30,8 +30,8 @@ from fastvideo.distributed.ulysses.helper import UlyssesHelper, live_helper
 ROUTE_VAR = "FASTVIDEO_ULYSSES_A2A"
 _UNRESOLVED = object()
 _agreed: Any = _UNRESOLVED  # None (the NCCL route) or the helper the agreed settings select, once resolved
-_default: UlyssesHelper | None = None
-_checked_off: UlyssesHelper | None = None
+# The helpers the routes vote through: ``default`` (``auto``) and ``checked_off`` (``off`` in checked mode).
+_helpers: dict[str, UlyssesHelper | None] = {"default": None, "checked_off": None}
 
 
 def route(route_id: int = 0, backward: bool = False) -> UlyssesHelper | None:
@@ -103,9 +103,9 @@ def _resolve() -> UlyssesHelper | None:
 def _settings_changed(previous: _settings.AgreedSettings, agreed: _settings.AgreedSettings) -> None:
     """A re-agreement changed the settings (on every rank alike): resolve the route again; the helpers follow the
     new values, and one that cannot (its window changed) is destroyed collectively and rebuilt at its next use."""
-    for helper, destroy in ((_default, destroy_default_helper), (_checked_off, destroy_checked_off_helper)):
+    for kind, helper in list(_helpers.items()):
         if helper is not None and helper.alive and not helper.follow(agreed):
-            destroy()
+            _destroy(kind)
     reset()
 
 
@@ -119,28 +119,43 @@ def _current(helper: UlyssesHelper | None) -> bool:
     return helper is not None and helper.alive and helper.sp is get_sp_group()
 
 
+def _get(kind: str) -> UlyssesHelper:
+    """The ``kind`` helper (``_HELPERS``), built (collectively) on first use or after a destroy."""
+    if not _current(_helpers[kind]):
+        _keep(kind, UlyssesHelper(get_sp_group(), disabled=kind == "checked_off"))
+    return _helpers[kind]
+
+
+def _keep(kind: str, helper: UlyssesHelper | None) -> None:
+    _helpers[kind] = helper
+    reset()
+    if helper is not None:  # its SP group destroys it (collectively) in ``destroy_sequence_parallel``
+        helper.sp.add_teardown(f"ulysses.{kind}_helper", lambda: _destroy(kind))
+        helper.sp.on_settings_change("ulysses.route", _settings_changed)
+
+
+def _destroy(kind: str) -> None:
+    helper = _helpers[kind]
+    if helper is not None:
+        helper.destroy()
+    _helpers[kind] = None
+    reset()
+
+
 def get_default_helper() -> UlyssesHelper:
     """The helper the public op uses under ``auto``; built (collectively) on first use or after a destroy."""
-    if not _current(_default):
-        install_default_helper(UlyssesHelper(get_sp_group()))
-    assert _default is not None
-    return _default
+    return _get("default")
 
 
 def current_default_helper() -> UlyssesHelper | None:
     """The helper the public op uses under ``auto``, if one exists (never builds one). Local."""
-    return _default
+    return _helpers["default"]
 
 
 def install_default_helper(helper: UlyssesHelper | None) -> None:
     """Make ``helper`` the one the public op uses under ``auto`` (tests inject one built on a CPU transport).
     Local; call it on every rank. Its SP group destroys it (collectively) in ``destroy_sequence_parallel``."""
-    global _default
-    _default = helper
-    reset()
-    if helper is not None:
-        helper.sp.add_teardown("ulysses.default_helper", destroy_default_helper)
-        helper.sp.on_settings_change("ulysses.route", _settings_changed)
+    _keep("default", helper)
 
 
 def use_route(helper: UlyssesHelper | None) -> None:
@@ -155,34 +170,20 @@ def use_route(helper: UlyssesHelper | None) -> None:
 
 def destroy_default_helper() -> None:
     """Collective: destroy the op's ``auto`` helper, if any."""
-    global _default
-    if _default is not None:
-        _default.destroy()
-    _default = None
-    reset()
+    _destroy("default")
 
 
 def get_checked_off_helper() -> UlyssesHelper:
     """The helper that votes the ``off`` route's calls in checked mode (``disabled=True``: no transport, never
     fused); built (collectively: one exchange) on first use, destroyed with its SP group."""
-    global _checked_off
-    if not _current(_checked_off):
-        sp = get_sp_group()
-        _checked_off = UlyssesHelper(sp, disabled=True)
-        sp.add_teardown("ulysses.checked_off_helper", destroy_checked_off_helper)
-        sp.on_settings_change("ulysses.route", _settings_changed)
-    return _checked_off
+    return _get("checked_off")
 
 
 def current_checked_off_helper() -> UlyssesHelper | None:
     """The ``off`` route's checked-mode helper, if one exists (never builds one). Local."""
-    return _checked_off
+    return _helpers["checked_off"]
 
 
 def destroy_checked_off_helper() -> None:
     """Collective: destroy the ``off`` route's checked-mode helper, if any."""
-    global _checked_off
-    if _checked_off is not None:
-        _checked_off.destroy()
-    _checked_off = None
-    reset()
+    _destroy("checked_off")

@@ -119,7 +119,7 @@ class Runtime:
         vote = self.call_vote
         try:
             out = (self.transport.execute(x, proposal.geom, proposal.plan, vote=vote, fields=proposal.fields,
-                                          seq=word) if hit is None else hot.finish(x, hit))
+                                          seq=word) if hit is None else hot.finish(x, hit, vote))
         except VoteNotStarted as exc:
             # This rank has not voted yet: vote its failure, so that every rank raises together.
             fields = contract.with_seq(proposal.fields, word)
