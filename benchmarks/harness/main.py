@@ -137,4 +137,5 @@ def run(case, args: argparse.Namespace) -> int:
         return 1 if wrong or ctx.failures else 0
     finally:
         process.set_route("off")
+        lineup.close()  # its shared channel before the groups it was made over
         process.shutdown(ranks)

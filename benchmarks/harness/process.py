@@ -89,10 +89,8 @@ def init(device: str, backend: str = "device") -> Ranks:
 
 
 def shutdown(ranks: Ranks | None) -> None:
-    """Close the line-up, and destroy the SP group and the process group this process created. Collective."""
-    from benchmarks.harness import lineup
-
-    lineup.close()
+    """Destroy the SP group and the process group this process created (close the line-up first:
+    ``lineup.close``). Collective."""
     if ranks is None or not ranks.owned:
         return
     from fastvideo.distributed.parallel_state import destroy_sequence_parallel
