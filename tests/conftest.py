@@ -29,7 +29,8 @@ so that validation and agreement see every read.
 
 Compile cache. Each session compiles into a fresh ``TORCHINDUCTOR_CACHE_DIR`` (removed at its end): inductor's
 cache key omits a custom op's fake impl, so a cache warmed by another version of this package would replay that
-version's output shapes.
+version's output shapes (a start's saved outcome of two words, for one): compiled tests would fail, or pass on
+stale code.
 
 Progress. ``--progress-every=SECONDS`` prints ``[done/total] elapsed, ETA`` at most that often and at
 every tenth of the run. The ETA weighs each remaining test by its duration in the last run (pytest's
@@ -67,7 +68,7 @@ PINNED = {"FASTVIDEO_ULYSSES_A2A": "off", "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING":
 ALWAYS_PINNED: dict[str, str | None] = {"FASTVIDEO_ULYSSES_A2A_CHECKED": "auto", "TORCH_DISTRIBUTED_DEBUG": None}
 # Mean seconds per test by file, for the ETA of a run with no history (a fresh clone in CI).
 DURATIONS_TABLE = Path(__file__).with_name("durations.json")
-_COMPILE_CACHE = pytest.StashKey[tuple[str | None, str]]()  # the caller's value, this session's dir
+_COMPILE_CACHE = pytest.StashKey[tuple[pytest.MonkeyPatch, str]]()  # its setting, this session's dir
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -92,27 +93,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # A compile cache of this session's own: inductor's cache key omits a custom op's fake impl, so a cache
-    # warmed by another version of this package replays that version's output shapes (a start's saved outcome
-    # of two words, for one) and the compiled tests fail or, worse, pass on stale code. The pytest -n workers
-    # and every rank and subprocess inherit the variable from the controller.
+    # The session's own compile cache (module docstring); the -n workers, ranks and subprocesses inherit it.
     if not hasattr(config, "workerinput"):
-        config.stash[_COMPILE_CACHE] = os.environ.get("TORCHINDUCTOR_CACHE_DIR"), tempfile.mkdtemp(
-            prefix="fastvideo-tests-inductor-")
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = config.stash[_COMPILE_CACHE][1]
+        patch, cache = pytest.MonkeyPatch(), tempfile.mkdtemp(prefix="fastvideo-tests-inductor-")
+        patch.setenv("TORCHINDUCTOR_CACHE_DIR", cache)
+        config.stash[_COMPILE_CACHE] = patch, cache
     # Not on pytest -n workers: their output is not shown, and the controller sees every report.
     if config.getoption("--progress-every") > 0 and not hasattr(config, "workerinput"):
         config.pluginmanager.register(_Progress(config), "fastvideo-progress")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if _COMPILE_CACHE in config.stash:  # restored: an inner suite (pytester) runs in this process
-        before, ours = config.stash[_COMPILE_CACHE]
-        shutil.rmtree(ours, ignore_errors=True)
-        if before is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
+    if _COMPILE_CACHE in config.stash:  # the caller's value back: an inner suite (pytester) runs in this process
+        patch, cache = config.stash[_COMPILE_CACHE]
+        patch.undo()
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 def ambient_vars(node: pytest.Item | pytest.FunctionDefinition) -> tuple[str, ...]:
