@@ -114,10 +114,9 @@ def call(x: torch.Tensor, mode: int, route_id: int, seq_splits: Sequence[int] | 
     ``id``): collective; blocks the host for the vote; differentiable. Validated once, in the core (the op body, or
     the eager path's ``exchange.issue``); SP size 1 returns ``x`` (or a handle whose ``wait`` does). The eager path
     (a plain tensor autograd does not record, at any SP size 1 call) skips the dispatcher: the core directly."""
+    eager = _eager(x)  # before the SP group: the call leaves this module once
     sp = get_sp_group()
     grad = torch.is_grad_enabled() and x.requires_grad
-    # the eager path's test (``_eager``), inline: the call enters each module once
-    eager = not torch.compiler.is_compiling() and type(x) is torch.Tensor and torch._C._len_torch_dispatch_stack() == 0
     if (grad or not eager) and sp.world_size > 1:
         kw = {"seq_splits": None if seq_splits is None else list(seq_splits),
               "head_splits": None if head_splits is None else list(head_splits), "tag": tag}
