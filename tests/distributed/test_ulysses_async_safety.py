@@ -69,15 +69,17 @@ def test_negative_control_the_same_order_is_exact(ranks, tag, env):
 
 def _write_between(rank, p, write, runs):
     """``runs`` exchanges of a [1, S * p, H / p, D] input in mode (1, 2) (gloo sends ``x``'s own memory), each
-    followed by an in-place write to ``x`` before ``wait()`` when ``write``: what each run gave."""
+    followed by an in-place write to ``x`` before ``wait()`` when ``write``: what each run gave, and the route each
+    start took (gloo's threads in flight, ``nccl-async``: the route that reads ``x`` after the start returns)."""
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
     from fastvideo.distributed.ulysses.exchange import InputModifiedError, in_flight
 
-    outcomes = []
+    outcomes, routes = [], set()
     for run in range(runs):
         x = rank_input(rank, (1, S * p, H // p, D), seed=run)
         expected = oracle(x, 1)
         handle = a2a(x, 1, 2, async_op=True)
+        routes.add(handle.route)
         if write:
             x.add_(1.0)
         try:
@@ -88,18 +90,18 @@ def _write_between(rank, p, write, runs):
         x = rank_input(rank, (1, S * p, H // p, D), seed=99)
         handle = a2a(x, 1, 2, async_op=True)
         inference = type(handle.wait()).__name__
-    return outcomes, in_flight(), inference
+    return outcomes, in_flight(), inference, routes
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_a_write_between_start_and_wait_raises_every_time(ranks, world_size):
-    for outcomes, left, inference in ranks(world_size, _write_between, True, 20, env=AUTO, timeout_s=120):
-        assert outcomes == ["raised"] * 20 and left == 0 and inference == "Tensor"
+    for outcomes, left, inference, routes in ranks(world_size, _write_between, True, 20, env=AUTO, timeout_s=120):
+        assert outcomes == ["raised"] * 20 and left == 0 and inference == "Tensor" and routes == {"nccl-async"}
 
 
 def test_negative_control_without_the_write_the_output_is_exact(ranks):
-    for outcomes, left, _ in ranks(2, _write_between, False, 5, env=AUTO, timeout_s=120):
-        assert outcomes == ["exact"] * 5 and left == 0
+    for outcomes, left, _, routes in ranks(2, _write_between, False, 5, env=AUTO, timeout_s=120):
+        assert outcomes == ["exact"] * 5 and left == 0 and routes == {"nccl-async"}
 
 
 def _dropped(rank, p, grad):
