@@ -33,7 +33,6 @@ import itertools
 import logging
 import os
 import sys
-import tempfile
 import time
 import warnings
 import weakref
@@ -56,7 +55,7 @@ _STREAMS: dict[int, torch.cuda.Stream] = {}  # device index -> this process's co
 _PENDING: weakref.WeakValueDictionary[int, AllToAllHandle] = weakref.WeakValueDictionary()
 _WARNED: set[str] = set()  # start sites whose dropped exchange was logged
 _PACKAGE = __name__.rsplit(".", 2)[0]  # frames of this package are skipped when naming where a start was made
-_GENERATED = (os.path.dirname(torch.__file__), "<", tempfile.gettempdir())  # torch's files and generated code
+_TORCH = (os.path.join(os.path.dirname(torch.__file__), ""), "<")  # torch's files; code compiled from a string
 
 
 class InputModifiedError(RuntimeError):
@@ -218,8 +217,12 @@ def _dropped(ident: int, where: str, _kept: AllToAllHandle | None) -> None:
 def _caller() -> str:
     """``file:line`` of the innermost frame outside this package and torch (its modules and the code its compilers
     generate): where the user started the exchange."""
+    # Inductor's generated modules live in its cache folder, which it writes to TORCHINDUCTOR_CACHE_DIR when it
+    # first compiles (not the whole temporary folder: the user's own code may live there).
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    skip = _TORCH if not cache else (*_TORCH, os.path.join(cache, ""))
     frame = sys._getframe(2)
     while frame is not None and (frame.f_globals.get("__name__", "").startswith((_PACKAGE, "torch"))
-                                 or frame.f_code.co_filename.startswith(_GENERATED)):
+                                 or frame.f_code.co_filename.startswith(skip)):
         frame = frame.f_back
     return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?"
