@@ -9,8 +9,8 @@
   start and ``wait()`` raises ``InputModifiedError`` at the wait, on every one of 20 runs; without the write the
   output is exact (the control). Under ``torch.inference_mode`` tensors carry no version counter: no check.
 * **Dropped handles.** A start whose handle (eager) or token (autograd) is dropped without ``wait()`` gives a
-  ``ResourceWarning`` and one log line naming where it started, and the count of exchanges in flight returns to its
-  prior value after ``gc.collect()``.
+  ``ResourceWarning`` and one log line naming where it started (the user's own frame, even where its file lies in the
+  temporary folder), and the count of exchanges in flight returns to its prior value after ``gc.collect()``.
 * **Compiled regions.** A start without its wait in the region is refused at trace time; the control traces.
 """
 
@@ -140,6 +140,44 @@ def test_a_dropped_handle_warns_and_is_released(ranks, grad):
         assert len(resource) == 1 and "test_ulysses_async_safety.py" in resource[0], resource
         assert len(lines) == 1 and "never waited for" in lines[0]
 
+
+USER_STEP = """from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
+
+
+def step(x):
+    a2a(x, 2, 1, async_op=True)  # dropped at once
+"""
+
+
+def _dropped_by_code_in_the_temporary_folder(rank, p):
+    """Drop a start made by a module whose file lies in the temporary folder (a project checked out under /tmp):
+    the warnings that name the start site, and the site that is."""
+    import importlib.util
+    import shutil
+    import tempfile
+    import warnings
+    from pathlib import Path
+
+    folder = Path(tempfile.mkdtemp(prefix="fastvideo-user-project-"))
+    try:
+        path = folder / "user_step.py"
+        path.write_text(USER_STEP)
+        spec = importlib.util.spec_from_file_location("user_step", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module.step(rank_input(rank, (B, S, H, D), seed=6))
+    finally:
+        shutil.rmtree(folder)
+    return [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)], f"{path}:5"
+
+
+def test_a_dropped_start_is_named_by_user_code_in_the_temporary_folder(ranks):
+    """Only torch's files and inductor's generated code are skipped when naming a start, not the whole temporary
+    folder (it once was, and a start made under /tmp was named as multiprocessing's)."""
+    for resource, site in ranks(2, _dropped_by_code_in_the_temporary_folder, env=AUTO, timeout_s=60):
+        assert len(resource) == 1 and f"started at {site} " in resource[0], (resource, site)
 
 def _compiled(rank, p, wait):
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
