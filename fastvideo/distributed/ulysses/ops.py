@@ -202,8 +202,8 @@ def _start(x: torch.Tensor, mode: int, grad: bool, outcome: torch.Tensor | None,
 def _start_fake(x, mode, grad, outcome, helper, *, seq_splits=None, head_splits=None, tag=None, own_input=False):
     _fake_shape(x, mode, seq_splits, head_splits, tag)
     token = torch.empty(1, dtype=torch.float64)
-    if torch.compiler.is_compiling():
-        _refuse_unwaited(token)
+    # Not gated on torch.compiler.is_compiling(): torch 2.11 answers False inside a fake impl that dynamo runs.
+    _refuse_unwaited(token)
     return token, torch.empty(OUTCOME_LEN, dtype=torch.int64)
 
 
