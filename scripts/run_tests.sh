@@ -106,7 +106,8 @@ timeout=(--timeout=300)
 if lacks pytest-timeout; then
   timeout=(); skipped+=("per-test timeouts (pytest-timeout)")
 fi
-# FASTVIDEO_PYTEST_ARGS: what to collect instead of the whole suite (tests of this script use it).
+# FASTVIDEO_PYTEST_ARGS: what to collect instead of the whole suite (tests of this script use it, and a GPU host's run
+# split over two time-limited calls: scripts/gpu_fresh_export.sh).
 read -r -a targets <<<"${FASTVIDEO_PYTEST_ARGS:-tests}"
 common=(-q "${timeout[@]}" --ulysses-ambient=all --progress-every=30)
 if ((gpus == 0)) || ((${#workers[@]} == 0)); then
