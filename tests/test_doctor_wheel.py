@@ -10,6 +10,7 @@ or a source directory that an installed wheel does not have.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -18,6 +19,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -25,7 +28,24 @@ def _run(*argv: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(list(argv), capture_output=True, text=True, timeout=300, **kw)
 
 
+def _backend_missing() -> str | None:
+    """Why this interpreter cannot build the wheel without a download (pyproject's ``setuptools>=77``: the SPDX
+    ``license`` string), or None."""
+    try:
+        version = importlib.metadata.version("setuptools")
+    except importlib.metadata.PackageNotFoundError:
+        return "setuptools is not installed"
+    major = version.split(".")[0]
+    return None if major.isdigit() and int(major) >= 77 else f"setuptools {version} is older than the build's >=77"
+
+
 def test_doctor_runs_from_a_wheel_in_a_fresh_venv_outside_the_checkout(tmp_path):
+    missing = _backend_missing()
+    if missing:  # the suite's rule for a missing tool: a note here, a failure under CI
+        why = f"{missing}: pip install 'setuptools>=77' to build this package's wheel"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
     source = tmp_path / "source"  # a copy: building in the checkout would leave build/ and *.egg-info in the tree
     shutil.copytree(ROOT / "fastvideo", source / "fastvideo", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
