@@ -32,6 +32,11 @@ cache key omits a custom op's fake impl, so a cache warmed by another version of
 version's output shapes (a start's saved outcome of two words, for one): compiled tests would fail, or pass on
 stale code.
 
+Order. Tests marked ``slow`` (minutes of a 2-core machine, mostly in subprocesses of their own) are collected
+first, in their order, the rest after them in theirs: ``pytest -n`` (work stealing) hands the first part of the
+collection to the first worker, which starts them at once while the other workers run the rest, instead of reaching
+them near the end of the run and leaving the other workers idle behind them.
+
 Progress. ``--progress-every=SECONDS`` prints ``[done/total] elapsed, ETA`` at most that often and at
 every tenth of the run. The ETA weighs each remaining test by its duration in the last run (pytest's
 cache), else by its file's mean in ``tests/durations.json`` (refresh it with
@@ -108,6 +113,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         patch, cache = config.stash[_COMPILE_CACHE]
         patch.undo()
         shutil.rmtree(cache, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Stable: the same order on every pytest -n worker, as its scheduler requires.
+    items[:] = [item for item in items if item.get_closest_marker("slow")] + [
+        item for item in items if not item.get_closest_marker("slow")]
 
 
 def ambient_vars(node: pytest.Item | pytest.FunctionDefinition) -> tuple[str, ...]:

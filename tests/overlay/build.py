@@ -85,6 +85,7 @@ HOST = {"torch": "torch", "numpy": "numpy", "PIL": "pillow", "safetensors": "saf
 STAND_INS = ("torchvision", "scipy")
 WHEEL_DIR_LIMIT_BYTES = 48 << 20  # the wheel folder travels with the tree to the GPU hosts (64 MiB in all)
 STAND_IN_VERSION = 1  # bump when the stand-in source changes: it is part of the install key
+INSTALL_LAYOUT = 2  # bump when what an install holds changes (2: upstream's bytecode): part of the install key
 
 
 class OverlayError(RuntimeError):
@@ -237,7 +238,8 @@ def _fetch_upstream(python: str, wheels: Path | None) -> Path:
 
 def _install_key(info: dict) -> str:
     stand_ins = sorted(m for m in STAND_INS if not info["found"][m])
-    key = json.dumps([UPSTREAM_SHA256, sorted(_pins().items()), info["version"], stand_ins, STAND_IN_VERSION])
+    key = json.dumps([UPSTREAM_SHA256, sorted(_pins().items()), info["version"], stand_ins, STAND_IN_VERSION,
+                      INSTALL_LAYOUT])
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -276,6 +278,12 @@ def _install(python: str, wheels: Path | None, info: dict) -> Path:
         with zipfile.ZipFile(wheel) as zf:
             members = [m for m in zf.namelist() if m.startswith(f"{UPSTREAM}/")]
             zf.extractall(tmp / "upstream", members)
+        # Its modules' bytecode, once, by the python that runs them (its version's tag): the copies hard-link it, so
+        # no process compiles upstream again (its tests are compiled by pytest, which rewrites their asserts).
+        _log("compiling upstream's modules")
+        # A module that does not compile is left to the import that needs it (which then fails as it would).
+        subprocess.run([python, "-m", "compileall", "-q", "-j", "0", "-x", r"/fastvideo/tests/", str(tmp / "upstream")],
+                       capture_output=True, timeout=600)
         pins = [f"{n}=={v}" for n, v in _pins().items()]
         source = (["--no-index", "--find-links", str(wheels)] if wheels is not None else [])
         _log(f"installing {len(pins)} pinned packages (--no-deps) {'from ' + str(wheels) if wheels else ''}")
@@ -406,6 +414,8 @@ def _make_overlay(install: Path, dest: Path | None, copy_tree: bool = True) -> P
         dst.parent.mkdir(parents=True, exist_ok=True)
         if dst.exists() or dst.is_symlink():
             dst.unlink()
+        for stale in (dst.parent / "__pycache__").glob(f"{dst.stem}.*.pyc"):  # upstream's bytecode of it
+            stale.unlink()
         shutil.copy2(src, dst)
         copied += 1
     _log(f"overlay: {copied} files of {ours} over upstream {UPSTREAM_VERSION} in {target}")

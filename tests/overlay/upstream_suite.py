@@ -11,17 +11,22 @@ prints one line per test, then ``overlay passes N of M that pass on pure upstrea
 need neither a GPU nor downloaded weights, and its two GPU-only Ulysses tests (``RANK_FILES``). Each side is a copy
 set up by ``tests/overlay/build.py`` (pure: upstream alone; overlay: this tree's ``fastvideo/`` over it, so this
 tree's edited copies of upstream's tests replace upstream's), run by pytest in processes of its own, with the GPUs
-hidden, no ``FASTVIDEO_*`` variable of the caller's, and ``suite_path/`` first on ``PYTHONPATH``: its pytest plugin
-records each test's outcome by node id. The rank files run in a process of their own: on a host with fewer than
-``CPU_RANKS`` GPUs, with ``FASTVIDEO_UPSTREAM_SUITE_CPU_RANKS`` set, so that ``suite_path/sitecustomize.py`` patches
-their device choice (CUDA -> CPU ranks over gloo, no ``set_device``, the CUDA-count skip -> a cap of ``CPU_RANKS``
-ranks) in the pytest process and in the ``torch.distributed.run`` children; with that many GPUs, as written.
+hidden, no ``FASTVIDEO_*`` variable of the caller's, and ``suite_path/`` first on
+``PYTHONPATH``: its pytest plugin records each test's outcome by node id. The plain files and the rank files
+(``GROUPS``) run as two concurrent chains, each pure upstream first, then the overlay on what passed there (and, for
+the plain files, the negative control): the overlay's plain files run beside pure upstream's rank files, the
+longest run. The runs write bytecode (into the cache, but for this tree's ``suite_path/``): upstream's
+dependencies are compiled once per machine, not in each of the dozens of processes that import them. The rank
+files, on a host with fewer than ``CPU_RANKS`` GPUs, run with ``FASTVIDEO_UPSTREAM_SUITE_CPU_RANKS`` set, so that
+``suite_path/sitecustomize.py`` patches their device choice (CUDA -> CPU ranks over gloo, no ``set_device``, the
+CUDA-count skip -> a cap of ``CPU_RANKS`` ranks) in the pytest process and in the ``torch.distributed.run``
+children; with that many GPUs, as written.
 
 **What counts.** M is the number of tests that pass on pure upstream; the overlay runs exactly those (a test that
 fails or skips on pure upstream is listed, not run there) and N of them pass. Every file must contribute a test that
 passes on pure upstream, or the selection no longer fits the wheel. Pure upstream's outcomes depend only on the
 wheel, the pins, the python, torch, the selection and this tooling: they are kept in the overlay's cache under a key
-of all of these (``upstream-suite/pure-KEY.json``), so a machine runs them once.
+of all of these (``upstream-suite/pure-KEY-GROUP.json``), so a machine runs them once.
 
 **The negative control.** ``broken_overlay`` takes a module-level name that upstream's tests patch
 (``fastvideo.attention.layer.get_attn_backend``) out of an overlay copy; upstream's tests of it must then fail there.
@@ -100,8 +105,12 @@ def gpu_ranks() -> bool:
 
 
 def _env(pythonpath: list[Path], outcomes: Path, ranks: bool) -> dict[str, str]:
+    """A run's environment. Its processes write bytecode (``PYTHONDONTWRITEBYTECODE`` dropped), into the cache but
+    for ``suite_path/`` (git-ignored ``__pycache__``): upstream's dependencies are compiled once per machine, not in
+    each of the dozens of processes (pytest, ``torchrun``'s agents and ranks) that import them."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("FASTVIDEO_", "PYTEST_")) and k not in ("PYTHONPATH", "TORCH_DISTRIBUTED_DEBUG")}
+           if not k.startswith(("FASTVIDEO_", "PYTEST_"))
+           and k not in ("PYTHONPATH", "TORCH_DISTRIBUTED_DEBUG", "PYTHONDONTWRITEBYTECODE")}
     env.update(PYTHONPATH=os.pathsep.join(map(str, [SUITE_PATH, *pythonpath])), HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", FASTVIDEO_UPSTREAM_SUITE_OUTCOMES=str(outcomes))
     if not (ranks and gpu_ranks()):
@@ -116,7 +125,7 @@ def run_pytest(root: Path, pythonpath: list[Path], targets: list[str], out: Path
     """Upstream's ``targets`` (paths or node ids under ``root``) in one pytest process: outcome by node id. Its
     output goes to ``out/NAME.log``; RunnerError where it wrote no outcomes."""
     out.mkdir(parents=True, exist_ok=True)
-    outcomes, ini = out / f"{name}.json", out / "pytest.ini"
+    outcomes, ini = out / f"{name}.json", out / f"{name}.ini"
     ini.write_text("[pytest]\n")  # not this repository's configuration, nor any other found above the copies
     outcomes.unlink(missing_ok=True)
     timeout = [f"--timeout={TEST_TIMEOUT_S}"] if _has_pytest_timeout() else []
@@ -141,17 +150,17 @@ def _has_pytest_timeout() -> bool:
     return importlib.util.find_spec("pytest_timeout") is not None
 
 
-def run_side(side: build.Overlay, out: Path, select: list[str] | None = None) -> dict[str, str]:
-    """Upstream's selection on one side (``select``: only these node ids): the plain files and the rank files in
-    two concurrent pytest processes."""
-    files = {"plain": [str(TESTS / f) for f in FILES], "ranks": [str(TESTS / f) for f in RANK_FILES]}
-    if select is not None:
-        files = {group: [t for t in select if t.split("::")[0] in paths] for group, paths in files.items()}
-    jobs = {group: targets for group, targets in files.items() if targets}
-    with concurrent.futures.ThreadPoolExecutor(len(jobs) or 1) as pool:
-        runs = [pool.submit(run_pytest, side.root, list(side.pythonpath), targets, out, group, ranks=group == "ranks")
-                for group, targets in jobs.items()]
-        return {test: outcome for run in runs for test, outcome in run.result().items()}
+GROUPS = {"plain": FILES, "ranks": RANK_FILES}  # a pytest process each, per side
+
+
+def run_group(side: build.Overlay, out: Path, group: str, select: list[str] | None = None) -> dict[str, str]:
+    """One ``GROUPS`` entry of upstream's selection on one side (``select``: only these node ids) in one pytest
+    process; the rank files' with ``ranks``."""
+    paths = [str(TESTS / f) for f in GROUPS[group]]
+    targets = paths if select is None else [t for t in select if t.split("::")[0] in paths]
+    if not targets:
+        return {}
+    return run_pytest(side.root, list(side.pythonpath), targets, out, group, ranks=group == "ranks")
 
 
 def _key() -> str:
@@ -159,24 +168,24 @@ def _key() -> str:
     run (the code of the functions that run it, the patches and the plugin) and whether the rank files get GPUs."""
     import torch
 
-    run = [inspect.getsource(fn) for fn in (run_side, run_pytest, _env, _has_pytest_timeout)]
+    run = [inspect.getsource(fn) for fn in (run_group, run_pytest, _env, _has_pytest_timeout)]
     patches = [p.read_text() for p in sorted(SUITE_PATH.glob("*.py"))]
     parts = [build.UPSTREAM_SHA256, sorted(build._pins().items()), list(sys.version_info[:2]), torch.__version__,
-             FILES, RANK_FILES, str(TESTS), CPU_RANKS, TEST_TIMEOUT_S, TIMEOUT_S,
+             GROUPS, str(TESTS), CPU_RANKS, TEST_TIMEOUT_S, TIMEOUT_S,
              "gpu" if gpu_ranks() else f"cpu{CPU_RANKS}", run, patches]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
-def pure_outcomes(out: Path) -> tuple[dict[str, str], bool]:
-    """Pure upstream's outcomes: from the cache, or run once (under a lock, so concurrent callers share one run).
-    Returns them and whether they came from the cache."""
-    path = build.cache_dir() / "upstream-suite" / f"pure-{_key()}.json"
+def pure_outcomes(out: Path, group: str) -> tuple[dict[str, str], bool]:
+    """Pure upstream's outcomes for one group: from the cache, or run once (under a lock, so concurrent callers share
+    one run). Returns them and whether they came from the cache."""
+    path = build.cache_dir() / "upstream-suite" / f"pure-{_key()}-{group}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if path.exists():
             return json.loads(path.read_text()), True
-        outcomes = run_side(build.build_overlay(pure=True), out / "pure")
+        outcomes = run_group(build.build_overlay(pure=True), out / "pure", group)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(outcomes, indent=0, sort_keys=True))
         tmp.rename(path)
@@ -236,27 +245,50 @@ def negative_control(pure: dict[str, str], out: Path) -> Report:
     subset = {t: o for t, o in pure.items() if t.split("::")[0] == str(TESTS / BROKEN_FILE)}
     broken = build.build_overlay()
     broken_overlay(broken.root)
-    return compare(subset, run_side(broken, out / "broken", [t for t, o in subset.items() if o == "passed"]))
+    return compare(subset, run_group(broken, out / "broken", "plain", [t for t, o in subset.items() if o == "passed"]))
 
 
 @dataclass
 class Result:
-    report: Report
+    pure: dict[str, str]  # pure upstream's outcome of every selected test
+    report: Report  # the overlay's
+    control: Report | None  # the negative control's, where run
     pure_cached: bool
     seconds: dict[str, float]
 
 
-def run(out: Path) -> Result:
-    """Both sides and the comparison; seconds: wall and child CPU time, per step."""
-    seconds: dict[str, float] = {}
+def _chain(group: str, out: Path, control: bool) -> tuple[dict[str, str], dict[str, str], Report | None, bool,
+                                                           dict[str, float]]:
+    """One group's runs in order: pure upstream (or its cached outcomes), the overlay on what passed there, and with
+    ``control`` (the plain group, which holds ``BROKEN_FILE``) the negative control. Wall seconds per step."""
+    t0 = time.monotonic()
+    pure, cached = pure_outcomes(out, group)
+    t1 = time.monotonic()
+    overlay = run_group(build.build_overlay(), out / "overlay", group, [t for t, o in pure.items() if o == "passed"])
+    t2 = time.monotonic()
+    broken = negative_control(pure, out) if control and BROKEN_FILE in GROUPS[group] else None
+    seconds = {f"{group}_pure_wall": t1 - t0, f"{group}_overlay_wall": t2 - t1}
+    if broken is not None:
+        seconds["control_wall"] = time.monotonic() - t2
+    return pure, overlay, broken, cached, seconds
+
+
+def run(out: Path, *, control: bool = False) -> Result:
+    """Both sides, the comparison and with ``control`` the negative control. The groups run concurrently, each its
+    own chain (pure upstream, then the overlay on what passed there): the overlay's plain files start as soon as pure
+    upstream's are done, beside pure upstream's rank files. Seconds: wall per step, and the wall and child CPU time
+    of the whole."""
     cpu0, t0 = _child_cpu(), time.monotonic()
-    pure, cached = pure_outcomes(out)
-    check_selection(pure)
-    cpu1, t1 = _child_cpu(), time.monotonic()
-    overlay = run_side(build.build_overlay(), out / "overlay", [t for t, o in pure.items() if o == "passed"])
-    cpu2, t2 = _child_cpu(), time.monotonic()
-    seconds.update(pure_wall=t1 - t0, pure_cpu=cpu1 - cpu0, overlay_wall=t2 - t1, overlay_cpu=cpu2 - cpu1)
-    return Result(compare(pure, overlay), cached, {k: round(v, 1) for k, v in seconds.items()})
+    with concurrent.futures.ThreadPoolExecutor(len(GROUPS)) as pool:
+        chains = [pool.submit(_chain, group, out, control) for group in GROUPS]
+        results = [chain.result() for chain in chains]
+    pure = {t: o for r in results for t, o in r[0].items()}
+    overlay = {t: o for r in results for t, o in r[1].items()}
+    controls = [r[2] for r in results if r[2] is not None]
+    seconds = {k: v for r in results for k, v in r[4].items()}
+    seconds.update(wall=time.monotonic() - t0, cpu=_child_cpu() - cpu0)
+    return Result(pure, compare(pure, overlay), controls[0] if controls else None, all(r[3] for r in results),
+                  {k: round(v, 1) for k, v in seconds.items()})
 
 
 def _child_cpu() -> float:
@@ -287,22 +319,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--negative-control", action="store_true", help="also run the broken overlay")
     parser.add_argument("--json", type=Path, help="write the lines, counts and timings here")
     args = parser.parse_args(argv)
-    result = run(args.out)
+    result = run(args.out, control=args.negative_control)
+    check_selection(result.pure)
     print("\n".join(result.report.lines))
     record = {"header": _header(), "lines": result.report.lines, "passed": result.report.passed,
               "counted": result.report.counted,
               "pure_from_cache": result.pure_cached, "seconds": result.seconds,
               "rank_files": "as written" if gpu_ranks() else f"{CPU_RANKS} CPU ranks, the runner's patches"}
     ok = result.report.passed == result.report.counted
-    if args.negative_control:
-        cpu, t0 = _child_cpu(), time.monotonic()
-        pure, _ = pure_outcomes(args.out)
-        control = negative_control(pure, args.out)
+    if result.control is not None:
+        control = result.control
         print("negative control (get_attn_backend taken out of the overlay's attention/layer.py):")
         print("\n".join(control.lines))
-        record["negative_control"] = {"lines": control.lines, "passed": control.passed, "counted": control.counted,
-                                      "seconds": {"wall": round(time.monotonic() - t0, 1),
-                                                  "cpu": round(_child_cpu() - cpu, 1)}}
+        record["negative_control"] = {"lines": control.lines, "passed": control.passed, "counted": control.counted}
         ok = ok and control.passed < control.counted
     print(json.dumps(result.seconds))
     if args.json:
