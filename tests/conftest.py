@@ -32,10 +32,10 @@ cache key omits a custom op's fake impl, so a cache warmed by another version of
 version's output shapes (a start's saved outcome of two words, for one): compiled tests would fail, or pass on
 stale code.
 
-Order. Tests marked ``slow`` (minutes of a 2-core machine, mostly in subprocesses of their own) are collected
-first, in their order, the rest after them in theirs: ``pytest -n`` (work stealing) hands the first part of the
-collection to the first worker, which starts them at once while the other workers run the rest, instead of reaching
-them near the end of the run and leaving the other workers idle behind them.
+Order. Tests marked ``slow`` (a minute or more of a 2-core machine, mostly in subprocesses of their own) run first:
+``pytest -n`` (work stealing) hands each worker one contiguous chunk of the collection to begin with, and the slow
+tests are placed at the heads of those chunks, round robin, so that every worker starts one at once instead of the
+run reaching them near its end and leaving the other workers idle behind them (``slow_at_chunk_heads``).
 
 Progress. ``--progress-every=SECONDS`` prints ``[done/total] elapsed, ETA`` at most that often and at
 every tenth of the run. The ETA weighs each remaining test by its duration in the last run (pytest's
@@ -115,10 +115,25 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(cache, ignore_errors=True)
 
 
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected: the order of what runs
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Stable: the same order on every pytest -n worker, as its scheduler requires.
-    items[:] = [item for item in items if item.get_closest_marker("slow")] + [
-        item for item in items if not item.get_closest_marker("slow")]
+    # The same order on every pytest -n worker, as its scheduler requires (each computes it alike).
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    items[:] = slow_at_chunk_heads(slow, [item for item in items if not item.get_closest_marker("slow")], workers)
+
+
+def slow_at_chunk_heads(slow: list, rest: list, workers: int) -> list:
+    """``slow`` and ``rest`` in one order: pytest -n's work stealing first hands its k workers one contiguous chunk
+    each (the i-th of k takes ``left // (k - i)`` of what is left), so the slow tests go round robin to the heads of
+    those chunks (k of them start at once) and the rest fill the chunks behind them, each list in its own order."""
+    heads = [slow[j::workers] for j in range(workers)]
+    order: list = []
+    others = iter(rest)
+    for j in range(workers):
+        size = (len(slow) + len(rest) - len(order)) // (workers - j)
+        order += heads[j] + list(itertools.islice(others, max(0, size - len(heads[j]))))
+    return order + list(others)
 
 
 def ambient_vars(node: pytest.Item | pytest.FunctionDefinition) -> tuple[str, ...]:

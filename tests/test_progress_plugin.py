@@ -33,3 +33,30 @@ def test_a_failing_test_is_named_as_it_fails(tmp_path):
 
 def test_negative_control_without_progress_nothing_is_named_early(tmp_path):
     assert "progress:" not in _run(tmp_path)
+
+
+def _first_chunks(order: list, workers: int) -> list[list]:
+    """What pytest -n's work stealing first hands each worker (xdist's ``WorkStealingScheduling.check_schedule``:
+    the i-th of k idle workers takes ``len(pending) // (k - i)`` of the tests still pending, from the front)."""
+    chunks, pending = [], list(order)
+    for i in range(workers):
+        take = len(pending) // (workers - i)
+        chunks.append(pending[:take])
+        pending = pending[take:]
+    return chunks
+
+
+def test_slow_tests_start_at_once_on_every_worker():
+    from tests.conftest import slow_at_chunk_heads
+
+    slow, rest = [f"slow{i}" for i in range(5)], [f"t{i}" for i in range(97)]
+    for workers in (1, 2, 3, 8):
+        order = slow_at_chunk_heads(slow, rest, workers)
+        assert sorted(order) == sorted(slow + rest)  # each test once
+        assert [t for t in order if t in rest] == rest and [t for t in order if t in slow] == sorted(
+            slow, key=lambda t: (int(t[4:]) % workers, int(t[4:])))  # each list keeps its own order per chunk
+        heads = [chunk[0] for chunk in _first_chunks(order, workers)]
+        assert heads[:min(workers, len(slow))] == slow[:workers], (workers, heads)
+    # Negative control: slow tests merely collected first all land in the first worker's chunk.
+    first, second = _first_chunks(slow + rest, 2)
+    assert set(slow) <= set(first) and second[0] in rest

@@ -66,6 +66,7 @@ def wan(tmp_path_factory):
 
 
 @SLOW
+@pytest.mark.slow
 def test_the_main_job_trains_upstreams_wan_dit_to_identical_losses_on_both_switches(wan):
     proc, out = wan
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -161,6 +162,7 @@ def _offline_env(out: pathlib.Path) -> dict[str, str]:
 
 
 @SLOW
+@pytest.mark.slow
 def test_offline_the_main_job_skips_the_wan_job_saying_why_and_runs_the_benchmark_recipe(video_dit):
     proc, out = video_dit
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

@@ -165,6 +165,7 @@ def _upstream_test_names() -> tuple[str, ...]:
     return upstream_tests.TESTS if os.environ.get("FASTVIDEO_OVERLAY_ALL_TESTS") == "1" else SUITE_TESTS
 
 
+@pytest.mark.slow
 @pytest.mark.ambient("FASTVIDEO_ULYSSES_A2A")
 @pytest.mark.parametrize("test_name", _upstream_test_names())
 def test_upstream_sp_test_on_the_overlay(overlay, test_name, tmp_path, ulysses_ambient):
