@@ -42,6 +42,7 @@ import inspect
 import json
 import os
 import resource
+import socket
 import subprocess
 import sys
 import time
@@ -113,11 +114,21 @@ def _env(pythonpath: list[Path], outcomes: Path, ranks: bool) -> dict[str, str]:
            and k not in ("PYTHONPATH", "TORCH_DISTRIBUTED_DEBUG", "PYTHONDONTWRITEBYTECODE")}
     env.update(PYTHONPATH=os.pathsep.join(map(str, [SUITE_PATH, *pythonpath])), HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", FASTVIDEO_UPSTREAM_SUITE_OUTCOMES=str(outcomes))
+    if not ranks:
+        # Upstream's plain files default MASTER_PORT to fixed ports (os.environ.setdefault at import): a free one of
+        # this run's own keeps two runs at once (the two sides' chains, pytest workers) off each other's port.
+        env["MASTER_PORT"] = str(_free_port())
     if not (ranks and gpu_ranks()):
         env["CUDA_VISIBLE_DEVICES"] = ""
     if ranks and not gpu_ranks():
         env["FASTVIDEO_UPSTREAM_SUITE_CPU_RANKS"] = str(CPU_RANKS)
     return env
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def run_pytest(root: Path, pythonpath: list[Path], targets: list[str], out: Path, name: str, *,
