@@ -43,6 +43,16 @@ def _module_present(module: str) -> bool:
         return False
 
 
+def _upstream_attr(package: str, name: str, module: str) -> Any:
+    """``module.name``, one of upstream FastVideo's names that ``package`` exports, or an ImportError saying it needs
+    upstream FastVideo where ``module`` is not installed. Shared by this package's lazy surfaces."""
+    if not _module_present(module):
+        raise ImportError(f"{package}.{name} is upstream FastVideo's ({module}), which is not installed here: this "
+                          "tree alone is FastVideo's sequence-parallel subsystem. Copy it over an unpacked "
+                          "fastvideo==0.2.1 (docs/fastvideo_migration.md) to use it.", name=module)
+    return getattr(importlib.import_module(module), name)
+
+
 # In the overlay, upstream's modules rely on its package importing these eagerly, in this order: importing
 # ``fastvideo.configs.pipelines`` first is what keeps upstream's pipelines -> fastvideo_args -> configs cycle from
 # seeing a partly initialised module. So where upstream is present its eager imports run as upstream's __init__
@@ -57,12 +67,7 @@ def __getattr__(name: str) -> Any:
         value = (importlib.import_module("fastvideo.version").__version__ if _module_present("fastvideo.version")
                  else ULYSSES_PACKAGE_VERSION)
     elif name in _UPSTREAM_EXPORTS:
-        module = _UPSTREAM_EXPORTS[name]
-        if not _module_present(module):
-            raise ImportError(f"fastvideo.{name} is upstream FastVideo's ({module}), which is not installed here: "
-                              "this tree alone is FastVideo's sequence-parallel subsystem. Copy it over an unpacked "
-                              "fastvideo==0.2.1 (docs/fastvideo_migration.md) to use it.", name=module)
-        value = getattr(importlib.import_module(module), name)
+        value = _upstream_attr(__name__, name, _UPSTREAM_EXPORTS[name])
     elif not name.startswith("_") and _module_present(f"{__name__}.{name}"):
         return importlib.import_module(f"{__name__}.{name}")  # binds itself as an attribute of this package
     else:

@@ -160,15 +160,7 @@ class EnvVar:
         return number
 
 
-_REGISTRY: dict[str, EnvVar] = {}
-
-
-def _register(var: EnvVar) -> EnvVar:
-    _REGISTRY[var.name] = var
-    return var
-
-
-_register(
+_REGISTRY: dict[str, EnvVar] = {var.name: var for var in (
     EnvVar(
         "FASTVIDEO_ULYSSES_A2A",
         "choice",
@@ -180,9 +172,7 @@ _register(
         "value, as upstream's ranks decline; the next agreement on which they agree restores it.",
         choices=("off", "auto"),
         agreed=True,
-    )
-)
-_register(
+    ),
     EnvVar(
         "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING",
         "choice",
@@ -191,9 +181,7 @@ _register(
         "`chunked` lets them use tuned chunks.",
         choices=("auto", "chunked"),
         agreed=True,
-    )
-)
-_register(
+    ),
     EnvVar(
         "FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES",
         "int",
@@ -201,9 +189,7 @@ _register(
         "Registered symmetric window per rank, in bytes (agreed across ranks at construction).",
         minimum=1,
         agreed=True,
-    )
-)
-_register(
+    ),
     EnvVar(
         "FASTVIDEO_ULYSSES_A2A_CHECKED",
         "choice",
@@ -217,9 +203,7 @@ _register(
         "under `off`, on when torch's distributed debug level is DETAIL (TORCH_DISTRIBUTED_DEBUG=DETAIL).",
         choices=("auto", "0", "1"),
         agreed=True,
-    )
-)
-_register(
+    ),
     EnvVar(
         "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S",
         "float",
@@ -229,9 +213,7 @@ _register(
         "default process group's (`init_process_group(timeout=...)`) unless `initialize_sequence_parallel` was given "
         "one.",
         minimum=0.0,
-    )
-)
-_register(
+    ),
     EnvVar(
         "FASTVIDEO_ULYSSES_A2A_WATCHDOG_TIMEOUT_S",
         "float",
@@ -239,9 +221,7 @@ _register(
         "Seconds a launched fused call may stay incomplete before the watchdog logs which call, plan and peers "
         "are stuck and ends the process; `0` uses FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S.",
         minimum=0.0,
-    )
-)
-_register(
+    ),
     EnvVar(
         "FASTVIDEO_ULYSSES_A2A_VOTED_LAUNCH",
         "choice",
@@ -251,9 +231,7 @@ _register(
         "Python verdict, then the launch. Rank-local (both are the same exchange and verdict), read when the helper "
         "is built.",
         choices=("0", "1"),
-    )
-)
-_register(
+    ),
     EnvVar(
         "FASTVIDEO_ULYSSES_A2A_HOT_PATH",
         "choice",
@@ -263,19 +241,14 @@ _register(
         "host path to the launch in one native call; `0`: every call takes the Python path. Rank-local (both make "
         "the same proposal, vote and verdict), read when the helper is built.",
         choices=("0", "1"),
-    )
-)
-_register(
+    ),
     EnvVar(
         "FASTVIDEO_KERNEL_LIBRARY",
         "str",
         "",
         "Path of a separately built fastvideo-kernel communication library to load instead of the "
         "installed wheel's (development validation).",
-    )
-)
-
-_register(
+    ),
     EnvVar(
         "FASTVIDEO_ULYSSES_A2A_OVERLAP",
         "int",
@@ -285,8 +258,8 @@ _register(
         "groups (capped at the layer's heads). A layer's own `overlap_chunks` wins. Agreed across the SP group.",
         minimum=0,
         agreed=True,
-    )
-)
+    ),
+)}
 
 
 # ------------------------------------------------------------------------------------------- upstream's variables
@@ -392,18 +365,19 @@ def override(**values: str | None) -> Iterator[None]:
             raise KeyError(_unknown(name))
     saved = {name: os.environ.get(name) for name in values}
     try:
-        for name, value in values.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        _set_environ(values)
         yield
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        _set_environ(saved)
+
+
+def _set_environ(values: dict[str, str | None]) -> None:
+    """Set each variable of ``values`` in this process's environment, unsetting the ``None`` ones."""
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 # ---------------------------------------------------------------------------------------- module attributes

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from fastvideo import _module_present
+from fastvideo import _module_present, _upstream_attr
 
 _EXPORTS = {
     "DistributedAttention": "fastvideo.attention.layer",
@@ -41,11 +41,7 @@ def __getattr__(name: str) -> Any:
         if not name.startswith("_") and _module_present(f"{__name__}.{name}"):
             return importlib.import_module(f"{__name__}.{name}")  # a submodule, as an eager import would bind it
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if not _module_present(module):
-        raise ImportError(f"fastvideo.attention.{name} is upstream FastVideo's ({module}), which is not installed "
-                          "here: this tree alone is FastVideo's sequence-parallel subsystem. Copy it over an unpacked "
-                          "fastvideo==0.2.1 (docs/fastvideo_migration.md) to use it.", name=module)
-    value = getattr(importlib.import_module(module), name)
+    value = _upstream_attr(__name__, name, module)
     globals()[name] = value  # resolved once
     return value
 

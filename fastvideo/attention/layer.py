@@ -138,6 +138,12 @@ def _public_all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, name:
     return sequence_model_parallel_all_to_all_4D(x, scatter_dim=scatter_dim, gather_dim=gather_dim, **kwargs)
 
 
+def _check_4d(cls: str, layout: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"{cls}: {name} must be 4-D {layout}, got {tuple(t.shape)}.")
+
+
 def _cat_heads(parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
 
@@ -340,9 +346,7 @@ class DistributedAttention(_Attention):
     def _check(self, q, k, v, rq, rk, rv) -> bool:
         """Validate the shapes (local); whether replicated tokens were given."""
         cls = type(self).__name__
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            if t.dim() != 4:
-                raise ValueError(f"{cls}: {name} must be 4-D [B, S/P, H, D], got {tuple(t.shape)}.")
+        _check_4d(cls, "[B, S/P, H, D]", q, k, v)
         if not q.shape == k.shape == v.shape:
             raise ValueError(f"{cls}: q, k, v must have one shape (they are packed into one all-to-all), got "
                              f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}.")
@@ -429,9 +433,7 @@ class LocalAttention(_Attention):
                 freqs_cis: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """``[B, S, H, D]`` attention of q ``[B, S, H, D]`` over k, v ``[B, S_kv, H_kv, D]``; ``freqs_cis``
         (``(cos, sin)``, ``[S, D/2]``) rotates q and k first."""
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            if t.dim() != 4:
-                raise ValueError(f"LocalAttention: {name} must be 4-D [B, S, H, D], got {tuple(t.shape)}.")
+        _check_4d("LocalAttention", "[B, S, H, D]", q, k, v)
         meta = self._metadata()
         if freqs_cis is not None:
             cos, sin = freqs_cis

@@ -19,20 +19,25 @@ import torch.distributed as dist
 all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-def _gather(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup, timeout_s: float | None) -> None:
-    if timeout_s is not None:
-        try:
-            from torch._C._distributed_c10d import AllgatherOptions
+def allgather_options(timeout_s: float):
+    """All-gather options carrying ``timeout_s`` (built once by a caller that reuses them), or None where this
+    torch has no per-call timeout."""
+    try:
+        from torch._C._distributed_c10d import AllgatherOptions
 
-            opts = AllgatherOptions()
-            opts.timeout = datetime.timedelta(seconds=timeout_s)
-            work = group._allgather_base(out, inp, opts)
-        except (ImportError, AttributeError, TypeError):
-            pass  # no per-call timeout in this torch build: the group's own timeout bounds the exchange
-        else:
-            work.wait()
-            return
-    all_gather_tensor(out, inp, group=group)
+        opts = AllgatherOptions()
+        opts.timeout = datetime.timedelta(seconds=timeout_s)
+    except (ImportError, AttributeError, TypeError):
+        return None
+    return opts
+
+
+def _gather(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup, timeout_s: float | None) -> None:
+    opts = None if timeout_s is None else allgather_options(timeout_s)
+    if opts is None:  # no per-call timeout (in this torch build): the group's own timeout bounds the exchange
+        all_gather_tensor(out, inp, group=group)
+    else:
+        group._allgather_base(out, inp, opts).wait()
 
 
 # One all-gather of a fixed slot carries any object whose pickle fits (construction reports, unique ids):

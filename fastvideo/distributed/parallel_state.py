@@ -37,6 +37,8 @@ from fastvideo.distributed.sp_groups import (
     _device_for_backend,
     _groups,
     agree_ulysses_settings,
+    check_group_size,
+    create_groups,
     destroy_sequence_parallel,
     get_dp_group,
     get_sp_group,
@@ -230,11 +232,8 @@ def initialize_model_parallel(
     global _TP
     world = get_world_group()
     n = world.world_size
-    for name, size in (("tensor_model_parallel_size", tensor_model_parallel_size),
-                       ("sequence_model_parallel_size", sequence_model_parallel_size)):
-        if not isinstance(size, int) or size < 1 or n % size:
-            raise ValueError(f"initialize_model_parallel: {name}={size!r} must be a positive integer dividing the "
-                             f"world size {n}; pick one of {[d for d in range(1, n + 1) if n % d == 0]}.")
+    tp_ranks = _consecutive("initialize_model_parallel", "tensor_model_parallel_size", tensor_model_parallel_size)
+    check_group_size("initialize_model_parallel", "sequence_model_parallel_size", sequence_model_parallel_size, n)
     dp = n // sequence_model_parallel_size
     if data_parallel_size not in (1, dp):
         raise ValueError(f"initialize_model_parallel: data_parallel_size={data_parallel_size!r}, but the DP groups "
@@ -252,17 +251,11 @@ def initialize_model_parallel(
                          f"{sequence_model_parallel_size}; call destroy_sequence_parallel() first.")
     for coordinator in (get_sp_group(), get_dp_group()):  # the SP and DP groups exist now
         coordinator.local_rank = world.local_rank
-    rank, dev_backend = dist.get_rank(), dist.get_backend()
-    tp: GroupCoordinator | None = None
-    for start in range(0, n, tensor_model_parallel_size):
-        ranks = list(range(start, start + tensor_model_parallel_size))
-        dev_group = dist.new_group(ranks, backend=dev_backend)
-        cpu_group = dist.new_group(ranks, backend="gloo")
-        _TP_GROUPS.extend([dev_group, cpu_group])
-        if rank in ranks:
-            tp = GroupCoordinator.of(ranks, ranks.index(rank), dev_group, cpu_group, world.device,
-                                     local_rank=world.local_rank, unique_name="tp")
-    _TP = tp
+    mine = create_groups(tp_ranks, dist.get_backend(), _TP_GROUPS)
+    assert mine is not None
+    ranks, (dev_group, cpu_group) = mine
+    _TP = GroupCoordinator.of(ranks, ranks.index(dist.get_rank()), dev_group, cpu_group, world.device,
+                              local_rank=world.local_rank, unique_name="tp")
 
 
 def init_model_parallel_group(group_ranks: list[list[int]], local_rank: int, backend: str,
@@ -321,10 +314,11 @@ def patch_tensor_parallel_group(tp_group: GroupCoordinator) -> Iterator[None]:
         _TP_STATE_PATCHED, _TP = False, previous
 
 
-def _consecutive(caller: str, size: int) -> list[list[int]]:
+def _consecutive(caller: str, name: str, size: int) -> list[list[int]]:
+    """The world cut into groups of ``size`` consecutive ranks (``size``, ``caller``'s argument ``name``, checked to
+    divide it)."""
     world = dist.get_world_size()
-    if not isinstance(size, int) or size < 1 or world % size:
-        raise ValueError(f"{caller}: size {size!r} must be a positive integer dividing the world size {world}.")
+    check_group_size(caller, name, size, world)
     return [list(range(start, start + size)) for start in range(0, world, size)]
 
 
@@ -332,7 +326,7 @@ def initialize_tensor_parallel_group(tensor_model_parallel_size: int = 1, backen
                                      group_name_suffix: str = "") -> GroupCoordinator:
     """Upstream's: a further TP coordinator (consecutive ranks) for ``patch_tensor_parallel_group``; the global TP
     group is left as it is. Collective over the world."""
-    groups = _consecutive("initialize_tensor_parallel_group", tensor_model_parallel_size)
+    groups = _consecutive("initialize_tensor_parallel_group", "tensor_model_parallel_size", tensor_model_parallel_size)
     return init_model_parallel_group(groups, get_world_group().local_rank, backend or dist.get_backend(), True,
                                      f"tp_{group_name_suffix}" if group_name_suffix else "tp")
 
@@ -350,7 +344,8 @@ def initialize_sequence_parallel_group(sequence_model_parallel_size: int = 1, ba
                                        group_name_suffix: str = "") -> GroupCoordinator:
     """Upstream's: a further SP coordinator (consecutive ranks); the global SP group, its settings and its Ulysses
     helper are left as they are (its ``all_to_all_4D`` is the NCCL route). Collective over the world."""
-    groups = _consecutive("initialize_sequence_parallel_group", sequence_model_parallel_size)
+    groups = _consecutive("initialize_sequence_parallel_group", "sequence_model_parallel_size",
+                          sequence_model_parallel_size)
     return init_model_parallel_group(groups, get_world_group().local_rank, backend or dist.get_backend(),
                                      group_name=f"sp_{group_name_suffix}" if group_name_suffix else "sp")
 

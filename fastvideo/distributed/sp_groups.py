@@ -96,16 +96,11 @@ class GroupCoordinator(CoordinatorTransfers):
         ``group_ranks`` and keeps the one it belongs to. ``use_message_queue_broadcaster`` is accepted and builds
         nothing (objects travel over the CPU group). Raises ValueError when this rank is in none of them."""
         rank = dist.get_rank()
-        mine: tuple[list[int], dist.ProcessGroup, dist.ProcessGroup] | None = None
-        for ranks in group_ranks:
-            device_group = dist.new_group(list(ranks), backend=torch_distributed_backend)
-            cpu_group = dist.new_group(list(ranks), backend="gloo")
-            if rank in ranks:
-                mine = (list(ranks), device_group, cpu_group)
+        mine = create_groups(group_ranks, torch_distributed_backend, [])
         if mine is None:
             raise ValueError(f"GroupCoordinator: this process's rank {rank} is in none of group_ranks={group_ranks}; "
                              "every rank of the world must appear in one list.")
-        ranks, device_group, cpu_group = mine
+        ranks, (device_group, cpu_group) = mine
         self._assign(ranks, ranks.index(rank), device_group, cpu_group,
                      _device_for_backend(str(torch_distributed_backend)), local_rank=local_rank,
                      unique_name=_get_unique_name(group_name or "anonymous"))
@@ -256,6 +251,33 @@ _SP: GroupCoordinator | None = None
 _DP: GroupCoordinator | None = None
 
 
+def create_groups(group_ranks: Sequence[Sequence[int]], backend: str | dist.Backend, created: list[dist.ProcessGroup],
+                  *, vote_timeout: datetime.timedelta | None = None,
+                  timeout: datetime.timedelta | None = None) -> tuple[list[int], list[dist.ProcessGroup]] | None:
+    """For every rank list of ``group_ranks``, in order: a device group (``backend``), a gloo CPU group and, with
+    ``vote_timeout``, a gloo vote group, each appended to ``created``. Collective over the world
+    (``torch.distributed.new_group`` needs every rank). Returns this rank's list and its groups, or None where it is
+    in none of them."""
+    rank, mine = dist.get_rank(), None
+    kwargs = {} if timeout is None else {"timeout": timeout}
+    for ranks in group_ranks:
+        ranks = list(ranks)
+        groups = [dist.new_group(ranks, backend=backend, **kwargs), dist.new_group(ranks, backend="gloo", **kwargs)]
+        if vote_timeout is not None:
+            groups.append(dist.new_group(ranks, backend="gloo", timeout=vote_timeout))
+        created += groups
+        if rank in ranks:
+            mine = (ranks, groups)
+    return mine
+
+
+def check_group_size(caller: str, name: str, size: object, world: int) -> None:
+    """Raise a ValueError naming ``caller`` and ``name`` unless ``size`` is a positive int dividing ``world``."""
+    if not isinstance(size, int) or size < 1 or world % size:
+        raise ValueError(f"{caller}: {name}={size!r} must be a positive integer dividing the world size {world}; "
+                         f"pick one of {[d for d in range(1, world + 1) if world % d == 0]}.")
+
+
 def _device_for_backend(backend: str) -> torch.device:
     if backend == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
@@ -281,41 +303,25 @@ def initialize_sequence_parallel(sp_size: int, *, timeout: datetime.timedelta | 
             "initialize_sequence_parallel: SP groups already exist; call destroy_sequence_parallel first."
         )
     world, rank = dist.get_world_size(), dist.get_rank()
-    if not isinstance(sp_size, int) or sp_size < 1 or world % sp_size:
-        raise ValueError(
-            f"initialize_sequence_parallel: sp_size={sp_size!r} must be a positive integer dividing the world size "
-            f"{world}; pick one of {[d for d in range(1, world + 1) if world % d == 0]}."
-        )
+    check_group_size("initialize_sequence_parallel", "sp_size", sp_size, world)
     backend = dist.get_backend()
     device = _device_for_backend(backend)
     # The job's timeout unless told otherwise: a stopped peer then ends this rank's collectives within it.
     if timeout is None:
         timeout = datetime.timedelta(seconds=job_timeout_s())
-    kwargs = {"timeout": timeout}
     agree_s = _settings.agreement_timeout_s(timeout.total_seconds())
-    vote_timeout = datetime.timedelta(seconds=agree_s)
     created: list[dist.ProcessGroup] = []
-    sp: GroupCoordinator | None = None
-    for start in range(0, world, sp_size):
-        ranks = list(range(start, start + sp_size))
-        dev_group = dist.new_group(ranks, backend=backend, **kwargs)
-        cpu_group = dist.new_group(ranks, backend="gloo", **kwargs)
-        # The vote timeout (helpers may set their own on it).
-        vote_group = dist.new_group(ranks, backend="gloo", timeout=vote_timeout)
-        created += [dev_group, cpu_group, vote_group]
-        if rank in ranks:
-            sp = GroupCoordinator.of(ranks, ranks.index(rank), dev_group, cpu_group, device, vote_group=vote_group,
-                                     timeout_s=timeout.total_seconds(), unique_name="sp")
-    dp: GroupCoordinator | None = None
-    for offset in range(sp_size):
-        ranks = list(range(offset, world, sp_size))
-        dev_group = dist.new_group(ranks, backend=backend, **kwargs)
-        cpu_group = dist.new_group(ranks, backend="gloo", **kwargs)
-        created += [dev_group, cpu_group]
-        if rank in ranks:
-            dp = GroupCoordinator.of(ranks, ranks.index(rank), dev_group, cpu_group, device,
-                                     timeout_s=timeout.total_seconds(), unique_name="dp")
-    assert sp is not None and dp is not None
+    # The vote group takes the vote timeout (helpers may set their own on it).
+    sp_groups = create_groups([range(start, start + sp_size) for start in range(0, world, sp_size)], backend, created,
+                              vote_timeout=datetime.timedelta(seconds=agree_s), timeout=timeout)
+    dp_groups = create_groups([range(offset, world, sp_size) for offset in range(sp_size)], backend, created,
+                              timeout=timeout)
+    assert sp_groups is not None and dp_groups is not None
+    (ranks, (dev_group, cpu_group, vote_group)), (dp_ranks, dp_pgs) = sp_groups, dp_groups
+    sp = GroupCoordinator.of(ranks, ranks.index(rank), dev_group, cpu_group, device, vote_group=vote_group,
+                             timeout_s=timeout.total_seconds(), unique_name="sp")
+    dp = GroupCoordinator.of(dp_ranks, dp_ranks.index(rank), *dp_pgs, device, timeout_s=timeout.total_seconds(),
+                             unique_name="dp")
     try:
         sp.settings = _settings.agree(
             sp.cpu_group, sp.ranks, sp.rank_in_group, where="checked at initialize_sequence_parallel", timeout_s=agree_s

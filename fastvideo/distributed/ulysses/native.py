@@ -150,9 +150,7 @@ class NativeTransport(Transport):
                 raise NativeKernelError(f"kernel unavailable: {cap.detail}")
         lib = self._lib
         self._ctx = ctx
-        self._launches.clear()  # built for another communicator's world size
-        self._by_object.clear()
-        self._streams.clear()
+        self._clear_caches()  # built for another communicator's world size
         device = ctx.device.index if ctx.device.index is not None else torch.cuda.current_device()
 
         def create() -> None:
@@ -435,14 +433,17 @@ class NativeTransport(Transport):
         self._reset()
         self._check(self._lib.fvk_destroy(handle), "fvk_destroy")
 
+    def _clear_caches(self) -> None:
+        self._launches.clear()
+        self._by_object.clear()
+        self._streams.clear()
+
     def _reset(self) -> None:
         self._close_hot()
         self._handle = None
         self._ctx = None
-        self._launches.clear()
-        self._by_object.clear()
+        self._clear_caches()
         self._send_rows = {}
-        self._streams.clear()
         self._vote = self._vote_ref = self._vote_owner = None
         self._event = None
         self._events = []

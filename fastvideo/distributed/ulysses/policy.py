@@ -58,6 +58,11 @@ def _hash_once(self) -> int:
         return value
 
 
+def _check_engine(what: str, engine: str) -> None:
+    if engine not in ENGINES:
+        raise ValueError(f"{what} engine {engine!r} is not one of {ENGINES}")
+
+
 def _without_hash(self) -> dict:
     state = dict(self.__dict__)
     state.pop("_hash", None)
@@ -108,14 +113,8 @@ class Geometry:
         equal are the even table (None), so explicit even tables and None give one geometry."""
         b, s, h, d = (int(v) for v in shape)
         seq, heads = _uneven(seq_splits), _uneven(head_splits)
-        if seq is not None:
-            s_max = max(seq)
-        else:
-            s_max = s if mode == 0 else s // world_size
-        if heads is not None:
-            h_global = sum(heads)
-        else:
-            h_global = h if mode == 0 else h * world_size
+        s_max = max(seq) if seq is not None else s if mode == 0 else s // world_size
+        h_global = sum(heads) if heads is not None else h if mode == 0 else h * world_size
         return cls(mode, dtype, b, s_max, h_global, d, world_size, seq, heads)
 
     @property
@@ -172,12 +171,10 @@ class Plan:
     __getstate__ = _without_hash
 
     def __post_init__(self) -> None:
-        if not (1 <= self.ctas < 1 << _CTA_BITS and 1 <= self.planes_per_chunk < 1 << _PLANE_BITS):
+        if not (1 <= self.ctas < 1 << _CTA_BITS and 1 <= self.planes_per_chunk < 1 << _PLANE_BITS
+                and 1 <= self.rows_per_chunk < 1 << _ROW_BITS):
             raise ValueError(f"Plan out of range: {self}")
-        if not 1 <= self.rows_per_chunk < 1 << _ROW_BITS:
-            raise ValueError(f"Plan out of range: {self}")
-        if self.engine not in ENGINES:
-            raise ValueError(f"Plan engine {self.engine!r} is not one of {ENGINES}")
+        _check_engine("Plan", self.engine)
 
     @property
     def word(self) -> int:
@@ -251,8 +248,7 @@ class TunedRow:
     def __post_init__(self) -> None:
         if not 1 <= self.ctas <= MAX_CTAS or self.planes_per_chunk < 1 or self.row_chunks < 1:
             raise ValueError(f"TunedRow out of range (1 <= ctas <= {MAX_CTAS}, planes and row chunks >= 1): {self}")
-        if self.engine not in ENGINES:
-            raise ValueError(f"TunedRow engine {self.engine!r} is not one of {ENGINES}")
+        _check_engine("TunedRow", self.engine)
 
     @property
     def key(self) -> tuple[str, int, torch.dtype, int, int]:

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from fastvideo.distributed.host_exchange import all_gather_objects, all_gather_tensor, classify_failure
+from fastvideo.distributed.host_exchange import allgather_options as _allgather_options
 from fastvideo.distributed.ulysses.contract import NUM_FIELDS, Field
 
 logger = logging.getLogger(__name__)
@@ -78,14 +79,28 @@ def gloo_failure(what: str, ranks: list[int], rank: int, exc: BaseException, sec
     return VoteError(f"{what} over SP ranks {ranks} failed after {seconds:.3f} s: {exc}. {_ADVICE}")
 
 
-class GlooVote:
+class _Buffers:
+    """What both vote channels hold: the SP ranks, the timeout, and the send row and ``[P, 12]`` receive buffer,
+    allocated once and reused by every exchange (no per-call allocation on the hot path)."""
+
+    def __init__(self, ranks: list[int], timeout_s: float) -> None:
+        self.ranks = list(ranks)
+        self.world_size = len(ranks)
+        self.timeout_s = timeout_s
+        self._send = torch.zeros(NUM_FIELDS, dtype=torch.int64)
+        self._send_np = self._send.numpy()
+        self._recv = torch.zeros(self.world_size * NUM_FIELDS, dtype=torch.int64)
+        self._recv_rows = self._recv.view(self.world_size, NUM_FIELDS)
+        self.last_s = 0.0  # the last exchange's host seconds (a fused vote-and-launch sets it too)
+        self.destroyed = False  # a plain attribute: the native transport reads it on every voted launch
+
+
+class GlooVote(_Buffers):
     """All-gather of the 12-field contract over a dedicated gloo group. Collective on every call."""
 
     def __init__(self, ranks: list[int], timeout_s: float, group: dist.ProcessGroup | None = None) -> None:
-        self.ranks = list(ranks)
-        self.world_size = len(ranks)
+        super().__init__(ranks, timeout_s)
         self.rank = dist.get_rank()  # global, as ``ranks``
-        self.timeout_s = timeout_s
         self.owns_group = group is None
         self._bound_each_call = False
         if group is None:
@@ -113,12 +128,6 @@ class GlooVote:
                 "Ulysses vote over SP ranks %s: this torch neither sets a process group's timeout nor takes one per "
                 "call; votes are bounded by the timeout the vote group was created with, not by %g s.", self.ranks,
                 timeout_s)
-        self._send = torch.zeros(NUM_FIELDS, dtype=torch.int64)
-        self._send_np = self._send.numpy()
-        self._recv = torch.zeros(self.world_size * NUM_FIELDS, dtype=torch.int64)
-        self._recv_rows = self._recv.view(self.world_size, NUM_FIELDS)
-        self.last_s = 0.0  # the last exchange's host seconds (a fused vote-and-launch sets it too)
-        self.destroyed = False  # set by destroy()
 
     def exchange(self, fields: list[int]) -> torch.Tensor:
         """Gather every rank's fields: returns the reused ``[P, 12]`` buffer (read it before the next call)."""
@@ -174,19 +183,6 @@ def _set_group_timeout(group: dist.ProcessGroup, timeout_s: float) -> bool:
     return True
 
 
-def _allgather_options(timeout_s: float):
-    """All-gather options carrying ``timeout_s`` (built once: the vote allocates nothing per call), or None
-    where this torch has no per-call timeout."""
-    try:
-        from torch._C._distributed_c10d import AllgatherOptions
-
-        opts = AllgatherOptions()
-        opts.timeout = datetime.timedelta(seconds=timeout_s)
-    except (ImportError, AttributeError, TypeError):
-        return None
-    return opts
-
-
 VOTE_SYMBOLS = ("fvk_vote_open", "fvk_vote_exchange", "fvk_vote_unlink", "fvk_vote_close")
 _FVK_ERR_TIMEOUT, _FVK_ERR_PEER_GONE = 7, 8
 
@@ -207,21 +203,13 @@ def _last_error(lib) -> str:
     return (lib.fvk_last_error() or b"").decode(errors="replace")
 
 
-class ShmVote:
+class ShmVote(_Buffers):
     """The per-call exchange over a same-host shared-memory segment. Build it with ``ShmVote.create``."""
 
     def __init__(self, lib, handle: ctypes.c_void_p, ranks: list[int], timeout_s: float) -> None:
-        self.ranks = list(ranks)
-        self.world_size = len(ranks)
-        self.timeout_s = timeout_s
+        super().__init__(ranks, timeout_s)
         self._lib = lib
         self._handle: ctypes.c_void_p | None = handle
-        self._send = torch.zeros(NUM_FIELDS, dtype=torch.int64)
-        self._send_np = self._send.numpy()
-        self._recv = torch.zeros(self.world_size * NUM_FIELDS, dtype=torch.int64)
-        self._recv_rows = self._recv.view(self.world_size, NUM_FIELDS)
-        self.last_s = 0.0  # the last exchange's host seconds (a fused vote-and-launch sets it too)
-        self.destroyed = False  # a plain attribute: the native transport reads it on every voted launch
         # send_row's rows, per proposal: fields -> (words, address). Public for the native transport's hot path,
         # which looks a row up here without a call; only send_row adds to it.
         self.send_rows: dict[tuple[int, ...], tuple[np.ndarray, int]] = {}
