@@ -45,7 +45,7 @@ def test_demo_prints_one_row_per_route_with_the_median_of_warm_iterations():
 def test_demo_rejects_heads_not_divisible_by_sp_size():
     proc = _run("--heads", "3", "--hidden", "48", "--seq", "96")
     assert proc.returncode != 0
-    assert "--heads=3 must be divisible by the SP size 2" in proc.stderr
+    assert "--heads=3 must be divisible by the SP size 2" in proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("flag", ["--warmup", "--iters"])

@@ -290,7 +290,10 @@ def _refuse_unwaited(token: torch.Tensor) -> None:
     from torch._dynamo.callback import callback_handler
     from torch._dynamo.symbolic_convert import InstructionTranslator
 
-    tx = getattr(InstructionTranslator, "current_tx", lambda: None)()
+    try:  # dynamo's trace only: AOT autograd's and inductor's passes (a lazily compiled backward too) have none
+        tx = InstructionTranslator.current_tx()
+    except AttributeError:  # no trace on this thread (or a torch without the method)
+        return
     if tx is None:
         return
     if _check_waits not in callback_handler.end_callbacks:  # registered at the first traced start, then kept
