@@ -147,8 +147,10 @@ def test_outcome_plugin_records_each_outcome(tmp_path):
 
 PROBE = """
 import json, sys, torch, torch.distributed as dist
+import fastvideo.platforms as platforms
 out = {"count": torch.cuda.device_count(), "own_count": torch.cuda.device_count.__module__ == "torch.cuda",
-       "device": str(torch.device("cuda:1")), "is_device": isinstance(torch.device("cuda", 1), torch.device)}
+       "device": str(torch.device("cuda:1")), "is_device": isinstance(torch.device("cuda", 1), torch.device),
+       "cuda_plugin": platforms.cuda_platform_plugin()}
 if out["device"] == "cpu":  # a patched worker
     torch.cuda.set_device(1)  # a no-op: unpatched, this raises on a machine without CUDA
     dist.init_process_group(backend="nccl", store=dist.HashStore(), rank=0, world_size=1)
@@ -166,7 +168,8 @@ def _probe(tmp_path, script: str, *args: str, cap: bool) -> dict:
     platforms = tmp_path / "fastvideo" / "platforms"
     platforms.mkdir(parents=True, exist_ok=True)
     (tmp_path / "fastvideo" / "__init__.py").write_text("")
-    (platforms / "__init__.py").write_text("")
+    # Upstream's CUDA probe asks NVML, which sees a host's GPUs even where the run hides them from CUDA.
+    (platforms / "__init__.py").write_text("def cuda_platform_plugin():\n    return 'cuda'\n")
     (platforms / "cpu.py").write_text("class CpuPlatform:\n    def is_cuda_alike(self):\n        return False\n")
     path = tmp_path / script
     path.write_text(PROBE)
@@ -181,15 +184,17 @@ def _probe(tmp_path, script: str, *args: str, cap: bool) -> dict:
 
 
 def test_cpu_rank_patches_apply_to_the_ulysses_workers_only_with_the_variable(tmp_path):
-    """Without the variable nothing changes; with it, a process is capped at 2 CUDA ranks, and a worker of upstream's
-    Ulysses tests (``test_ulysses_*.py --worker``) gets the CPU for CUDA devices, a no-op ``set_device``, gloo for
-    NCCL and a CUDA-like CPU platform; a worker of any other file is not patched (the control)."""
+    """Without the variable nothing changes; with it, a process is capped at 2 CUDA ranks and upstream's platform probe
+    finds no CUDA (a GPU host's NVML would, the GPUs hidden: its CUDA communicator then fails on the CPU device), and
+    a worker of upstream's Ulysses tests (``test_ulysses_*.py --worker``) gets the CPU for CUDA devices, a no-op
+    ``set_device``, gloo for NCCL and a CUDA-like CPU platform; a worker of any other file is not patched (the
+    control)."""
     plain = _probe(tmp_path, "test_ulysses_a2a_parity.py", "--worker-not", cap=False)
-    assert (plain["own_count"], plain["device"]) == (True, "cuda:1")
+    assert (plain["own_count"], plain["device"], plain["cuda_plugin"]) == (True, "cuda:1", "cuda")
     capped = _probe(tmp_path, "probe.py", cap=True)
-    assert (capped["count"], capped["device"]) == (2, "cuda:1")
+    assert (capped["count"], capped["device"], capped["cuda_plugin"]) == (2, "cuda:1", None)
     worker = _probe(tmp_path, "test_ulysses_fault_injection.py", "--worker", cap=True)
-    assert worker == {"count": 0, "own_count": True, "device": "cpu", "is_device": True, "backend": "gloo",
-                      "cuda_alike": True, "torch_device": True}
+    assert worker == {"count": 0, "own_count": True, "device": "cpu", "is_device": True, "cuda_plugin": None,
+                      "backend": "gloo", "cuda_alike": True, "torch_device": True}
     other = _probe(tmp_path, "test_other.py", "--worker", cap=True)
     assert other == {**capped, "is_device": True}

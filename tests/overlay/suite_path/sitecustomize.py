@@ -4,6 +4,8 @@
 test files are never edited; the patches reach the ``torch.distributed.run`` children because they inherit
 ``PYTHONPATH`` and the variable:
 
+* in every process, upstream's platform is resolved as on a CPU machine: its CUDA probe (NVML) would see a GPU
+  host's GPUs, which the run hides from CUDA;
 * in the pytest process (and torchrun's agent): ``torch.cuda.device_count()`` is the cap, so the tests' CUDA-count
   skip (``device_count() < world``) becomes a CPU-rank cap;
 * in a test's worker (``python <test_ulysses_*.py> --worker``), the device choice: ``torch.device("cuda:N")`` is the
@@ -35,6 +37,8 @@ def _chain() -> None:
 def _patch(cap: int) -> None:
     import torch
 
+    # The run hides the GPUs (a CPU machine's run), but upstream's platform probe asks NVML, which still sees them.
+    sys.meta_path.insert(0, _AfterImport("fastvideo.platforms", _no_cuda_platform))
     if "--worker" not in sys.argv[1:] or os.path.basename(sys.argv[0]) not in _WORKERS:
         torch.cuda.device_count = lambda: cap
         return
@@ -67,6 +71,10 @@ def _gloo_for_nccl(fn):
         return fn(*args, **kwargs)
 
     return call
+
+
+def _no_cuda_platform(module) -> None:
+    module.cuda_platform_plugin = lambda: None
 
 
 def _cuda_alike_cpu(module) -> None:
