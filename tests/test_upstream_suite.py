@@ -56,7 +56,7 @@ def runs(tmp_path_factory) -> tuple[suite.Result, Path]:
     return result, out
 
 
-# Minutes on a 2-core machine: collected first (tests/conftest.py), so that the suite's workers start it at once.
+# Minutes on a 2-core machine: placed at the head of a worker's first chunk (tests/conftest.py), so it starts at once.
 @pytest.mark.slow
 def test_upstream_suite_passes_on_the_overlay(runs):
     result, out = runs
