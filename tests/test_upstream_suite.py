@@ -151,6 +151,12 @@ import fastvideo.platforms as platforms
 out = {"count": torch.cuda.device_count(), "own_count": torch.cuda.device_count.__module__ == "torch.cuda",
        "device": str(torch.device("cuda:1")), "is_device": isinstance(torch.device("cuda", 1), torch.device),
        "cuda_plugin": platforms.cuda_platform_plugin()}
+from fastvideo.distributed.device_communicators import pynccl
+try:
+    pynccl.NCCLLibrary(None)
+    out["nccl_library"] = True
+except OSError:
+    out["nccl_library"] = False
 if out["device"] == "cpu":  # a patched worker
     torch.cuda.set_device(1)  # a no-op: unpatched, this raises on a machine without CUDA
     dist.init_process_group(backend="nccl", store=dist.HashStore(), rank=0, world_size=1)
@@ -171,6 +177,12 @@ def _probe(tmp_path, script: str, *args: str, cap: bool) -> dict:
     # Upstream's CUDA probe asks NVML, which sees a host's GPUs even where the run hides them from CUDA.
     (platforms / "__init__.py").write_text("def cuda_platform_plugin():\n    return 'cuda'\n")
     (platforms / "cpu.py").write_text("class CpuPlatform:\n    def is_cuda_alike(self):\n        return False\n")
+    # A GPU host has an NCCL library, which upstream's PyNccl would bind to the CPU device of a CPU-rank run.
+    comms = tmp_path / "fastvideo" / "distributed" / "device_communicators"
+    comms.mkdir(parents=True, exist_ok=True)
+    for folder in (comms.parent, comms):
+        (folder / "__init__.py").write_text("")
+    (comms / "pynccl.py").write_text("class NCCLLibrary:\n    def __init__(self, path):\n        pass\n")
     path = tmp_path / script
     path.write_text(PROBE)
     env = {k: v for k, v in os.environ.items() if k != "FASTVIDEO_UPSTREAM_SUITE_CPU_RANKS"}
@@ -190,11 +202,13 @@ def test_cpu_rank_patches_apply_to_the_ulysses_workers_only_with_the_variable(tm
     ``set_device``, gloo for NCCL and a CUDA-like CPU platform; a worker of any other file is not patched (the
     control)."""
     plain = _probe(tmp_path, "test_ulysses_a2a_parity.py", "--worker-not", cap=False)
-    assert (plain["own_count"], plain["device"], plain["cuda_plugin"]) == (True, "cuda:1", "cuda")
+    assert (plain["own_count"], plain["device"], plain["cuda_plugin"], plain["nccl_library"]) == (
+        True, "cuda:1", "cuda", True)
     capped = _probe(tmp_path, "probe.py", cap=True)
-    assert (capped["count"], capped["device"], capped["cuda_plugin"]) == (2, "cuda:1", None)
+    assert (capped["count"], capped["device"], capped["cuda_plugin"], capped["nccl_library"]) == (2, "cuda:1", None,
+                                                                                                  False)
     worker = _probe(tmp_path, "test_ulysses_fault_injection.py", "--worker", cap=True)
     assert worker == {"count": 0, "own_count": True, "device": "cpu", "is_device": True, "cuda_plugin": None,
-                      "backend": "gloo", "cuda_alike": True, "torch_device": True}
+                      "nccl_library": False, "backend": "gloo", "cuda_alike": True, "torch_device": True}
     other = _probe(tmp_path, "test_other.py", "--worker", cap=True)
     assert other == {**capped, "is_device": True}

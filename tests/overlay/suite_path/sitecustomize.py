@@ -4,8 +4,9 @@
 test files are never edited; the patches reach the ``torch.distributed.run`` children because they inherit
 ``PYTHONPATH`` and the variable:
 
-* in every process, upstream's platform is resolved as on a CPU machine: its CUDA probe (NVML) would see a GPU
-  host's GPUs, which the run hides from CUDA;
+* in every process, upstream's platform is resolved as on a CPU machine, and its PyNccl finds no NCCL library as
+  there: its CUDA probe (NVML) would see a GPU host's GPUs, which the run hides from CUDA, and a PyNccl communicator
+  built on a GPU host's NCCL library would bind the CPU device;
 * in the pytest process (and torchrun's agent): ``torch.cuda.device_count()`` is the cap, so the tests' CUDA-count
   skip (``device_count() < world``) becomes a CPU-rank cap;
 * in a test's worker (``python <test_ulysses_*.py> --worker``), the device choice: ``torch.device("cuda:N")`` is the
@@ -39,6 +40,7 @@ def _patch(cap: int) -> None:
 
     # The run hides the GPUs (a CPU machine's run), but upstream's platform probe asks NVML, which still sees them.
     sys.meta_path.insert(0, _AfterImport("fastvideo.platforms", _no_cuda_platform))
+    sys.meta_path.insert(0, _AfterImport("fastvideo.distributed.device_communicators.pynccl", _no_nccl_library))
     if "--worker" not in sys.argv[1:] or os.path.basename(sys.argv[0]) not in _WORKERS:
         torch.cuda.device_count = lambda: cap
         return
@@ -75,6 +77,13 @@ def _gloo_for_nccl(fn):
 
 def _no_cuda_platform(module) -> None:
     module.cuda_platform_plugin = lambda: None
+
+
+def _no_nccl_library(module) -> None:
+    def missing(*args, **kwargs):
+        raise OSError("no NCCL library: a CPU-rank run (FASTVIDEO_UPSTREAM_SUITE_CPU_RANKS)")
+
+    module.NCCLLibrary = missing  # PyNcclCommunicator then disables itself, as on a machine without NCCL
 
 
 def _cuda_alike_cpu(module) -> None:
