@@ -125,9 +125,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def slow_at_chunk_heads(slow: list, rest: list, workers: int) -> list:
     """``slow`` and ``rest`` in one order: pytest -n's work stealing first hands its k workers one contiguous chunk
-    each (the i-th of k takes ``left // (k - i)`` of what is left), so the slow tests go round robin to the heads of
-    those chunks (k of them start at once) and the rest fill the chunks behind them, each list in its own order."""
-    heads = [slow[j::workers] for j in range(workers)]
+    each (the i-th of k takes ``left // (k - i)`` of what is left), so the slow tests go to the heads of those chunks
+    (k of them start at once) and the rest fill the chunks behind them, each list in its own order. A file's slow
+    tests stay together, at one chunk's head (they may share a module fixture, which a second worker would set up
+    again); each file's, largest first, goes to the head with the fewest so far."""
+    files: dict[str, list] = {}
+    for item in slow:
+        files.setdefault(getattr(item, "nodeid", str(item)).split("::")[0], []).append(item)
+    heads: list[list] = [[] for _ in range(workers)]
+    for group in sorted(files.values(), key=len, reverse=True):  # stable: files of one size keep their order
+        min(heads, key=len).extend(group)
     order: list = []
     others = iter(rest)
     for j in range(workers):

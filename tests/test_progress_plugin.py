@@ -60,3 +60,16 @@ def test_slow_tests_start_at_once_on_every_worker():
     # Negative control: slow tests merely collected first all land in the first worker's chunk.
     first, second = _first_chunks(slow + rest, 2)
     assert set(slow) <= set(first) and second[0] in rest
+
+
+def test_a_files_slow_tests_share_one_workers_chunk():
+    """Two slow tests of one file (a module fixture they share) start on one worker; the others' go to the rest."""
+    from tests.conftest import slow_at_chunk_heads
+
+    slow = ["a.py::r1", "a.py::r2", "b.py::o", "c.py::u1", "c.py::u2"]
+    rest = [f"t{i}" for i in range(45)]
+    first, second = _first_chunks(slow_at_chunk_heads(slow, rest, 2), 2)
+    assert (first[:3], second[:2]) == (["a.py::r1", "a.py::r2", "b.py::o"], ["c.py::u1", "c.py::u2"])
+    # Negative control: round robin by test would split c.py's two between the workers.
+    robin = [slow[j::2] for j in range(2)]
+    assert "c.py::u1" in robin[1] and "c.py::u2" in robin[0]

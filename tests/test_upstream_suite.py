@@ -21,6 +21,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -212,3 +213,27 @@ def test_cpu_rank_patches_apply_to_the_ulysses_workers_only_with_the_variable(tm
                       "nccl_library": False, "backend": "gloo", "cuda_alike": True, "torch_device": True}
     other = _probe(tmp_path, "test_other.py", "--worker", cap=True)
     assert other == {**capped, "is_device": True}
+
+
+def test_cpu_ranks_deselect_the_fault_stages_that_need_upstreams_cuda_helper(monkeypatch, tmp_path):
+    """On CPU ranks pure upstream's run of the rank files deselects ``CPU_RANK_SKIPS`` and reports each
+    ``deselected`` (not counted); the overlay's run (a selection) reports none; with GPUs enough nothing is
+    deselected (the control)."""
+    calls = []
+
+    def fake_run_pytest(root, pythonpath, targets, out, name, *, ranks, deselect=()):
+        calls.append(deselect)
+        return {t: "passed" for t in targets if "::" in t}
+
+    monkeypatch.setattr(suite, "run_pytest", fake_run_pytest)
+    side = SimpleNamespace(root=tmp_path, pythonpath=())
+    monkeypatch.setattr(suite, "gpu_ranks", lambda: False)
+    pure = suite.run_group(side, tmp_path, "ranks")
+    assert calls[-1] == suite.CPU_RANK_SKIPS and len(suite.CPU_RANK_SKIPS) == 8
+    assert {t for t, o in pure.items() if o == "deselected"} == set(suite.CPU_RANK_SKIPS)
+    kept = f"{suite.TESTS / suite.RANK_FILES[1]}::test_rank_local_setup_failure_falls_back_group_wide[2-0-capability]"
+    assert suite.run_group(side, tmp_path, "ranks", [kept]) == {kept: "passed"}
+    assert suite.compare(pure, {}).counted == 0  # deselected: not counted
+    monkeypatch.setattr(suite, "gpu_ranks", lambda: True)
+    assert suite.run_group(side, tmp_path, "ranks") == {} and calls[-1] == ()
+    assert suite.run_group(side, tmp_path, "plain") == {} and calls[-1] == ()

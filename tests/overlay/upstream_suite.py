@@ -20,13 +20,14 @@ dependencies are compiled once per machine, not in each of the dozens of process
 files, on a host with fewer than ``CPU_RANKS`` GPUs, run with ``FASTVIDEO_UPSTREAM_SUITE_CPU_RANKS`` set, so that
 ``suite_path/sitecustomize.py`` patches their device choice (CUDA -> CPU ranks over gloo, no ``set_device``, the
 CUDA-count skip -> a cap of ``CPU_RANKS`` ranks) in the pytest process and in the ``torch.distributed.run``
-children; with that many GPUs, as written.
+children; with that many GPUs, as written. On CPU ranks the fault stages that need upstream's CUDA-only helper
+(``CPU_RANK_SKIPS``: they would skip on pure upstream after a ``torchrun`` launch each) are deselected.
 
 **What counts.** M is the number of tests that pass on pure upstream; the overlay runs exactly those (a test that
-fails or skips on pure upstream is listed, not run there) and N of them pass. Every file must contribute a test that
-passes on pure upstream, or the selection no longer fits the wheel. Pure upstream's outcomes depend only on the
-wheel, the pins, the python, torch, the selection and this tooling: they are kept in the overlay's cache under a key
-of all of these (``upstream-suite/pure-KEY-GROUP.json``), so a machine runs them once.
+fails, skips or is deselected on pure upstream is listed, not run there) and N of them pass. Every file must
+contribute a test that passes on pure upstream, or the selection no longer fits the wheel. Pure upstream's
+outcomes depend only on the wheel, the pins, the python, torch, the selection and this tooling: they are kept in the
+overlay's cache under a key of all of these (``upstream-suite/pure-KEY-GROUP.json``), so a machine runs them once.
 
 **The negative control.** ``broken_overlay`` takes a module-level name that upstream's tests patch
 (``fastvideo.attention.layer.get_attn_backend``) out of an overlay copy; upstream's tests of it must then fail there.
@@ -86,6 +87,13 @@ FILES = (
 # Upstream's GPU-only Ulysses tests: torchrun children, on CPU ranks with the runner's patches where GPUs are few.
 RANK_FILES = ("distributed/test_ulysses_a2a_parity.py", "distributed/test_ulysses_fault_injection.py")
 CPU_RANKS = 2
+# On CPU ranks pure upstream never creates its helper (its provider needs CUDA): these fault stages launch torchrun,
+# report UNAVAILABLE and skip, so they count on neither side. The runner deselects them there (reported as such);
+# with GPUs enough, they run.
+CPU_RANK_SKIPS = tuple(
+    f"{TESTS / RANK_FILES[1]}::test_rank_local_setup_failure_falls_back_group_wide[2-{rank}-{stage}]"
+    for rank, stage in ((0, "capacity"), (0, "capture"), (0, "lifecycle"), (0, "post_registration"), (0, "teardown"),
+                        (1, "allocation"), (1, "layout"), (1, "post_dev_comm")))
 TIMEOUT_S = 1500  # one pytest process (a side's rank files launch torchrun up to 11 times, 10-40 s each)
 TEST_TIMEOUT_S = 600  # one test, where pytest-timeout is installed
 # The negative control: upstream's tests that patch fastvideo.attention.layer.get_attn_backend.
@@ -132,9 +140,9 @@ def _free_port() -> int:
 
 
 def run_pytest(root: Path, pythonpath: list[Path], targets: list[str], out: Path, name: str, *,
-               ranks: bool) -> dict[str, str]:
-    """Upstream's ``targets`` (paths or node ids under ``root``) in one pytest process: outcome by node id. Its
-    output goes to ``out/NAME.log``; RunnerError where it wrote no outcomes."""
+               ranks: bool, deselect: tuple[str, ...] = ()) -> dict[str, str]:
+    """Upstream's ``targets`` (paths or node ids under ``root``, less the node ids ``deselect``) in one pytest
+    process: outcome by node id. Its output goes to ``out/NAME.log``; RunnerError where it wrote no outcomes."""
     out.mkdir(parents=True, exist_ok=True)
     outcomes, ini = out / f"{name}.json", out / f"{name}.ini"
     ini.write_text("[pytest]\n")  # not this repository's configuration, nor any other found above the copies
@@ -142,7 +150,7 @@ def run_pytest(root: Path, pythonpath: list[Path], targets: list[str], out: Path
     timeout = [f"--timeout={TEST_TIMEOUT_S}"] if _has_pytest_timeout() else []
     cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "--durations=10", "--continue-on-collection-errors", "-p",
            "no:cacheprovider", "-p", "no:randomly", "-p", "fv_suite_outcomes", "-c", str(ini), "--rootdir", str(root),
-           *timeout, *targets]
+           *timeout, *[f"--deselect={t}" for t in deselect], *targets]
     try:
         proc = subprocess.run(cmd, cwd=root, env=_env(pythonpath, outcomes, ranks), capture_output=True, text=True,
                               timeout=TIMEOUT_S)
@@ -166,12 +174,15 @@ GROUPS = {"plain": FILES, "ranks": RANK_FILES}  # a pytest process each, per sid
 
 def run_group(side: build.Overlay, out: Path, group: str, select: list[str] | None = None) -> dict[str, str]:
     """One ``GROUPS`` entry of upstream's selection on one side (``select``: only these node ids) in one pytest
-    process; the rank files' with ``ranks``."""
+    process; the rank files' with ``ranks``, on CPU ranks less ``CPU_RANK_SKIPS`` (each reported ``deselected``)."""
     paths = [str(TESTS / f) for f in GROUPS[group]]
     targets = paths if select is None else [t for t in select if t.split("::")[0] in paths]
     if not targets:
         return {}
-    return run_pytest(side.root, list(side.pythonpath), targets, out, group, ranks=group == "ranks")
+    ranks = group == "ranks"
+    skips = CPU_RANK_SKIPS if ranks and not gpu_ranks() else ()
+    outcomes = run_pytest(side.root, list(side.pythonpath), targets, out, group, ranks=ranks, deselect=skips)
+    return {**outcomes, **{t: "deselected" for t in skips if select is None}}
 
 
 def _key() -> str:
@@ -182,7 +193,7 @@ def _key() -> str:
     run = [inspect.getsource(fn) for fn in (run_group, run_pytest, _env, _has_pytest_timeout)]
     patches = [p.read_text() for p in sorted(SUITE_PATH.glob("*.py"))]
     parts = [build.UPSTREAM_SHA256, sorted(build._pins().items()), list(sys.version_info[:2]), torch.__version__,
-             GROUPS, str(TESTS), CPU_RANKS, TEST_TIMEOUT_S, TIMEOUT_S,
+             GROUPS, str(TESTS), CPU_RANKS, CPU_RANK_SKIPS, TEST_TIMEOUT_S, TIMEOUT_S,
              "gpu" if gpu_ranks() else f"cpu{CPU_RANKS}", run, patches]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
