@@ -197,11 +197,11 @@ def _probe(tmp_path, script: str, *args: str, cap: bool) -> dict:
 
 
 def test_cpu_rank_patches_apply_to_the_ulysses_workers_only_with_the_variable(tmp_path):
-    """Without the variable nothing changes; with it, a process is capped at 2 CUDA ranks and upstream's platform probe
-    finds no CUDA (a GPU host's NVML would, the GPUs hidden: its CUDA communicator then fails on the CPU device), and
-    a worker of upstream's Ulysses tests (``test_ulysses_*.py --worker``) gets the CPU for CUDA devices, a no-op
-    ``set_device``, gloo for NCCL and a CUDA-like CPU platform; a worker of any other file is not patched (the
-    control)."""
+    """Without the variable nothing changes; with it, a process is capped at 2 CUDA ranks, upstream's platform probe
+    finds no CUDA (a GPU host's NVML would, the GPUs hidden) and its PyNccl no NCCL library (a GPU host has one, which
+    PyNccl would bind to the CPU device), and a worker of upstream's Ulysses tests (``test_ulysses_*.py --worker``)
+    gets the CPU for CUDA devices, a no-op ``set_device``, gloo for NCCL and a CUDA-like CPU platform; a worker of any
+    other file is not patched (the control)."""
     plain = _probe(tmp_path, "test_ulysses_a2a_parity.py", "--worker-not", cap=False)
     assert (plain["own_count"], plain["device"], plain["cuda_plugin"], plain["nccl_library"]) == (
         True, "cuda:1", "cuda", True)
