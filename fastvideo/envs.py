@@ -140,24 +140,20 @@ class EnvVar:
         if self.kind == "choice":
             low = value.lower()
             if low not in self.choices:
-                raise ValueError(
-                    f"{self.name}={raw!r} is not valid: choose one of {', '.join(self.choices)} "
-                    f"(default {self.default!r})."
-                )
+                raise self._invalid(raw, f"choose one of {', '.join(self.choices)}")
             return low
         cast: Callable[[str], Any] = int if self.kind == "int" else float
         try:
             number = cast(value)
         except ValueError:
-            raise ValueError(
-                f"{self.name}={raw!r} is not valid: expected {'an integer' if self.kind == 'int' else 'a number'} "
-                f"(default {self.default!r})."
-            ) from None
+            raise self._invalid(raw, "expected an integer" if self.kind == "int" else "expected a number") from None
         if self.minimum is not None and number < self.minimum:
-            raise ValueError(
-                f"{self.name}={raw!r} is not valid: must be >= {self.minimum:g} (default {self.default!r})."
-            )
+            raise self._invalid(raw, f"must be >= {self.minimum:g}")
         return number
+
+    def _invalid(self, raw: str, what: str) -> ValueError:
+        """The error for ``raw``: the variable, the value, ``what`` a valid one is, and the default."""
+        return ValueError(f"{self.name}={raw!r} is not valid: {what} (default {self.default!r}).")
 
 
 _REGISTRY: dict[str, EnvVar] = {var.name: var for var in (
@@ -262,19 +258,26 @@ _REGISTRY: dict[str, EnvVar] = {var.name: var for var in (
 )}
 
 
+def get(name: str) -> Any:
+    """Current value of ``name`` (read from the environment now): parsed and validated for this package's
+    variables, parsed as upstream parses it for upstream's."""
+    var = _REGISTRY.get(name)
+    if var is not None:
+        return var.parse(os.environ.get(name))
+    reader = environment_variables.get(name)
+    if reader is None:
+        raise KeyError(_unknown(name))
+    return reader()
+
+
 # ------------------------------------------------------------------------------------------- upstream's variables
-
-
-def _typed(name: str) -> Any:
-    """One of this package's variables, parsed and validated (``get``)."""
-    return get(name)
 
 
 # name -> reader of its value now: upstream's meaning (what Ray copies to its workers), upstream's variables in
 # upstream's order, then this package's. Readers added here are answered by ``envs.NAME`` too, as upstream's.
 environment_variables: dict[str, Callable[[], Any]] = {
-    **{name: functools.partial(read or _typed, name) for name, read, _ in _UPSTREAM},
-    **{name: functools.partial(_typed, name) for name in _REGISTRY if name not in {n for n, _, _ in _UPSTREAM}},
+    **{name: functools.partial(read or get, name) for name, read, _ in _UPSTREAM},
+    **{name: functools.partial(get, name) for name in _REGISTRY if name not in {n for n, _, _ in _UPSTREAM}},
 }
 
 
@@ -285,12 +288,10 @@ def upstream_names() -> tuple[str, ...]:
 
 def describe(name: str) -> str:
     """The one-line description of any FastVideo variable (upstream's or this package's)."""
-    if name in _REGISTRY:
-        return _REGISTRY[name].doc
-    for upstream_name, _, doc in _UPSTREAM:
-        if upstream_name == name:
-            return doc
-    raise KeyError(_unknown(name))
+    docs = {upstream_name: doc for upstream_name, _, doc in _UPSTREAM} | {n: var.doc for n, var in _REGISTRY.items()}
+    if name not in docs:
+        raise KeyError(_unknown(name))
+    return docs[name]
 
 
 def _unknown(name: str) -> str:
@@ -337,31 +338,11 @@ def read_all() -> tuple[dict[str, Any], list[str]]:
     return values, errors
 
 
-def validate_all() -> dict[str, Any]:
-    """Parse every typed variable; one ValueError listing every invalid value, else the values."""
-    values, errors = read_all()
-    if errors:
-        raise ValueError("Invalid FastVideo environment: " + " ".join(errors))
-    return values
-
-
-def get(name: str) -> Any:
-    """Current value of ``name`` (read from the environment now): parsed and validated for this package's
-    variables, parsed as upstream parses it for upstream's."""
-    var = _REGISTRY.get(name)
-    if var is not None:
-        return var.parse(os.environ.get(name))
-    reader = environment_variables.get(name)
-    if reader is None:
-        raise KeyError(_unknown(name))
-    return reader()
-
-
 @contextlib.contextmanager
 def override(**values: str | None) -> Iterator[None]:
     """Temporarily set (or with ``None`` unset) variables; restores the previous environment on exit."""
     for name in values:
-        if name not in _REGISTRY and name not in environment_variables:
+        if name not in environment_variables:  # this package's variables are among them
             raise KeyError(_unknown(name))
     saved = {name: os.environ.get(name) for name in values}
     try:
