@@ -43,14 +43,24 @@ def _module_present(module: str) -> bool:
         return False
 
 
-def _upstream_attr(package: str, name: str, module: str) -> Any:
-    """``module.name``, one of upstream FastVideo's names that ``package`` exports, or an ImportError saying it needs
-    upstream FastVideo where ``module`` is not installed. Shared by this package's lazy surfaces."""
-    if not _module_present(module):
-        raise ImportError(f"{package}.{name} is upstream FastVideo's ({module}), which is not installed here: this "
-                          "tree alone is FastVideo's sequence-parallel subsystem. Copy it over an unpacked "
-                          "fastvideo==0.2.1 (docs/fastvideo_migration.md) to use it.", name=module)
-    return getattr(importlib.import_module(module), name)
+def _lazy_attr(namespace: dict[str, Any], name: str, exports: dict[str, str]) -> Any:
+    """A lazy package's ``__getattr__`` (PEP 562), shared by this package's lazy surfaces (so, like
+    ``_module_present``, defined before the eager imports below, which reach them): ``name`` of ``exports``
+    (name -> the module that defines it), resolved once into ``namespace`` (the package's globals), else the
+    package's submodule ``name``, as an eager import would bind it. An export of upstream FastVideo's whose module
+    is not installed raises an ImportError saying it needs upstream FastVideo."""
+    package = namespace["__name__"]
+    if name in exports:
+        module = exports[name]
+        if not _module_present(module):
+            raise ImportError(f"{package}.{name} is upstream FastVideo's ({module}), which is not installed here: "
+                              "this tree alone is FastVideo's sequence-parallel subsystem. Copy it over an unpacked "
+                              "fastvideo==0.2.1 (docs/fastvideo_migration.md) to use it.", name=module)
+        namespace[name] = getattr(importlib.import_module(module), name)  # resolved once
+        return namespace[name]
+    if not name.startswith("_") and _module_present(f"{package}.{name}"):
+        return importlib.import_module(f"{package}.{name}")  # binds itself as an attribute of the package
+    raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
 
 # In the overlay, upstream's modules rely on its package importing these eagerly, in this order: importing
@@ -64,16 +74,10 @@ if importlib.util.find_spec(f"{__name__}.configs") is not None:
 
 def __getattr__(name: str) -> Any:
     if name == "__version__":
-        value = (importlib.import_module("fastvideo.version").__version__ if _module_present("fastvideo.version")
-                 else ULYSSES_PACKAGE_VERSION)
-    elif name in _UPSTREAM_EXPORTS:
-        value = _upstream_attr(__name__, name, _UPSTREAM_EXPORTS[name])
-    elif not name.startswith("_") and _module_present(f"{__name__}.{name}"):
-        return importlib.import_module(f"{__name__}.{name}")  # binds itself as an attribute of this package
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value  # resolved once
-    return value
+        globals()[name] = (importlib.import_module("fastvideo.version").__version__  # resolved once
+                           if _module_present("fastvideo.version") else ULYSSES_PACKAGE_VERSION)
+        return globals()[name]
+    return _lazy_attr(globals(), name, _UPSTREAM_EXPORTS)
 
 
 def __dir__() -> list[str]:

@@ -9,10 +9,9 @@ copied over upstream's, and an ImportError saying so where it is not.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-from fastvideo import _module_present, _upstream_attr
+from fastvideo import _lazy_attr
 
 _EXPORTS = {
     "DistributedAttention": "fastvideo.attention.layer",
@@ -36,14 +35,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        if not name.startswith("_") and _module_present(f"{__name__}.{name}"):
-            return importlib.import_module(f"{__name__}.{name}")  # a submodule, as an eager import would bind it
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = _upstream_attr(__name__, name, module)
-    globals()[name] = value  # resolved once
-    return value
+    return _lazy_attr(globals(), name, _EXPORTS)
 
 
 def __dir__() -> list[str]:
