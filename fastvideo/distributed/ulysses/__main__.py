@@ -52,12 +52,16 @@ _BUILD_HINT = "bash scripts/build_kernel.sh 2.28.9 build/kernel"
 # ----------------------------------------------------------------------------------- argument types
 
 
-def _shape(text: str) -> tuple[int, int, int, int]:
-    parts = text.split(",")
+def _ints(text: str, expected: str) -> list[int]:
+    """``text``'s comma-separated integers; where one is not an integer, an argparse error saying ``expected``."""
     try:
-        dims = tuple(int(v) for v in parts)
+        return [int(v) for v in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected four positive integers B,S,H,D") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {expected}") from None
+
+
+def _shape(text: str) -> tuple[int, int, int, int]:
+    dims = tuple(_ints(text, "four positive integers B,S,H,D"))
     if len(dims) != 4:
         raise argparse.ArgumentTypeError(f"{text!r}: expected four positive integers B,S,H,D, got {len(dims)} value(s)")
     bad = [f"{name}={v}" for name, v in zip("BSHD", dims) if v < 1]
@@ -108,10 +112,7 @@ def _window_bytes(text: str) -> int:
 
 def _splits(text: str) -> list[int]:
     """``5,3,4``: one non-negative int per SP rank (``validate_input`` checks the count against the SP size)."""
-    try:
-        table = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected one non-negative integer per SP rank (5,3,4)") from None
+    table = _ints(text, "one non-negative integer per SP rank (5,3,4)")
     negative = [f"[{r}]={v}" for r, v in enumerate(table) if v < 0]
     if negative:
         raise argparse.ArgumentTypeError(f"{text!r}: shares are non-negative (0: an idle rank); {', '.join(negative)}")
@@ -124,14 +125,11 @@ def _negative_values_as_values(argv: list[str], options: tuple[str, ...]) -> lis
     """``--shape -1,2,3,4`` -> ``--shape=-1,2,3,4``: argparse otherwise takes ``-1,...`` for an option and
     says only "expected one argument"; joined, the value reaches its type check and gets a real message."""
     out: list[str] = []
-    i = 0
-    while i < len(argv):
-        if argv[i] in options and i + 1 < len(argv) and re.match(r"-\d", argv[i + 1]):
-            out.append(f"{argv[i]}={argv[i + 1]}")
-            i += 2
+    for arg in argv:
+        if out and out[-1] in options and re.match(r"-\d", arg):
+            out[-1] = f"{out[-1]}={arg}"
         else:
-            out.append(argv[i])
-            i += 1
+            out.append(arg)
     return out
 
 
@@ -426,10 +424,7 @@ def main(argv: list[str] | None = None) -> int:
                     setattr(args, attr, envs.get(var))
                 except ValueError as exc:
                     ex.error(f"{exc} Fix the variable or pass {flag}.")
-        if args.gpu is None:
-            args.gpu, args.gpu_source = default_gpu()
-        else:
-            args.gpu_source = "--gpu"
+        args.gpu, args.gpu_source = default_gpu() if args.gpu is None else (args.gpu, "--gpu")
         return explain(args)
     return doctor(args)
 
