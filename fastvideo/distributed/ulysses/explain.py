@@ -59,20 +59,16 @@ def tuned_row_note(gpu: str, geom: Geometry, table: tuple[TunedRow, ...] = TUNED
             chunking += f", {row.row_chunks} row chunks per plane"
         return f"{row.gpu}/SP{row.world_size}: {KIND_NAMES[row.engine]}, {row.ctas} CTAs, {chunking} ({row.source})"
     name = normalize_gpu_name(gpu)
-    gpus = sorted({r.gpu for r in table})
-    listed = ", ".join(gpus) if gpus else "none"
+    listed = ", ".join(sorted({r.gpu for r in table})) or "none"
     same_gpu = [r for r in table if r.gpu == name]
     if not name:
-        return f"none: no GPU model given (--gpu {gpu!r}); GPUs with tuned rows: {listed}. The original policy applies."
-    if not same_gpu:
-        return (
-            f"none: no tuned row exists for GPU {gpu!r} (model {name!r}); GPUs with tuned rows: {listed}. "
-            "The original policy applies."
-        )
-    return (
-        f"none for {name} at SP{geom.world_size} {geom.dtype} H={geom.H} D={geom.D}; {name} rows: "
-        f"{_rows_text(same_gpu)}. The original policy applies."
-    )
+        why = f"none: no GPU model given (--gpu {gpu!r}); GPUs with tuned rows: {listed}"
+    elif not same_gpu:
+        why = f"none: no tuned row exists for GPU {gpu!r} (model {name!r}); GPUs with tuned rows: {listed}"
+    else:
+        why = (f"none for {name} at SP{geom.world_size} {geom.dtype} H={geom.H} D={geom.D}; {name} rows: "
+               f"{_rows_text(same_gpu)}")
+    return f"{why}. The original policy applies."
 
 
 def kind_note(plan: Plan, geom: Geometry, window_bytes: int) -> str:
