@@ -275,10 +275,9 @@ def get(name: str) -> Any:
 
 # name -> reader of its value now: upstream's meaning (what Ray copies to its workers), upstream's variables in
 # upstream's order, then this package's. Readers added here are answered by ``envs.NAME`` too, as upstream's.
-environment_variables: dict[str, Callable[[], Any]] = {
-    **{name: functools.partial(read or get, name) for name, read, _ in _UPSTREAM},
-    **{name: functools.partial(get, name) for name in _REGISTRY if name not in {n for n, _, _ in _UPSTREAM}},
-}
+environment_variables: dict[str, Callable[[], Any]] = {name: functools.partial(read or get, name)
+                                                       for name, read, _ in _UPSTREAM}
+environment_variables |= {name: functools.partial(get, name) for name in _REGISTRY if name not in environment_variables}
 
 
 def upstream_names() -> tuple[str, ...]:
