@@ -278,6 +278,13 @@ def check_group_size(caller: str, name: str, size: object, world: int) -> None:
                          f"pick one of {[d for d in range(1, world + 1) if world % d == 0]}.")
 
 
+def consecutive_groups(caller: str, name: str, size: int, world: int) -> list[list[int]]:
+    """The ``world`` ranks cut into groups of ``size`` consecutive ranks (``size``, ``caller``'s argument ``name``,
+    checked to divide it: ``check_group_size``)."""
+    check_group_size(caller, name, size, world)
+    return [list(range(start, start + size)) for start in range(0, world, size)]
+
+
 def _device_for_backend(backend: str) -> torch.device:
     if backend == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
@@ -303,7 +310,6 @@ def initialize_sequence_parallel(sp_size: int, *, timeout: datetime.timedelta | 
             "initialize_sequence_parallel: SP groups already exist; call destroy_sequence_parallel first."
         )
     world, rank = dist.get_world_size(), dist.get_rank()
-    check_group_size("initialize_sequence_parallel", "sp_size", sp_size, world)
     backend = dist.get_backend()
     device = _device_for_backend(backend)
     # The job's timeout unless told otherwise: a stopped peer then ends this rank's collectives within it.
@@ -312,8 +318,8 @@ def initialize_sequence_parallel(sp_size: int, *, timeout: datetime.timedelta | 
     agree_s = _settings.agreement_timeout_s(timeout.total_seconds())
     created: list[dist.ProcessGroup] = []
     # The vote group takes the vote timeout (helpers may set their own on it).
-    sp_groups = create_groups([range(start, start + sp_size) for start in range(0, world, sp_size)], backend, created,
-                              vote_timeout=datetime.timedelta(seconds=agree_s), timeout=timeout)
+    sp_groups = create_groups(consecutive_groups("initialize_sequence_parallel", "sp_size", sp_size, world), backend,
+                              created, vote_timeout=datetime.timedelta(seconds=agree_s), timeout=timeout)
     dp_groups = create_groups([range(offset, world, sp_size) for offset in range(sp_size)], backend, created,
                               timeout=timeout)
     assert sp_groups is not None and dp_groups is not None
@@ -323,9 +329,7 @@ def initialize_sequence_parallel(sp_size: int, *, timeout: datetime.timedelta | 
     dp = GroupCoordinator.of(dp_ranks, dp_ranks.index(rank), *dp_pgs, device, timeout_s=timeout.total_seconds(),
                              unique_name="dp")
     try:
-        sp.settings = _settings.agree(
-            sp.cpu_group, sp.ranks, sp.rank_in_group, where="checked at initialize_sequence_parallel", timeout_s=agree_s
-        )
+        _agree(sp, "checked at initialize_sequence_parallel")
     except Exception:
         _destroy_groups(created)  # every rank raises here: nothing half-built is left behind
         raise
@@ -341,15 +345,15 @@ def agree_ulysses_settings() -> AgreedSettings:
     them follows (``GroupCoordinator.on_settings_change``): the route is resolved again at the next call, and a
     helper built on a value that changed is destroyed (collectively) and rebuilt.
     """
-    sp = get_sp_group()
-    agreed = _settings.agree(
-        sp.cpu_group,
-        sp.ranks,
-        sp.rank_in_group,
-        where="agree_ulysses_settings",
-        timeout_s=_settings.agreement_timeout_s(sp.timeout_s),
-        previous=sp.settings,
-    )
+    return _agree(get_sp_group(), "agree_ulysses_settings")
+
+
+def _agree(sp: GroupCoordinator, where: str) -> AgreedSettings:
+    """Collective over ``sp``'s CPU group: agree the settings (``where`` names the call in errors) into
+    ``sp.settings``, replacing the ones it holds (none at ``initialize_sequence_parallel``); when the agreed values
+    change, call the ``on_settings_change`` hooks."""
+    agreed = _settings.agree(sp.cpu_group, sp.ranks, sp.rank_in_group, where=where,
+                             timeout_s=_settings.agreement_timeout_s(sp.timeout_s), previous=sp.settings)
     previous, sp.settings = sp.settings, agreed
     if previous is not None and previous.values != agreed.values:
         for hook in list(sp._on_settings.values()):
@@ -411,12 +415,9 @@ def destroy_sequence_parallel() -> None:
     """
     global _SP, _DP
     try:
-        for coordinator in (_SP, _DP):
-            if coordinator is None:
-                continue
-            coordinator.run_teardown()
-    finally:  # a failing hook must not leave the groups behind
-        for coordinator in (_DP, _SP):
-            if coordinator is not None:
-                _destroy_groups([coordinator.device_group, coordinator.cpu_group, coordinator.vote_group])
+        if _SP is not None:  # the hooks live on the SP group (the DP group has none)
+            _SP.destroy()
+    finally:  # a failing hook must not leave the groups behind (``destroy`` ends the SP groups whatever happens)
+        if _DP is not None:
+            _DP.destroy()
         _SP = _DP = None
