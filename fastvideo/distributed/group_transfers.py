@@ -90,32 +90,29 @@ class CoordinatorTransfers:
     def broadcast(self, input_: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Collective over the device group, blocking: group rank ``src``'s ``input_`` into every rank's ``input_``
         (in place, returned). Size 1: ``input_``."""
-        return self._broadcast_in_place(dist.broadcast, "broadcast", input_, src)
+        return self._broadcast_in_place(dist.broadcast, "broadcast", input_, src, self.device_group)
 
     def broadcast_object(self, obj: Any | None = None, src: int = 0) -> Any:
         """Collective over the CPU group, blocking: group rank ``src``'s picklable ``obj``, returned on every rank
         (``obj`` itself on ``src``). Size 1: ``obj``."""
-        root = self._peer("broadcast_object", "src", src)
-        if self.world_size == 1:
-            return obj
-        box = [obj if self.rank_in_group == src else None]
-        dist.broadcast_object_list(box, src=root, group=self.cpu_group)
-        return obj if self.rank_in_group == src else box[0]
+        return self._broadcast_in_place(dist.broadcast_object_list, "broadcast_object", [obj], src, self.cpu_group)[0]
 
     def broadcast_object_list(self, obj_list: list[Any], src: int = 0,
                               group: dist.ProcessGroup | None = None) -> list[Any]:
         """Collective over the device group, blocking: group rank ``src``'s list into every rank's ``obj_list`` (in
         place, returned; every rank passes a list of the same length). ``group`` is accepted for upstream's
         signature and, as there, unused. Size 1: ``obj_list``."""
-        return self._broadcast_in_place(dist.broadcast_object_list, "broadcast_object_list", obj_list, src)
+        return self._broadcast_in_place(dist.broadcast_object_list, "broadcast_object_list", obj_list, src,
+                                        self.device_group)
 
-    def _broadcast_in_place(self, collective: Callable[..., Any], caller: str, value: Any, src: int) -> Any:
-        """``collective`` (``dist.broadcast`` or ``dist.broadcast_object_list``) over the device group from group
-        rank ``src`` into every rank's ``value``, returned (size 1: at once). ``caller`` names the public method in
-        the error for a bad ``src``."""
+    def _broadcast_in_place(self, collective: Callable[..., Any], caller: str, value: Any, src: int,
+                            group: dist.ProcessGroup) -> Any:
+        """``collective`` (``dist.broadcast`` or ``dist.broadcast_object_list``) over ``group`` from group rank
+        ``src`` into every rank's ``value`` (a tensor, or a list whose items the source's replace), returned (size 1:
+        at once). ``caller`` names the public method in the error for a bad ``src``."""
         root = self._peer(caller, "src", src)
         if self.world_size > 1:
-            collective(value, src=root, group=self.device_group)
+            collective(value, src=root, group=group)
         return value
 
     # ------------------------------------------------------------------------------------------- point to point

@@ -413,13 +413,10 @@ def cleanup_dist_env_and_memory(shutdown_ray: bool = False) -> None:
         destroy_model_parallel()
     finally:
         destroy_distributed_environment()
-    if shutdown_ray:
-        try:
-            import ray
-        except ImportError:
-            pass  # no Ray, so no Ray runtime to shut down
-        else:
-            ray.shutdown()
+    if shutdown_ray and _module_present("ray"):  # no Ray, no Ray runtime to shut down
+        import ray
+
+        ray.shutdown()
     gc.collect()  # FSDP modules sit in reference cycles: their parameters go only at a collection
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

@@ -53,10 +53,6 @@ def _get_unique_name(name: str) -> str:
     return f"{name}:{n}"
 
 
-def _register_group(group: GroupCoordinator) -> None:
-    _groups[group.unique_name] = weakref.ref(group)
-
-
 @dataclass(init=False, eq=False)
 class GroupCoordinator(CoordinatorTransfers):
     """One process group as seen from this rank: its ranks, device group and CPU (gloo) group.
@@ -102,8 +98,7 @@ class GroupCoordinator(CoordinatorTransfers):
                              "every rank of the world must appear in one list.")
         ranks, (device_group, cpu_group) = mine
         self._assign(ranks, ranks.index(rank), device_group, cpu_group,
-                     _device_for_backend(str(torch_distributed_backend)), local_rank=local_rank,
-                     unique_name=_get_unique_name(group_name or "anonymous"))
+                     _device_for_backend(str(torch_distributed_backend)), local_rank=local_rank, unique_name=group_name)
         self.use_device_communicator = use_device_communicator
 
     @classmethod
@@ -114,22 +109,23 @@ class GroupCoordinator(CoordinatorTransfers):
         ``name:<n>`` is derived from it (``"sp"`` -> ``"sp:0"``); empty: ``anonymous:<n>``."""
         self = cls.__new__(cls)
         self._assign(ranks, rank_in_group, device_group, cpu_group, device, vote_group=vote_group,
-                     timeout_s=timeout_s, local_rank=local_rank,
-                     unique_name=_get_unique_name(unique_name or "anonymous"))
+                     timeout_s=timeout_s, local_rank=local_rank, unique_name=unique_name)
         return self
 
     def _assign(self, ranks: list[int], rank_in_group: int, device_group: dist.ProcessGroup,
                 cpu_group: dist.ProcessGroup, device: torch.device, *, vote_group: dist.ProcessGroup | None = None,
-                timeout_s: float | None = None, local_rank: int = 0, unique_name: str = "") -> None:
+                timeout_s: float | None = None, local_rank: int = 0, unique_name: str | None = None) -> None:
+        """Set every attribute of a new coordinator and register it under upstream's ``name:<n>`` for
+        ``unique_name`` (``anonymous:<n>`` where it is empty)."""
         self.ranks, self.rank_in_group, self.device = list(ranks), rank_in_group, device
         self.world_size = len(self.ranks)
         self.device_group, self.cpu_group, self.vote_group = device_group, cpu_group, vote_group
         self.settings, self.vote_failure, self.timeout_s = None, None, timeout_s
         self._generation, self._teardown, self._on_settings = 0, {}, {}
-        self.local_rank, self.unique_name = local_rank, unique_name
+        self.local_rank, self.unique_name = local_rank, _get_unique_name(unique_name or "anonymous")
         self.use_device_communicator, self.mq_broadcaster, self.use_custom_op_call = True, None, False
         self._communicator = None
-        _register_group(self)
+        _groups[self.unique_name] = weakref.ref(self)
 
     # ---------------------------------------------------------------- upstream FastVideo's coordinator surface
 
@@ -223,26 +219,20 @@ class GroupCoordinator(CoordinatorTransfers):
         one hook per key."""
         self._on_settings[key] = fn
 
-    def run_teardown(self) -> None:
-        """Run the registered hooks, last registered first (collective where they are), and forget them."""
-        hooks, self._teardown = self._teardown, {}
-        for hook in reversed(list(hooks.values())):
-            hook()
-
     def destroy(self) -> None:
         """Collective over the group, blocking: upstream's teardown of one coordinator. The registered hooks first
         (the Ulysses helpers, collective: they need the groups), then the device communicator, then this group's
         device, CPU and vote process groups (never the default group: ``destroy_distributed_environment`` ends
         that one); the coordinator is unusable afterwards. A second call does nothing."""
         try:
-            self.run_teardown()
+            hooks, self._teardown = self._teardown, {}  # forgotten first: a second call runs none
+            for hook in reversed(list(hooks.values())):  # last registered first
+                hook()
             if self._communicator is not None:
                 self._communicator.destroy()
         finally:
             default = dist.group.WORLD if dist.is_initialized() else None
-            groups = {id(g): g for g in (self.device_group, self.cpu_group, self.vote_group)
-                      if g is not None and g is not default}
-            _destroy_groups(list(groups.values()))
+            _destroy_groups([g for g in (self.device_group, self.cpu_group, self.vote_group) if g is not default])
             self.device_group = self.cpu_group = self.vote_group = None  # type: ignore[assignment]
             self._communicator = None
 
