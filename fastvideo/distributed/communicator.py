@@ -152,17 +152,16 @@ class DeviceCommunicatorBase:
             table = (input_.shape[dim] // self.world_size,) * self.world_size
         rank = self.rank_in_group
         start, rows = sum(table[:rank]), table[rank]
-        group, scale = self, self.world_size if scale_grad else 1
-        if not _grad_tracked(input_):
-            return input_.narrow(dim, start, rows).contiguous()
-        alias = input_.view_as(input_)
+        scale = self.world_size if scale_grad else 1
 
         def gathered(grad: torch.Tensor) -> torch.Tensor:
-            full = group.all_gather(grad.narrow(dim, start, rows).contiguous(), dim, splits=table)
+            full = self.all_gather(grad.narrow(dim, start, rows).contiguous(), dim, splits=table)
             return full / scale if scale != 1 else full
 
-        alias.register_hook(gathered)
-        return alias.narrow(dim, start, rows).contiguous()
+        if _grad_tracked(input_):
+            input_ = input_.view_as(input_)  # the private alias that carries the hook
+            input_.register_hook(gathered)
+        return input_.narrow(dim, start, rows).contiguous()
 
     def all_reduce(self, input_: torch.Tensor, op: ReduceOp | None = ReduceOp.SUM) -> torch.Tensor:
         """Out-of-place all-reduce. Collective; differentiable for SUM (the default), whose gradient is the
