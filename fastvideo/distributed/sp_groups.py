@@ -390,12 +390,9 @@ def get_sp_rank() -> int:
 
 def _destroy_groups(groups: list[dist.ProcessGroup | None]) -> None:
     for group in groups:
-        if group is None:
-            continue
-        try:
-            dist.destroy_process_group(group)
-        except (RuntimeError, ValueError):
-            pass  # already gone with the default group
+        if group is not None:  # None would name the default group
+            with contextlib.suppress(RuntimeError, ValueError):  # already gone with the default group
+                dist.destroy_process_group(group)
 
 
 def destroy_sequence_parallel() -> None:
