@@ -250,9 +250,9 @@ def block_shapes(shape: Sequence[int], mode: int, world_size: int, rank: int,
     b, _, _, d = shape
     seq, heads = tables(shape, mode, world_size, splits)
     p = range(world_size)
-    if mode == MODE_SEQ_GATHER:
-        return [(b, seq[rank], heads[q], d) for q in p], [(b, seq[q], heads[rank], d) for q in p]
-    return [(b, seq[q], heads[rank], d) for q in p], [(b, seq[rank], heads[q], d) for q in p]
+    # Mode 0's blocks out are mode 1's blocks in: this rank's rows of every rank's heads, every rank's rows of its own.
+    own_rows, own_heads = [(b, seq[rank], heads[q], d) for q in p], [(b, seq[q], heads[rank], d) for q in p]
+    return (own_rows, own_heads) if mode == MODE_SEQ_GATHER else (own_heads, own_rows)
 
 
 def scatter_dim(mode: int) -> int:

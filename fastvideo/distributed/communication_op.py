@@ -166,11 +166,10 @@ def sequence_model_parallel_all_gather_with_unpad(input_: torch.Tensor, original
     ``sequence_model_parallel_shard``'s padding. With ``seq_splits`` (the shard's uneven table, keyword-only)
     there was no padding: the shares are gathered as they are, and ``original_seq_len`` must be their sum.
     Collective; differentiable."""
-    if seq_splits is not None:
-        shares("sequence_model_parallel_all_gather_with_unpad", "seq_splits", seq_splits, get_sp_group().world_size,
-                original_seq_len)
-        return sequence_model_parallel_all_gather(input_, dim, splits=seq_splits)
-    gathered = get_sp_group().all_gather(input_, dim)
+    # A table must sum to original_seq_len (nothing to cut then); None passes.
+    shares("sequence_model_parallel_all_gather_with_unpad", "seq_splits", seq_splits, get_sp_group().world_size,
+           original_seq_len)
+    gathered = sequence_model_parallel_all_gather(input_, dim, splits=seq_splits)
     return _utils.unpad_sequence_tensor(gathered, original_seq_len, seq_dim=dim)
 
 
@@ -187,13 +186,11 @@ def sequence_model_parallel_shard(input_: torch.Tensor, dim: int = 1, *,
     sp = get_sp_group()
     dim = _check_dim("sequence_model_parallel_shard", input_, dim)
     original = input_.shape[dim]
-    if seq_splits is not None:
-        table = shares("sequence_model_parallel_shard", "seq_splits", seq_splits, sp.world_size, original)
-        return sp.shard(input_, dim, scale_grad=True, splits=table), original
-    padded, padding = _utils.compute_padding_for_sp(original, sp.world_size)
-    if padding:
+    table = shares("sequence_model_parallel_shard", "seq_splits", seq_splits, sp.world_size, original)
+    if table is None:  # equal chunks: zero rows appended up to a multiple of the SP size
+        padded, _ = _utils.compute_padding_for_sp(original, sp.world_size)
         input_ = _utils.pad_sequence_tensor(input_, padded, seq_dim=dim)
-    return sp.shard(input_, dim, scale_grad=True), original
+    return sp.shard(input_, dim, scale_grad=True, splits=table), original
 
 
 _WARMED_UP: object | None = None  # the SP coordinator the warm-up last ran on (new groups: warm up again)

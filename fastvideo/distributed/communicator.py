@@ -25,9 +25,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as _fc
-import torch.nn.functional as F
 from torch.distributed import ProcessGroup, ReduceOp
 
+from fastvideo.distributed import utils as _utils
 from fastvideo.distributed.all_to_all import (
     check_dim,
     check_own_share,
@@ -128,10 +128,7 @@ class DeviceCommunicatorBase:
         if table is None or len(set(table)) == 1:
             return gather(input_.contiguous(), dim, self.device_group)
         largest = max(table)
-        padded = input_
-        if input_.shape[dim] < largest:
-            pad = [0, 0] * (input_.dim() - 1 - dim) + [0, largest - input_.shape[dim]]
-            padded = F.pad(input_, pad)
+        padded = _utils.pad_sequence_tensor(input_, largest, seq_dim=dim)
         gathered = gather(padded.contiguous(), dim, self.device_group)
         return torch.cat([gathered.narrow(dim, r * largest, rows) for r, rows in enumerate(table)], dim=dim)
 
@@ -155,27 +152,24 @@ class DeviceCommunicatorBase:
             table = (input_.shape[dim] // self.world_size,) * self.world_size
         rank = self.rank_in_group
         start, rows = sum(table[:rank]), table[rank]
-        group, scale = self, self.world_size if scale_grad else 1
-        even = len(set(table)) == 1
-        if not _grad_tracked(input_):
-            return input_.narrow(dim, start, rows).contiguous()
-        alias = input_.view_as(input_)
+        scale = self.world_size if scale_grad else 1
 
         def gathered(grad: torch.Tensor) -> torch.Tensor:
-            full = group.all_gather(grad.narrow(dim, start, rows).contiguous(), dim, splits=None if even else table)
+            full = self.all_gather(grad.narrow(dim, start, rows).contiguous(), dim, splits=table)
             return full / scale if scale != 1 else full
 
-        alias.register_hook(gathered)
-        return alias.narrow(dim, start, rows).contiguous()
+        if _grad_tracked(input_):
+            input_ = input_.view_as(input_)  # the private alias that carries the hook
+            input_.register_hook(gathered)
+        return input_.narrow(dim, start, rows).contiguous()
 
     def all_reduce(self, input_: torch.Tensor, op: ReduceOp | None = ReduceOp.SUM) -> torch.Tensor:
         """Out-of-place all-reduce. Collective; differentiable for SUM (the default), whose gradient is the
         all-reduced gradient (here a reduce-scatter and an all-gather, torch's differentiable pair)."""
         op = ReduceOp.SUM if op is None else op
         if op == ReduceOp.SUM and _grad_tracked(input_):
-            flat = input_.reshape(-1)
-            pad = -flat.numel() % self.world_size
-            flat = F.pad(flat, (0, pad)) if pad else flat
+            padded, _ = _utils.compute_padding_for_sp(input_.numel(), self.world_size)
+            flat = _utils.pad_sequence_tensor(input_.reshape(-1), padded, seq_dim=0)
             summed = _all_gather_autograd(_reduce_scatter_autograd(flat, "sum", 0, self.device_group), 0,
                                           self.device_group)
             return summed[: input_.numel()].view_as(input_)

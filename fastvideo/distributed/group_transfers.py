@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import pickle
 from collections import namedtuple
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -90,32 +90,30 @@ class CoordinatorTransfers:
     def broadcast(self, input_: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Collective over the device group, blocking: group rank ``src``'s ``input_`` into every rank's ``input_``
         (in place, returned). Size 1: ``input_``."""
-        root = self._peer("broadcast", "src", src)
-        if self.world_size == 1:
-            return input_
-        dist.broadcast(input_, src=root, group=self.device_group)
-        return input_
+        return self._broadcast_in_place(dist.broadcast, "broadcast", input_, src, self.device_group)
 
     def broadcast_object(self, obj: Any | None = None, src: int = 0) -> Any:
         """Collective over the CPU group, blocking: group rank ``src``'s picklable ``obj``, returned on every rank
         (``obj`` itself on ``src``). Size 1: ``obj``."""
-        root = self._peer("broadcast_object", "src", src)
-        if self.world_size == 1:
-            return obj
-        box = [obj if self.rank_in_group == src else None]
-        dist.broadcast_object_list(box, src=root, group=self.cpu_group)
-        return obj if self.rank_in_group == src else box[0]
+        return self._broadcast_in_place(dist.broadcast_object_list, "broadcast_object", [obj], src, self.cpu_group)[0]
 
     def broadcast_object_list(self, obj_list: list[Any], src: int = 0,
                               group: dist.ProcessGroup | None = None) -> list[Any]:
         """Collective over the device group, blocking: group rank ``src``'s list into every rank's ``obj_list`` (in
         place, returned; every rank passes a list of the same length). ``group`` is accepted for upstream's
         signature and, as there, unused. Size 1: ``obj_list``."""
-        root = self._peer("broadcast_object_list", "src", src)
-        if self.world_size == 1:
-            return obj_list
-        dist.broadcast_object_list(obj_list, src=root, group=self.device_group)
-        return obj_list
+        return self._broadcast_in_place(dist.broadcast_object_list, "broadcast_object_list", obj_list, src,
+                                        self.device_group)
+
+    def _broadcast_in_place(self, collective: Callable[..., Any], caller: str, value: Any, src: int,
+                            group: dist.ProcessGroup) -> Any:
+        """``collective`` (``dist.broadcast`` or ``dist.broadcast_object_list``) over ``group`` from group rank
+        ``src`` into every rank's ``value`` (a tensor, or a list whose items the source's replace), returned (size 1:
+        at once). ``caller`` names the public method in the error for a bad ``src``."""
+        root = self._peer(caller, "src", src)
+        if self.world_size > 1:
+            collective(value, src=root, group=group)
+        return value
 
     # ------------------------------------------------------------------------------------------- point to point
 
@@ -165,27 +163,18 @@ class CoordinatorTransfers:
                                  f"{type(tensor_dict).__name__}.")
             metadata, tensors = split_tensor_dict(tensor_dict)
             self.broadcast_object(metadata, src=src)
+            result = tensor_dict
             # A source tensor travels as it is when it can (broadcast reads it), else as a contiguous copy.
-            outgoing = [t if t.is_contiguous() else t.contiguous() for t in tensors]
-            pending = [dist.broadcast(t, src=root, group=self._carrier(t), async_op=True)
-                       for t in outgoing if t.numel()]
-            for work in pending:
-                work.wait()
-            return tensor_dict
-        metadata = self.broadcast_object(None, src=src)
-        received: dict[str, Any] = {}
-        pending = []
-        for key, value in metadata:
-            if isinstance(value, TensorMetadata):
-                tensor = self._empty(value)
-                if tensor.numel():
-                    pending.append(dist.broadcast(tensor, src=root, group=self._carrier(tensor), async_op=True))
-                received[key] = tensor
-            else:
-                received[key] = value
+            tensors = [t.contiguous() for t in tensors]
+        else:
+            metadata = self.broadcast_object(None, src=src)
+            result = {key: self._empty(value) if isinstance(value, TensorMetadata) else value
+                      for key, value in metadata}
+            tensors = [result[key] for key, value in metadata if isinstance(value, TensorMetadata)]
+        pending = [dist.broadcast(t, src=root, group=self._carrier(t), async_op=True) for t in tensors if t.numel()]
         for work in pending:
             work.wait()
-        return received
+        return result
 
     def send_tensor_dict(self, tensor_dict: dict[str, Any], dst: int | None = None,
                          all_gather_group: CoordinatorTransfers | None = None) -> dict[str, Any] | None:

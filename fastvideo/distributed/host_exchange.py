@@ -32,12 +32,16 @@ def allgather_options(timeout_s: float):
     return opts
 
 
-def _gather(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup, timeout_s: float | None) -> None:
+def _gather_rows(row: torch.Tensor, world_size: int, group: dist.ProcessGroup,
+                 timeout_s: float | None) -> torch.Tensor:
+    """Every rank's ``row`` (uint8, as long on every rank), one per rank in ``group``: one all-gather."""
+    out = torch.zeros(world_size * row.numel(), dtype=torch.uint8)
     opts = None if timeout_s is None else allgather_options(timeout_s)
     if opts is None:  # no per-call timeout (in this torch build): the group's own timeout bounds the exchange
-        all_gather_tensor(out, inp, group=group)
+        all_gather_tensor(out, row, group=group)
     else:
-        group._allgather_base(out, inp, opts).wait()
+        group._allgather_base(out, row, opts).wait()
+    return out.view(world_size, row.numel())
 
 
 # One all-gather of a fixed slot carries any object whose pickle fits (construction reports, unique ids):
@@ -51,24 +55,18 @@ def all_gather_objects(
     group: dist.ProcessGroup, world_size: int, obj: object, *, timeout_s: float | None = None
 ) -> list[object]:
     """Every rank's ``obj``, by rank in ``group``. Collective; raises RuntimeError from the backend on failure."""
-    payload = pickle.dumps(obj)
+    payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
     slot = torch.zeros(SLOT_BYTES, dtype=torch.uint8)
     slot[:_HEADER].view(torch.int64)[0] = len(payload)
     if _HEADER + len(payload) <= SLOT_BYTES:
-        slot[_HEADER : _HEADER + len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    slots = torch.zeros(world_size * SLOT_BYTES, dtype=torch.uint8)
-    _gather(slots, slot, group, timeout_s)
-    rows = slots.view(world_size, SLOT_BYTES)
+        slot[_HEADER : _HEADER + len(payload)] = payload
+    rows, start = _gather_rows(slot, world_size, group, timeout_s), _HEADER
     sizes = [int(rows[r, :_HEADER].view(torch.int64)[0]) for r in range(world_size)]
-    if max(sizes) + _HEADER <= SLOT_BYTES:
-        return [pickle.loads(rows[r, _HEADER : _HEADER + sizes[r]].numpy().tobytes()) for r in range(world_size)]
-    width = max(sizes)
-    padded = torch.zeros(width, dtype=torch.uint8)
-    padded[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    gathered = torch.zeros(world_size * width, dtype=torch.uint8)
-    _gather(gathered, padded, group, timeout_s)
-    wide = gathered.view(world_size, width)
-    return [pickle.loads(wide[r, : sizes[r]].numpy().tobytes()) for r in range(world_size)]
+    if max(sizes) + _HEADER > SLOT_BYTES:  # the second round: every payload, padded to the largest
+        padded = torch.zeros(max(sizes), dtype=torch.uint8)
+        padded[: len(payload)] = payload
+        rows, start = _gather_rows(padded, world_size, group, timeout_s), 0
+    return [pickle.loads(rows[r, start : start + sizes[r]].numpy().tobytes()) for r in range(world_size)]
 
 
 def group_timeout_s(group: dist.ProcessGroup | None = None) -> float | None:

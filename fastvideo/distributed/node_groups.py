@@ -83,22 +83,17 @@ def get_same_node_ranks(pg: Any, source_rank: int = 0) -> list[int]:
                     seen[rank] = int(bytes(shm.buf[:_TOKEN_BYTES]) == token)
                 finally:
                     shm.close()
-    # Every rank has looked before the source removes the segment.
+    # Every rank's verdict, summed on every rank: a rank contributes once it has looked, so every rank has looked
+    # before the source removes the segment below.
     if stateless:
-        pg.barrier()
+        total = sum(pg.all_gather_obj(seen), torch.zeros_like(seen))
     else:
-        dist.barrier(group=pg)
+        dist.all_reduce(seen, group=pg)
+        total = seen
     if created is not None:
         created.close()
         with contextlib.suppress(OSError):
             created.unlink()
-    if stateless:
-        total = torch.zeros_like(seen)
-        for src in range(world):
-            total += pg.broadcast_obj(seen if src == rank else None, src=src)
-    else:
-        dist.all_reduce(seen, group=pg)
-        total = seen
     return [ranks[i] for i, flag in enumerate(total.tolist()) if flag]
 
 

@@ -38,6 +38,7 @@ from fastvideo.distributed.sp_groups import (
     _groups,
     agree_ulysses_settings,
     check_group_size,
+    consecutive_groups,
     create_groups,
     destroy_sequence_parallel,
     get_dp_group,
@@ -232,7 +233,8 @@ def initialize_model_parallel(
     global _TP
     world = get_world_group()
     n = world.world_size
-    tp_ranks = _consecutive("initialize_model_parallel", "tensor_model_parallel_size", tensor_model_parallel_size)
+    tp_ranks = consecutive_groups("initialize_model_parallel", "tensor_model_parallel_size",
+                                  tensor_model_parallel_size, n)
     check_group_size("initialize_model_parallel", "sequence_model_parallel_size", sequence_model_parallel_size, n)
     dp = n // sequence_model_parallel_size
     if data_parallel_size not in (1, dp):
@@ -314,19 +316,12 @@ def patch_tensor_parallel_group(tp_group: GroupCoordinator) -> Iterator[None]:
         _TP_STATE_PATCHED, _TP = False, previous
 
 
-def _consecutive(caller: str, name: str, size: int) -> list[list[int]]:
-    """The world cut into groups of ``size`` consecutive ranks (``size``, ``caller``'s argument ``name``, checked to
-    divide it)."""
-    world = dist.get_world_size()
-    check_group_size(caller, name, size, world)
-    return [list(range(start, start + size)) for start in range(0, world, size)]
-
-
 def initialize_tensor_parallel_group(tensor_model_parallel_size: int = 1, backend: str | None = None,
                                      group_name_suffix: str = "") -> GroupCoordinator:
     """Upstream's: a further TP coordinator (consecutive ranks) for ``patch_tensor_parallel_group``; the global TP
     group is left as it is. Collective over the world."""
-    groups = _consecutive("initialize_tensor_parallel_group", "tensor_model_parallel_size", tensor_model_parallel_size)
+    groups = consecutive_groups("initialize_tensor_parallel_group", "tensor_model_parallel_size",
+                                tensor_model_parallel_size, dist.get_world_size())
     return init_model_parallel_group(groups, get_world_group().local_rank, backend or dist.get_backend(), True,
                                      f"tp_{group_name_suffix}" if group_name_suffix else "tp")
 
@@ -344,8 +339,8 @@ def initialize_sequence_parallel_group(sequence_model_parallel_size: int = 1, ba
                                        group_name_suffix: str = "") -> GroupCoordinator:
     """Upstream's: a further SP coordinator (consecutive ranks); the global SP group, its settings and its Ulysses
     helper are left as they are (its ``all_to_all_4D`` is the NCCL route). Collective over the world."""
-    groups = _consecutive("initialize_sequence_parallel_group", "sequence_model_parallel_size",
-                          sequence_model_parallel_size)
+    groups = consecutive_groups("initialize_sequence_parallel_group", "sequence_model_parallel_size",
+                                sequence_model_parallel_size, dist.get_world_size())
     return init_model_parallel_group(groups, get_world_group().local_rank, backend or dist.get_backend(),
                                      group_name=f"sp_{group_name_suffix}" if group_name_suffix else "sp")
 
@@ -418,13 +413,10 @@ def cleanup_dist_env_and_memory(shutdown_ray: bool = False) -> None:
         destroy_model_parallel()
     finally:
         destroy_distributed_environment()
-    if shutdown_ray:
-        try:
-            import ray
-        except ImportError:
-            pass  # no Ray, so no Ray runtime to shut down
-        else:
-            ray.shutdown()
+    if shutdown_ray and _module_present("ray"):  # no Ray, no Ray runtime to shut down
+        import ray
+
+        ray.shutdown()
     gc.collect()  # FSDP modules sit in reference cycles: their parameters go only at a collection
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

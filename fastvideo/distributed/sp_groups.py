@@ -53,10 +53,6 @@ def _get_unique_name(name: str) -> str:
     return f"{name}:{n}"
 
 
-def _register_group(group: GroupCoordinator) -> None:
-    _groups[group.unique_name] = weakref.ref(group)
-
-
 @dataclass(init=False, eq=False)
 class GroupCoordinator(CoordinatorTransfers):
     """One process group as seen from this rank: its ranks, device group and CPU (gloo) group.
@@ -102,8 +98,7 @@ class GroupCoordinator(CoordinatorTransfers):
                              "every rank of the world must appear in one list.")
         ranks, (device_group, cpu_group) = mine
         self._assign(ranks, ranks.index(rank), device_group, cpu_group,
-                     _device_for_backend(str(torch_distributed_backend)), local_rank=local_rank,
-                     unique_name=_get_unique_name(group_name or "anonymous"))
+                     _device_for_backend(str(torch_distributed_backend)), local_rank=local_rank, unique_name=group_name)
         self.use_device_communicator = use_device_communicator
 
     @classmethod
@@ -114,22 +109,23 @@ class GroupCoordinator(CoordinatorTransfers):
         ``name:<n>`` is derived from it (``"sp"`` -> ``"sp:0"``); empty: ``anonymous:<n>``."""
         self = cls.__new__(cls)
         self._assign(ranks, rank_in_group, device_group, cpu_group, device, vote_group=vote_group,
-                     timeout_s=timeout_s, local_rank=local_rank,
-                     unique_name=_get_unique_name(unique_name or "anonymous"))
+                     timeout_s=timeout_s, local_rank=local_rank, unique_name=unique_name)
         return self
 
     def _assign(self, ranks: list[int], rank_in_group: int, device_group: dist.ProcessGroup,
                 cpu_group: dist.ProcessGroup, device: torch.device, *, vote_group: dist.ProcessGroup | None = None,
-                timeout_s: float | None = None, local_rank: int = 0, unique_name: str = "") -> None:
+                timeout_s: float | None = None, local_rank: int = 0, unique_name: str | None = None) -> None:
+        """Set every attribute of a new coordinator and register it under upstream's ``name:<n>`` for
+        ``unique_name`` (``anonymous:<n>`` where it is empty)."""
         self.ranks, self.rank_in_group, self.device = list(ranks), rank_in_group, device
         self.world_size = len(self.ranks)
         self.device_group, self.cpu_group, self.vote_group = device_group, cpu_group, vote_group
         self.settings, self.vote_failure, self.timeout_s = None, None, timeout_s
         self._generation, self._teardown, self._on_settings = 0, {}, {}
-        self.local_rank, self.unique_name = local_rank, unique_name
+        self.local_rank, self.unique_name = local_rank, _get_unique_name(unique_name or "anonymous")
         self.use_device_communicator, self.mq_broadcaster, self.use_custom_op_call = True, None, False
         self._communicator = None
-        _register_group(self)
+        _groups[self.unique_name] = weakref.ref(self)
 
     # ---------------------------------------------------------------- upstream FastVideo's coordinator surface
 
@@ -223,26 +219,20 @@ class GroupCoordinator(CoordinatorTransfers):
         one hook per key."""
         self._on_settings[key] = fn
 
-    def run_teardown(self) -> None:
-        """Run the registered hooks, last registered first (collective where they are), and forget them."""
-        hooks, self._teardown = self._teardown, {}
-        for hook in reversed(list(hooks.values())):
-            hook()
-
     def destroy(self) -> None:
         """Collective over the group, blocking: upstream's teardown of one coordinator. The registered hooks first
         (the Ulysses helpers, collective: they need the groups), then the device communicator, then this group's
         device, CPU and vote process groups (never the default group: ``destroy_distributed_environment`` ends
         that one); the coordinator is unusable afterwards. A second call does nothing."""
         try:
-            self.run_teardown()
+            hooks, self._teardown = self._teardown, {}  # forgotten first: a second call runs none
+            for hook in reversed(list(hooks.values())):  # last registered first
+                hook()
             if self._communicator is not None:
                 self._communicator.destroy()
         finally:
             default = dist.group.WORLD if dist.is_initialized() else None
-            groups = {id(g): g for g in (self.device_group, self.cpu_group, self.vote_group)
-                      if g is not None and g is not default}
-            _destroy_groups(list(groups.values()))
+            _destroy_groups([g for g in (self.device_group, self.cpu_group, self.vote_group) if g is not default])
             self.device_group = self.cpu_group = self.vote_group = None  # type: ignore[assignment]
             self._communicator = None
 
@@ -278,6 +268,13 @@ def check_group_size(caller: str, name: str, size: object, world: int) -> None:
                          f"pick one of {[d for d in range(1, world + 1) if world % d == 0]}.")
 
 
+def consecutive_groups(caller: str, name: str, size: int, world: int) -> list[list[int]]:
+    """The ``world`` ranks cut into groups of ``size`` consecutive ranks (``size``, ``caller``'s argument ``name``,
+    checked to divide it: ``check_group_size``)."""
+    check_group_size(caller, name, size, world)
+    return [list(range(start, start + size)) for start in range(0, world, size)]
+
+
 def _device_for_backend(backend: str) -> torch.device:
     if backend == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
@@ -303,7 +300,6 @@ def initialize_sequence_parallel(sp_size: int, *, timeout: datetime.timedelta | 
             "initialize_sequence_parallel: SP groups already exist; call destroy_sequence_parallel first."
         )
     world, rank = dist.get_world_size(), dist.get_rank()
-    check_group_size("initialize_sequence_parallel", "sp_size", sp_size, world)
     backend = dist.get_backend()
     device = _device_for_backend(backend)
     # The job's timeout unless told otherwise: a stopped peer then ends this rank's collectives within it.
@@ -312,8 +308,8 @@ def initialize_sequence_parallel(sp_size: int, *, timeout: datetime.timedelta | 
     agree_s = _settings.agreement_timeout_s(timeout.total_seconds())
     created: list[dist.ProcessGroup] = []
     # The vote group takes the vote timeout (helpers may set their own on it).
-    sp_groups = create_groups([range(start, start + sp_size) for start in range(0, world, sp_size)], backend, created,
-                              vote_timeout=datetime.timedelta(seconds=agree_s), timeout=timeout)
+    sp_groups = create_groups(consecutive_groups("initialize_sequence_parallel", "sp_size", sp_size, world), backend,
+                              created, vote_timeout=datetime.timedelta(seconds=agree_s), timeout=timeout)
     dp_groups = create_groups([range(offset, world, sp_size) for offset in range(sp_size)], backend, created,
                               timeout=timeout)
     assert sp_groups is not None and dp_groups is not None
@@ -323,9 +319,7 @@ def initialize_sequence_parallel(sp_size: int, *, timeout: datetime.timedelta | 
     dp = GroupCoordinator.of(dp_ranks, dp_ranks.index(rank), *dp_pgs, device, timeout_s=timeout.total_seconds(),
                              unique_name="dp")
     try:
-        sp.settings = _settings.agree(
-            sp.cpu_group, sp.ranks, sp.rank_in_group, where="checked at initialize_sequence_parallel", timeout_s=agree_s
-        )
+        _agree(sp, "checked at initialize_sequence_parallel")
     except Exception:
         _destroy_groups(created)  # every rank raises here: nothing half-built is left behind
         raise
@@ -341,15 +335,15 @@ def agree_ulysses_settings() -> AgreedSettings:
     them follows (``GroupCoordinator.on_settings_change``): the route is resolved again at the next call, and a
     helper built on a value that changed is destroyed (collectively) and rebuilt.
     """
-    sp = get_sp_group()
-    agreed = _settings.agree(
-        sp.cpu_group,
-        sp.ranks,
-        sp.rank_in_group,
-        where="agree_ulysses_settings",
-        timeout_s=_settings.agreement_timeout_s(sp.timeout_s),
-        previous=sp.settings,
-    )
+    return _agree(get_sp_group(), "agree_ulysses_settings")
+
+
+def _agree(sp: GroupCoordinator, where: str) -> AgreedSettings:
+    """Collective over ``sp``'s CPU group: agree the settings (``where`` names the call in errors) into
+    ``sp.settings``, replacing the ones it holds (none at ``initialize_sequence_parallel``); when the agreed values
+    change, call the ``on_settings_change`` hooks."""
+    agreed = _settings.agree(sp.cpu_group, sp.ranks, sp.rank_in_group, where=where,
+                             timeout_s=_settings.agreement_timeout_s(sp.timeout_s), previous=sp.settings)
     previous, sp.settings = sp.settings, agreed
     if previous is not None and previous.values != agreed.values:
         for hook in list(sp._on_settings.values()):
@@ -396,12 +390,9 @@ def get_sp_rank() -> int:
 
 def _destroy_groups(groups: list[dist.ProcessGroup | None]) -> None:
     for group in groups:
-        if group is None:
-            continue
-        try:
-            dist.destroy_process_group(group)
-        except (RuntimeError, ValueError):
-            pass  # already gone with the default group
+        if group is not None:  # None would name the default group
+            with contextlib.suppress(RuntimeError, ValueError):  # already gone with the default group
+                dist.destroy_process_group(group)
 
 
 def destroy_sequence_parallel() -> None:
@@ -411,12 +402,9 @@ def destroy_sequence_parallel() -> None:
     """
     global _SP, _DP
     try:
-        for coordinator in (_SP, _DP):
-            if coordinator is None:
-                continue
-            coordinator.run_teardown()
-    finally:  # a failing hook must not leave the groups behind
-        for coordinator in (_DP, _SP):
-            if coordinator is not None:
-                _destroy_groups([coordinator.device_group, coordinator.cpu_group, coordinator.vote_group])
+        if _SP is not None:  # the hooks live on the SP group (the DP group has none)
+            _SP.destroy()
+    finally:  # a failing hook must not leave the groups behind (``destroy`` ends the SP groups whatever happens)
+        if _DP is not None:
+            _DP.destroy()
         _SP = _DP = None

@@ -113,9 +113,8 @@ class UlyssesA2AHelper:
         if not model_parallel_is_initialized():
             return None
         sp = get_sp_group()
-        if (self.cpu_group is not sp.cpu_group and self.device_group is not sp.device_group) or sp.world_size == 1:
-            return None
-        if not is_enabled():
+        ours = self.cpu_group is sp.cpu_group or self.device_group is sp.device_group
+        if not ours or sp.world_size == 1 or not is_enabled():
             return None
         self._helper = get_default_helper()
         return self._helper
@@ -161,9 +160,8 @@ def maybe_create_helper(cpu_group: ProcessGroup | None, device_group: ProcessGro
     once (local, the same on every rank) for a group of one, missing groups, a device that is not CUDA, no default
     process group, a group that is not the SP group, or a route that is not ``auto``; else collective over the SP
     group the first time (it builds the op's helper) and None when that helper's construction declined."""
-    if world_size <= 1 or cpu_group is None or device_group is None or device is None or device.type != "cuda":
-        return None
-    if not dist.is_initialized():
+    if (world_size <= 1 or cpu_group is None or device_group is None or device is None or device.type != "cuda"
+            or not dist.is_initialized()):
         return None
     candidate = UlyssesA2AHelper(cpu_group, device_group, world_size, device, pynccl_comm)
     helper = candidate._bound()
