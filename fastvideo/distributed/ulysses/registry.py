@@ -82,7 +82,6 @@ def _ulysses_a2a(comm: DeviceCommunicatorBase) -> UlyssesHelper | None:
 
 def _resolve() -> UlyssesHelper | None:
     """Resolve the agreed route from the agreed settings. Collective: may build a helper."""
-    global _agreed
     install()
     sp = get_sp_group()
     sp.add_teardown("ulysses.route", reset)
@@ -94,9 +93,7 @@ def _resolve() -> UlyssesHelper | None:
         helper = get_checked_off_helper()
     else:
         helper = None
-    if helper is not None:
-        helper.on_destroy(reset)
-    _agreed = helper
+    use_route(helper)
     return helper
 
 
@@ -182,8 +179,3 @@ def get_checked_off_helper() -> UlyssesHelper:
 def current_checked_off_helper() -> UlyssesHelper | None:
     """The ``off`` route's checked-mode helper, if one exists (never builds one). Local."""
     return _helpers["checked_off"]
-
-
-def destroy_checked_off_helper() -> None:
-    """Collective: destroy the ``off`` route's checked-mode helper, if any."""
-    _destroy("checked_off")
