@@ -139,9 +139,7 @@ class NativeTransport(Transport):
 
     def _check(self, status: int, what: str) -> None:
         if status != 0:
-            import fastvideo_kernel
-
-            raise NativeKernelError(f"{what}: {fastvideo_kernel.last_error(self._lib)} (status {status})")
+            raise NativeKernelError(f"{what}: {self._fvk.last_error(self._lib)} (status {status})")
 
     def construction_steps(self, ctx: ConstructionContext) -> list[Step]:
         if self._lib is None:
@@ -197,14 +195,10 @@ class NativeTransport(Transport):
             Step("devcomm_create", devcomm_create, collective=True),
         ]
 
-    def lsa_info(self) -> dict[str, int]:
-        """nranks, rank, lsa_size, lsa_rank of the device communicator."""
-        values = [ctypes.c_int(0) for _ in range(4)]
-        self._check(self._lib.fvk_lsa_info(self._handle, *(ctypes.byref(v) for v in values)), "fvk_lsa_info")
-        return dict(zip(("nranks", "rank", "lsa_size", "lsa_rank"), (v.value for v in values), strict=True))
-
     def topology(self) -> TopologyReport:
-        lsa = self.lsa_info()
+        values = [ctypes.c_int(0) for _ in range(4)]  # nranks, rank, lsa_size, lsa_rank of the device communicator
+        self._check(self._lib.fvk_lsa_info(self._handle, *(ctypes.byref(v) for v in values)), "fvk_lsa_info")
+        lsa = dict(zip(("nranks", "rank", "lsa_size", "lsa_rank"), (v.value for v in values), strict=True))
         extras: dict[str, object] = {**lsa, "bus_ids": list(self._bus_ids)}
         if lsa["lsa_size"] != lsa["nranks"] or lsa["lsa_rank"] != lsa["rank"]:
             return TopologyReport(DeclineReason.NOT_LSA,
@@ -216,11 +210,9 @@ class NativeTransport(Transport):
             nvlink = ctypes.c_int(0)
             status = self._lib.fvk_nvlink_p2p(self._bus_id.encode(), bus.encode(), ctypes.byref(nvlink))
             if status != 0:
-                import fastvideo_kernel
-
                 return TopologyReport(DeclineReason.NOT_NVLINK,
                                       f"cannot verify NVLink to rank {peer} ({bus}): "
-                                      f"{fastvideo_kernel.last_error(self._lib)}", extras)
+                                      f"{self._fvk.last_error(self._lib)}", extras)
             if not nvlink.value:
                 return TopologyReport(DeclineReason.NOT_NVLINK,
                                       f"rank {peer} ({bus}) is reachable from {self._bus_id} only without NVLink",
@@ -243,23 +235,20 @@ class NativeTransport(Transport):
         key = (geom, plan, dtype, capture)
         launch = self._launches.get(key)
         if launch is None:
-            launch = self._new_launch(geom, plan, dtype, capture, key)
+            if geom.world_size != self._ctx.world_size:
+                raise NativeKernelError(
+                    f"geometry for SP size {geom.world_size}, communicator has {self._ctx.world_size}")
+            try:
+                launch = build_launch(self._fvk, self._lib, self._offerings, self._entries, geom, plan, dtype,
+                                      capture, self._ctx.rank)
+            except ValueError as exc:
+                raise NativeKernelError(str(exc)) from None
+            if len(self._launches) >= 1024:  # bounded: a pathological job re-builds
+                self._launches.clear()
+            self._launches[key] = launch
         if len(self._by_object) >= 1024:
             self._by_object.clear()
         self._by_object[by_object] = (launch, geom, plan)
-        return launch
-
-    def _new_launch(self, geom: Geometry, plan: Plan, dtype: torch.dtype, capture: bool, key: tuple) -> Launch:
-        if geom.world_size != self._ctx.world_size:
-            raise NativeKernelError(f"geometry for SP size {geom.world_size}, communicator has {self._ctx.world_size}")
-        try:
-            launch = build_launch(self._fvk, self._lib, self._offerings, self._entries, geom, plan, dtype, capture,
-                                  self._ctx.rank)
-        except ValueError as exc:
-            raise NativeKernelError(str(exc)) from None
-        if len(self._launches) >= 1024:  # bounded: a pathological job re-builds
-            self._launches.clear()
-        self._launches[key] = launch
         return launch
 
     def _current_raw(self, x: torch.Tensor) -> tuple[int, int]:
