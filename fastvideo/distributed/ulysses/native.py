@@ -71,22 +71,11 @@ class NativeTransport(Transport):
         self._fvk: Any = None  # the fastvideo_kernel loader module, once capability() imported it
         self._offerings: frozenset[str] = frozenset()  # what the loaded build offers (fastvideo_kernel.probe)
         self._entries: frozenset[str] = frozenset()  # the launch offerings among them (transport.ENTRIES)
-        self._handle: ctypes.c_void_p | None = None
-        self._ctx: ConstructionContext | None = None
-        self._unique_id: bytes | None = None
         self._bus_id = ""
         self._bus_ids: list[str] = []
-        self._event: torch.cuda.Event | None = None  # the last call's completion event
-        self._events: list[torch.cuda.Event] = []
         self._calls = 0
-        self._launches: dict[tuple, Launch] = {}  # per (geometry, plan, dtype, capture): see _launch_for
-        self._by_object: dict[tuple, tuple[Launch, Geometry, Plan]] = {}  # the same, by the objects' ids
-        self._send_rows: dict[tuple[int, ...], tuple[Any, int]] = {}  # the vote channel's (ShmVote.send_rows)
-        self._vote: Any = None  # the fvk_vote of the voted form, built once per vote channel (_vote_for)
-        self._vote_ref: Any = None
-        self._vote_owner: Any = None  # the vote channel it was built for
-        self._streams: dict[tuple[int, int], torch.cuda.Stream] = {}  # (device, raw handle) -> Stream
         self._hot: hot.HotPath | None = None  # the hot signatures' table (hot_path), built after the first
+        self._reset()  # what a construction builds, empty
 
     # ------------------------------------------------------------------ probing (local)
 
@@ -147,8 +136,8 @@ class NativeTransport(Transport):
             if not cap.present:
                 raise NativeKernelError(f"kernel unavailable: {cap.detail}")
         lib = self._lib
+        self._reset()  # what was built for another communicator (its world size) is dropped
         self._ctx = ctx
-        self._clear_caches()  # built for another communicator's world size
         device = ctx.device.index if ctx.device.index is not None else torch.cuda.current_device()
 
         def create() -> None:
@@ -422,18 +411,19 @@ class NativeTransport(Transport):
         self._reset()
         self._check(self._lib.fvk_destroy(handle), "fvk_destroy")
 
-    def _clear_caches(self) -> None:
-        self._launches.clear()
-        self._by_object.clear()
-        self._streams.clear()
-
     def _reset(self) -> None:
+        """What a construction builds (and a call caches from it), empty: before construction, after ``abort`` and
+        ``destroy``."""
         self._close_hot()
-        self._handle = None
-        self._ctx = None
-        self._clear_caches()
-        self._send_rows = {}
-        self._vote = self._vote_ref = self._vote_owner = None
-        self._event = None
-        self._events = []
-        self._unique_id = None
+        self._handle: ctypes.c_void_p | None = None
+        self._ctx: ConstructionContext | None = None
+        self._unique_id: bytes | None = None
+        self._event: torch.cuda.Event | None = None  # the last call's completion event
+        self._events: list[torch.cuda.Event] = []
+        self._launches: dict[tuple, Launch] = {}  # per (geometry, plan, dtype, capture): see _launch_for
+        self._by_object: dict[tuple, tuple[Launch, Geometry, Plan]] = {}  # the same, by the objects' ids
+        self._send_rows: dict[tuple[int, ...], tuple[Any, int]] = {}  # the vote channel's (ShmVote.send_rows)
+        self._vote: Any = None  # the fvk_vote of the voted form, built once per vote channel (_vote_for)
+        self._vote_ref: Any = None
+        self._vote_owner: Any = None  # the vote channel it was built for
+        self._streams: dict[tuple[int, int], torch.cuda.Stream] = {}  # (device, raw handle) -> Stream
