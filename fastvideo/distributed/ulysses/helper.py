@@ -158,7 +158,7 @@ class UlyssesHelper:
         self.construction_reason, self.construction_detail = built.reason, built.detail
         self.construction_per_rank = built.per_rank
         self._stats.logged(built.reason)  # logged once at construction, never again per call
-        self._runtime.constructed(built.built, built.call_vote)
+        self._runtime.built, self._runtime.call_vote = built.built, built.call_vote
         self.checked = built.checked
         # A helper that declined at construction votes only in checked mode (that vote is the check; the default
         # under the `auto` route, FASTVIDEO_ULYSSES_A2A_CHECKED=0 turns it off).

@@ -187,12 +187,10 @@ class NativeTransport(Transport):
     def topology(self) -> TopologyReport:
         values = [ctypes.c_int(0) for _ in range(4)]  # nranks, rank, lsa_size, lsa_rank of the device communicator
         self._check(self._lib.fvk_lsa_info(self._handle, *(ctypes.byref(v) for v in values)), "fvk_lsa_info")
-        lsa = dict(zip(("nranks", "rank", "lsa_size", "lsa_rank"), (v.value for v in values), strict=True))
-        extras: dict[str, object] = {**lsa, "bus_ids": list(self._bus_ids)}
-        if lsa["lsa_size"] != lsa["nranks"] or lsa["lsa_rank"] != lsa["rank"]:
+        nranks, rank, lsa_size, lsa_rank = (v.value for v in values)
+        if lsa_size != nranks or lsa_rank != rank:
             return TopologyReport(DeclineReason.NOT_LSA,
-                                  f"LSA team of {lsa['lsa_size']} covers only part of the {lsa['nranks']} SP ranks",
-                                  extras)
+                                  f"LSA team of {lsa_size} covers only part of the {nranks} SP ranks")
         for peer, bus in enumerate(self._bus_ids):
             if bus == self._bus_id:
                 continue
@@ -201,12 +199,11 @@ class NativeTransport(Transport):
             if status != 0:
                 return TopologyReport(DeclineReason.NOT_NVLINK,
                                       f"cannot verify NVLink to rank {peer} ({bus}): "
-                                      f"{self._fvk.last_error(self._lib)}", extras)
+                                      f"{self._fvk.last_error(self._lib)}")
             if not nvlink.value:
                 return TopologyReport(DeclineReason.NOT_NVLINK,
-                                      f"rank {peer} ({bus}) is reachable from {self._bus_id} only without NVLink",
-                                      extras)
-        return TopologyReport(None, "", extras)
+                                      f"rank {peer} ({bus}) is reachable from {self._bus_id} only without NVLink")
+        return TopologyReport()
 
     # ------------------------------------------------------------------ per call
 

@@ -135,8 +135,7 @@ def _destroy(kind: str) -> None:
     helper = _helpers[kind]
     if helper is not None:
         helper.destroy()
-    _helpers[kind] = None
-    reset()
+    _keep(kind, None)
 
 
 def get_default_helper() -> UlyssesHelper:

@@ -43,19 +43,16 @@ class Runtime:
     def __init__(self, sp, generation: int, transport: Transport | None, vote: GlooVote, stats: CallStats,
                  watchdog: Callable[[], FusedCallWatchdog]) -> None:
         self.sp, self.generation, self.transport, self.vote = sp, generation, transport, vote
-        self.call_vote: GlooVote | ShmVote = vote  # the per-call channel, once construction chose it
-        self.built = False  # the transport's construction succeeded on every rank
+        # Set by the helper from construction's agreed outcome: the per-call channel it chose, and whether the
+        # transport's construction succeeded on every rank.
+        self.call_vote: GlooVote | ShmVote = vote
+        self.built = False
         self.disposed: str | None = None  # why, once disposed
         self.destroyed = False
         self._stats = stats
         self._new_watchdog = watchdog
         self._watchdog: FusedCallWatchdog | None = None  # built at the first launch that leaves work in flight
         self.on_destroy: list[Callable[[], None]] = []  # told when ``destroy`` ran
-
-    def constructed(self, built: bool, call_vote: GlooVote | ShmVote) -> None:
-        """Local: construction's agreed outcome (whether the transport was built on every rank) and the per-call
-        vote channel it chose."""
-        self.built, self.call_vote = built, call_vote
 
     @property
     def alive(self) -> bool:

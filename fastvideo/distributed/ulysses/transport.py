@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 import torch
 import torch.distributed as dist
@@ -84,7 +84,6 @@ class Step:
 class TopologyReport:
     decline: DeclineReason | None = None
     detail: str = ""
-    extras: dict[str, object] = field(default_factory=dict)
 
 
 class Transport(abc.ABC):
