@@ -140,20 +140,17 @@ def construct(sp: GroupCoordinator, transport: Transport | None, vote: GlooVote,
     if reason is None:
         assert transport is not None  # a missing transport declined at the capability exchange
         reason, detail, per_rank = _run_steps(sp, transport, vote, window_bytes)
-    if reason is None:
-        assert transport is not None
-        reason, detail, per_rank = _topology_verdict(transport, vote)
-        if reason is not None:
-            transport.destroy()  # built on every rank: torn down together
-    one_host = len({(p[3], p[4]) for p in peers}) == 1
-    if reason is None:
-        result.built = True
-    else:
+        if reason is None:
+            reason, detail, per_rank = _topology_verdict(transport, vote)
+            if reason is not None:
+                transport.destroy()  # built on every rank: torn down together
+    result.built = reason is None
+    if not result.built:
         _record_decline(sp, result, reason, detail, per_rank)
     # The per-call channel: shared memory on one host where every rank loads it, else the vote group (gloo). A
     # declined helper votes only in checked mode (the default under `auto`), but chooses the same way whatever the
     # mode, so that a re-agreement that turns checked mode on (``UlyssesHelper.follow``) votes over the same channel.
-    if one_host:
+    if len({(p[3], p[4]) for p in peers}) == 1:  # one host
         result.call_vote = _choose_vote(vote, sp.rank_in_group, peers, vote_request)
     agreed = sp.settings
     result.checked = bool(agreed is not None and agreed[_settings.CHECKED])
