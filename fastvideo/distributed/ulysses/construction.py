@@ -100,7 +100,8 @@ def limits(window_bytes: int | None, vote_timeout_s: float | None, watchdog_time
 @dataclass
 class Construction:
     """The agreed outcome of a helper's construction (identical on every rank but ``call_vote``'s object and the
-    rank-local ``voted_launch`` / ``hot_decline``), and the settings agreed with it (never re-read per call)."""
+    rank-local ``voted_launch`` / ``hot_decline``). The settings agreed with it are the SP group's (``sp.settings``,
+    never re-read per call)."""
 
     capability: Capability
     call_vote: GlooVote | ShmVote  # the per-call vote channel
@@ -108,8 +109,6 @@ class Construction:
     reason: DeclineReason | None = None  # the construction decline, if any
     detail: str = ""
     per_rank: dict[int, str] = field(default_factory=dict)  # global rank -> its part in the decline
-    checked: bool = False  # the agreed checked mode
-    long_training: str = "auto"  # the agreed FASTVIDEO_ULYSSES_A2A_LONG_TRAINING
     # The vote and the launch in one library call where the transport offers it; rank-local (both paths are the
     # same exchange and the same verdict).
     voted_launch: bool = False
@@ -152,9 +151,6 @@ def construct(sp: GroupCoordinator, transport: Transport | None, vote: GlooVote,
     # mode, so that a re-agreement that turns checked mode on (``UlyssesHelper.follow``) votes over the same channel.
     if len({(p[3], p[4]) for p in peers}) == 1:  # one host
         result.call_vote = _choose_vote(vote, sp.rank_in_group, peers, vote_request)
-    agreed = sp.settings
-    result.checked = bool(agreed is not None and agreed[_settings.CHECKED])
-    result.long_training = agreed["FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"] if agreed is not None else "auto"
     result.voted_launch = (result.built and transport is not None
                            and env_or_default("FASTVIDEO_ULYSSES_A2A_VOTED_LAUNCH") == "1"
                            and transport.fuses_vote(result.call_vote))

@@ -159,7 +159,8 @@ class UlyssesHelper:
         self.construction_per_rank = built.per_rank
         self._stats.logged(built.reason)  # logged once at construction, never again per call
         self._runtime.built, self._runtime.call_vote = built.built, built.call_vote
-        self.checked = built.checked
+        agreed = self.sp.settings  # as construction agreed them
+        self.checked = bool(agreed[_settings.CHECKED])
         # A helper that declined at construction votes only in checked mode (that vote is the check; the default
         # under the `auto` route, FASTVIDEO_ULYSSES_A2A_CHECKED=0 turns it off).
         self._votes = built.built or self.checked
@@ -167,8 +168,9 @@ class UlyssesHelper:
         self._hot = HotLane(self.transport, built.call_vote, built.hot_decline, self.generation)
         cap = self.capability
         self.planner = Planner(
-            PlanConfig(self.world_size, self.generation, self.gpu_name, self.window_bytes, built.long_training, (),
-                       (), CAPTURE_ENGINES, cap.dtypes, self.device, self.construction_reason,
+            PlanConfig(self.world_size, self.generation, self.gpu_name, self.window_bytes,
+                       agreed["FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"], (), (), CAPTURE_ENGINES, cap.dtypes, self.device,
+                       self.construction_reason,
                        self.transport.capture_decline if self.transport is not None else None),
             tuned_table, cap.entry_points if cap.present else None)
         self.planner.on_replan = self._hot.forget  # the hot lane holds proposals: they may change
