@@ -31,7 +31,7 @@ from fastvideo.distributed.sp_groups import GroupCoordinator
 from fastvideo.distributed.ulysses import contract
 from fastvideo.distributed.ulysses.contract import ContractMismatchError, DeclineReason, Field
 from fastvideo.distributed.ulysses.policy import MAX_CTAS, MAX_WORLD_SIZE, MIN_WORLD_SIZE
-from fastvideo.distributed.ulysses.transport import Capability, ConstructionContext, Transport
+from fastvideo.distributed.ulysses.transport import Capability, ConstructionContext, TopologyReport, Transport
 from fastvideo.distributed.ulysses.vote import GlooVote, ShmVote, load_vote_library
 
 logger = logging.getLogger("fastvideo.distributed.ulysses.helper")
@@ -209,14 +209,12 @@ def _run_steps(sp: GroupCoordinator, transport: Transport, vote: GlooVote,
         steps = transport.construction_steps(ctx)
     except Exception as exc:  # noqa: BLE001 - reported collectively below
         steps, error = [], f"construction_steps: {exc}"
-    names = [step.name for step in steps]
     for index, step in enumerate([*steps, None]):
         results = vote.all_gather_object(error)
-        failed = [(i, e) for i, e in enumerate(results) if e]
-        if failed:
+        if any(results):
             transport.abort()
-            detail = "; ".join(f"rank {i}: {e}" for i, e in failed)
-            where = f"step {index}/{len(names)} ({names[index - 1]})" if index else "preparing the steps"
+            detail = "; ".join(f"rank {i}: {e}" for i, e in enumerate(results) if e)
+            where = f"step {index}/{len(steps)} ({steps[index - 1].name})" if index else "preparing the steps"
             return (DeclineReason.CONSTRUCTION_FAILED, f"failed at {where}: {detail}",
                     [f"failed: {e}" if e else "ok" for e in results])
         if step is None:
@@ -231,11 +229,10 @@ def _run_steps(sp: GroupCoordinator, transport: Transport, vote: GlooVote,
 def _topology_verdict(transport: Transport, vote: GlooVote) -> tuple[DeclineReason | None, str, list[str]]:
     """Every rank's topology check (LSA coverage, NVLink), exchanged: one failing rank declines everywhere."""
     try:
-        report = transport.topology()
-        mine = (report.decline, report.detail)
+        mine = transport.topology()
     except Exception as exc:  # noqa: BLE001 - voted below, never raised alone
-        mine = (DeclineReason.CONSTRUCTION_FAILED, f"topology check: {type(exc).__name__}: {exc}")
-    reports = vote.all_gather_object(mine)
+        mine = TopologyReport(DeclineReason.CONSTRUCTION_FAILED, f"topology check: {type(exc).__name__}: {exc}")
+    reports = [(r.decline, r.detail) for r in vote.all_gather_object(mine)]
     bad = [r for r, _ in reports if r is not None]
     if not bad:
         return None, "", []

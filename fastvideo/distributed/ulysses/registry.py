@@ -27,7 +27,6 @@ from fastvideo.distributed.communicator import DeviceCommunicatorBase, register_
 from fastvideo.distributed.sp_groups import get_sp_group, model_parallel_is_initialized
 from fastvideo.distributed.ulysses.helper import UlyssesHelper, live_helper
 
-ROUTE_VAR = "FASTVIDEO_ULYSSES_A2A"
 _UNRESOLVED = object()
 _agreed: Any = _UNRESOLVED  # None (the NCCL route) or the helper the agreed settings select, once resolved
 # The helpers the routes vote through: ``default`` (``auto``) and ``checked_off`` (``off`` in checked mode).
@@ -61,8 +60,8 @@ def enabled() -> bool:
     if model_parallel_is_initialized():
         agreed = get_sp_group().settings
         if agreed is not None:
-            return agreed[ROUTE_VAR] == "auto"
-    return envs.get(ROUTE_VAR) == "auto"
+            return agreed[_settings.ROUTE] == "auto"
+    return envs.get(_settings.ROUTE) == "auto"
 
 
 def install() -> None:
@@ -87,7 +86,7 @@ def _resolve() -> UlyssesHelper | None:
     sp.add_teardown("ulysses.route", reset)
     sp.on_settings_change("ulysses.route", _settings_changed)
     agreed = sp.settings
-    if agreed is not None and agreed[ROUTE_VAR] == "auto":
+    if agreed is not None and agreed[_settings.ROUTE] == "auto":
         helper: UlyssesHelper | None = get_default_helper()
     elif agreed is not None and agreed[_settings.CHECKED]:
         helper = get_checked_off_helper()
