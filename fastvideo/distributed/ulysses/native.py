@@ -327,7 +327,11 @@ class NativeTransport(Transport):
         if status != 0:  # the message is built only on failure: the hot path formats nothing
             self._check(status, f"fvk_launch ({launch.entry} plan {plan})")
         if not capture:  # nothing runs at capture: no completion to watch
-            self._record_completion(self._stream(index, raw))
+            # The call's completion event, round-robin from the ring, for the watchdog.
+            event = self._events[self._calls % EVENT_RING]
+            self._calls += 1
+            event.record(self._stream(index, raw))
+            self._event = event
         return out
 
     # ------------------------------------------------------------------ the hot path (hot.py)
@@ -374,13 +378,6 @@ class NativeTransport(Transport):
         if self._handle is None or self._ctx is None:
             raise NativeKernelError("no context: before construction (or after destroy)")
         return self._lib, self._handle, self._ctx.rank
-
-    def _record_completion(self, stream: torch.cuda.Stream) -> None:
-        """After every launch: the call's completion event, round-robin from the ring, for the watchdog."""
-        event = self._events[self._calls % EVENT_RING]
-        self._calls += 1
-        event.record(stream)
-        self._event = event
 
     def watchdog_thread_setup(self) -> None:
         """Run in the helper's watchdog thread: relax that thread's CUDA stream-capture mode, so its event
