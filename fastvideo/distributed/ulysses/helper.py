@@ -228,7 +228,8 @@ class UlyssesHelper:
         # 2. vote (and, where the transport fuses them, launch in the same library call)
         if hit is not None or (proposal.plan is not None and self._voted_launch and not capturing):
             out, rows, error = self._runtime.voted_launch(x, proposal, word, seq, self._hot, hit)
-            if out is not None and hit is None and self._hot.learns and phase is _FORWARD_NO_GRAD and splits is EVEN:
+            if (out is not None and hit is None and phase is _FORWARD_NO_GRAD and splits is EVEN
+                    and not self._hot.decline):  # a lane that may learn
                 self._hot.learn(x, proposal)  # its later calls take the hot lane
         else:
             out, rows, error = None, self._runtime.exchange(contract.with_seq(proposal.fields, word)), proposal.error
