@@ -120,9 +120,8 @@ class NativeTransport(Transport):
             return declined(DeclineReason.NCCL_RUNTIME_MISMATCH,
                             f"expected exactly one libnccl.so mapped, found {sorted(copies)}", **known)
         self._lib, self._fvk, self._offerings, self._entries = lib, fastvideo_kernel, found.offerings, entries
-        return Capability(self.name, True, abi_version=found.abi, entry_points=entries, nccl_build=build,
-                          nccl_runtime=runtime.value, dtypes=KERNEL_DTYPES, supports_unaligned=True,
-                          detail=f"{fastvideo_kernel.library_path()}")
+        return Capability(self.name, True, dtypes=KERNEL_DTYPES, supports_unaligned=True,
+                          detail=f"{fastvideo_kernel.library_path()}", **known)
 
     # ------------------------------------------------------------------ construction
 
