@@ -42,7 +42,7 @@ from fastvideo.distributed.ulysses.sequence import CallCounter
 from fastvideo.distributed.ulysses.stats import CallRecord, CallStats
 from fastvideo.distributed.ulysses.transport import Transport
 from fastvideo.distributed.ulysses.vote import GlooVote, VoteError
-from fastvideo.distributed.ulysses.watchdog import FusedCallWatchdog, InFlight, end_process
+from fastvideo.distributed.ulysses.watchdog import InFlight, end_process
 
 __all__ = ["CallRecord", "HelperDisposedError", "UlyssesHelper", "host_identity", "live_helper"]
 
@@ -136,7 +136,6 @@ class UlyssesHelper:
         self._capturing = capturing
         self._counter = CallCounter(self.generation)
         self._stats = CallStats(history)
-        on_timeout = on_watchdog_timeout or end_process
         # Reusable state must not depend on the grad mode of the call that builds the helper lazily: buffers
         # made under inference mode are inference tensors, which no later call outside it may update.
         with torch.inference_mode(False):
@@ -144,9 +143,7 @@ class UlyssesHelper:
             # helpers creates no process group); the per-call vote may move to shared memory.
             vote_group = GlooVote(self.sp.ranks, timeout, group=self.sp.vote_group)
             self._runtime = Runtime(self.sp, self.generation, self.transport, vote_group, self._stats,
-                                    lambda: FusedCallWatchdog.for_group(
-                                        self.watchdog_timeout_s, self.sp.ranks, self.sp.rank_in_group, on_timeout,
-                                        self.transport.watchdog_thread_setup))
+                                    self.watchdog_timeout_s, on_watchdog_timeout or end_process)
             try:
                 built = construct(self.sp, self.transport, vote_group, disabled=disabled,
                                   window_bytes=self.window_bytes, gpu_name=self.gpu_name,
