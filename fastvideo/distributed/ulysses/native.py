@@ -183,13 +183,17 @@ class NativeTransport(Transport):
             Step("devcomm_create", devcomm_create, collective=True),
         ]
 
-    def topology(self) -> TopologyReport:
-        values = [ctypes.c_int(0) for _ in range(4)]  # nranks, rank, lsa_size, lsa_rank of the device communicator
+    def lsa_info(self) -> dict[str, int]:
+        """nranks, rank, lsa_size, lsa_rank of the device communicator."""
+        values = [ctypes.c_int(0) for _ in range(4)]
         self._check(self._lib.fvk_lsa_info(self._handle, *(ctypes.byref(v) for v in values)), "fvk_lsa_info")
-        nranks, rank, lsa_size, lsa_rank = (v.value for v in values)
-        if lsa_size != nranks or lsa_rank != rank:
+        return dict(zip(("nranks", "rank", "lsa_size", "lsa_rank"), (v.value for v in values), strict=True))
+
+    def topology(self) -> TopologyReport:
+        lsa = self.lsa_info()
+        if lsa["lsa_size"] != lsa["nranks"] or lsa["lsa_rank"] != lsa["rank"]:
             return TopologyReport(DeclineReason.NOT_LSA,
-                                  f"LSA team of {lsa_size} covers only part of the {nranks} SP ranks")
+                                  f"LSA team of {lsa['lsa_size']} covers only part of the {lsa['nranks']} SP ranks")
         for peer, bus in enumerate(self._bus_ids):
             if bus == self._bus_id:
                 continue
