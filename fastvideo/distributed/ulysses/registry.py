@@ -111,13 +111,10 @@ def reset() -> None:
     _agreed = _UNRESOLVED
 
 
-def _current(helper: UlyssesHelper | None) -> bool:
-    return helper is not None and helper.alive and helper.sp is get_sp_group()
-
-
 def _get(kind: str) -> UlyssesHelper:
     """The ``kind`` helper (``_HELPERS``), built (collectively) on first use or after a destroy."""
-    if not _current(_helpers[kind]):
+    helper = _helpers[kind]
+    if helper is None or not helper.alive or helper.sp is not get_sp_group():  # none for the current SP group
         _keep(kind, UlyssesHelper(get_sp_group(), disabled=kind == "checked_off"))
     return _helpers[kind]
 
