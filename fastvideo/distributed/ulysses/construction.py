@@ -31,7 +31,7 @@ from fastvideo.distributed.sp_groups import GroupCoordinator
 from fastvideo.distributed.ulysses import contract
 from fastvideo.distributed.ulysses.contract import ContractMismatchError, DeclineReason, Field
 from fastvideo.distributed.ulysses.policy import MAX_CTAS, MAX_WORLD_SIZE, MIN_WORLD_SIZE
-from fastvideo.distributed.ulysses.transport import Capability, ConstructionContext, Transport
+from fastvideo.distributed.ulysses.transport import Capability, ConstructionContext, TopologyReport, Transport
 from fastvideo.distributed.ulysses.vote import GlooVote, ShmVote, load_vote_library
 
 logger = logging.getLogger("fastvideo.distributed.ulysses.helper")
@@ -100,7 +100,8 @@ def limits(window_bytes: int | None, vote_timeout_s: float | None, watchdog_time
 @dataclass
 class Construction:
     """The agreed outcome of a helper's construction (identical on every rank but ``call_vote``'s object and the
-    rank-local ``voted_launch`` / ``hot_decline``), and the settings agreed with it (never re-read per call)."""
+    rank-local ``voted_launch`` / ``hot_decline``). The settings agreed with it are the SP group's (``sp.settings``,
+    never re-read per call)."""
 
     capability: Capability
     call_vote: GlooVote | ShmVote  # the per-call vote channel
@@ -108,8 +109,6 @@ class Construction:
     reason: DeclineReason | None = None  # the construction decline, if any
     detail: str = ""
     per_rank: dict[int, str] = field(default_factory=dict)  # global rank -> its part in the decline
-    checked: bool = False  # the agreed checked mode
-    long_training: str = "auto"  # the agreed FASTVIDEO_ULYSSES_A2A_LONG_TRAINING
     # The vote and the launch in one library call where the transport offers it; rank-local (both paths are the
     # same exchange and the same verdict).
     voted_launch: bool = False
@@ -140,24 +139,18 @@ def construct(sp: GroupCoordinator, transport: Transport | None, vote: GlooVote,
     if reason is None:
         assert transport is not None  # a missing transport declined at the capability exchange
         reason, detail, per_rank = _run_steps(sp, transport, vote, window_bytes)
-    if reason is None:
-        assert transport is not None
-        reason, detail, per_rank = _topology_verdict(transport, vote)
-        if reason is not None:
-            transport.destroy()  # built on every rank: torn down together
-    one_host = len({(p[3], p[4]) for p in peers}) == 1
-    if reason is None:
-        result.built = True
-    else:
+        if reason is None:
+            reason, detail, per_rank = _topology_verdict(transport, vote)
+            if reason is not None:
+                transport.destroy()  # built on every rank: torn down together
+    result.built = reason is None
+    if not result.built:
         _record_decline(sp, result, reason, detail, per_rank)
     # The per-call channel: shared memory on one host where every rank loads it, else the vote group (gloo). A
     # declined helper votes only in checked mode (the default under `auto`), but chooses the same way whatever the
     # mode, so that a re-agreement that turns checked mode on (``UlyssesHelper.follow``) votes over the same channel.
-    if one_host:
+    if len({(p[3], p[4]) for p in peers}) == 1:  # one host
         result.call_vote = _choose_vote(vote, sp.rank_in_group, peers, vote_request)
-    agreed = sp.settings
-    result.checked = bool(agreed is not None and agreed[_settings.CHECKED])
-    result.long_training = agreed["FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"] if agreed is not None else "auto"
     result.voted_launch = (result.built and transport is not None
                            and env_or_default("FASTVIDEO_ULYSSES_A2A_VOTED_LAUNCH") == "1"
                            and transport.fuses_vote(result.call_vote))
@@ -216,14 +209,12 @@ def _run_steps(sp: GroupCoordinator, transport: Transport, vote: GlooVote,
         steps = transport.construction_steps(ctx)
     except Exception as exc:  # noqa: BLE001 - reported collectively below
         steps, error = [], f"construction_steps: {exc}"
-    names = [step.name for step in steps]
     for index, step in enumerate([*steps, None]):
         results = vote.all_gather_object(error)
-        failed = [(i, e) for i, e in enumerate(results) if e]
-        if failed:
+        if any(results):
             transport.abort()
-            detail = "; ".join(f"rank {i}: {e}" for i, e in failed)
-            where = f"step {index}/{len(names)} ({names[index - 1]})" if index else "preparing the steps"
+            detail = "; ".join(f"rank {i}: {e}" for i, e in enumerate(results) if e)
+            where = f"step {index}/{len(steps)} ({steps[index - 1].name})" if index else "preparing the steps"
             return (DeclineReason.CONSTRUCTION_FAILED, f"failed at {where}: {detail}",
                     [f"failed: {e}" if e else "ok" for e in results])
         if step is None:
@@ -238,11 +229,10 @@ def _run_steps(sp: GroupCoordinator, transport: Transport, vote: GlooVote,
 def _topology_verdict(transport: Transport, vote: GlooVote) -> tuple[DeclineReason | None, str, list[str]]:
     """Every rank's topology check (LSA coverage, NVLink), exchanged: one failing rank declines everywhere."""
     try:
-        report = transport.topology()
-        mine = (report.decline, report.detail)
+        mine = transport.topology()
     except Exception as exc:  # noqa: BLE001 - voted below, never raised alone
-        mine = (DeclineReason.CONSTRUCTION_FAILED, f"topology check: {type(exc).__name__}: {exc}")
-    reports = vote.all_gather_object(mine)
+        mine = TopologyReport(DeclineReason.CONSTRUCTION_FAILED, f"topology check: {type(exc).__name__}: {exc}")
+    reports = [(r.decline, r.detail) for r in vote.all_gather_object(mine)]
     bad = [r for r, _ in reports if r is not None]
     if not bad:
         return None, "", []

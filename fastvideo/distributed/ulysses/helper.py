@@ -42,7 +42,7 @@ from fastvideo.distributed.ulysses.sequence import CallCounter
 from fastvideo.distributed.ulysses.stats import CallRecord, CallStats
 from fastvideo.distributed.ulysses.transport import Transport
 from fastvideo.distributed.ulysses.vote import GlooVote, VoteError
-from fastvideo.distributed.ulysses.watchdog import FusedCallWatchdog, InFlight, end_process
+from fastvideo.distributed.ulysses.watchdog import InFlight, end_process
 
 __all__ = ["CallRecord", "HelperDisposedError", "UlyssesHelper", "host_identity", "live_helper"]
 
@@ -136,7 +136,6 @@ class UlyssesHelper:
         self._capturing = capturing
         self._counter = CallCounter(self.generation)
         self._stats = CallStats(history)
-        on_timeout = on_watchdog_timeout or end_process
         # Reusable state must not depend on the grad mode of the call that builds the helper lazily: buffers
         # made under inference mode are inference tensors, which no later call outside it may update.
         with torch.inference_mode(False):
@@ -144,9 +143,7 @@ class UlyssesHelper:
             # helpers creates no process group); the per-call vote may move to shared memory.
             vote_group = GlooVote(self.sp.ranks, timeout, group=self.sp.vote_group)
             self._runtime = Runtime(self.sp, self.generation, self.transport, vote_group, self._stats,
-                                    lambda: FusedCallWatchdog.for_group(
-                                        self.watchdog_timeout_s, self.sp.ranks, self.sp.rank_in_group, on_timeout,
-                                        self.transport.watchdog_thread_setup))
+                                    self.watchdog_timeout_s, on_watchdog_timeout or end_process)
             try:
                 built = construct(self.sp, self.transport, vote_group, disabled=disabled,
                                   window_bytes=self.window_bytes, gpu_name=self.gpu_name,
@@ -158,8 +155,9 @@ class UlyssesHelper:
         self.construction_reason, self.construction_detail = built.reason, built.detail
         self.construction_per_rank = built.per_rank
         self._stats.logged(built.reason)  # logged once at construction, never again per call
-        self._runtime.constructed(built.built, built.call_vote)
-        self.checked = built.checked
+        self._runtime.built, self._runtime.call_vote = built.built, built.call_vote
+        agreed = self.sp.settings  # as construction agreed them
+        self.checked = bool(agreed[_settings.CHECKED])
         # A helper that declined at construction votes only in checked mode (that vote is the check; the default
         # under the `auto` route, FASTVIDEO_ULYSSES_A2A_CHECKED=0 turns it off).
         self._votes = built.built or self.checked
@@ -167,8 +165,9 @@ class UlyssesHelper:
         self._hot = HotLane(self.transport, built.call_vote, built.hot_decline, self.generation)
         cap = self.capability
         self.planner = Planner(
-            PlanConfig(self.world_size, self.generation, self.gpu_name, self.window_bytes, built.long_training, (),
-                       (), CAPTURE_ENGINES, cap.dtypes, self.device, self.construction_reason,
+            PlanConfig(self.world_size, self.generation, self.gpu_name, self.window_bytes,
+                       agreed["FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"], (), (), CAPTURE_ENGINES, cap.dtypes, self.device,
+                       self.construction_reason,
                        self.transport.capture_decline if self.transport is not None else None),
             tuned_table, cap.entry_points if cap.present else None)
         self.planner.on_replan = self._hot.forget  # the hot lane holds proposals: they may change
@@ -226,7 +225,8 @@ class UlyssesHelper:
         # 2. vote (and, where the transport fuses them, launch in the same library call)
         if hit is not None or (proposal.plan is not None and self._voted_launch and not capturing):
             out, rows, error = self._runtime.voted_launch(x, proposal, word, seq, self._hot, hit)
-            if out is not None and hit is None and self._hot.learns and phase is _FORWARD_NO_GRAD and splits is EVEN:
+            if (out is not None and hit is None and phase is _FORWARD_NO_GRAD and splits is EVEN
+                    and not self._hot.decline):  # a lane that may learn
                 self._hot.learn(x, proposal)  # its later calls take the hot lane
         else:
             out, rows, error = None, self._runtime.exchange(contract.with_seq(proposal.fields, word)), proposal.error

@@ -175,10 +175,6 @@ class HotLane:
         self.proposal: Callable[[int], Any] | None = None
         self.finish: Callable[..., Any] | None = None
 
-    @property
-    def learns(self) -> bool:
-        return not self.decline
-
     def learn(self, x: torch.Tensor, proposal: Any) -> None:
         """Local, host-only. After the Python path's own voted launch of a call the lane may take: hold its
         signature, with its proposal, in the transport's table; its later calls then take the lane. A table the lane
@@ -216,5 +212,5 @@ class HotLane:
             self._table.clear()
 
     def report(self) -> dict:
-        return {"hot_path": "on" if self.learns else self.decline,
+        return {"hot_path": self.decline or "on",
                 "hot_signatures": len(self._table) if self._table is not None else 0}

@@ -71,22 +71,11 @@ class NativeTransport(Transport):
         self._fvk: Any = None  # the fastvideo_kernel loader module, once capability() imported it
         self._offerings: frozenset[str] = frozenset()  # what the loaded build offers (fastvideo_kernel.probe)
         self._entries: frozenset[str] = frozenset()  # the launch offerings among them (transport.ENTRIES)
-        self._handle: ctypes.c_void_p | None = None
-        self._ctx: ConstructionContext | None = None
-        self._unique_id: bytes | None = None
         self._bus_id = ""
         self._bus_ids: list[str] = []
-        self._event: torch.cuda.Event | None = None  # the last call's completion event
-        self._events: list[torch.cuda.Event] = []
         self._calls = 0
-        self._launches: dict[tuple, Launch] = {}  # per (geometry, plan, dtype, capture): see _launch_for
-        self._by_object: dict[tuple, tuple[Launch, Geometry, Plan]] = {}  # the same, by the objects' ids
-        self._send_rows: dict[tuple[int, ...], tuple[Any, int]] = {}  # the vote channel's (ShmVote.send_rows)
-        self._vote: Any = None  # the fvk_vote of the voted form, built once per vote channel (_vote_for)
-        self._vote_ref: Any = None
-        self._vote_owner: Any = None  # the vote channel it was built for
-        self._streams: dict[tuple[int, int], torch.cuda.Stream] = {}  # (device, raw handle) -> Stream
         self._hot: hot.HotPath | None = None  # the hot signatures' table (hot_path), built after the first
+        self._reset()  # what a construction builds, empty
 
     # ------------------------------------------------------------------ probing (local)
 
@@ -131,17 +120,14 @@ class NativeTransport(Transport):
             return declined(DeclineReason.NCCL_RUNTIME_MISMATCH,
                             f"expected exactly one libnccl.so mapped, found {sorted(copies)}", **known)
         self._lib, self._fvk, self._offerings, self._entries = lib, fastvideo_kernel, found.offerings, entries
-        return Capability(self.name, True, abi_version=found.abi, entry_points=entries, nccl_build=build,
-                          nccl_runtime=runtime.value, dtypes=KERNEL_DTYPES, supports_unaligned=True,
-                          detail=f"{fastvideo_kernel.library_path()}")
+        return Capability(self.name, True, dtypes=KERNEL_DTYPES, supports_unaligned=True,
+                          detail=f"{fastvideo_kernel.library_path()}", **known)
 
     # ------------------------------------------------------------------ construction
 
     def _check(self, status: int, what: str) -> None:
         if status != 0:
-            import fastvideo_kernel
-
-            raise NativeKernelError(f"{what}: {fastvideo_kernel.last_error(self._lib)} (status {status})")
+            raise NativeKernelError(f"{what}: {self._fvk.last_error(self._lib)} (status {status})")
 
     def construction_steps(self, ctx: ConstructionContext) -> list[Step]:
         if self._lib is None:
@@ -149,8 +135,8 @@ class NativeTransport(Transport):
             if not cap.present:
                 raise NativeKernelError(f"kernel unavailable: {cap.detail}")
         lib = self._lib
+        self._reset()  # what was built for another communicator (its world size) is dropped
         self._ctx = ctx
-        self._clear_caches()  # built for another communicator's world size
         device = ctx.device.index if ctx.device.index is not None else torch.cuda.current_device()
 
         def create() -> None:
@@ -205,27 +191,22 @@ class NativeTransport(Transport):
 
     def topology(self) -> TopologyReport:
         lsa = self.lsa_info()
-        extras: dict[str, object] = {**lsa, "bus_ids": list(self._bus_ids)}
         if lsa["lsa_size"] != lsa["nranks"] or lsa["lsa_rank"] != lsa["rank"]:
             return TopologyReport(DeclineReason.NOT_LSA,
-                                  f"LSA team of {lsa['lsa_size']} covers only part of the {lsa['nranks']} SP ranks",
-                                  extras)
+                                  f"LSA team of {lsa['lsa_size']} covers only part of the {lsa['nranks']} SP ranks")
         for peer, bus in enumerate(self._bus_ids):
             if bus == self._bus_id:
                 continue
             nvlink = ctypes.c_int(0)
             status = self._lib.fvk_nvlink_p2p(self._bus_id.encode(), bus.encode(), ctypes.byref(nvlink))
             if status != 0:
-                import fastvideo_kernel
-
                 return TopologyReport(DeclineReason.NOT_NVLINK,
                                       f"cannot verify NVLink to rank {peer} ({bus}): "
-                                      f"{fastvideo_kernel.last_error(self._lib)}", extras)
+                                      f"{self._fvk.last_error(self._lib)}")
             if not nvlink.value:
                 return TopologyReport(DeclineReason.NOT_NVLINK,
-                                      f"rank {peer} ({bus}) is reachable from {self._bus_id} only without NVLink",
-                                      extras)
-        return TopologyReport(None, "", extras)
+                                      f"rank {peer} ({bus}) is reachable from {self._bus_id} only without NVLink")
+        return TopologyReport()
 
     # ------------------------------------------------------------------ per call
 
@@ -243,23 +224,20 @@ class NativeTransport(Transport):
         key = (geom, plan, dtype, capture)
         launch = self._launches.get(key)
         if launch is None:
-            launch = self._new_launch(geom, plan, dtype, capture, key)
+            if geom.world_size != self._ctx.world_size:
+                raise NativeKernelError(
+                    f"geometry for SP size {geom.world_size}, communicator has {self._ctx.world_size}")
+            try:
+                launch = build_launch(self._fvk, self._lib, self._offerings, self._entries, geom, plan, dtype,
+                                      capture, self._ctx.rank)
+            except ValueError as exc:
+                raise NativeKernelError(str(exc)) from None
+            if len(self._launches) >= 1024:  # bounded: a pathological job re-builds
+                self._launches.clear()
+            self._launches[key] = launch
         if len(self._by_object) >= 1024:
             self._by_object.clear()
         self._by_object[by_object] = (launch, geom, plan)
-        return launch
-
-    def _new_launch(self, geom: Geometry, plan: Plan, dtype: torch.dtype, capture: bool, key: tuple) -> Launch:
-        if geom.world_size != self._ctx.world_size:
-            raise NativeKernelError(f"geometry for SP size {geom.world_size}, communicator has {self._ctx.world_size}")
-        try:
-            launch = build_launch(self._fvk, self._lib, self._offerings, self._entries, geom, plan, dtype, capture,
-                                  self._ctx.rank)
-        except ValueError as exc:
-            raise NativeKernelError(str(exc)) from None
-        if len(self._launches) >= 1024:  # bounded: a pathological job re-builds
-            self._launches.clear()
-        self._launches[key] = launch
         return launch
 
     def _current_raw(self, x: torch.Tensor) -> tuple[int, int]:
@@ -352,7 +330,11 @@ class NativeTransport(Transport):
         if status != 0:  # the message is built only on failure: the hot path formats nothing
             self._check(status, f"fvk_launch ({launch.entry} plan {plan})")
         if not capture:  # nothing runs at capture: no completion to watch
-            self._record_completion(self._stream(index, raw))
+            # The call's completion event, round-robin from the ring, for the watchdog.
+            event = self._events[self._calls % EVENT_RING]
+            self._calls += 1
+            event.record(self._stream(index, raw))
+            self._event = event
         return out
 
     # ------------------------------------------------------------------ the hot path (hot.py)
@@ -400,13 +382,6 @@ class NativeTransport(Transport):
             raise NativeKernelError("no context: before construction (or after destroy)")
         return self._lib, self._handle, self._ctx.rank
 
-    def _record_completion(self, stream: torch.cuda.Stream) -> None:
-        """After every launch: the call's completion event, round-robin from the ring, for the watchdog."""
-        event = self._events[self._calls % EVENT_RING]
-        self._calls += 1
-        event.record(stream)
-        self._event = event
-
     def watchdog_thread_setup(self) -> None:
         """Run in the helper's watchdog thread: relax that thread's CUDA stream-capture mode, so its event
         queries never invalidate a graph capture begun in another thread (torch's NCCL watchdog does the
@@ -433,18 +408,19 @@ class NativeTransport(Transport):
         self._reset()
         self._check(self._lib.fvk_destroy(handle), "fvk_destroy")
 
-    def _clear_caches(self) -> None:
-        self._launches.clear()
-        self._by_object.clear()
-        self._streams.clear()
-
     def _reset(self) -> None:
+        """What a construction builds (and a call caches from it), empty: before construction, after ``abort`` and
+        ``destroy``."""
         self._close_hot()
-        self._handle = None
-        self._ctx = None
-        self._clear_caches()
-        self._send_rows = {}
-        self._vote = self._vote_ref = self._vote_owner = None
-        self._event = None
-        self._events = []
-        self._unique_id = None
+        self._handle: ctypes.c_void_p | None = None
+        self._ctx: ConstructionContext | None = None
+        self._unique_id: bytes | None = None
+        self._event: torch.cuda.Event | None = None  # the last call's completion event
+        self._events: list[torch.cuda.Event] = []
+        self._launches: dict[tuple, Launch] = {}  # per (geometry, plan, dtype, capture): see _launch_for
+        self._by_object: dict[tuple, tuple[Launch, Geometry, Plan]] = {}  # the same, by the objects' ids
+        self._send_rows: dict[tuple[int, ...], tuple[Any, int]] = {}  # the vote channel's (ShmVote.send_rows)
+        self._vote: Any = None  # the fvk_vote of the voted form, built once per vote channel (_vote_for)
+        self._vote_ref: Any = None
+        self._vote_owner: Any = None  # the vote channel it was built for
+        self._streams: dict[tuple[int, int], torch.cuda.Stream] = {}  # (device, raw handle) -> Stream

@@ -27,7 +27,6 @@ from fastvideo.distributed.communicator import DeviceCommunicatorBase, register_
 from fastvideo.distributed.sp_groups import get_sp_group, model_parallel_is_initialized
 from fastvideo.distributed.ulysses.helper import UlyssesHelper, live_helper
 
-ROUTE_VAR = "FASTVIDEO_ULYSSES_A2A"
 _UNRESOLVED = object()
 _agreed: Any = _UNRESOLVED  # None (the NCCL route) or the helper the agreed settings select, once resolved
 # The helpers the routes vote through: ``default`` (``auto``) and ``checked_off`` (``off`` in checked mode).
@@ -61,8 +60,8 @@ def enabled() -> bool:
     if model_parallel_is_initialized():
         agreed = get_sp_group().settings
         if agreed is not None:
-            return agreed[ROUTE_VAR] == "auto"
-    return envs.get(ROUTE_VAR) == "auto"
+            return agreed[_settings.ROUTE] == "auto"
+    return envs.get(_settings.ROUTE) == "auto"
 
 
 def install() -> None:
@@ -82,21 +81,18 @@ def _ulysses_a2a(comm: DeviceCommunicatorBase) -> UlyssesHelper | None:
 
 def _resolve() -> UlyssesHelper | None:
     """Resolve the agreed route from the agreed settings. Collective: may build a helper."""
-    global _agreed
     install()
     sp = get_sp_group()
     sp.add_teardown("ulysses.route", reset)
     sp.on_settings_change("ulysses.route", _settings_changed)
     agreed = sp.settings
-    if agreed is not None and agreed[ROUTE_VAR] == "auto":
+    if agreed is not None and agreed[_settings.ROUTE] == "auto":
         helper: UlyssesHelper | None = get_default_helper()
     elif agreed is not None and agreed[_settings.CHECKED]:
         helper = get_checked_off_helper()
     else:
         helper = None
-    if helper is not None:
-        helper.on_destroy(reset)
-    _agreed = helper
+    use_route(helper)
     return helper
 
 
@@ -115,13 +111,10 @@ def reset() -> None:
     _agreed = _UNRESOLVED
 
 
-def _current(helper: UlyssesHelper | None) -> bool:
-    return helper is not None and helper.alive and helper.sp is get_sp_group()
-
-
 def _get(kind: str) -> UlyssesHelper:
     """The ``kind`` helper (``_HELPERS``), built (collectively) on first use or after a destroy."""
-    if not _current(_helpers[kind]):
+    helper = _helpers[kind]
+    if helper is None or not helper.alive or helper.sp is not get_sp_group():  # none for the current SP group
         _keep(kind, UlyssesHelper(get_sp_group(), disabled=kind == "checked_off"))
     return _helpers[kind]
 
@@ -138,8 +131,7 @@ def _destroy(kind: str) -> None:
     helper = _helpers[kind]
     if helper is not None:
         helper.destroy()
-    _helpers[kind] = None
-    reset()
+    _keep(kind, None)
 
 
 def get_default_helper() -> UlyssesHelper:
@@ -182,8 +174,3 @@ def get_checked_off_helper() -> UlyssesHelper:
 def current_checked_off_helper() -> UlyssesHelper | None:
     """The ``off`` route's checked-mode helper, if one exists (never builds one). Local."""
     return _helpers["checked_off"]
-
-
-def destroy_checked_off_helper() -> None:
-    """Collective: destroy the ``off`` route's checked-mode helper, if any."""
-    _destroy("checked_off")

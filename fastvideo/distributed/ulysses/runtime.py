@@ -41,21 +41,18 @@ class Runtime:
     """The native runtime of one helper and its lifecycle. Local, except ``destroy`` (collective)."""
 
     def __init__(self, sp, generation: int, transport: Transport | None, vote: GlooVote, stats: CallStats,
-                 watchdog: Callable[[], FusedCallWatchdog]) -> None:
+                 watchdog_timeout_s: float, on_watchdog_timeout: Callable[[str], None]) -> None:
         self.sp, self.generation, self.transport, self.vote = sp, generation, transport, vote
-        self.call_vote: GlooVote | ShmVote = vote  # the per-call channel, once construction chose it
-        self.built = False  # the transport's construction succeeded on every rank
+        # Set by the helper from construction's agreed outcome: the per-call channel it chose, and whether the
+        # transport's construction succeeded on every rank.
+        self.call_vote: GlooVote | ShmVote = vote
+        self.built = False
         self.disposed: str | None = None  # why, once disposed
         self.destroyed = False
         self._stats = stats
-        self._new_watchdog = watchdog
+        self._watchdog_s, self._on_watchdog = watchdog_timeout_s, on_watchdog_timeout
         self._watchdog: FusedCallWatchdog | None = None  # built at the first launch that leaves work in flight
         self.on_destroy: list[Callable[[], None]] = []  # told when ``destroy`` ran
-
-    def constructed(self, built: bool, call_vote: GlooVote | ShmVote) -> None:
-        """Local: construction's agreed outcome (whether the transport was built on every rank) and the per-call
-        vote channel it chose."""
-        self.built, self.call_vote = built, call_vote
 
     @property
     def alive(self) -> bool:
@@ -146,7 +143,8 @@ class Runtime:
     def watch(self, call: InFlight) -> None:
         """Local: track a launch in flight (the watchdog is built at the first)."""
         if self._watchdog is None:
-            self._watchdog = self._new_watchdog()
+            self._watchdog = FusedCallWatchdog.for_group(self._watchdog_s, self.sp.ranks, self.sp.rank_in_group,
+                                                         self._on_watchdog, self.transport.watchdog_thread_setup)
         self._watchdog.track(call)
         self._watchdog.poll()  # the background thread polls too; this drops what completed and catches a stuck
         # earlier call at the next one (never under capture: an event query would invalidate it)

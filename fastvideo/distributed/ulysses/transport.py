@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 
 import torch
 import torch.distributed as dist
@@ -53,17 +53,9 @@ class Capability:
     detail: str = ""
 
     def agreement_key(self) -> tuple:
-        """What every rank must have identically for the fused route to be constructed."""
-        return (
-            self.name,
-            self.present,
-            self.abi_version,
-            tuple(sorted(self.entry_points)),
-            self.nccl_build,
-            self.nccl_runtime,
-            tuple(str(d) for d in self.dtypes),
-            self.supports_unaligned,
-        )
+        """What every rank must have identically for the fused route to be constructed: every field but the local
+        decline and its detail."""
+        return tuple(getattr(self, f.name) for f in fields(self) if f.name not in ("decline", "detail"))
 
 
 @dataclass
@@ -92,7 +84,6 @@ class Step:
 class TopologyReport:
     decline: DeclineReason | None = None
     detail: str = ""
-    extras: dict[str, object] = field(default_factory=dict)
 
 
 class Transport(abc.ABC):

@@ -56,21 +56,8 @@ class InFlight(NamedTuple):
     launched: float  # time.monotonic() at launch
 
 
-def _completed(call: InFlight) -> bool:
-    """Whether ``call``'s marker says complete; a query that raises is left to the oldest-first scan to report."""
-    try:
-        return bool(call.marker.query())
-    except Exception:  # noqa: BLE001 - the scan below queries again and reports it
-        return False
-
-
 def _text(value: str | Callable[[], str]) -> str:
     return value() if callable(value) else value
-
-
-class PeerProbe(Protocol):
-    def __call__(self, call: InFlight, timeout_s: float) -> str:
-        """Publish that this rank is stuck in ``call`` and say what is known of the peers (never raises)."""
 
 
 def end_process(message: str) -> None:
@@ -88,16 +75,6 @@ def end_process(message: str) -> None:
             handler.flush()
     finally:
         os._exit(WATCHDOG_EXIT_CODE)
-
-
-def _default_store():
-    """The default process group's key-value store (the peer probe's channel), or None."""
-    try:
-        import torch.distributed as dist
-
-        return dist.distributed_c10d._get_default_store()
-    except Exception:  # noqa: BLE001 - the probe is optional: without it the watchdog still ends the process
-        return None
 
 
 class StoreProbe:
@@ -150,7 +127,9 @@ class FusedCallWatchdog:
         rank: int,
         ranks: list[int],
         on_timeout: Callable[[str], None] = end_process,
-        probe: PeerProbe | None = None,
+        # (call, timeout_s) -> text: publish that this rank is stuck in the call, say what is known of the peers;
+        # never raises (``StoreProbe``)
+        probe: Callable[[InFlight, float], str] | None = None,
         poll_s: float | None = None,
         thread_setup: Callable[[], None] | None = None,
     ) -> None:
@@ -175,7 +154,12 @@ class FusedCallWatchdog:
                   thread_setup: Callable[[], None] | None = None) -> FusedCallWatchdog:
         """A watchdog for one SP group's fused calls, probing peers through the job's key-value store (the
         default process group's) when there is one."""
-        store = _default_store()
+        try:
+            import torch.distributed as dist
+
+            store = dist.distributed_c10d._get_default_store()
+        except Exception:  # noqa: BLE001 - the probe is optional: without it the watchdog still ends the process
+            store = None
         rank = ranks[rank_in_group]
         probe = None if store is None else StoreProbe(store, ranks, rank, key="-".join(map(str, ranks)),
                                                       wait_s=min(5.0, max(2.0, timeout_s / 2)))
@@ -210,7 +194,11 @@ class FusedCallWatchdog:
         # Calls complete in order (they share one window): the newest complete means all are, one query for the
         # common case. The first n are stable while the host thread appends on the right.
         n = len(pending)
-        if n > 1 and _completed(pending[n - 1]):
+        try:
+            newest_done = n > 1 and pending[n - 1].marker.query()
+        except Exception:  # noqa: BLE001 - the scan below queries again and reports it
+            newest_done = False
+        if newest_done:
             for _ in range(n):
                 pending.popleft()
         while pending:
