@@ -137,16 +137,12 @@ class Geometry:
         return sum(self.seq_table)
 
     @property
-    def itemsize(self) -> int:
-        return self.dtype.itemsize
-
-    @property
     def row_bytes(self) -> int:
         """Bytes of one S_local row of one plane, every peer's head share (the unit of sub-plane chunking and of
         window sizing): H x D x itemsize, sized by the largest head share where the shares differ (what any rank
         receives for one row range, in either mode, is at most P rows of that share)."""
         heads = self.H if self.head_splits is None else self.world_size * max(self.head_splits)
-        return heads * self.D * self.itemsize
+        return heads * self.D * self.dtype.itemsize
 
     @property
     def plane_bytes(self) -> int:
@@ -292,11 +288,9 @@ def normalize_gpu_name(name: str) -> str:
 
 
 def lookup(table: Sequence[TunedRow], gpu: str, geom: Geometry) -> TunedRow | None:
+    """The first row of ``table`` keyed by ``gpu`` and ``geom`` (GPU model, SP size, dtype, H, D), else None."""
     key = (normalize_gpu_name(gpu), geom.world_size, geom.dtype, geom.H, geom.D)
-    for row in table:
-        if row.key == key:
-            return row
-    return None
+    return next((row for row in table if row.key == key), None)
 
 
 @dataclass(frozen=True)
