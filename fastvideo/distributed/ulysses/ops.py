@@ -211,13 +211,7 @@ def _start_fake(x, mode, grad, outcome, helper, *, seq_splits=None, head_splits=
 def _wait(token: torch.Tensor, outcome: torch.Tensor, mode: int, shape: list[int], dtype: torch.dtype,
           device: torch.device, *, seq_splits: list[int] | None = None, head_splits: list[int] | None = None,
           tag: str | None = None) -> torch.Tensor:
-    ident = int(token.item())
-    try:
-        started = exchange.pending(ident)
-    except KeyError:
-        raise RuntimeError(f"Ulysses all-to-all wait: exchange #{ident} is not in flight in this process (waited "
-                           "already, or started elsewhere). Wait for each started exchange exactly once.") from None
-    return started.wait()
+    return exchange.pending(int(token.item())).wait()
 
 
 @_wait.register_fake
