@@ -302,13 +302,15 @@ class Choice:
     why: str
 
 
-def original_plan(geom: Geometry, window_bytes: int) -> Choice:
+def original_plan(geom: Geometry, window_bytes: int, note: str = "") -> Choice:
+    """The untuned plan: the whole operand in one chunk if it fits the window, else the NCCL route (``WINDOW``).
+    ``note`` (e.g. why a tuned row was not used) leads ``why``."""
     if geom.operand_bytes <= window_bytes:
-        return Choice(Plan(ORIGINAL_CTAS, geom.B, geom.S, tuned=False), None, "original policy")
+        return Choice(Plan(ORIGINAL_CTAS, geom.B, geom.S, tuned=False), None, f"{note}original policy")
     return Choice(
         None,
         DeclineReason.WINDOW,
-        f"original policy: the whole operand ({geom.operand_bytes} B) exceeds the window ({window_bytes} B)",
+        f"{note}original policy: the whole operand ({geom.operand_bytes} B) exceeds the window ({window_bytes} B)",
     )
 
 
@@ -334,12 +336,8 @@ def choose_plan(
     if row is None:
         return original_plan(geom, window_bytes)
     if grad and geom.plane_bytes > LONG_TRAINING_PLANE_BYTES and long_training != "chunked":
-        choice = original_plan(geom, window_bytes)
-        note = (
-            f"long training: grad-tracked plane {geom.plane_bytes} B > {LONG_TRAINING_PLANE_BYTES} B "
-            "keeps the original policy"
-        )
-        return Choice(choice.plan, choice.reason, f"{note}; {choice.why}")
+        return original_plan(geom, window_bytes, f"long training: grad-tracked plane {geom.plane_bytes} B > "
+                             f"{LONG_TRAINING_PLANE_BYTES} B keeps the original policy; ")
     # A copy-engine plan double-buffers its chunks: each must fit half the window.
     usable = window_bytes // 2 if row.engine == ENGINE_CE else window_bytes
     name = f"tuned row {row.gpu}/SP{row.world_size}" + (" (copy engine)" if row.engine == ENGINE_CE else "")
