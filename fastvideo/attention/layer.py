@@ -118,7 +118,10 @@ class _Attention(nn.Module):
         """The forward context's ``attn_metadata`` (upstream), read once per forward; None in the dense fall back."""
         return None if self._upstream is None else self._upstream.get_forward_context().attn_metadata
 
-    def _dense(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _backend_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: Any) -> torch.Tensor:
+        """Attention through upstream's backend where it was built, else dense attention. Local."""
+        if self.attn_impl is not None:
+            return self.attn_impl.forward(q, k, v, meta)
         return attention(q, k, v, softmax_scale=self.softmax_scale, causal=self.causal,
                          deterministic=self.deterministic)
 
@@ -339,9 +342,7 @@ class DistributedAttention(_Attention):
             return out
         if self.attend is not None:
             return self.attend(q, k, v)
-        if self.attn_impl is not None:
-            return self.attn_impl.forward(q, k, v, meta)
-        return self._dense(q, k, v)
+        return self._backend_attention(q, k, v, meta)
 
     def _check(self, q, k, v, rq, rk, rv) -> bool:
         """Validate the shapes (local); whether replicated tokens were given."""
@@ -439,6 +440,4 @@ class LocalAttention(_Attention):
             cos, sin = freqs_cis
             q = self._rotary(q, cos, sin, is_neox_style=False)
             k = self._rotary(k, cos, sin, is_neox_style=False)
-        if self.attn_impl is not None:
-            return self.attn_impl.forward(q, k, v, meta)
-        return self._dense(q, k, v)
+        return self._backend_attention(q, k, v, meta)

@@ -365,34 +365,25 @@ def decide(votes: torch.Tensor) -> Decision:
         raise ValueError(f"decide: votes must be [P, {NUM_FIELDS}], got {tuple(votes.shape)}")
     rows = votes.tolist()
     first = rows[0]
-    if all(row == first for row in rows):
-        # The common case, decided without walking the fields: every rank proposed the same call.
-        # (Same verdicts as the general path below, which handles identical rows the same way.)
-        bits = first[Field.ELIGIBILITY]
-        if bits & DeclineReason.LOCAL_ERROR.bit:
-            return Decision(Verdict.RAISE, error=PeerCallError(list(range(len(rows)))))
-        if bits:
-            return Decision(Verdict.DECLINE, reason=reasons_from_bits(bits)[0])
-        if first[Field.PLAN] == 0:
-            return Decision(Verdict.DECLINE, reason=DeclineReason.WINDOW)
-        return _run_decision(first[Field.PLAN])
-    failed = [r for r, row in enumerate(rows) if row[Field.ELIGIBILITY] & DeclineReason.LOCAL_ERROR.bit]
-    if failed:
-        return Decision(Verdict.RAISE, error=PeerCallError(failed))
-    for field in MUST_MATCH:
-        column = [row[field] for row in rows]
-        if any(v != column[0] for v in column):
-            return Decision(Verdict.RAISE, error=mismatch(field, column, [row[Field.MODE_PHASE] for row in rows]))
-    bits = [row[Field.ELIGIBILITY] for row in rows]
-    if any(b != bits[0] for b in bits):
-        return Decision(Verdict.DECLINE, reason=DeclineReason.PEER_DISAGREEMENT)
-    if bits[0]:
-        return Decision(Verdict.DECLINE, reason=reasons_from_bits(bits[0])[0])
-    for field in (Field.WINDOW_BYTES, Field.PLAN):
-        column = [row[field] for row in rows]
-        if any(v != column[0] for v in column):
+    if any(row != first for row in rows):
+        # Ranks proposed different calls. (Identical rows, the common case, skip these checks: they cannot fail.)
+        failed = [r for r, row in enumerate(rows) if row[Field.ELIGIBILITY] & DeclineReason.LOCAL_ERROR.bit]
+        if failed:
+            return Decision(Verdict.RAISE, error=PeerCallError(failed))
+        for field in MUST_MATCH:
+            column = [row[field] for row in rows]
+            if any(v != column[0] for v in column):
+                return Decision(Verdict.RAISE, error=mismatch(field, column, [row[Field.MODE_PHASE] for row in rows]))
+        # The rows differ only in ELIGIBILITY, WINDOW_BYTES or PLAN: a decline bit every rank has wins, else the
+        # ranks disagree.
+        if any(row[Field.ELIGIBILITY] != first[Field.ELIGIBILITY] for row in rows) or not first[Field.ELIGIBILITY]:
             return Decision(Verdict.DECLINE, reason=DeclineReason.PEER_DISAGREEMENT)
-    if rows[0][Field.PLAN] == 0:
+    bits = first[Field.ELIGIBILITY]
+    if bits & DeclineReason.LOCAL_ERROR.bit:  # every rank failed (one that did not would differ)
+        return Decision(Verdict.RAISE, error=PeerCallError(list(range(len(rows)))))
+    if bits:
+        return Decision(Verdict.DECLINE, reason=reasons_from_bits(bits)[0])
+    if first[Field.PLAN] == 0:
         # Eligible but no plan: only a policy bug gets here; never run without one.
         return Decision(Verdict.DECLINE, reason=DeclineReason.WINDOW)
-    return _run_decision(rows[0][Field.PLAN])
+    return _run_decision(first[Field.PLAN])

@@ -125,8 +125,12 @@ def in_flight() -> int:
 
 
 def pending(ident: int) -> AllToAllHandle:
-    """Local: exchange ``ident`` (a token's value) while in flight (KeyError once waited or released)."""
-    return _PENDING[ident]
+    """Local: exchange ``ident`` (a token's value) while in flight; raises RuntimeError once waited or released."""
+    handle = _PENDING.get(ident)
+    if handle is None:
+        raise RuntimeError(f"Ulysses all-to-all wait: exchange #{ident} is not in flight in this process (waited "
+                           "already, or started elsewhere). Wait for each started exchange exactly once.")
+    return handle
 
 
 def fail(sp: GroupCoordinator, mode: int, grad: bool, error: BaseException):

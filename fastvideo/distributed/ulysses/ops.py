@@ -162,6 +162,13 @@ def _op_fake(x, mode, grad, outcome, helper, *, seq_splits=None, head_splits=Non
     return x.new_empty(_fake_shape(x, mode, seq_splits, head_splits, tag)), torch.empty(OUTCOME_LEN, dtype=torch.int64)
 
 
+def _inverse_input(ctx, grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """What a backward's inverse exchange takes: ``(the forward's saved outcome, grad_out made contiguous, whether
+    autograd records the exchange)``."""
+    grad_out = grad_out.contiguous()
+    return ctx.saved_tensors[0], grad_out, torch.is_grad_enabled() and grad_out.requires_grad
+
+
 def _op_setup(ctx, inputs: tuple, output: tuple, keyword_only_inputs: dict) -> None:
     ctx.mode, ctx.kw = inputs[1], dict(keyword_only_inputs)
     ctx.save_for_backward(output[1])
@@ -170,9 +177,7 @@ def _op_setup(ctx, inputs: tuple, output: tuple, keyword_only_inputs: dict) -> N
 def _op_backward(ctx, grad_out: torch.Tensor, _grad_outcome: torch.Tensor | None):
     """The inverse all-to-all with the forward's outcome, split tables and tag, through this same op: differentiable
     again (under ``create_graph=True`` autograd records it, and its own backward is the forward's direction)."""
-    (outcome,) = ctx.saved_tensors
-    grad_out = grad_out.contiguous()
-    grad = torch.is_grad_enabled() and grad_out.requires_grad
+    outcome, grad_out, grad = _inverse_input(ctx, grad_out)
     if not grad and _eager(grad_out):
         out = exchange.issue(get_sp_group(), grad_out, 1 - ctx.mode, False, _outcome(outcome), 0,
                              ctx.kw["seq_splits"], ctx.kw["head_splits"], ctx.kw["tag"])[0]
@@ -211,13 +216,7 @@ def _start_fake(x, mode, grad, outcome, helper, *, seq_splits=None, head_splits=
 def _wait(token: torch.Tensor, outcome: torch.Tensor, mode: int, shape: list[int], dtype: torch.dtype,
           device: torch.device, *, seq_splits: list[int] | None = None, head_splits: list[int] | None = None,
           tag: str | None = None) -> torch.Tensor:
-    ident = int(token.item())
-    try:
-        started = exchange.pending(ident)
-    except KeyError:
-        raise RuntimeError(f"Ulysses all-to-all wait: exchange #{ident} is not in flight in this process (waited "
-                           "already, or started elsewhere). Wait for each started exchange exactly once.") from None
-    return started.wait()
+    return exchange.pending(int(token.item())).wait()
 
 
 @_wait.register_fake
@@ -252,9 +251,7 @@ def _wait_backward(ctx, grad_out: torch.Tensor):
     """Start the inverse exchange of ``grad_out`` with the forward's outcome (its plan and SEQ word; it votes as the
     synchronous backward does) and pass its token on: the start's backward waits for it. Traced (the backward graph
     of ``torch.compile``, compiled autograd, ``make_fx``), the start owns ``grad_out`` as the forward's does."""
-    (outcome,) = ctx.saved_tensors
-    grad_out = grad_out.contiguous()
-    grad = torch.is_grad_enabled() and grad_out.requires_grad
+    outcome, grad_out, grad = _inverse_input(ctx, grad_out)
     token = torch.ops.fastvideo.ulysses_all_to_all_4d_start(grad_out, 1 - ctx.mode, grad, outcome, 0, **ctx.kw,
                                                             own_input=not _eager(grad_out))[0]
     return token, None, None, None, None, None

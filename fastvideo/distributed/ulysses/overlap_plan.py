@@ -173,21 +173,9 @@ def schedule_model(steps: Sequence[Step]) -> ScheduleReport:
             writes[f"attn{step.group}"] = ("compute", tick("compute"))
             overlapped += [f"{f} under attend {step.group}" for f in sorted(flying)]
         elif step.kind == "join":
-            groups = sorted({s.group for s in steps if s.kind == "attend"})
-            for g in groups:
+            for g in sorted({s.group for s in steps if s.kind == "attend"}):
                 read(f"join out{g}", "compute", f"xout{g}")
     return ScheduleReport(waits_on, unsafe, unwaited, overlapped)
-
-
-def group_calls(shape: Sequence[int], world_size: int, chunks: int) -> list[tuple[tuple[int, ...], tuple[int, ...],
-                                                                            tuple[int, ...] | None]]:
-    """Each head group's two exchanges for a layer whose packed q/k/v exchange input is ``shape`` ``[3B, S_local, H,
-    D]`` on every rank (even shards): ``(qkv input shape, out input shape on rank 0, head_splits or None when even)``.
-    Pure (``explain``)."""
-    b, s, h, d = shape
-    layer = CallLayout(world_size, 0, balanced_splits(h, world_size), None, s * world_size, s * world_size)
-    return [((b, s, sum(g.heads), d), (b // 3, s * world_size, g.heads[0], d), g.uneven.get("head_splits"))
-            for g in layer.groups(chunks)]
 
 
 def describe_plan(args: argparse.Namespace, world_size: int, dtype: torch.dtype) -> tuple[int, list[str]]:
@@ -199,18 +187,24 @@ def describe_plan(args: argparse.Namespace, world_size: int, dtype: torch.dtype)
         return 2, ["error: --overlap explains a layer's packed q/k/v exchange: mode 0 with even shards (no splits)"]
     if not 1 < chunks <= shape[2]:
         return 2, [f"error: --overlap {chunks} must be in 2..H ({shape[2]}): each group needs a head"]
-    gpu, window_bytes, grad, long_training = args.gpu, args.window_bytes, args.grad, args.long_training
     if world_size == 1:
         return 0, [f"overlap    {chunks} head groups; SP size 1: nothing is exchanged (the op returns its input)"]
 
-    calls = group_calls(shape, world_size, chunks)
-    lines = [f"overlap    {chunks} head groups of {[c[0][2] for c in calls]} heads; each group's q/k/v and output "
-             "exchanges run on the communication stream (started before, waited after, the neighbouring group's "
-             "attention on the compute stream)"]
-    for g, (qkv, out, heads) in enumerate(calls):
-        for role, call_shape, mode in (("qkv", qkv, 0), ("out", out, 1)):
+    # Each head group's two exchanges (even shards): the packed q/k/v input [3B, S_local, h, D] and rank 0's
+    # output input [B, S, h_0, D], with the group's head splits (None: even).
+    b, s, h, d = shape
+    layer = CallLayout(world_size, 0, balanced_splits(h, world_size), None, s * world_size, s * world_size)
+    groups = layer.groups(chunks)
+    lines = [f"overlap    {chunks} head groups of {[sum(g.heads) for g in groups]} heads; each group's q/k/v and "
+             "output exchanges run on the communication stream (started before, waited after, the neighbouring "
+             "group's attention on the compute stream)"]
+    for g, group in enumerate(groups):
+        heads = group.uneven.get("head_splits")
+        calls = (("qkv", (b, s, sum(group.heads), d), 0), ("out", (b // 3, s * world_size, group.heads[0], d), 1))
+        for role, call_shape, mode in calls:
             geom = Geometry.from_input(call_shape, mode, world_size, dtype, head_splits=heads)
-            choice = choose_plan(geom, gpu=gpu, window_bytes=window_bytes, grad=grad, long_training=long_training)
+            choice = choose_plan(geom, gpu=args.gpu, window_bytes=args.window_bytes, grad=args.grad,
+                                 long_training=args.long_training)
             if getattr(args, "a2a", "auto") == "off":
                 what = "nccl route on the communication stream (FASTVIDEO_ULYSSES_A2A=off)"
             elif choice.plan is None:

@@ -137,16 +137,12 @@ class Geometry:
         return sum(self.seq_table)
 
     @property
-    def itemsize(self) -> int:
-        return self.dtype.itemsize
-
-    @property
     def row_bytes(self) -> int:
         """Bytes of one S_local row of one plane, every peer's head share (the unit of sub-plane chunking and of
         window sizing): H x D x itemsize, sized by the largest head share where the shares differ (what any rank
         receives for one row range, in either mode, is at most P rows of that share)."""
         heads = self.H if self.head_splits is None else self.world_size * max(self.head_splits)
-        return heads * self.D * self.itemsize
+        return heads * self.D * self.dtype.itemsize
 
     @property
     def plane_bytes(self) -> int:
@@ -292,11 +288,9 @@ def normalize_gpu_name(name: str) -> str:
 
 
 def lookup(table: Sequence[TunedRow], gpu: str, geom: Geometry) -> TunedRow | None:
+    """The first row of ``table`` keyed by ``gpu`` and ``geom`` (GPU model, SP size, dtype, H, D), else None."""
     key = (normalize_gpu_name(gpu), geom.world_size, geom.dtype, geom.H, geom.D)
-    for row in table:
-        if row.key == key:
-            return row
-    return None
+    return next((row for row in table if row.key == key), None)
 
 
 @dataclass(frozen=True)
@@ -308,13 +302,15 @@ class Choice:
     why: str
 
 
-def original_plan(geom: Geometry, window_bytes: int) -> Choice:
+def original_plan(geom: Geometry, window_bytes: int, note: str = "") -> Choice:
+    """The untuned plan: the whole operand in one chunk if it fits the window, else the NCCL route (``WINDOW``).
+    ``note`` (e.g. why a tuned row was not used) leads ``why``."""
     if geom.operand_bytes <= window_bytes:
-        return Choice(Plan(ORIGINAL_CTAS, geom.B, geom.S, tuned=False), None, "original policy")
+        return Choice(Plan(ORIGINAL_CTAS, geom.B, geom.S, tuned=False), None, f"{note}original policy")
     return Choice(
         None,
         DeclineReason.WINDOW,
-        f"original policy: the whole operand ({geom.operand_bytes} B) exceeds the window ({window_bytes} B)",
+        f"{note}original policy: the whole operand ({geom.operand_bytes} B) exceeds the window ({window_bytes} B)",
     )
 
 
@@ -340,12 +336,8 @@ def choose_plan(
     if row is None:
         return original_plan(geom, window_bytes)
     if grad and geom.plane_bytes > LONG_TRAINING_PLANE_BYTES and long_training != "chunked":
-        choice = original_plan(geom, window_bytes)
-        note = (
-            f"long training: grad-tracked plane {geom.plane_bytes} B > {LONG_TRAINING_PLANE_BYTES} B "
-            "keeps the original policy"
-        )
-        return Choice(choice.plan, choice.reason, f"{note}; {choice.why}")
+        return original_plan(geom, window_bytes, f"long training: grad-tracked plane {geom.plane_bytes} B > "
+                             f"{LONG_TRAINING_PLANE_BYTES} B keeps the original policy; ")
     # A copy-engine plan double-buffers its chunks: each must fit half the window.
     usable = window_bytes // 2 if row.engine == ENGINE_CE else window_bytes
     name = f"tuned row {row.gpu}/SP{row.world_size}" + (" (copy engine)" if row.engine == ENGINE_CE else "")

@@ -36,7 +36,13 @@ class CallCounter:
         self.calls = seq + 1
         if tag is None:
             return seq, forward_word if phase is _BACKWARD else seq
-        entry = self._tags.get(tag) or self._new_tag(tag)
+        entry = self._tags.get(tag)
+        if entry is None:  # a new tag: its SEQ words of call 0 hashed once
+            entry = self._tags[tag] = [0, 0, 0, *contract.tag_bases(tag)]
+            if len(self._tags) == TAGS_WARN:
+                logger.warning("Ulysses helper gen%d has seen %d distinct call tags: a tag should name a call site "
+                               "(e.g. 'blocks.3.attn.qkv'), not a call; each one is kept for the helper's life.",
+                               self.generation, TAGS_WARN)
         count = entry[phase]
         entry[phase] = count + 1
         return seq, forward_word if phase is _BACKWARD else entry[phase + 3] ^ count
@@ -52,12 +58,3 @@ class CallCounter:
     def tag_counts(self) -> dict[str, tuple[int, int, int]]:
         """Each tag's calls so far, per phase (``Phase`` order)."""
         return {tag: tuple(entry[:3]) for tag, entry in self._tags.items()}
-
-    def _new_tag(self, tag: str) -> list[int]:
-        entry = [0, 0, 0, *contract.tag_bases(tag)]
-        self._tags[tag] = entry
-        if len(self._tags) == TAGS_WARN:
-            logger.warning("Ulysses helper gen%d has seen %d distinct call tags: a tag should name a call site "
-                           "(e.g. 'blocks.3.attn.qkv'), not a call; each one is kept for the helper's life.",
-                           self.generation, TAGS_WARN)
-        return entry
