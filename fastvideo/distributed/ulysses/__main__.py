@@ -375,29 +375,18 @@ def main(argv: list[str] | None = None) -> int:
                             "its input)")
     ex.add_argument("--dtype", type=str.lower, choices=sorted(DTYPES), default="bfloat16", metavar="DTYPE",
                     help=f"one of {', '.join(sorted(DTYPES))} (any case)")
-    ex.add_argument("--gpu", default=None,
-                    help=f"GPU model, e.g. GB200, H200 (default: GPU 0's model; without a GPU, {ASSUMED_GPU}, "
-                         "printed as an assumption)")
-    ex.add_argument("--a2a", type=str.lower, choices=("off", "auto"), default=None,
+    ex.add_argument("--gpu", help=f"GPU model, e.g. GB200, H200 (default: GPU 0's model; without a GPU, "
+                                  f"{ASSUMED_GPU}, printed as an assumption)")
+    ex.add_argument("--a2a", type=str.lower, choices=("off", "auto"),
                     help=f"the route switch (default: {ROUTE_VAR}, as the helper reads it)")
     ex.add_argument("--mode", type=int, choices=(0, 1), default=0, help="0: scatter heads (2,1); 1: the inverse (1,2)")
     ex.add_argument("--grad", action="store_true", help="the operand is grad-tracked (training)")
-    ex.add_argument(
-        "--long-training",
-        type=str.lower,
-        choices=("auto", "chunked"),
-        default=None,
-        help=f"default: {_LONG_VAR}",
-    )
-    ex.add_argument(
-        "--window-bytes", type=_window_bytes, default=None, help=f"default: {_WINDOW_VAR} or {DEFAULT_WINDOW_BYTES}"
-    )
-    ex.add_argument("--seq-splits", type=_splits, default=None, metavar="S0,S1,...",
-                    help="every rank's sequence rows (default: even)")
-    ex.add_argument("--head-splits", type=_splits, default=None, metavar="H0,H1,...",
-                    help="every rank's heads (default: even)")
+    ex.add_argument("--long-training", type=str.lower, choices=("auto", "chunked"), help=f"default: {_LONG_VAR}")
+    ex.add_argument("--window-bytes", type=_window_bytes, help=f"default: {_WINDOW_VAR} or {DEFAULT_WINDOW_BYTES}")
+    for flag, meta, what in (("--seq-splits", "S0,S1,...", "sequence rows"), ("--head-splits", "H0,H1,...", "heads")):
+        ex.add_argument(flag, type=_splits, metavar=meta, help=f"every rank's {what} (default: even)")
     ex.add_argument("--rank", type=_rank, default=0, help="the rank whose input --shape is (with splits; default 0)")
-    ex.add_argument("--overlap", type=int, default=None, metavar="N",
+    ex.add_argument("--overlap", type=int, metavar="N",
                     help="head groups of a DistributedAttention's pipeline (default: FASTVIDEO_ULYSSES_A2A_OVERLAP)")
     sub.add_parser("doctor", help="versions, kernel library, GPUs, host, env; exits 1 if it found a problem")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -411,15 +400,12 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError as exc:
                 ex.error(f"--geometry {args.geometry[0]}: {exc}")
         args.sources = {}
-        for attr, flag, var in (
-            ("a2a", "--a2a", ROUTE_VAR),
-            ("long_training", "--long-training", _LONG_VAR),
-            ("window_bytes", "--window-bytes", _WINDOW_VAR),
-            ("overlap", "--overlap", "FASTVIDEO_ULYSSES_A2A_OVERLAP"),
-        ):
-            args.sources[attr] = flag if getattr(args, attr) is not None else \
-                "from the environment" if os.environ.get(var) else "default"
+        for flag, var in (("--a2a", ROUTE_VAR), ("--long-training", _LONG_VAR), ("--window-bytes", _WINDOW_VAR),
+                          ("--overlap", "FASTVIDEO_ULYSSES_A2A_OVERLAP")):
+            attr = flag[2:].replace("-", "_")
+            args.sources[attr] = flag
             if getattr(args, attr) is None:  # the flag's default is the setting's value, refused as doctor does
+                args.sources[attr] = "from the environment" if os.environ.get(var) else "default"
                 try:
                     setattr(args, attr, envs.get(var))
                 except ValueError as exc:

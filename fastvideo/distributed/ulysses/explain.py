@@ -46,10 +46,6 @@ _KIND_HOW = {
 }
 
 
-def _rows_text(rows: list[TunedRow]) -> str:
-    return "; ".join(f"SP{r.world_size} {r.dtype} H={r.heads} D={r.head_dim} ({KIND_NAMES[r.engine]})" for r in rows)
-
-
 def tuned_row_note(gpu: str, geom: Geometry, table: tuple[TunedRow, ...] = TUNED_TABLE) -> str:
     """Which tuned row the policy will use, or why none applies (an unknown GPU must not pass silently)."""
     row = lookup(table, gpu, geom)
@@ -66,8 +62,9 @@ def tuned_row_note(gpu: str, geom: Geometry, table: tuple[TunedRow, ...] = TUNED
     elif not same_gpu:
         why = f"none: no tuned row exists for GPU {gpu!r} (model {name!r}); GPUs with tuned rows: {listed}"
     else:
-        why = (f"none for {name} at SP{geom.world_size} {geom.dtype} H={geom.H} D={geom.D}; {name} rows: "
-               f"{_rows_text(same_gpu)}")
+        rows = "; ".join(f"SP{r.world_size} {r.dtype} H={r.heads} D={r.head_dim} ({KIND_NAMES[r.engine]})"
+                         for r in same_gpu)
+        why = f"none for {name} at SP{geom.world_size} {geom.dtype} H={geom.H} D={geom.D}; {name} rows: {rows}"
     return f"{why}. The original policy applies."
 
 
