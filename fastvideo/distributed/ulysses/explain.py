@@ -110,9 +110,8 @@ def explain_rows(args: argparse.Namespace) -> tuple[int, list[tuple[str, str]]]:
                                 seq_splits=args.seq_splits, head_splits=args.head_splits, allow_meta=True)
     except ValueError as exc:
         return 2, [("error:", str(exc))]
-    dim, table = (1, splits.seq) if mode == 0 else (2, splits.heads)
-    glob = list(args.shape)
-    glob[dim] = sum(table) if table else glob[dim] * p  # the global operand: every rank's share of S or H
+    geom = Geometry.from_input(args.shape, mode, p, dtype, seq_splits=splits.seq, head_splits=splits.heads)
+    glob = [geom.B, geom.S_global, geom.H, geom.D]  # the global operand: every rank's share of S or H
     named = f" ({args.geometry[0]})" if getattr(args, "geometry", None) else ""
     rows.append(("input", f"global {glob}{named}, per rank {list(args.shape)} (rank {args.rank}'s input to "
                           f"the op) {dtype} mode {mode} "
@@ -121,7 +120,6 @@ def explain_rows(args: argparse.Namespace) -> tuple[int, list[tuple[str, str]]]:
         # sequence_model_parallel_all_to_all_4D returns x itself at SP1: no route, no vote, no plan.
         rows.append(("route", "identity (SP size 1: the op returns its input unchanged; no collective, no vote)"))
         return 0, rows
-    geom = Geometry.from_input(args.shape, mode, p, dtype, seq_splits=splits.seq, head_splits=splits.heads)
     choice = choose_plan(
         geom, gpu=args.gpu, window_bytes=args.window_bytes, grad=args.grad, long_training=args.long_training
     )
