@@ -121,14 +121,18 @@ class EnvVar:
     """One variable: its name, how to parse it, its default and a one-line doc."""
 
     name: str
-    kind: str  # "choice" | "int" | "float" | "str"
-    default: Any
+    default: Any  # its type is the kind of a variable without choices: int, float or str
     doc: str
     choices: tuple[str, ...] = ()
     minimum: float | None = None
     # True: decides which collectives a rank runs (or the plans they carry), so every rank of an SP
     # group must hold the same value; agreed collectively (``fastvideo/distributed/settings.py``).
     agreed: bool = False
+
+    @property
+    def kind(self) -> str:
+        """``choice`` (one of ``choices``), else the default's type: ``int``, ``float`` or ``str``."""
+        return "choice" if self.choices else type(self.default).__name__
 
     def parse(self, raw: str | None) -> Any:
         """Parse ``raw`` (``None`` or empty means unset), raising a ValueError that says how to fix it."""
@@ -159,7 +163,6 @@ class EnvVar:
 _REGISTRY: dict[str, EnvVar] = {var.name: var for var in (
     EnvVar(
         "FASTVIDEO_ULYSSES_A2A",
-        "choice",
         "off",
         "Ulysses all-to-all transport: `off` always takes the NCCL route (no vote unless checked mode is on); "
         "`auto` votes on every call, on every route (FASTVIDEO_ULYSSES_A2A_CHECKED=0: the fused route's calls "
@@ -171,7 +174,6 @@ _REGISTRY: dict[str, EnvVar] = {var.name: var for var in (
     ),
     EnvVar(
         "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING",
-        "choice",
         "auto",
         "Grad-tracked operands with planes over 512 MiB: `auto` keeps the original (untuned) policy; "
         "`chunked` lets them use tuned chunks.",
@@ -180,7 +182,6 @@ _REGISTRY: dict[str, EnvVar] = {var.name: var for var in (
     ),
     EnvVar(
         "FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES",
-        "int",
         1 << 30,
         "Registered symmetric window per rank, in bytes (agreed across ranks at construction).",
         minimum=1,
@@ -188,7 +189,6 @@ _REGISTRY: dict[str, EnvVar] = {var.name: var for var in (
     ),
     EnvVar(
         "FASTVIDEO_ULYSSES_A2A_CHECKED",
-        "choice",
         "auto",
         "Checked mode: every call of the Ulysses all-to-all votes its 12-field contract whatever the route "
         "(`off`, a helper that declined at construction or a call that declined, fused, compiled), so ranks that "
@@ -202,7 +202,6 @@ _REGISTRY: dict[str, EnvVar] = {var.name: var for var in (
     ),
     EnvVar(
         "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S",
-        "float",
         0.0,
         "Seconds a settings agreement, a construction step or a per-call vote may wait for peers before it raises "
         "(the helper then disposes itself) instead of hanging; `0` follows the SP group's timeout, which is the "
@@ -212,7 +211,6 @@ _REGISTRY: dict[str, EnvVar] = {var.name: var for var in (
     ),
     EnvVar(
         "FASTVIDEO_ULYSSES_A2A_WATCHDOG_TIMEOUT_S",
-        "float",
         0.0,
         "Seconds a launched fused call may stay incomplete before the watchdog logs which call, plan and peers "
         "are stuck and ends the process; `0` uses FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S.",
@@ -220,7 +218,6 @@ _REGISTRY: dict[str, EnvVar] = {var.name: var for var in (
     ),
     EnvVar(
         "FASTVIDEO_ULYSSES_A2A_VOTED_LAUNCH",
-        "choice",
         "1",
         "`1`: a fused call over the same-host shared-memory vote exchanges its fields and launches in one kernel-"
         "library call where every rank proposed the same call (the verdict's one RUN case); `0`: the vote, the "
@@ -230,7 +227,6 @@ _REGISTRY: dict[str, EnvVar] = {var.name: var for var in (
     ),
     EnvVar(
         "FASTVIDEO_ULYSSES_A2A_HOT_PATH",
-        "choice",
         "1",
         "`1`: where the voted launch is one kernel-library call and the hot-path extension is built for this torch "
         "(`fastvideo-kernel/build_hot.py`), the later eager calls of a signature already launched fused make their "
@@ -240,14 +236,12 @@ _REGISTRY: dict[str, EnvVar] = {var.name: var for var in (
     ),
     EnvVar(
         "FASTVIDEO_KERNEL_LIBRARY",
-        "str",
         "",
         "Path of a separately built fastvideo-kernel communication library to load instead of the "
         "installed wheel's (development validation).",
     ),
     EnvVar(
         "FASTVIDEO_ULYSSES_A2A_OVERLAP",
-        "int",
         0,
         "Head groups `DistributedAttention` pipelines its all-to-alls over (each group's exchanges in flight on the "
         "communication stream under its neighbours' attention; the same result): `0` or `1` off (default), `N` "
