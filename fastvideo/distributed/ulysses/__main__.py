@@ -351,13 +351,10 @@ def doctor(_: argparse.Namespace) -> int:
     for label, fn in (("versions", versions), ("host", host), ("env", environment), ("gpus", gpus),
                       ("kernel", kernel), ("fused", fused)):
         doc.check(label, fn)
-    if doc.findings:
-        doc.line("result", f"{len(doc.findings)} problem(s) found:")
-        for text in doc.findings:
-            doc.line("result", f"  {text}")
-        return 1
-    doc.line("result", "no problems found")
-    return 0
+    doc.line("result", f"{len(doc.findings)} problem(s) found:" if doc.findings else "no problems found")
+    for text in doc.findings:
+        doc.line("result", f"  {text}")
+    return 1 if doc.findings else 0
 
 
 # ----------------------------------------------------------------------------------- main
@@ -389,9 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--overlap", type=int, metavar="N",
                     help="head groups of a DistributedAttention's pipeline (default: FASTVIDEO_ULYSSES_A2A_OVERLAP)")
     sub.add_parser("doctor", help="versions, kernel library, GPUs, host, env; exits 1 if it found a problem")
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(_negative_values_as_values(
-        argv, ("--shape", "--world-size", "--window-bytes", "--seq-splits", "--head-splits", "--rank")))
+    args = parser.parse_args(_negative_values_as_values(sys.argv[1:] if argv is None else argv, (
+        "--shape", "--world-size", "--window-bytes", "--seq-splits", "--head-splits", "--rank")))
     if args.command == "explain":
         if args.geometry is not None:
             table = args.seq_splits if args.mode == 0 else args.head_splits
