@@ -134,10 +134,7 @@ def schedule_model(steps: Sequence[Step]) -> ScheduleReport:
     writes: dict[str, tuple[str, int]] = {"input": ("compute", 0)}
     events: dict[str, dict[str, int]] = {}
     waited: dict[str, str] = {}  # data name -> event name the compute stream last waited on for it
-    waits_on: dict[str, str] = {}
-    unsafe: list[str] = []
-    unwaited: list[str] = []
-    overlapped: list[str] = []
+    report = ScheduleReport(waits_on={}, unsafe=[], unwaited=[], overlapped=[])
     flying: set[str] = set()
 
     def tick(stream: str) -> int:
@@ -147,12 +144,12 @@ def schedule_model(steps: Sequence[Step]) -> ScheduleReport:
     def read(consumer: str, stream: str, data: str) -> None:
         src, at = writes.get(data, ("never", 1))
         if src == "never" or clock[stream][src] < at:
-            unsafe.append(consumer)
+            report.unsafe.append(consumer)
         if stream == "compute":
             if data in waited:
-                waits_on[consumer] = waited[data]
+                report.waits_on[consumer] = waited[data]
             else:  # safe at most through a later exchange's event: the schedule must not rely on that
-                unwaited.append(consumer)
+                report.unwaited.append(consumer)
 
     for step in steps:
         name = f"{step.role}{step.group}"
@@ -171,11 +168,11 @@ def schedule_model(steps: Sequence[Step]) -> ScheduleReport:
         elif step.kind == "attend":
             read(f"attend {step.group}", "compute", f"xqkv{step.group}")
             writes[f"attn{step.group}"] = ("compute", tick("compute"))
-            overlapped += [f"{f} under attend {step.group}" for f in sorted(flying)]
+            report.overlapped.extend(f"{f} under attend {step.group}" for f in sorted(flying))
         elif step.kind == "join":
             for g in sorted({s.group for s in steps if s.kind == "attend"}):
                 read(f"join out{g}", "compute", f"xout{g}")
-    return ScheduleReport(waits_on, unsafe, unwaited, overlapped)
+    return report
 
 
 def describe_plan(args: argparse.Namespace, world_size: int, dtype: torch.dtype) -> tuple[int, list[str]]:
