@@ -151,7 +151,7 @@ class UlyssesHelper:
             except VoteError as exc:
                 self._runtime.dispose(str(exc))
                 raise
-        self.capability = built.capability
+        self.capability = cap = built.capability
         self.construction_reason, self.construction_detail = built.reason, built.detail
         self.construction_per_rank = built.per_rank
         self._stats.logged(built.reason)  # logged once at construction, never again per call
@@ -163,7 +163,6 @@ class UlyssesHelper:
         self._votes = built.built or self.checked
         self._voted_launch = built.voted_launch
         self._hot = HotLane(self.transport, built.call_vote, built.hot_decline, self.generation)
-        cap = self.capability
         self.planner = Planner(
             PlanConfig(self.world_size, self.generation, self.gpu_name, self.window_bytes,
                        agreed["FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"], (), (), CAPTURE_ENGINES, cap.dtypes, self.device,

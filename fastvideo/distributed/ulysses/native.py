@@ -401,11 +401,10 @@ class NativeTransport(Transport):
         self._reset()
 
     def destroy(self) -> None:
-        if self._handle is None:
-            return
         handle = self._handle
-        self._reset()
-        self._check(self._lib.fvk_destroy(handle), "fvk_destroy")
+        self._reset()  # idempotent: a second destroy (or one before construction) only finds it empty
+        if handle is not None:
+            self._check(self._lib.fvk_destroy(handle), "fvk_destroy")
 
     def _reset(self) -> None:
         """What a construction builds (and a call caches from it), empty: before construction, after ``abort`` and
