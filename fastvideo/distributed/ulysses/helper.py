@@ -33,7 +33,7 @@ from fastvideo.distributed.all_to_all import EVEN, Splits, mode_for_dims, nccl_r
 from fastvideo.distributed.sp_groups import GroupCoordinator, get_sp_group
 from fastvideo.distributed.ulysses import contract, mismatch, planner
 from fastvideo.distributed.ulysses.construction import construct, default_transport, host_identity, limits
-from fastvideo.distributed.ulysses.contract import DeclineReason, Field, PeerCallError, Phase, Verdict
+from fastvideo.distributed.ulysses.contract import DeclineReason, Field, Phase, Verdict
 from fastvideo.distributed.ulysses.hot import HotLane
 from fastvideo.distributed.ulysses.planner import PlanConfig, Planner, Proposal, Signature
 from fastvideo.distributed.ulysses.policy import CAPTURE_ENGINES, TUNED_TABLE, Choice, Geometry, TunedRow
@@ -151,7 +151,7 @@ class UlyssesHelper:
             except VoteError as exc:
                 self._runtime.dispose(str(exc))
                 raise
-        self.capability = built.capability
+        self.capability = cap = built.capability
         self.construction_reason, self.construction_detail = built.reason, built.detail
         self.construction_per_rank = built.per_rank
         self._stats.logged(built.reason)  # logged once at construction, never again per call
@@ -163,7 +163,6 @@ class UlyssesHelper:
         self._votes = built.built or self.checked
         self._voted_launch = built.voted_launch
         self._hot = HotLane(self.transport, built.call_vote, built.hot_decline, self.generation)
-        cap = self.capability
         self.planner = Planner(
             PlanConfig(self.world_size, self.generation, self.gpu_name, self.window_bytes,
                        agreed["FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"], (), (), CAPTURE_ENGINES, cap.dtypes, self.device,
@@ -231,8 +230,17 @@ class UlyssesHelper:
         else:
             out, rows, error = None, self._runtime.exchange(contract.with_seq(proposal.fields, word)), proposal.error
         if out is None:
-            # 3. decide: the same verdict on every rank (a RAISE raises here, on every rank)
-            decision = self._decide(rows, proposal, seq, phase, tag, word, error)
+            # 3. decide: the same verdict on every rank. A RAISE raises here, on every rank: counted, the call not
+            # counted for its tag, raised ``from error`` with the detail the votes lacked (``mismatch.with_detail``:
+            # collective for the three kinds it names).
+            decision = contract.decide(rows)
+            if decision.verdict is Verdict.RAISE:
+                self._stats.raised += 1
+                count = self._counter.rollback(tag, phase)
+                if tag is not None and phase is _BACKWARD:  # its forward's count, from the word it voted
+                    count = (word ^ contract.tag_bases(tag)[_FORWARD_GRAD]) & contract.TAG_COUNT_MASK
+                raise mismatch.with_detail(self._runtime.gather, decision.error, proposal, seq, phase, tag, count,
+                                           error) from error
             if decision.verdict is Verdict.DECLINE:
                 return self._declined(seq, phase, mode, decision.reason, word, proposal, tag)
             # 4. execute: every rank runs (or captures) this plan: the capture bit is in the agreed fields
@@ -246,21 +254,6 @@ class UlyssesHelper:
                     seq, self.generation, lambda: f"{phase.name.lower()}{f', tag {tag!r}' if tag else ''}, "
                     f"{proposal.geom}", lambda: proposal.plan.describe(proposal.geom), marker, time.monotonic()))
         return out, (proposal.fields[_PLAN], word)
-
-    def _decide(self, rows: torch.Tensor, proposal: Proposal, seq: int, phase: Phase, tag: str | None, word: int,
-                local: BaseException | None) -> contract.Decision:
-        """Step 3 of a call: the verdict every rank computes from the same votes. RUN or DECLINE is returned; RAISE
-        raises on every rank: counted, the call not counted for its tag, raised ``from local`` with the detail the
-        votes lacked (``mismatch.with_detail``: collective for the three kinds it names)."""
-        decision = contract.decide(rows)
-        if decision.verdict is not Verdict.RAISE:
-            return decision
-        self._stats.raised += 1
-        count = self._counter.rollback(tag, phase)
-        if tag is not None and phase is _BACKWARD:  # its forward's count, from the word it voted
-            count = (word ^ contract.tag_bases(tag)[_FORWARD_GRAD]) & contract.TAG_COUNT_MASK
-        raise mismatch.with_detail(self._runtime.gather, decision.error, proposal, seq, phase, tag, count,
-                                   local) from local
 
     def _propose(self, sig: Signature) -> Proposal:
         try:
@@ -291,33 +284,33 @@ class UlyssesHelper:
             rows = self._runtime.exchange(fields)
         except VoteError as exc:
             raise error from exc
-        verdict = contract.decide(rows).error
-        # Every rank reached this verdict (this rank's LOCAL_ERROR is in it): all enter the exchange of the errors.
-        peers = (mismatch.peer_errors(self._runtime.gather, verdict, error) if isinstance(verdict, PeerCallError)
-                 else None)
+        # Every rank reached the same verdict, a PeerCallError (this rank's LOCAL_ERROR bit decides before any other
+        # field): all enter the exchange of the errors.
+        peers = mismatch.peer_errors(self._runtime.gather, contract.decide(rows).error, error)
         if hasattr(error, "add_note"):  # Python 3.11+
-            others = "" if peers is None else "; ".join(f"rank {r}: {t}" for r, t in sorted(peers.errors.items())
-                                                         if r != self.sp.rank_in_group)
+            others = "; ".join(f"rank {r}: {t}" for r, t in sorted(peers.errors.items()) if r != self.sp.rank_in_group)
             error.add_note(f"Ulysses: voted on SP ranks {self.sp.ranks}; every peer raises PeerCallError for this "
                            f"call{f' (other ranks that raised: {others})' if others else ''}.")
         raise error
 
     # ------------------------------------------------------------------ public calls
 
-    def _caller_error(self, x: object, mode: int, error: BaseException) -> NoReturn:
-        """Raise ``error``, found by this helper's own entry points before any collective; in checked mode after
-        voting it (``vote_caller_error``), so that every rank raises. Collective in checked mode."""
-        if not self.checked or torch.compiler.is_compiling():
-            raise error
-        self.vote_caller_error(mode, torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad,
-                               error)
-
-    def _validated(self, x: torch.Tensor, mode: int, seq_splits, head_splits, tag) -> Splits:
-        """This helper's own entry points' one validation (``validate_input``)."""
+    def _validated(self, x: torch.Tensor, mode: int, seq_splits, head_splits, tag,
+                   dims: tuple[int, int] | None = None) -> tuple[int, Splits]:
+        """This helper's own entry points' one validation: ``(mode, split tables)`` of the dim pair ``dims`` (when
+        given; ``mode`` is then -1, the vote of an invalid pair) and of the input (``validate_input``). An error is
+        raised before any collective; in checked mode after voting it (``vote_caller_error``), so that every rank
+        raises (collective then)."""
         try:
-            return validate_input(x, mode, self.world_size, self.sp.rank_in_group, seq_splits, head_splits, tag=tag)
+            if dims is not None:
+                mode = mode_for_dims(*dims)
+            return mode, validate_input(x, mode, self.world_size, self.sp.rank_in_group, seq_splits, head_splits,
+                                        tag=tag)
         except (TypeError, ValueError, RuntimeError) as exc:
-            self._caller_error(x, mode, exc)
+            if not self.checked or torch.compiler.is_compiling():
+                raise
+            self.vote_caller_error(mode, torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad,
+                                   exc)
 
     def all_to_all(self, x: torch.Tensor, mode: int, *, seq_splits: Sequence[int] | None = None,
                    head_splits: Sequence[int] | None = None, tag: str | None = None) -> torch.Tensor:
@@ -327,7 +320,7 @@ class UlyssesHelper:
         call site (``call``). Not differentiable itself: autograd goes through the one op (the public function, or
         ``ops.all_to_all(x, mode, helper=this)`` for this helper), whose backward runs the inverse with the plan its
         forward ran and still votes. A call autograd would record raises instead of losing the gradient."""
-        splits = self._validated(x, mode, seq_splits, head_splits, tag)
+        _, splits = self._validated(x, mode, seq_splits, head_splits, tag)
         if torch.is_grad_enabled() and x.requires_grad:
             raise RuntimeError(
                 "UlyssesHelper.all_to_all is not differentiable and x requires grad: call "
@@ -342,11 +335,7 @@ class UlyssesHelper:
         """The fused route or nothing: collective; blocks the host for the vote; capture-safe; not differentiable.
         Returns the output, or None on every rank when every rank declined (the caller then runs the NCCL
         route). Every rank must call it with matching tensors, split tables and tags, in the same order."""
-        try:
-            mode = mode_for_dims(scatter_dim, gather_dim)
-        except ValueError as exc:
-            self._caller_error(x, -1, exc)  # -1: the vote of an invalid dim pair
-        splits = self._validated(x, mode, seq_splits, head_splits, tag)
+        mode, splits = self._validated(x, -1, seq_splits, head_splits, tag, (scatter_dim, gather_dim))
         return self.call(x, mode, torch.is_grad_enabled() and x.requires_grad, splits=splits, tag=tag)[0]
 
     # ------------------------------------------------------------------ configuration (set identically on every rank)

@@ -43,14 +43,12 @@ def call_description(fvk: Any, geom: Geometry, dtype: torch.dtype, *, kind: int,
     """Local, pure, host-only. The ``fvk_call`` of a call on ``geom`` (``fvk``: the ``fastvideo_kernel`` loader
     module) and the split tables it points at: ``geom``'s, or none where a table is the even one. The caller
     keeps the tables alive as long as the description (it holds their addresses)."""
+    seq, heads = fvk.split_table(geom.seq_splits), fvk.split_table(geom.head_splits)
     desc = fvk.Call(size=ctypes.sizeof(fvk.Call), flags=flags, kind=kind, mode=geom.mode, dtype=dtype_code(dtype),
-                    ctas=ctas, B=geom.B, S=geom.S, H=geom.H, D=geom.D, planes_per_chunk=planes, rows_per_chunk=rows)
-    tables = (fvk.split_table(geom.seq_splits), fvk.split_table(geom.head_splits))
-    if tables[0] is not None:
-        desc.seq_split = ctypes.addressof(tables[0])
-    if tables[1] is not None:
-        desc.head_split = ctypes.addressof(tables[1])
-    return desc, tables
+                    ctas=ctas, B=geom.B, S=geom.S, H=geom.H, D=geom.D, planes_per_chunk=planes, rows_per_chunk=rows,
+                    seq_split=None if seq is None else ctypes.addressof(seq),
+                    head_split=None if heads is None else ctypes.addressof(heads))
+    return desc, (seq, heads)
 
 
 def build_launch(fvk: Any, lib: Any, offerings: frozenset[str], entries: frozenset[str], geom: Geometry, plan: Plan,

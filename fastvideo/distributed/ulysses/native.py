@@ -275,10 +275,9 @@ class NativeTransport(Transport):
             self._vote = fvk.Vote(size=ctypes.sizeof(fvk.Vote), stage=fvk.STAGE_REFUSED, handle=handle.value,
                                   fields=0, votes=recv.value, timeout_ns=timeout.value)
             self._vote_ref, self._vote_owner = ctypes.byref(self._vote), vote
-            self._send_rows = vote.send_rows
         if vote.destroyed:
             raise vote.failure(-1)
-        row = self._send_rows.get(fields) or vote.send_row(fields)
+        row = vote.send_rows.get(fields) or vote.send_row(fields)
         row[0][_SEQ] = seq
         self._vote.fields = row[1]
         return self._vote_ref
@@ -402,11 +401,10 @@ class NativeTransport(Transport):
         self._reset()
 
     def destroy(self) -> None:
-        if self._handle is None:
-            return
         handle = self._handle
-        self._reset()
-        self._check(self._lib.fvk_destroy(handle), "fvk_destroy")
+        self._reset()  # idempotent: a second destroy (or one before construction) only finds it empty
+        if handle is not None:
+            self._check(self._lib.fvk_destroy(handle), "fvk_destroy")
 
     def _reset(self) -> None:
         """What a construction builds (and a call caches from it), empty: before construction, after ``abort`` and
@@ -419,7 +417,6 @@ class NativeTransport(Transport):
         self._events: list[torch.cuda.Event] = []
         self._launches: dict[tuple, Launch] = {}  # per (geometry, plan, dtype, capture): see _launch_for
         self._by_object: dict[tuple, tuple[Launch, Geometry, Plan]] = {}  # the same, by the objects' ids
-        self._send_rows: dict[tuple[int, ...], tuple[Any, int]] = {}  # the vote channel's (ShmVote.send_rows)
         self._vote: Any = None  # the fvk_vote of the voted form, built once per vote channel (_vote_for)
         self._vote_ref: Any = None
         self._vote_owner: Any = None  # the vote channel it was built for
