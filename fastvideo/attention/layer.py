@@ -127,14 +127,6 @@ class _Attention(nn.Module):
 
 
 AllToAll = Callable[..., torch.Tensor]  # (x, scatter_dim, gather_dim, name, **the public op's keywords)
-ROLES = ("qkv", "out")  # the two all-to-alls of one forward: the packed Q, K, V in, the attention output back
-
-
-def call_tags(prefix: str) -> dict[str, str | None]:
-    """Each role's call tag for a layer named ``prefix``: ``f"{prefix}.qkv"`` and ``f"{prefix}.out"``, or None for
-    both with an empty prefix (untagged: a per-instance name could differ between ranks that build their models in
-    another order, and a wrong tag raises where nothing is wrong)."""
-    return {role: f"{prefix}.{role}" if prefix else None for role in ROLES}
 
 
 def _public_all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, name: str, **kwargs: Any) -> torch.Tensor:
@@ -163,7 +155,7 @@ class DistributedAttention(_Attention):
     ``f"{prefix}.qkv"`` and ``f"{prefix}.out"`` (``tags``, fixed at construction): wherever the call votes (the
     fused route, checked mode), a rank that skips or repeats one layer's call raises ``ContractMismatchError`` on
     every rank naming the tag, where layers of one shape would otherwise pair the wrong calls silently. An empty
-    prefix leaves the calls untagged (``call_tags``).
+    prefix leaves the calls untagged.
 
     Two keyword-only arguments of this package, for benchmarks: ``all_to_all(x, scatter_dim, gather_dim, name,
     **kwargs)`` replaces the public op (``name``: ``"qkv"`` or ``"out"``; ``kwargs``: the public op's keywords,
@@ -189,7 +181,10 @@ class DistributedAttention(_Attention):
         super().__init__(cls, num_heads, head_size, num_kv_heads, softmax_scale, causal,
                          supported_attention_backends, extra_impl_args, impl_prefix=f"{prefix}.impl")
         self.prefix = prefix
-        self.tags = call_tags(prefix)
+        # Each role's tag ("qkv": the packed Q, K, V in; "out": the attention output back). Empty prefix: untagged, as
+        # a per-instance name could differ between ranks that build their models in another order, and a wrong tag
+        # raises where nothing is wrong.
+        self.tags = {role: f"{prefix}.{role}" if prefix else None for role in ("qkv", "out")}
         self.all_to_all = all_to_all or _public_all_to_all  # a module function: the module holds no reference cycle
         self.attend = attend
         self.overlap_chunks = check_chunks(num_heads, overlap_chunks)
@@ -298,14 +293,6 @@ class DistributedAttention(_Attention):
         dims = (2, 1) if role == "qkv" else (1, 2)
         return self.all_to_all(x, *dims, role, **layout.uneven, **({"tag": tag} if tag else {}), **kwargs)
 
-    def _rotate(self, x: torch.Tensor, b: int, freqs_cis: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        """q and k (the first ``2b`` of the batch dim) rotated; out of place (upstream writes into the exchange's
-        output)."""
-        if freqs_cis is None:
-            return x
-        cos, sin = freqs_cis
-        return torch.cat([self._rotary(x[: 2 * b], cos, sin, is_neox_style=False), x[2 * b:]], dim=0)
-
     def _attend_heads(self, x: torch.Tensor, b: int, layout: CallLayout,
                       freqs_cis: tuple[torch.Tensor, torch.Tensor] | None, meta: Any,
                       replicated: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -314,7 +301,11 @@ class DistributedAttention(_Attention):
         (``[3B, T, H, D]``) appended, attention, the backend's post-processing, the padding restored. Returns
         ``([B, S, h, D]``, ready for the second exchange, ``[B, T, h, D]`` of the replicated tokens or None)."""
         trimmed = layout.seq < layout.full
-        x = self._rotate(x[:, :layout.seq] if trimmed else x, b, freqs_cis)
+        x = x[:, :layout.seq] if trimmed else x
+        # q and k (the first 2b of the batch dim) rotated out of place (upstream writes into the exchange's output).
+        if freqs_cis is not None:
+            cos, sin = freqs_cis
+            x = torch.cat([self._rotary(x[: 2 * b], cos, sin, is_neox_style=False), x[2 * b:]], dim=0)
         if self.attn_impl is not None:
             x = self.attn_impl.preprocess_qkv(x, meta)
         if replicated is not None:

@@ -26,19 +26,18 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox_
     upstream's; except that a float64 ``x`` is computed in float64 (upstream rounds it to float32 first).
     """
     d = x.shape[-1]
-    if cos.shape != sin.shape or cos.shape[-1] not in (d, d // 2):
-        raise ValueError(f"apply_rotary: cos/sin {tuple(cos.shape)}/{tuple(sin.shape)} must both be [S, D/2] or "
-                         f"[S, D] for x of shape {tuple(x.shape)} (S = {x.shape[-3] if x.dim() >= 3 else '?'}, "
-                         f"D = {d}).")
+    fits = cos.shape == sin.shape and cos.shape[-1] in (d, d // 2)
     cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over the heads
+    want = (*x.shape[:-1], cos.shape[-1])
     try:
-        fits = torch.broadcast_shapes(cos.shape, (*x.shape[:-1], cos.shape[-1])) == (*x.shape[:-1], cos.shape[-1])
+        fits = fits and torch.broadcast_shapes(cos.shape, want) == want
     except RuntimeError:
         fits = False
     if not fits:
-        raise ValueError(f"apply_rotary: cos/sin {tuple(sin.shape[:-2] + sin.shape[-1:])} must both be [S, D/2] or "
-                         f"[S, D] for x of shape {tuple(x.shape)} (S = {x.shape[-3] if x.dim() >= 3 else '?'}, "
-                         f"D = {d}): they do not broadcast over x.")
+        given = "/".join(str(tuple(t.shape[:-2] + t.shape[-1:])) for t in (cos, sin))
+        raise ValueError(f"apply_rotary: cos/sin {given} must both be [S, D/2] or [S, D] for x of shape "
+                         f"{tuple(x.shape)} (S = {x.shape[-3] if x.dim() >= 3 else '?'}, D = {d}): they do not "
+                         "broadcast over x.")
     xf = x if x.dtype == torch.float64 else x.float()
     if cos.shape[-1] == d:
         real, imag = xf.unflatten(-1, (-1, 2)).unbind(-1)

@@ -136,9 +136,7 @@ def pending(ident: int) -> AllToAllHandle:
 def fail(sp: GroupCoordinator, mode: int, grad: bool, error: BaseException):
     """Raise ``error``, a caller error found before any collective; in checked mode first vote it on the agreed
     route's helper (``UlyssesHelper.vote_caller_error``). Collective in checked mode; always raises."""
-    if torch.compiler.is_compiling() or sp.world_size == 1:
-        raise error
-    helper = registry.route()
+    helper = None if torch.compiler.is_compiling() or sp.world_size == 1 else registry.route()
     if helper is None or not helper.checked:
         raise error  # as with any torch collective: the peers of a rank that raised alone wait for it
     helper.vote_caller_error(mode, grad, error)

@@ -31,8 +31,6 @@ from fastvideo.distributed.ulysses.contract import NUM_FIELDS, Field
 
 logger = logging.getLogger(__name__)
 
-_all_gather = all_gather_tensor
-_SEQ = int(Field.SEQ)
 ROWS_KEPT = 1024  # native_row's send rows (one per proposal a job votes: a few per layer kind)
 
 
@@ -102,7 +100,6 @@ class GlooVote(_Buffers):
         super().__init__(ranks, timeout_s)
         self.rank = dist.get_rank()  # global, as ``ranks``
         self.owns_group = group is None
-        self._bound_each_call = False
         if group is None:
             # Standalone (benchmarks): a group of its own. use_local_synchronization: only these ranks
             # take part in creating it, so another SP group never blocks on this one.
@@ -112,10 +109,9 @@ class GlooVote(_Buffers):
                 timeout=datetime.timedelta(seconds=timeout_s),
                 use_local_synchronization=True,
             )
-        else:
-            # A shared group: this vote's timeout applies to its exchanges from now on (one helper
-            # votes on a group at a time; the next one sets its own).
-            self._bound_each_call = not _set_group_timeout(group, timeout_s)
+        # A shared group: this vote's timeout applies to its exchanges from now on (one helper votes on a group at
+        # a time; the next one sets its own).
+        self._bound_each_call = not self.owns_group and not _set_group_timeout(group, timeout_s)
         self.group = group
         # Where the group's timeout could not be set, each exchange carries this vote's timeout itself, so
         # that what bounds a vote is still timeout_s and not the timeout the group was created with. Under
@@ -135,7 +131,7 @@ class GlooVote(_Buffers):
         start = time.perf_counter()
         try:
             if self._gather_opts is None:
-                _all_gather(self._recv, self._send, group=self.group)
+                all_gather_tensor(self._recv, self._send, group=self.group)
             else:
                 self.group._allgather_base(self._recv, self._send, self._gather_opts).wait()
         except RuntimeError as exc:
@@ -295,7 +291,7 @@ class ShmVote(_Buffers):
     def native_row(self, fields: tuple[int, ...], seq: int) -> int:
         """The address of ``send_row(fields)`` with SEQ = ``seq`` written into it. Local."""
         words, address = self.send_row(fields)
-        words[_SEQ] = seq
+        words[Field.SEQ] = seq
         return address
 
     @property
