@@ -353,7 +353,7 @@ class UlyssesHelper:
                  capturing: bool = False) -> Choice:
         """The policy's choice for ``geom`` on this helper: local, pure, no vote (``long_training``: default the
         helper's)."""
-        return self.planner.choose(geom, grad=grad, capturing=capturing, long_training=long_training)
+        return planner.choose(self.planner.config, geom, grad=grad, capturing=capturing, long_training=long_training)
 
     # ------------------------------------------------------------------ reporting and lifecycle
 

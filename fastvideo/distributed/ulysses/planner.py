@@ -167,10 +167,6 @@ class Planner:
             self.cache[sig] = proposal
         return proposal
 
-    def choose(self, geom: Geometry, *, grad: bool, capturing: bool = False,
-               long_training: str | None = None) -> Choice:
-        return choose(self.config, geom, grad=grad, capturing=capturing, long_training=long_training)
-
     def replace(self, **changes) -> None:
         """Change configuration fields (``PlanConfig._replace``) and replan."""
         self.config = self.config._replace(**changes)
