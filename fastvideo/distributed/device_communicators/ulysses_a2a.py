@@ -71,10 +71,9 @@ SUPPORTED_WORLD_SIZES = tuple(range(MIN_WORLD_SIZE, MAX_WORLD_SIZE + 1))
 MAX_WINDOW_BYTES = 1 << 30
 
 
-def is_enabled() -> bool:
-    """Whether the fused route is opted in (``FASTVIDEO_ULYSSES_A2A=auto``). Local, never collective: the SP
-    group's agreed value once the SP groups exist, this rank's environment before."""
-    return enabled()
+# Upstream's name for ``registry.enabled``: whether the fused route is opted in (``FASTVIDEO_ULYSSES_A2A=auto``).
+# Local, never collective: the SP group's agreed value once the SP groups exist, this rank's environment before.
+is_enabled = enabled
 
 
 def with_upstream_methods(helper: UlyssesHelper) -> UlyssesHelper:
