@@ -201,12 +201,12 @@ def check_dim(op: str, x: torch.Tensor, dim: int) -> int:
     return dim % x.dim()
 
 
-def check_own_share(op: str, table: tuple[int, ...], rank: int, x: torch.Tensor, dim: int) -> int:
+def check_own_share(op: str, table: tuple[int, ...] | None, rank: int, x: torch.Tensor, dim: int) -> int:
     """Raise a ValueError naming ``op`` unless ``dim`` is a dim of ``x`` (``check_dim``) and ``x`` has this rank's
-    share of the checked ``table`` (``shares``) along it; returns ``dim`` made non-negative. Local, before any
-    collective."""
+    share of the checked ``table`` (``shares``; None: any rows) along it; returns ``dim`` made non-negative. Local,
+    before any collective."""
     dim = check_dim(op, x, dim)
-    if table[rank] != x.shape[dim]:
+    if table is not None and table[rank] != x.shape[dim]:
         raise ValueError(f"{op}: splits[{rank}] = {table[rank]} but this rank's input has {x.shape[dim]} rows along "
                          f"dim {dim}; pass every rank's own row count, the same table on every rank.")
     return dim

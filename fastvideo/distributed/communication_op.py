@@ -33,7 +33,6 @@ from fastvideo.distributed.all_to_all import (
     MODES,
     Splits,
     balanced_splits,
-    check_own_share,
     mode_for_dims,
     nccl_route,
     output_shape,
@@ -153,11 +152,7 @@ def sequence_model_parallel_all_gather(input_: torch.Tensor, dim: int = -1, *,
 
     ``splits`` (keyword-only, this package's; the same on every rank): every rank's rows along ``dim`` where they
     differ, e.g. the ``seq_splits`` of ``sequence_model_parallel_shard``; None: every rank has as many."""
-    sp = get_sp_group()
-    if splits is not None:  # checked here too, so that SP size 1 (which gathers nothing) refuses a bad table alike
-        op = "sequence_model_parallel_all_gather"
-        check_own_share(op, shares(op, "splits", splits, sp.world_size), sp.rank_in_group, input_, dim)
-    return sp.all_gather(input_, dim, splits=splits)
+    return get_sp_group().all_gather(input_, dim, splits=splits)
 
 
 def sequence_model_parallel_all_gather_with_unpad(input_: torch.Tensor, original_seq_len: int, dim: int = -1, *,

@@ -118,12 +118,11 @@ class DeviceCommunicatorBase:
         ``splits`` (this package's, keyword-only; the same on every rank): every rank's rows along ``dim``, where
         they differ (``sequence_model_parallel_shard(..., seq_splits=)``'s shards, a head share); None: all alike.
         Uneven shares travel padded to the largest and are cut back to their own rows, so the result is exact."""
-        dim = check_dim("all_gather", input_, dim)
+        # Checked before the size-1 return, so that a group of one refuses a bad dim or table alike.
+        table = shares("all_gather", "splits", splits, self.world_size)
+        dim = check_own_share("all_gather", table, self.rank_in_group, input_, dim)
         if self.world_size == 1:
             return input_
-        table = shares("all_gather", "splits", splits, self.world_size)
-        if table is not None:
-            check_own_share("all_gather", table, self.rank_in_group, input_, dim)
         gather = _all_gather_autograd if _grad_tracked(input_) else _all_gather
         if table is None or len(set(table)) == 1:
             return gather(input_.contiguous(), dim, self.device_group)

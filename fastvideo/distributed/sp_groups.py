@@ -164,9 +164,7 @@ class GroupCoordinator(CoordinatorTransfers):
 
     def all_gather(self, input_: torch.Tensor, dim: int = -1, *, splits: Sequence[int] | None = None) -> torch.Tensor:
         """Collective: every rank's ``input_`` concatenated along ``dim`` (``splits``: every rank's rows where they
-        differ, the same on every rank); differentiable. Size 1: ``input_``."""
-        if self.world_size == 1:
-            return input_
+        differ, the same on every rank); differentiable. Size 1: ``input_`` (``dim`` and ``splits`` checked)."""
         return self.device_communicator.all_gather(input_, dim, splits=splits)
 
     def shard(self, input_: torch.Tensor, dim: int = -1, *, scale_grad: bool,
