@@ -85,6 +85,12 @@ class CoordinatorTransfers:
         device = self.device if meta.device == self.device.type else torch.device(meta.device)
         return torch.empty(meta.size, dtype=meta.dtype, device=device)
 
+    def _placeholders(self, metadata: list[tuple[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+        """``split_tensor_dict``'s inverse on a receiver: the dictionary with a new tensor (``_empty``) in place of
+        each ``TensorMetadata``, and the keys of those tensors in order."""
+        result = {key: self._empty(value) if isinstance(value, TensorMetadata) else value for key, value in metadata}
+        return result, [key for key, value in metadata if isinstance(value, TensorMetadata)]
+
     # ------------------------------------------------------------------------------------------- broadcasts
 
     def broadcast(self, input_: torch.Tensor, src: int = 0) -> torch.Tensor:
@@ -167,10 +173,8 @@ class CoordinatorTransfers:
             # A source tensor travels as it is when it can (broadcast reads it), else as a contiguous copy.
             tensors = [t.contiguous() for t in tensors]
         else:
-            metadata = self.broadcast_object(None, src=src)
-            result = {key: self._empty(value) if isinstance(value, TensorMetadata) else value
-                      for key, value in metadata}
-            tensors = [result[key] for key, value in metadata if isinstance(value, TensorMetadata)]
+            result, keys = self._placeholders(self.broadcast_object(None, src=src))
+            tensors = [result[key] for key in keys]
         pending = [dist.broadcast(t, src=root, group=self._carrier(t), async_op=True) for t in tensors if t.numel()]
         for work in pending:
             work.wait()
@@ -213,22 +217,18 @@ class CoordinatorTransfers:
             src = (self.rank_in_group - 1) % self.world_size
         peer = self._not_self("recv_tensor_dict", "src", src)
         parts = 1 if all_gather_group is None else all_gather_group.world_size
-        received: dict[str, Any] = {}
-        for key, value in self.recv_object(src=src):
-            if not isinstance(value, TensorMetadata):
-                received[key] = value
+        received, keys = self._placeholders(self.recv_object(src=src))
+        for key in keys:
+            tensor = received[key]
+            if not tensor.numel():
                 continue
-            tensor = self._empty(value)
-            if tensor.numel():
-                shared = all_gather_group is not None and tensor.numel() % parts == 0
-                # Shared: this rank's share arrives alone and the group's all-gather rebuilds the whole.
-                target = torch.empty(tensor.numel() // parts, dtype=tensor.dtype,
-                                     device=tensor.device) if shared else tensor
-                dist.recv(target, src=peer, group=self._carrier(target))
-                if shared:
-                    assert all_gather_group is not None
-                    tensor = all_gather_group.all_gather(target, dim=0).reshape(value.size)
-            received[key] = tensor
+            shared = all_gather_group is not None and tensor.numel() % parts == 0
+            # Shared: this rank's share arrives alone and the group's all-gather rebuilds the whole.
+            target = tensor.new_empty(tensor.numel() // parts) if shared else tensor
+            dist.recv(target, src=peer, group=self._carrier(target))
+            if shared:
+                assert all_gather_group is not None
+                received[key] = all_gather_group.all_gather(target, dim=0).reshape(tensor.shape)
         return received
 
     # ------------------------------------------------------------------------------------------- capture
