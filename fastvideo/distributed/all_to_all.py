@@ -142,14 +142,9 @@ def validate_input(x: torch.Tensor, mode: int, world_size: int, rank: int = 0,
             f"{_OP} does not support torch.func.vmap: it would run one collective per batch element and ranks that "
             "disagree on the batch size hang. Fold the batch into dim 0 instead."
         )
-    seq = None if seq_splits is None else _table("seq_splits", seq_splits, world_size)
-    heads = None if head_splits is None else _table("head_splits", head_splits, world_size)
-    if seq is None and heads is None:  # the even tables (every call without splits): the scattered dim divides
-        dim = 2 if mode == MODE_SEQ_GATHER else 1
-        if x.shape[dim] % world_size:
-            raise _not_divisible(dim, x.shape[dim], world_size)
-        return EVEN
-    if not 0 <= rank < world_size:
+    seq = _table("seq_splits", seq_splits, world_size)
+    heads = _table("head_splits", head_splits, world_size)
+    if (seq is not None or heads is not None) and not 0 <= rank < world_size:  # the rank reads a table's row
         raise ValueError(f"{_OP}: rank={rank} is outside the SP group of size {world_size}.")
     _, s, h, _ = x.shape
     dims = "(2, 1)" if mode == MODE_SEQ_GATHER else "(1, 2)"
@@ -164,14 +159,14 @@ def validate_input(x: torch.Tensor, mode: int, world_size: int, rank: int = 0,
             f"{tuple(x.shape)}); with {dims} rank r passes its own share, {name}[r], in dim {dim}."
         )
     table, name, dim, size = whole
-    if table is None and size % world_size:
+    if table is None and size % world_size:  # the even table (every call without splits): the scattered dim divides
         raise _not_divisible(dim, size, world_size)
     if table is not None and sum(table) != size:
         raise ValueError(
             f"{_OP}: {name} sums to {sum(table)} but x has {size} {_COUNTED[dim]} (dim {dim}, shape "
             f"{tuple(x.shape)}); with {dims} dim {dim} holds every rank's share, so sum({name}) must equal it."
         )
-    return Splits(seq, heads)
+    return EVEN if seq is None and heads is None else Splits(seq, heads)
 
 
 def _not_divisible(dim: int, size: int, world_size: int) -> ValueError:

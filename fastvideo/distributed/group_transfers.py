@@ -257,7 +257,5 @@ class CoordinatorTransfers:
     def all_to_all_4D(self, input_: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1) -> torch.Tensor:
         """Collective: the Ulysses all-to-all's NCCL route over this group (``device_communicator.all_to_all_4D``);
         differentiable. The fused route is taken through ``sequence_model_parallel_all_to_all_4D``. Size 1:
-        ``input_``."""
-        if self.world_size == 1:
-            return input_
+        ``input_`` (checked as at any size)."""
         return self.device_communicator.all_to_all_4D(input_, scatter_dim, gather_dim)
