@@ -89,13 +89,13 @@ def _table(name: str, value: Sequence[int] | None, world_size: int, op: str = _O
     for r, share in enumerate(value):
         # An int, or a SymInt: a share derived from a dynamic size under torch.compile (kept symbolic, compared
         # symbolically below); any other integer (a numpy one, say) becomes an int.
-        if isinstance(share, bool) or not isinstance(share, (int, torch.SymInt)):
-            try:
-                if isinstance(share, bool):
-                    raise TypeError
+        try:
+            if isinstance(share, bool):
+                raise TypeError
+            if not isinstance(share, (int, torch.SymInt)):
                 share = operator.index(share)
-            except TypeError:
-                raise ValueError(f"{op}: {name}[{r}] = {share!r} is not an int; pass {what}.") from None
+        except TypeError:
+            raise ValueError(f"{op}: {name}[{r}] = {share!r} is not an int; pass {what}.") from None
         if share < 0:
             raise ValueError(f"{op}: {name}[{r}] = {share} is negative; pass {what} (0: an idle rank).")
         table.append(share)

@@ -200,8 +200,7 @@ def warmup_sequence_parallel_communication(device: torch.device | None = None) -
     if not _model_parallel_is_initialized():
         return
     sp = get_sp_group()
-    if _WARMED_UP is sp or sp.world_size == 1:
-        _WARMED_UP = sp
+    if _WARMED_UP is sp or sp.world_size == 1:  # size 1 has nothing to warm up
         return
     device = torch.device(device) if device is not None else sp.device
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -190,23 +190,24 @@ class DeviceCommunicatorBase:
     def send(self, tensor: torch.Tensor, dst: int | None = None) -> None:
         """Point to point over the device group, blocking: ``tensor`` to group rank ``dst`` (default: the next
         rank)."""
-        dst = (self.rank_in_group + 1) % self.world_size if dst is None else dst
-        dist.send(tensor.contiguous(), self.ranks[self._group_rank("send", "dst", dst)], self.device_group)
+        dist.send(tensor.contiguous(), self._peer("send", "dst", dst, 1), self.device_group)
 
     def recv(self, size: torch.Size, dtype: torch.dtype, src: int | None = None) -> torch.Tensor:
         """Point to point over the device group, blocking: a new ``size`` x ``dtype`` tensor on this communicator's
         device, from group rank ``src`` (default: the previous rank)."""
-        src = (self.rank_in_group - 1) % self.world_size if src is None else src
-        peer = self.ranks[self._group_rank("recv", "src", src)]
+        peer = self._peer("recv", "src", src, -1)
         tensor = torch.empty(size, dtype=dtype, device=self.device)
         dist.recv(tensor, peer, self.device_group)
         return tensor
 
-    def _group_rank(self, caller: str, arg: str, rank: int) -> int:
+    def _peer(self, caller: str, arg: str, rank: int | None, step: int) -> int:
+        """The global rank of group rank ``rank`` (None: the one ``step`` ranks on from this one), which must be
+        another rank of the group."""
+        rank = (self.rank_in_group + step) % self.world_size if rank is None else rank
         if not isinstance(rank, int) or not 0 <= rank < self.world_size or rank == self.rank_in_group:
             raise ValueError(f"{caller}: {arg}={rank!r} must be another rank of the group (0..{self.world_size - 1}, "
                              f"not this rank {self.rank_in_group}).")
-        return rank
+        return self.ranks[rank]
 
     def destroy(self) -> None:
         """Nothing to release: the Ulysses helper is destroyed with its SP group (``destroy_sequence_parallel``)."""

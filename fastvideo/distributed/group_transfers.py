@@ -59,7 +59,6 @@ class CoordinatorTransfers:
     cpu_group: dist.ProcessGroup
     device_group: dist.ProcessGroup
     device: torch.device
-    mq_broadcaster: Any
 
     world_size: int  # a property of the coordinator
     device_communicator: DeviceCommunicatorBase

@@ -185,11 +185,10 @@ def init_distributed_environment(
         local_rank = _local_rank_from_env() if distributed_init_method == "env://" else rank
     if dist.is_initialized():
         backend = dist.get_backend()
-    else:
-        if backend not in ("nccl", "gloo"):
-            raise ValueError(f"init_distributed_environment: backend={backend!r} must be 'nccl' or 'gloo'.")
-        if backend == "nccl" and not torch.cuda.is_available():
-            backend = "gloo"
+    elif backend not in ("nccl", "gloo"):
+        raise ValueError(f"init_distributed_environment: backend={backend!r} must be 'nccl' or 'gloo'.")
+    elif backend == "nccl" and not torch.cuda.is_available():
+        backend = "gloo"
     if backend == "nccl":
         count = torch.cuda.device_count()
         if not 0 <= local_rank < count:
