@@ -37,9 +37,12 @@ class GraphCaptureContext:
     stream: torch.cuda.Stream | None
 
 
-def split_tensor_dict(tensor_dict: dict[str, Any]) -> tuple[list[tuple[str, Any]], list[torch.Tensor]]:
+def split_tensor_dict(tensor_dict: dict[str, Any],
+                      caller: str = "split_tensor_dict") -> tuple[list[tuple[str, Any]], list[torch.Tensor]]:
     """``(metadata, tensors)``: the dictionary's items in order with each tensor replaced by its ``TensorMetadata``,
-    and the tensors in the same order."""
+    and the tensors in the same order. A ValueError naming ``caller`` unless ``tensor_dict`` is a dict."""
+    if not isinstance(tensor_dict, dict):
+        raise ValueError(f"{caller}: tensor_dict must be a dict on the sending rank, got {type(tensor_dict).__name__}.")
     metadata: list[tuple[str, Any]] = []
     tensors: list[torch.Tensor] = []
     for key, value in tensor_dict.items():
@@ -163,10 +166,7 @@ class CoordinatorTransfers:
         if not dist.is_initialized() or self.world_size == 1:
             return tensor_dict
         if self.rank_in_group == src:
-            if not isinstance(tensor_dict, dict):
-                raise ValueError(f"broadcast_tensor_dict: tensor_dict must be a dict on the source rank, got "
-                                 f"{type(tensor_dict).__name__}.")
-            metadata, tensors = split_tensor_dict(tensor_dict)
+            metadata, tensors = split_tensor_dict(tensor_dict, "broadcast_tensor_dict")
             self.broadcast_object(metadata, src=src)
             result = tensor_dict
             # A source tensor travels as it is when it can (broadcast reads it), else as a contiguous copy.
@@ -190,17 +190,13 @@ class CoordinatorTransfers:
         if dst is None:
             dst = (self.rank_in_group + 1) % self.world_size
         peer = self._not_self("send_tensor_dict", "dst", dst)
-        if not isinstance(tensor_dict, dict):
-            raise ValueError(f"send_tensor_dict: tensor_dict must be a dict, got {type(tensor_dict).__name__}.")
-        parts, part = (1, 0) if all_gather_group is None else (all_gather_group.world_size,
-                                                               all_gather_group.rank_in_group)
-        metadata, tensors = split_tensor_dict(tensor_dict)
+        metadata, tensors = split_tensor_dict(tensor_dict, "send_tensor_dict")
         self.send_object(metadata, dst=dst)
         for tensor in tensors:
             if not tensor.numel():
                 continue
-            if all_gather_group is not None and tensor.numel() % parts == 0:
-                tensor = tensor.reshape(parts, -1)[part]
+            if all_gather_group is not None and tensor.numel() % all_gather_group.world_size == 0:
+                tensor = tensor.reshape(all_gather_group.world_size, -1)[all_gather_group.rank_in_group]
             dist.send(tensor.contiguous(), dst=peer, group=self._carrier(tensor))
         return None
 

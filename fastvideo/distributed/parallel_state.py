@@ -393,8 +393,8 @@ def destroy_distributed_environment() -> None:
     """Tear down the world group and then the default process group. Collective."""
     global _WORLD
     world, _WORLD = _WORLD, None
-    if world is not None and world.cpu_group is not world.device_group:
-        _destroy_groups([world.cpu_group])
+    if world is not None:  # its CPU group (the default group itself over gloo is left to destroy_process_group)
+        world.destroy()
     if dist.is_initialized():
         dist.destroy_process_group()
 

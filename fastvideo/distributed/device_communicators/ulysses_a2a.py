@@ -124,9 +124,7 @@ class UlyssesA2AHelper:
         SP group, host-blocking (one vote), as the op's helper's. Under ``torch.compile`` it declines at once, before
         any distributed state, as upstream's does. A grad-tracked ``x`` goes through the public op's autograd with
         this helper (differentiable, as upstream's is; the op takes the NCCL route itself if the ranks decline)."""
-        if torch.compiler.is_compiling():
-            return None
-        helper = self._bound()
+        helper = None if torch.compiler.is_compiling() else self._bound()
         if helper is None:
             return None
         if torch.is_grad_enabled() and x.requires_grad:
