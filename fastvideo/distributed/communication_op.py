@@ -204,8 +204,7 @@ def warmup_sequence_parallel_communication(device: torch.device | None = None) -
         return
     device = torch.device(device) if device is not None else sp.device
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    p = sp.world_size
-    x = torch.zeros(1, 16, 4 * p, 64, device=device, dtype=dtype)  # [B, S/P, H, D]: both modes' shapes
+    x = torch.zeros(1, 16, 4 * sp.world_size, 64, device=device, dtype=dtype)  # [B, S/P, H, D]: both modes' shapes
     y = sequence_model_parallel_all_to_all_4D(x, scatter_dim=2, gather_dim=1)
     sequence_model_parallel_all_to_all_4D(y, scatter_dim=1, gather_dim=2)
     sequence_model_parallel_all_gather(y[:, :8], dim=2)  # as for replicated tokens: heads gathered

@@ -149,8 +149,7 @@ class DeviceCommunicatorBase:
                                  f"{self.world_size}; pad it first (sequence_model_parallel_shard does), or pass "
                                  "splits (every rank's rows).")
             table = (input_.shape[dim] // self.world_size,) * self.world_size
-        rank = self.rank_in_group
-        start, rows = sum(table[:rank]), table[rank]
+        start, rows = sum(table[:self.rank_in_group]), table[self.rank_in_group]
         scale = self.world_size if scale_grad else 1
 
         def gathered(grad: torch.Tensor) -> torch.Tensor:

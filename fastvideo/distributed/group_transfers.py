@@ -87,11 +87,11 @@ class CoordinatorTransfers:
         device = self.device if meta.device == self.device.type else torch.device(meta.device)
         return torch.empty(meta.size, dtype=meta.dtype, device=device)
 
-    def _placeholders(self, metadata: list[tuple[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+    def _placeholders(self, metadata: list[tuple[str, Any]]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         """``split_tensor_dict``'s inverse on a receiver: the dictionary with a new tensor (``_empty``) in place of
-        each ``TensorMetadata``, and the keys of those tensors in order."""
+        each ``TensorMetadata``, and those tensors by key, in order."""
         result = {key: self._empty(value) if isinstance(value, TensorMetadata) else value for key, value in metadata}
-        return result, [key for key, value in metadata if isinstance(value, TensorMetadata)]
+        return result, {key: result[key] for key, value in metadata if isinstance(value, TensorMetadata)}
 
     # ------------------------------------------------------------------------------------------- broadcasts
 
@@ -172,8 +172,8 @@ class CoordinatorTransfers:
             # A source tensor travels as it is when it can (broadcast reads it), else as a contiguous copy.
             tensors = [t.contiguous() for t in tensors]
         else:
-            result, keys = self._placeholders(self.broadcast_object(None, src=src))
-            tensors = [result[key] for key in keys]
+            result, placeholders = self._placeholders(self.broadcast_object(None, src=src))
+            tensors = list(placeholders.values())
         pending = [dist.broadcast(t, src=root, group=self._carrier(t), async_op=True) for t in tensors if t.numel()]
         for work in pending:
             work.wait()
@@ -187,8 +187,7 @@ class CoordinatorTransfers:
         default process group): ``tensor_dict``."""
         if not dist.is_initialized() or self.world_size == 1:
             return tensor_dict
-        if dst is None:
-            dst = (self.rank_in_group + 1) % self.world_size
+        dst = (self.rank_in_group + 1) % self.world_size if dst is None else dst
         peer = self._not_self("send_tensor_dict", "dst", dst)
         metadata, tensors = split_tensor_dict(tensor_dict, "send_tensor_dict")
         self.send_object(metadata, dst=dst)
@@ -208,13 +207,11 @@ class CoordinatorTransfers:
         (or no default process group): None."""
         if not dist.is_initialized() or self.world_size == 1:
             return None
-        if src is None:
-            src = (self.rank_in_group - 1) % self.world_size
+        src = (self.rank_in_group - 1) % self.world_size if src is None else src
         peer = self._not_self("recv_tensor_dict", "src", src)
         parts = 1 if all_gather_group is None else all_gather_group.world_size
-        received, keys = self._placeholders(self.recv_object(src=src))
-        for key in keys:
-            tensor = received[key]
+        received, placeholders = self._placeholders(self.recv_object(src=src))
+        for key, tensor in placeholders.items():
             if not tensor.numel():
                 continue
             shared = all_gather_group is not None and tensor.numel() % parts == 0
