@@ -89,13 +89,13 @@ def _table(name: str, value: Sequence[int] | None, world_size: int, op: str = _O
     for r, share in enumerate(value):
         # An int, or a SymInt: a share derived from a dynamic size under torch.compile (kept symbolic, compared
         # symbolically below); any other integer (a numpy one, say) becomes an int.
-        if isinstance(share, bool) or not isinstance(share, (int, torch.SymInt)):
-            try:
-                if isinstance(share, bool):
-                    raise TypeError
+        try:
+            if isinstance(share, bool):
+                raise TypeError
+            if not isinstance(share, (int, torch.SymInt)):
                 share = operator.index(share)
-            except TypeError:
-                raise ValueError(f"{op}: {name}[{r}] = {share!r} is not an int; pass {what}.") from None
+        except TypeError:
+            raise ValueError(f"{op}: {name}[{r}] = {share!r} is not an int; pass {what}.") from None
         if share < 0:
             raise ValueError(f"{op}: {name}[{r}] = {share} is negative; pass {what} (0: an idle rank).")
         table.append(share)
@@ -142,14 +142,9 @@ def validate_input(x: torch.Tensor, mode: int, world_size: int, rank: int = 0,
             f"{_OP} does not support torch.func.vmap: it would run one collective per batch element and ranks that "
             "disagree on the batch size hang. Fold the batch into dim 0 instead."
         )
-    seq = None if seq_splits is None else _table("seq_splits", seq_splits, world_size)
-    heads = None if head_splits is None else _table("head_splits", head_splits, world_size)
-    if seq is None and heads is None:  # the even tables (every call without splits): the scattered dim divides
-        dim = 2 if mode == MODE_SEQ_GATHER else 1
-        if x.shape[dim] % world_size:
-            raise _not_divisible(dim, x.shape[dim], world_size)
-        return EVEN
-    if not 0 <= rank < world_size:
+    seq = _table("seq_splits", seq_splits, world_size)
+    heads = _table("head_splits", head_splits, world_size)
+    if (seq is not None or heads is not None) and not 0 <= rank < world_size:  # the rank reads a table's row
         raise ValueError(f"{_OP}: rank={rank} is outside the SP group of size {world_size}.")
     _, s, h, _ = x.shape
     dims = "(2, 1)" if mode == MODE_SEQ_GATHER else "(1, 2)"
@@ -164,14 +159,14 @@ def validate_input(x: torch.Tensor, mode: int, world_size: int, rank: int = 0,
             f"{tuple(x.shape)}); with {dims} rank r passes its own share, {name}[r], in dim {dim}."
         )
     table, name, dim, size = whole
-    if table is None and size % world_size:
+    if table is None and size % world_size:  # the even table (every call without splits): the scattered dim divides
         raise _not_divisible(dim, size, world_size)
     if table is not None and sum(table) != size:
         raise ValueError(
             f"{_OP}: {name} sums to {sum(table)} but x has {size} {_COUNTED[dim]} (dim {dim}, shape "
             f"{tuple(x.shape)}); with {dims} dim {dim} holds every rank's share, so sum({name}) must equal it."
         )
-    return Splits(seq, heads)
+    return EVEN if seq is None and heads is None else Splits(seq, heads)
 
 
 def _not_divisible(dim: int, size: int, world_size: int) -> ValueError:
@@ -201,12 +196,12 @@ def check_dim(op: str, x: torch.Tensor, dim: int) -> int:
     return dim % x.dim()
 
 
-def check_own_share(op: str, table: tuple[int, ...], rank: int, x: torch.Tensor, dim: int) -> int:
+def check_own_share(op: str, table: tuple[int, ...] | None, rank: int, x: torch.Tensor, dim: int) -> int:
     """Raise a ValueError naming ``op`` unless ``dim`` is a dim of ``x`` (``check_dim``) and ``x`` has this rank's
-    share of the checked ``table`` (``shares``) along it; returns ``dim`` made non-negative. Local, before any
-    collective."""
+    share of the checked ``table`` (``shares``; None: any rows) along it; returns ``dim`` made non-negative. Local,
+    before any collective."""
     dim = check_dim(op, x, dim)
-    if table[rank] != x.shape[dim]:
+    if table is not None and table[rank] != x.shape[dim]:
         raise ValueError(f"{op}: splits[{rank}] = {table[rank]} but this rank's input has {x.shape[dim]} rows along "
                          f"dim {dim}; pass every rank's own row count, the same table on every rank.")
     return dim

@@ -33,7 +33,6 @@ from fastvideo.distributed.all_to_all import (
     MODES,
     Splits,
     balanced_splits,
-    check_own_share,
     mode_for_dims,
     nccl_route,
     output_shape,
@@ -153,11 +152,7 @@ def sequence_model_parallel_all_gather(input_: torch.Tensor, dim: int = -1, *,
 
     ``splits`` (keyword-only, this package's; the same on every rank): every rank's rows along ``dim`` where they
     differ, e.g. the ``seq_splits`` of ``sequence_model_parallel_shard``; None: every rank has as many."""
-    sp = get_sp_group()
-    if splits is not None:  # checked here too, so that SP size 1 (which gathers nothing) refuses a bad table alike
-        op = "sequence_model_parallel_all_gather"
-        check_own_share(op, shares(op, "splits", splits, sp.world_size), sp.rank_in_group, input_, dim)
-    return sp.all_gather(input_, dim, splits=splits)
+    return get_sp_group().all_gather(input_, dim, splits=splits)
 
 
 def sequence_model_parallel_all_gather_with_unpad(input_: torch.Tensor, original_seq_len: int, dim: int = -1, *,
@@ -205,13 +200,11 @@ def warmup_sequence_parallel_communication(device: torch.device | None = None) -
     if not _model_parallel_is_initialized():
         return
     sp = get_sp_group()
-    if _WARMED_UP is sp or sp.world_size == 1:
-        _WARMED_UP = sp
+    if _WARMED_UP is sp or sp.world_size == 1:  # size 1 has nothing to warm up
         return
     device = torch.device(device) if device is not None else sp.device
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    p = sp.world_size
-    x = torch.zeros(1, 16, 4 * p, 64, device=device, dtype=dtype)  # [B, S/P, H, D]: both modes' shapes
+    x = torch.zeros(1, 16, 4 * sp.world_size, 64, device=device, dtype=dtype)  # [B, S/P, H, D]: both modes' shapes
     y = sequence_model_parallel_all_to_all_4D(x, scatter_dim=2, gather_dim=1)
     sequence_model_parallel_all_to_all_4D(y, scatter_dim=1, gather_dim=2)
     sequence_model_parallel_all_gather(y[:, :8], dim=2)  # as for replicated tokens: heads gathered

@@ -118,12 +118,11 @@ class DeviceCommunicatorBase:
         ``splits`` (this package's, keyword-only; the same on every rank): every rank's rows along ``dim``, where
         they differ (``sequence_model_parallel_shard(..., seq_splits=)``'s shards, a head share); None: all alike.
         Uneven shares travel padded to the largest and are cut back to their own rows, so the result is exact."""
-        dim = check_dim("all_gather", input_, dim)
+        # Checked before the size-1 return, so that a group of one refuses a bad dim or table alike.
+        table = shares("all_gather", "splits", splits, self.world_size)
+        dim = check_own_share("all_gather", table, self.rank_in_group, input_, dim)
         if self.world_size == 1:
             return input_
-        table = shares("all_gather", "splits", splits, self.world_size)
-        if table is not None:
-            check_own_share("all_gather", table, self.rank_in_group, input_, dim)
         gather = _all_gather_autograd if _grad_tracked(input_) else _all_gather
         if table is None or len(set(table)) == 1:
             return gather(input_.contiguous(), dim, self.device_group)
@@ -150,8 +149,7 @@ class DeviceCommunicatorBase:
                                  f"{self.world_size}; pad it first (sequence_model_parallel_shard does), or pass "
                                  "splits (every rank's rows).")
             table = (input_.shape[dim] // self.world_size,) * self.world_size
-        rank = self.rank_in_group
-        start, rows = sum(table[:rank]), table[rank]
+        start, rows = sum(table[:self.rank_in_group]), table[self.rank_in_group]
         scale = self.world_size if scale_grad else 1
 
         def gathered(grad: torch.Tensor) -> torch.Tensor:
@@ -191,23 +189,24 @@ class DeviceCommunicatorBase:
     def send(self, tensor: torch.Tensor, dst: int | None = None) -> None:
         """Point to point over the device group, blocking: ``tensor`` to group rank ``dst`` (default: the next
         rank)."""
-        dst = (self.rank_in_group + 1) % self.world_size if dst is None else dst
-        dist.send(tensor.contiguous(), self.ranks[self._group_rank("send", "dst", dst)], self.device_group)
+        dist.send(tensor.contiguous(), self._peer("send", "dst", dst, 1), self.device_group)
 
     def recv(self, size: torch.Size, dtype: torch.dtype, src: int | None = None) -> torch.Tensor:
         """Point to point over the device group, blocking: a new ``size`` x ``dtype`` tensor on this communicator's
         device, from group rank ``src`` (default: the previous rank)."""
-        src = (self.rank_in_group - 1) % self.world_size if src is None else src
-        peer = self.ranks[self._group_rank("recv", "src", src)]
+        peer = self._peer("recv", "src", src, -1)
         tensor = torch.empty(size, dtype=dtype, device=self.device)
         dist.recv(tensor, peer, self.device_group)
         return tensor
 
-    def _group_rank(self, caller: str, arg: str, rank: int) -> int:
+    def _peer(self, caller: str, arg: str, rank: int | None, step: int) -> int:
+        """The global rank of group rank ``rank`` (None: the one ``step`` ranks on from this one), which must be
+        another rank of the group."""
+        rank = (self.rank_in_group + step) % self.world_size if rank is None else rank
         if not isinstance(rank, int) or not 0 <= rank < self.world_size or rank == self.rank_in_group:
             raise ValueError(f"{caller}: {arg}={rank!r} must be another rank of the group (0..{self.world_size - 1}, "
                              f"not this rank {self.rank_in_group}).")
-        return rank
+        return self.ranks[rank]
 
     def destroy(self) -> None:
         """Nothing to release: the Ulysses helper is destroyed with its SP group (``destroy_sequence_parallel``)."""

@@ -37,9 +37,12 @@ class GraphCaptureContext:
     stream: torch.cuda.Stream | None
 
 
-def split_tensor_dict(tensor_dict: dict[str, Any]) -> tuple[list[tuple[str, Any]], list[torch.Tensor]]:
+def split_tensor_dict(tensor_dict: dict[str, Any],
+                      caller: str = "split_tensor_dict") -> tuple[list[tuple[str, Any]], list[torch.Tensor]]:
     """``(metadata, tensors)``: the dictionary's items in order with each tensor replaced by its ``TensorMetadata``,
-    and the tensors in the same order."""
+    and the tensors in the same order. A ValueError naming ``caller`` unless ``tensor_dict`` is a dict."""
+    if not isinstance(tensor_dict, dict):
+        raise ValueError(f"{caller}: tensor_dict must be a dict on the sending rank, got {type(tensor_dict).__name__}.")
     metadata: list[tuple[str, Any]] = []
     tensors: list[torch.Tensor] = []
     for key, value in tensor_dict.items():
@@ -59,7 +62,6 @@ class CoordinatorTransfers:
     cpu_group: dist.ProcessGroup
     device_group: dist.ProcessGroup
     device: torch.device
-    mq_broadcaster: Any
 
     world_size: int  # a property of the coordinator
     device_communicator: DeviceCommunicatorBase
@@ -84,6 +86,12 @@ class CoordinatorTransfers:
         """A tensor to receive ``meta`` into: on this group's device when the sender's was of its type."""
         device = self.device if meta.device == self.device.type else torch.device(meta.device)
         return torch.empty(meta.size, dtype=meta.dtype, device=device)
+
+    def _placeholders(self, metadata: list[tuple[str, Any]]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """``split_tensor_dict``'s inverse on a receiver: the dictionary with a new tensor (``_empty``) in place of
+        each ``TensorMetadata``, and those tensors by key, in order."""
+        result = {key: self._empty(value) if isinstance(value, TensorMetadata) else value for key, value in metadata}
+        return result, {key: result[key] for key, value in metadata if isinstance(value, TensorMetadata)}
 
     # ------------------------------------------------------------------------------------------- broadcasts
 
@@ -158,19 +166,14 @@ class CoordinatorTransfers:
         if not dist.is_initialized() or self.world_size == 1:
             return tensor_dict
         if self.rank_in_group == src:
-            if not isinstance(tensor_dict, dict):
-                raise ValueError(f"broadcast_tensor_dict: tensor_dict must be a dict on the source rank, got "
-                                 f"{type(tensor_dict).__name__}.")
-            metadata, tensors = split_tensor_dict(tensor_dict)
+            metadata, tensors = split_tensor_dict(tensor_dict, "broadcast_tensor_dict")
             self.broadcast_object(metadata, src=src)
             result = tensor_dict
             # A source tensor travels as it is when it can (broadcast reads it), else as a contiguous copy.
             tensors = [t.contiguous() for t in tensors]
         else:
-            metadata = self.broadcast_object(None, src=src)
-            result = {key: self._empty(value) if isinstance(value, TensorMetadata) else value
-                      for key, value in metadata}
-            tensors = [result[key] for key, value in metadata if isinstance(value, TensorMetadata)]
+            result, placeholders = self._placeholders(self.broadcast_object(None, src=src))
+            tensors = list(placeholders.values())
         pending = [dist.broadcast(t, src=root, group=self._carrier(t), async_op=True) for t in tensors if t.numel()]
         for work in pending:
             work.wait()
@@ -184,20 +187,15 @@ class CoordinatorTransfers:
         default process group): ``tensor_dict``."""
         if not dist.is_initialized() or self.world_size == 1:
             return tensor_dict
-        if dst is None:
-            dst = (self.rank_in_group + 1) % self.world_size
+        dst = (self.rank_in_group + 1) % self.world_size if dst is None else dst
         peer = self._not_self("send_tensor_dict", "dst", dst)
-        if not isinstance(tensor_dict, dict):
-            raise ValueError(f"send_tensor_dict: tensor_dict must be a dict, got {type(tensor_dict).__name__}.")
-        parts, part = (1, 0) if all_gather_group is None else (all_gather_group.world_size,
-                                                               all_gather_group.rank_in_group)
-        metadata, tensors = split_tensor_dict(tensor_dict)
+        metadata, tensors = split_tensor_dict(tensor_dict, "send_tensor_dict")
         self.send_object(metadata, dst=dst)
         for tensor in tensors:
             if not tensor.numel():
                 continue
-            if all_gather_group is not None and tensor.numel() % parts == 0:
-                tensor = tensor.reshape(parts, -1)[part]
+            if all_gather_group is not None and tensor.numel() % all_gather_group.world_size == 0:
+                tensor = tensor.reshape(all_gather_group.world_size, -1)[all_gather_group.rank_in_group]
             dist.send(tensor.contiguous(), dst=peer, group=self._carrier(tensor))
         return None
 
@@ -209,26 +207,20 @@ class CoordinatorTransfers:
         (or no default process group): None."""
         if not dist.is_initialized() or self.world_size == 1:
             return None
-        if src is None:
-            src = (self.rank_in_group - 1) % self.world_size
+        src = (self.rank_in_group - 1) % self.world_size if src is None else src
         peer = self._not_self("recv_tensor_dict", "src", src)
         parts = 1 if all_gather_group is None else all_gather_group.world_size
-        received: dict[str, Any] = {}
-        for key, value in self.recv_object(src=src):
-            if not isinstance(value, TensorMetadata):
-                received[key] = value
+        received, placeholders = self._placeholders(self.recv_object(src=src))
+        for key, tensor in placeholders.items():
+            if not tensor.numel():
                 continue
-            tensor = self._empty(value)
-            if tensor.numel():
-                shared = all_gather_group is not None and tensor.numel() % parts == 0
-                # Shared: this rank's share arrives alone and the group's all-gather rebuilds the whole.
-                target = torch.empty(tensor.numel() // parts, dtype=tensor.dtype,
-                                     device=tensor.device) if shared else tensor
-                dist.recv(target, src=peer, group=self._carrier(target))
-                if shared:
-                    assert all_gather_group is not None
-                    tensor = all_gather_group.all_gather(target, dim=0).reshape(value.size)
-            received[key] = tensor
+            shared = all_gather_group is not None and tensor.numel() % parts == 0
+            # Shared: this rank's share arrives alone and the group's all-gather rebuilds the whole.
+            target = tensor.new_empty(tensor.numel() // parts) if shared else tensor
+            dist.recv(target, src=peer, group=self._carrier(target))
+            if shared:
+                assert all_gather_group is not None
+                received[key] = all_gather_group.all_gather(target, dim=0).reshape(tensor.shape)
         return received
 
     # ------------------------------------------------------------------------------------------- capture
@@ -257,7 +249,5 @@ class CoordinatorTransfers:
     def all_to_all_4D(self, input_: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1) -> torch.Tensor:
         """Collective: the Ulysses all-to-all's NCCL route over this group (``device_communicator.all_to_all_4D``);
         differentiable. The fused route is taken through ``sequence_model_parallel_all_to_all_4D``. Size 1:
-        ``input_``."""
-        if self.world_size == 1:
-            return input_
+        ``input_`` (checked as at any size)."""
         return self.device_communicator.all_to_all_4D(input_, scatter_dim, gather_dim)

@@ -85,9 +85,7 @@ def job_timeout_s() -> float:
     """Local: the default process group's timeout in seconds (torch's default for its backend when it cannot
     be read). The SP groups and the Ulysses vote follow it unless told otherwise."""
     timeout = group_timeout_s()
-    if timeout is not None:
-        return timeout
-    return dist.distributed_c10d.default_pg_timeout.total_seconds()
+    return timeout if timeout is not None else dist.distributed_c10d.default_pg_timeout.total_seconds()
 
 
 def classify_failure(exc: BaseException) -> str:

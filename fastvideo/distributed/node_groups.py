@@ -97,6 +97,5 @@ def get_same_node_ranks(pg: Any, source_rank: int = 0) -> list[int]:
     return [ranks[i] for i, flag in enumerate(total.tolist()) if flag]
 
 
-def is_the_same_node_as(pg: Any, source_rank: int = 0) -> list[int]:
-    """``get_same_node_ranks`` under its older name (it returns ranks, as upstream's does since it was renamed)."""
-    return get_same_node_ranks(pg, source_rank)
+# ``get_same_node_ranks`` under its older name (it returns ranks, as upstream's does since it was renamed).
+is_the_same_node_as = get_same_node_ranks

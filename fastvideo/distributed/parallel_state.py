@@ -100,7 +100,6 @@ _WORLD: GroupCoordinator | None = None
 _NODE: GroupCoordinator | None = None  # the ranks of this rank's node (upstream's weight loaders read it)
 _TP: GroupCoordinator | None = None
 _TP_STATE_PATCHED = False
-_ENABLE_CUSTOM_ALL_REDUCE = True  # upstream's switch; read by nothing here (this package has no custom all-reduce)
 _TP_GROUPS: list[dist.ProcessGroup] = []  # every TP group this rank created (each rank creates all of them)
 
 
@@ -138,9 +137,8 @@ def get_tp_rank() -> int:
     return get_tp_group().rank_in_group
 
 
-def get_sp_parallel_rank() -> int:
-    """This rank's rank in its SP group (upstream's name for ``get_sp_rank``)."""
-    return get_sp_rank()
+# This rank's rank in its SP group: upstream's name for ``get_sp_rank``.
+get_sp_parallel_rank = get_sp_rank
 
 
 def get_dp_world_size() -> int:
@@ -187,11 +185,10 @@ def init_distributed_environment(
         local_rank = _local_rank_from_env() if distributed_init_method == "env://" else rank
     if dist.is_initialized():
         backend = dist.get_backend()
-    else:
-        if backend not in ("nccl", "gloo"):
-            raise ValueError(f"init_distributed_environment: backend={backend!r} must be 'nccl' or 'gloo'.")
-        if backend == "nccl" and not torch.cuda.is_available():
-            backend = "gloo"
+    elif backend not in ("nccl", "gloo"):
+        raise ValueError(f"init_distributed_environment: backend={backend!r} must be 'nccl' or 'gloo'.")
+    elif backend == "nccl" and not torch.cuda.is_available():
+        backend = "gloo"
     if backend == "nccl":
         count = torch.cuda.device_count()
         if not 0 <= local_rank < count:
@@ -296,9 +293,7 @@ def init_node_group(local_rank: int, backend: str) -> None:
 
 
 def set_custom_all_reduce(enable: bool) -> None:
-    """Upstream's switch for its custom all-reduce. Recorded; this package has none, so it changes nothing."""
-    global _ENABLE_CUSTOM_ALL_REDUCE
-    _ENABLE_CUSTOM_ALL_REDUCE = enable
+    """Upstream's switch for its custom all-reduce. Accepted; this package has none, so it changes nothing."""
 
 
 @contextlib.contextmanager
@@ -398,8 +393,8 @@ def destroy_distributed_environment() -> None:
     """Tear down the world group and then the default process group. Collective."""
     global _WORLD
     world, _WORLD = _WORLD, None
-    if world is not None and world.cpu_group is not world.device_group:
-        _destroy_groups([world.cpu_group])
+    if world is not None:  # its CPU group (the default group itself over gloo is left to destroy_process_group)
+        world.destroy()
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -424,6 +419,6 @@ def cleanup_dist_env_and_memory(shutdown_ray: bool = False) -> None:
 
 def state() -> dict[str, Any]:
     """What exists now (for tests and diagnostics): which groups, and how many TP process groups."""
-    sp, dp = _sp_groups._SP, _sp_groups._DP  # read where they live: sp_groups rebinds them
-    return {"world": _WORLD is not None, "node": _NODE is not None, "sp": sp is not None, "dp": dp is not None,
+    sp = model_parallel_is_initialized()  # the SP and DP groups are built and torn down together
+    return {"world": _WORLD is not None, "node": _NODE is not None, "sp": sp, "dp": sp,
             "tp": _TP is not None, "tp_process_groups": len(_TP_GROUPS), "default_group": dist.is_initialized()}

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import itertools
 import weakref
+from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,16 +43,10 @@ from fastvideo.distributed.group_transfers import CoordinatorTransfers
 from fastvideo.distributed.host_exchange import job_timeout_s
 from fastvideo.distributed.settings import AgreedSettings
 
-_group_name_counter: dict[str, int] = {}
+# name -> the count of coordinators of that name this process built (upstream's ``name:<n>`` group names)
+_group_name_counter: defaultdict[str, itertools.count] = defaultdict(itertools.count)
 # unique_name -> the coordinator (upstream's registry, which its module-level ``all_reduce(tensor, group_name)`` reads)
 _groups: dict[str, Callable[[], GroupCoordinator | None]] = {}
-
-
-def _get_unique_name(name: str) -> str:
-    """``name:<n>``, n counting the coordinators of that name this process built (upstream's group names)."""
-    n = _group_name_counter.get(name, 0)
-    _group_name_counter[name] = n + 1
-    return f"{name}:{n}"
 
 
 @dataclass(init=False, eq=False)
@@ -115,16 +111,15 @@ class GroupCoordinator(CoordinatorTransfers):
     def _assign(self, ranks: list[int], rank_in_group: int, device_group: dist.ProcessGroup,
                 cpu_group: dist.ProcessGroup, device: torch.device, *, vote_group: dist.ProcessGroup | None = None,
                 timeout_s: float | None = None, local_rank: int = 0, unique_name: str | None = None) -> None:
-        """Set every attribute of a new coordinator and register it under upstream's ``name:<n>`` for
+        """Set the attributes of a new coordinator and register it under upstream's ``name:<n>`` for
         ``unique_name`` (``anonymous:<n>`` where it is empty)."""
+        # The fields not set here start at their class defaults (no settings, generation 0, no communicator).
         self.ranks, self.rank_in_group, self.device = list(ranks), rank_in_group, device
         self.world_size = len(self.ranks)
         self.device_group, self.cpu_group, self.vote_group = device_group, cpu_group, vote_group
-        self.settings, self.vote_failure, self.timeout_s = None, None, timeout_s
-        self._generation, self._teardown, self._on_settings = 0, {}, {}
-        self.local_rank, self.unique_name = local_rank, _get_unique_name(unique_name or "anonymous")
-        self.use_device_communicator, self.mq_broadcaster, self.use_custom_op_call = True, None, False
-        self._communicator = None
+        self.timeout_s, self._teardown, self._on_settings = timeout_s, {}, {}
+        name = unique_name or "anonymous"
+        self.local_rank, self.unique_name = local_rank, f"{name}:{next(_group_name_counter[name])}"
         _groups[self.unique_name] = weakref.ref(self)
 
     # ---------------------------------------------------------------- upstream FastVideo's coordinator surface
@@ -169,9 +164,7 @@ class GroupCoordinator(CoordinatorTransfers):
 
     def all_gather(self, input_: torch.Tensor, dim: int = -1, *, splits: Sequence[int] | None = None) -> torch.Tensor:
         """Collective: every rank's ``input_`` concatenated along ``dim`` (``splits``: every rank's rows where they
-        differ, the same on every rank); differentiable. Size 1: ``input_``."""
-        if self.world_size == 1:
-            return input_
+        differ, the same on every rank); differentiable. Size 1: ``input_`` (``dim`` and ``splits`` checked)."""
         return self.device_communicator.all_gather(input_, dim, splits=splits)
 
     def shard(self, input_: torch.Tensor, dim: int = -1, *, scale_grad: bool,

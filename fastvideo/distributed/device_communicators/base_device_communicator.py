@@ -2,10 +2,6 @@
 ``fastvideo/distributed/communicator.py`` (below the SP groups, which build one per group), re-exported here so
 that upstream's imports resolve."""
 
-from fastvideo.distributed.communicator import (
-    DeviceCommunicatorBase,
-    DistributedAutograd,
-    register_ulysses_a2a_provider,
-)
+from fastvideo.distributed.communicator import DeviceCommunicatorBase, DistributedAutograd
 
-__all__ = ["DeviceCommunicatorBase", "DistributedAutograd", "register_ulysses_a2a_provider"]
+__all__ = ["DeviceCommunicatorBase", "DistributedAutograd"]

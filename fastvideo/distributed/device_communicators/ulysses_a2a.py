@@ -71,10 +71,9 @@ SUPPORTED_WORLD_SIZES = tuple(range(MIN_WORLD_SIZE, MAX_WORLD_SIZE + 1))
 MAX_WINDOW_BYTES = 1 << 30
 
 
-def is_enabled() -> bool:
-    """Whether the fused route is opted in (``FASTVIDEO_ULYSSES_A2A=auto``). Local, never collective: the SP
-    group's agreed value once the SP groups exist, this rank's environment before."""
-    return enabled()
+# Upstream's name for ``registry.enabled``: whether the fused route is opted in (``FASTVIDEO_ULYSSES_A2A=auto``).
+# Local, never collective: the SP group's agreed value once the SP groups exist, this rank's environment before.
+is_enabled = enabled
 
 
 def with_upstream_methods(helper: UlyssesHelper) -> UlyssesHelper:
@@ -125,9 +124,7 @@ class UlyssesA2AHelper:
         SP group, host-blocking (one vote), as the op's helper's. Under ``torch.compile`` it declines at once, before
         any distributed state, as upstream's does. A grad-tracked ``x`` goes through the public op's autograd with
         this helper (differentiable, as upstream's is; the op takes the NCCL route itself if the ranks decline)."""
-        if torch.compiler.is_compiling():
-            return None
-        helper = self._bound()
+        helper = None if torch.compiler.is_compiling() else self._bound()
         if helper is None:
             return None
         if torch.is_grad_enabled() and x.requires_grad:
