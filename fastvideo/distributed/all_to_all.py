@@ -160,21 +160,16 @@ def validate_input(x: torch.Tensor, mode: int, world_size: int, rank: int = 0,
         )
     table, name, dim, size = whole
     if table is None and size % world_size:  # the even table (every call without splits): the scattered dim divides
-        raise _not_divisible(dim, size, world_size)
+        raise ValueError(
+            f"{_OP}: {_DIM_NAMES[dim]} (dim {dim}) = {size} is not divisible by the SP size {world_size}; pass {name} "
+            "(every rank's share, the same on every rank) or choose an SP size that divides it."
+        )
     if table is not None and sum(table) != size:
         raise ValueError(
             f"{_OP}: {name} sums to {sum(table)} but x has {size} {_COUNTED[dim]} (dim {dim}, shape "
             f"{tuple(x.shape)}); with {dims} dim {dim} holds every rank's share, so sum({name}) must equal it."
         )
     return EVEN if seq is None and heads is None else Splits(seq, heads)
-
-
-def _not_divisible(dim: int, size: int, world_size: int) -> ValueError:
-    name = "head_splits" if dim == 2 else "seq_splits"
-    return ValueError(
-        f"{_OP}: {_DIM_NAMES[dim]} (dim {dim}) = {size} is not divisible by the SP size {world_size}; pass {name} "
-        "(every rank's share, the same on every rank) or choose an SP size that divides it."
-    )
 
 
 def shares(op: str, name: str, value: Sequence[int] | None, world_size: int,
@@ -194,17 +189,6 @@ def check_dim(op: str, x: torch.Tensor, dim: int) -> int:
     if not -x.dim() <= dim < x.dim():
         raise ValueError(f"{op}: dim={dim} is out of range for a tensor of shape {tuple(x.shape)}.")
     return dim % x.dim()
-
-
-def check_own_share(op: str, table: tuple[int, ...] | None, rank: int, x: torch.Tensor, dim: int) -> int:
-    """Raise a ValueError naming ``op`` unless ``dim`` is a dim of ``x`` (``check_dim``) and ``x`` has this rank's
-    share of the checked ``table`` (``shares``; None: any rows) along it; returns ``dim`` made non-negative. Local,
-    before any collective."""
-    dim = check_dim(op, x, dim)
-    if table is not None and table[rank] != x.shape[dim]:
-        raise ValueError(f"{op}: splits[{rank}] = {table[rank]} but this rank's input has {x.shape[dim]} rows along "
-                         f"dim {dim}; pass every rank's own row count, the same table on every rank.")
-    return dim
 
 
 def balanced_splits(total: int, world_size: int) -> tuple[int, ...]:

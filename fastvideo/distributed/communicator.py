@@ -30,7 +30,6 @@ from torch.distributed import ProcessGroup, ReduceOp
 from fastvideo.distributed import utils as _utils
 from fastvideo.distributed.all_to_all import (
     check_dim,
-    check_own_share,
     mode_for_dims,
     nccl_route,
     shares,
@@ -120,7 +119,11 @@ class DeviceCommunicatorBase:
         Uneven shares travel padded to the largest and are cut back to their own rows, so the result is exact."""
         # Checked before the size-1 return, so that a group of one refuses a bad dim or table alike.
         table = shares("all_gather", "splits", splits, self.world_size)
-        dim = check_own_share("all_gather", table, self.rank_in_group, input_, dim)
+        dim = check_dim("all_gather", input_, dim)
+        if table is not None and table[self.rank_in_group] != input_.shape[dim]:  # not this rank's own share
+            raise ValueError(f"all_gather: splits[{self.rank_in_group}] = {table[self.rank_in_group]} but this rank's "
+                             f"input has {input_.shape[dim]} rows along dim {dim}; pass every rank's own row count, "
+                             "the same table on every rank.")
         if self.world_size == 1:
             return input_
         gather = _all_gather_autograd if _grad_tracked(input_) else _all_gather
