@@ -53,48 +53,43 @@ def get_same_node_ranks(pg: Any, source_rank: int = 0) -> list[int]:
         raise ValueError(f"get_same_node_ranks: source_rank={source_rank} must be a rank of the group "
                          f"(0..{world - 1}).")
 
-    def broadcast(obj: Any) -> Any:
-        if stateless:
-            return pg.broadcast_obj(obj, src=source_rank)
-        box = [obj]
-        dist.broadcast_object_list(box, src=ranks[source_rank], group=pg)
-        return box[0]
-
     seen = torch.zeros(world, dtype=torch.int32)
     created: shared_memory.SharedMemory | None = None
+    offer: tuple[str, bytes] | None = None  # the source's segment and token (None: it has none)
     if rank == source_rank:
+        seen[rank] = 1
         token = secrets.token_bytes(_TOKEN_BYTES)
         try:
             created = shared_memory.SharedMemory(create=True, size=_TOKEN_BYTES)
             created.buf[:_TOKEN_BYTES] = token
-            offer: tuple[str, bytes] | None = (created.name, token)
+            offer = (created.name, token)
         except OSError as exc:  # no shared memory here: this rank alone is its node
             logger.warning("get_same_node_ranks: cannot create shared memory (%s); each rank is its own node", exc)
-            offer = None
-        broadcast(offer)
-        seen[rank] = 1
+    if stateless:
+        offer = pg.broadcast_obj(offer, src=source_rank)
     else:
-        offer = broadcast(None)
-        if offer is not None:
-            name, token = offer
-            with contextlib.suppress(OSError, ValueError):
-                shm = _attach(name)
-                try:
-                    seen[rank] = int(bytes(shm.buf[:_TOKEN_BYTES]) == token)
-                finally:
-                    shm.close()
+        box = [offer]
+        dist.broadcast_object_list(box, src=ranks[source_rank], group=pg)
+        offer = box[0]
+    if rank != source_rank and offer is not None:
+        name, token = offer
+        with contextlib.suppress(OSError, ValueError):
+            shm = _attach(name)
+            try:
+                seen[rank] = int(bytes(shm.buf[:_TOKEN_BYTES]) == token)
+            finally:
+                shm.close()
     # Every rank's verdict, summed on every rank: a rank contributes once it has looked, so every rank has looked
     # before the source removes the segment below.
     if stateless:
-        total = sum(pg.all_gather_obj(seen), torch.zeros_like(seen))
+        seen = sum(pg.all_gather_obj(seen), torch.zeros_like(seen))
     else:
         dist.all_reduce(seen, group=pg)
-        total = seen
     if created is not None:
         created.close()
         with contextlib.suppress(OSError):
             created.unlink()
-    return [ranks[i] for i, flag in enumerate(total.tolist()) if flag]
+    return [ranks[i] for i, flag in enumerate(seen.tolist()) if flag]
 
 
 # ``get_same_node_ranks`` under its older name (it returns ranks, as upstream's does since it was renamed).
