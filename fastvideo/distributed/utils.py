@@ -102,8 +102,11 @@ class StatelessProcessGroup:
         self.store.set(key, pickle.dumps(obj))
         self.entries.append((key, time.perf_counter()))
 
-    def _get(self, key: str) -> Any:
-        return pickle.loads(self.store.get(key))
+    def _take(self, key: str, counters: dict[int, int], src: int) -> Any:
+        """The value under ``key/<counters[src]>`` (blocking up to the store's timeout); the counter then advances."""
+        value = pickle.loads(self.store.get(f"{key}/{counters[src]}"))
+        counters[src] += 1
+        return value
 
     def send_obj(self, obj: Any, dst: int) -> None:
         """Point to point, non-blocking: ``obj`` for rank ``dst``'s next ``recv_obj(src=<this rank>)``."""
@@ -113,9 +116,7 @@ class StatelessProcessGroup:
     def recv_obj(self, src: int) -> Any:
         """Point to point, blocking (up to the store's timeout): the next object rank ``src`` sent to this rank.
         The key names the receiver and a counter of receptions, so sends to one rank pair in order."""
-        obj = self._get(f"send_to/{self.rank}/{self.recv_src_counter[src]}")
-        self.recv_src_counter[src] += 1
-        return obj
+        return self._take(f"send_to/{self.rank}", self.recv_src_counter, src)
 
     def expire_data(self) -> None:
         """Delete this rank's values older than ``data_expiration_seconds``. Local."""
@@ -130,9 +131,7 @@ class StatelessProcessGroup:
             self._put(f"broadcast_from/{src}/{self.broadcast_send_counter}", obj)
             self.broadcast_send_counter += 1
             return obj
-        value = self._get(f"broadcast_from/{src}/{self.broadcast_recv_src_counter[src]}")
-        self.broadcast_recv_src_counter[src] += 1
-        return value
+        return self._take(f"broadcast_from/{src}", self.broadcast_recv_src_counter, src)
 
     def all_gather_obj(self, obj: Any) -> list[Any]:
         """Collective, blocking: every rank's ``obj``, by rank."""
