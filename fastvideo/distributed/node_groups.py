@@ -25,17 +25,6 @@ __all__ = ["get_same_node_ranks", "is_the_same_node_as"]
 _TOKEN_BYTES = 16
 
 
-def _attach(name: str) -> shared_memory.SharedMemory:
-    """Open an existing segment without this process's resource tracker adopting it (the creator unlinks it)."""
-    try:
-        return shared_memory.SharedMemory(name=name, track=False)  # Python >= 3.13
-    except TypeError:
-        shm = shared_memory.SharedMemory(name=name)
-        with contextlib.suppress(Exception):
-            resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-        return shm
-
-
 def get_same_node_ranks(pg: Any, source_rank: int = 0) -> list[int]:
     """Collective over ``pg`` (a gloo ``ProcessGroup`` or a ``StatelessProcessGroup``), blocking: the global ranks
     (for a stateless group, its ranks) that can open the shared memory group rank ``source_rank`` creates, in
@@ -74,7 +63,13 @@ def get_same_node_ranks(pg: Any, source_rank: int = 0) -> list[int]:
     if rank != source_rank and offer is not None:
         name, token = offer
         with contextlib.suppress(OSError, ValueError):
-            shm = _attach(name)
+            # Opened without this process's resource tracker adopting the segment (the creator unlinks it).
+            try:
+                shm = shared_memory.SharedMemory(name=name, track=False)  # Python >= 3.13
+            except TypeError:
+                shm = shared_memory.SharedMemory(name=name)
+                with contextlib.suppress(Exception):
+                    resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
             try:
                 seen[rank] = int(bytes(shm.buf[:_TOKEN_BYTES]) == token)
             finally:
