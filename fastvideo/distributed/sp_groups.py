@@ -15,7 +15,7 @@ holds them; nothing re-reads the environment per call (``agree_ulysses_settings(
 every rank).
 
 This module knows nothing of the layers above it: whoever builds something on a group that must be
-torn down before the group (the Ulysses helper) sets a hook in ``teardown_hooks``. Upstream
+torn down before the group (the Ulysses helper) registers a hook with ``add_teardown``. Upstream
 FastVideo's entry points (the world and TP groups, init and cleanup) build on these groups in
 ``parallel_state``, which re-exports every public name here; callers import them from there. The class and
 the SP state share this module so that a call's one stop in this layer (``get_sp_group()``, then the
@@ -67,18 +67,11 @@ class GroupCoordinator(CoordinatorTransfers):
     device: torch.device
     vote_group: dist.ProcessGroup | None = None
     settings: AgreedSettings | None = None
-    # Why an exchange on the vote group failed, set by the helper it failed in: a gloo group is unusable after that,
-    # so no later helper may vote on it until the groups are rebuilt.
-    vote_failure: str | None = None
+    vote_failure: str | None = None  # set when an exchange on the vote group failed: the group is dead
     timeout_s: float | None = None  # what the group's collectives time out after
-    # The last helper generation built on this group (``next_generation``); a construction that finds ranks out of
-    # step moves it to the highest rank's, so that the next collective construction agrees.
-    generation: int = 0
-    # Hooks by key (one per key), set by the layers above that build on this group: ``teardown_hooks[key]()``
-    # (collective) runs in ``destroy`` before the groups go, last set first; ``settings_hooks[key](previous,
-    # agreed)`` (collective where it is) when a re-agreement changes the agreed values.
-    teardown_hooks: dict[str, Callable[[], None]] = field(default_factory=dict)
-    settings_hooks: dict[str, Callable[[AgreedSettings, AgreedSettings], None]] = field(default_factory=dict)
+    _generation: int = 0
+    _teardown: dict[str, Callable[[], None]] = field(default_factory=dict)
+    _on_settings: dict[str, Callable[[AgreedSettings, AgreedSettings], None]] = field(default_factory=dict)
     # Upstream FastVideo's coordinator attributes (``device_communicator`` is built on first use).
     local_rank: int = 0
     unique_name: str = ""
@@ -124,7 +117,7 @@ class GroupCoordinator(CoordinatorTransfers):
         self.ranks, self.rank_in_group, self.device = list(ranks), rank_in_group, device
         self.world_size = len(self.ranks)
         self.device_group, self.cpu_group, self.vote_group = device_group, cpu_group, vote_group
-        self.timeout_s, self.teardown_hooks, self.settings_hooks = timeout_s, {}, {}
+        self.timeout_s, self._teardown, self._on_settings = timeout_s, {}, {}
         name = unique_name or "anonymous"
         self.local_rank, self.unique_name = local_rank, f"{name}:{next(_group_name_counter[name])}"
         _groups[self.unique_name] = weakref.ref(self)
@@ -197,8 +190,27 @@ class GroupCoordinator(CoordinatorTransfers):
     def next_generation(self) -> int:
         """The next helper generation on this group. Identical on every rank because helpers are built
         collectively (and the construction exchange checks it)."""
-        self.generation += 1
-        return self.generation
+        self._generation += 1
+        return self._generation
+
+    def add_teardown(self, key: str, fn: Callable[[], None]) -> None:
+        """Run ``fn`` (collective) in ``destroy_sequence_parallel`` before the groups go; one hook per key."""
+        self._teardown[key] = fn
+
+    def vote_failed(self, why: str) -> None:
+        """Local: an exchange on the vote group failed (``why``); a gloo group is unusable after that, so no later
+        helper may vote on it (``vote_failure``) until the groups are rebuilt."""
+        self.vote_failure = why
+
+    def resync_generation(self, generation: int) -> None:
+        """Move the generation counter to ``generation`` (after a construction found ranks out of step), so that
+        the next collective construction agrees."""
+        self._generation = max(self._generation, generation)
+
+    def on_settings_change(self, key: str, fn: Callable[[AgreedSettings, AgreedSettings], None]) -> None:
+        """Call ``fn(previous, agreed)`` (collective where it is) when a re-agreement changes the agreed values;
+        one hook per key."""
+        self._on_settings[key] = fn
 
     def destroy(self) -> None:
         """Collective over the group, blocking: upstream's teardown of one coordinator. The registered hooks first
@@ -206,7 +218,7 @@ class GroupCoordinator(CoordinatorTransfers):
         device, CPU and vote process groups (never the default group: ``destroy_distributed_environment`` ends
         that one); the coordinator is unusable afterwards. A second call does nothing."""
         try:
-            hooks, self.teardown_hooks = self.teardown_hooks, {}  # forgotten first: a second call runs none
+            hooks, self._teardown = self._teardown, {}  # forgotten first: a second call runs none
             for hook in reversed(list(hooks.values())):  # last registered first
                 hook()
             if self._communicator is not None:
@@ -313,7 +325,7 @@ def agree_ulysses_settings() -> AgreedSettings:
 
     Settings are agreed once (at ``initialize_sequence_parallel`` and helper construction) and never re-read per
     call: this is how a change of the environment takes effect. When the agreed values change, what was built on
-    them follows (``GroupCoordinator.settings_hooks``): the route is resolved again at the next call, and a
+    them follows (``GroupCoordinator.on_settings_change``): the route is resolved again at the next call, and a
     helper built on a value that changed is destroyed (collectively) and rebuilt.
     """
     return _agree(get_sp_group(), "agree_ulysses_settings")
@@ -322,12 +334,12 @@ def agree_ulysses_settings() -> AgreedSettings:
 def _agree(sp: GroupCoordinator, where: str) -> AgreedSettings:
     """Collective over ``sp``'s CPU group: agree the settings (``where`` names the call in errors) into
     ``sp.settings``, replacing the ones it holds (none at ``initialize_sequence_parallel``); when the agreed values
-    change, call the ``settings_hooks``."""
+    change, call the ``on_settings_change`` hooks."""
     agreed = _settings.agree(sp.cpu_group, sp.ranks, sp.rank_in_group, where=where,
                              timeout_s=_settings.agreement_timeout_s(sp.timeout_s), previous=sp.settings)
     previous, sp.settings = sp.settings, agreed
     if previous is not None and previous.values != agreed.values:
-        for hook in list(sp.settings_hooks.values()):
+        for hook in list(sp._on_settings.values()):
             hook(previous, agreed)
     return agreed
 

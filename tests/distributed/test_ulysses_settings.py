@@ -287,7 +287,7 @@ def _generation_mismatch(rank, world_size):
     from fastvideo.distributed.parallel_state import get_sp_group
 
     if rank == 0:
-        get_sp_group().generation += 1  # white-box: rank 0 built one helper its peers never built
+        get_sp_group()._generation += 1  # white-box: rank 0 built one helper its peers never built
     got = catch(build_helper)
     h = build_helper()
     gen = h.generation

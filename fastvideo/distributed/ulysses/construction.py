@@ -172,7 +172,7 @@ def _agree_settings_and_generation(sp: GroupCoordinator, peers: list[tuple]) -> 
     generations = [p[8] for p in peers]
     if any(g != generations[0] for g in generations):
         # Resynchronise so that the next collective construction agrees, then fail this one everywhere.
-        sp.generation = max(sp.generation, *generations)
+        sp.resync_generation(max(generations))
         raise ContractMismatchError(Field.HEADER, [contract.header(g) for g in generations])
     sp.settings = agreed
 

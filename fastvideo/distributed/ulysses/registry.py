@@ -83,8 +83,8 @@ def _resolve() -> UlyssesHelper | None:
     """Resolve the agreed route from the agreed settings. Collective: may build a helper."""
     install()
     sp = get_sp_group()
-    sp.teardown_hooks["ulysses.route"] = reset
-    sp.settings_hooks["ulysses.route"] = _settings_changed
+    sp.add_teardown("ulysses.route", reset)
+    sp.on_settings_change("ulysses.route", _settings_changed)
     agreed = sp.settings
     if agreed is not None and agreed[_settings.ROUTE] == "auto":
         helper: UlyssesHelper | None = get_default_helper()
@@ -123,8 +123,8 @@ def _keep(kind: str, helper: UlyssesHelper | None) -> None:
     _helpers[kind] = helper
     reset()
     if helper is not None:  # its SP group destroys it (collectively) in ``destroy_sequence_parallel``
-        helper.sp.teardown_hooks[f"ulysses.{kind}_helper"] = lambda: _destroy(kind)
-        helper.sp.settings_hooks["ulysses.route"] = _settings_changed
+        helper.sp.add_teardown(f"ulysses.{kind}_helper", lambda: _destroy(kind))
+        helper.sp.on_settings_change("ulysses.route", _settings_changed)
 
 
 def _destroy(kind: str) -> None:

@@ -73,7 +73,7 @@ class Runtime:
         """Local, not blocking: the helper takes no further call (a vote failed, or a launch after one)."""
         self.disposed = why
         if not self.vote.owns_group:
-            self.sp.vote_failure = why  # the shared group is dead too: later helpers must not use it
+            self.sp.vote_failed(why)  # the shared group is dead too: later helpers must not use it
         if self.transport is not None:
             self.transport.abort()
         self._stats.declines[DeclineReason.DISPOSED] += 1
