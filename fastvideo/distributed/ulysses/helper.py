@@ -277,9 +277,8 @@ class UlyssesHelper:
         phase = _FORWARD_GRAD if grad else _FORWARD_NO_GRAD
         seq, _ = self._counter.next(phase, None)
         self._stats.raised += 1
-        fields = contract.fields(self.generation, seq, DeclineReason.LOCAL_ERROR.bit, mode, torch.float32,
-                                 (0, 0, 0, 0), phase)
-        fields[Field.DTYPE] = 0  # nothing is known of the input but the mode and the grad flag
+        # Nothing is known of the input but the mode and the grad flag: no dtype (DTYPE 0), no shape.
+        fields = contract.fields(self.generation, seq, DeclineReason.LOCAL_ERROR.bit, mode, None, (0, 0, 0, 0), phase)
         try:
             rows = self._runtime.exchange(fields)
         except VoteError as exc:
