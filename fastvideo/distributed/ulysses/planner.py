@@ -155,7 +155,7 @@ class Planner:
         self.config = config
         self.cache: dict[Signature, Proposal] = {}  # the call reads it directly: one dict lookup per call
         self.on_replan: Callable[[], None] | None = None  # told when the cache is dropped (the helper's hot path)
-        self.replace()
+        self._replan()
 
     def propose(self, sig: Signature) -> Proposal:
         """``propose`` for this helper, cached per signature (raises only on a bug; nothing is cached then)."""
@@ -168,15 +168,16 @@ class Planner:
         return proposal
 
     def replace(self, **changes) -> None:
-        """Change configuration fields (``PlanConfig._replace``) and replan: the rows of the table for the capture
-        engines and what the transport offers."""
-        config = self.config._replace(**changes)
-        eager, capture = tables(self._table, self._entries, config.capture_engines)
-        uneven = self._entries is not None and ENTRY_UNEVEN in self._entries
-        self.config = config._replace(table=eager, capture_table=capture, uneven=uneven)
+        """Change configuration fields (``PlanConfig._replace``) and replan."""
+        self.config = self.config._replace(**changes)
         self.cache.clear()
         if self.on_replan is not None:
             self.on_replan()
+
+    def _replan(self) -> None:
+        eager, capture = tables(self._table, self._entries, self.config.capture_engines)
+        uneven = self._entries is not None and ENTRY_UNEVEN in self._entries
+        self.replace(table=eager, capture_table=capture, uneven=uneven)
 
     @property
     def table(self) -> tuple[TunedRow, ...]:
@@ -185,7 +186,7 @@ class Planner:
     @table.setter
     def table(self, rows: Sequence[TunedRow]) -> None:
         self._table = tuple(rows)
-        self.replace()
+        self._replan()
 
     @property
     def capture_engines(self) -> tuple[str, ...]:
@@ -196,7 +197,8 @@ class Planner:
         unknown = [e for e in engines if e not in ENGINES]
         if unknown:
             raise ValueError(f"capture_engines: {unknown} not among {ENGINES}")
-        self.replace(capture_engines=tuple(engines))
+        self.config = self.config._replace(capture_engines=tuple(engines))
+        self._replan()
 
     @property
     def long_training(self) -> str:
