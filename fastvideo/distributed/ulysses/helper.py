@@ -220,7 +220,7 @@ class UlyssesHelper:
             # 1. propose: pure, cached per signature (the key holds a Signature's fields: equal to it, hashed alike)
             key = (x.shape, x.dtype, x.device, mode, phase, code, capturing, x.is_contiguous(),
                    x.data_ptr() % x.element_size() == 0, splits)
-            proposal = self.planner.cache.get(key) or self._propose(Signature._make(key))
+            proposal = self.planner.cache.get(key) or self.planner.propose(Signature._make(key))
         # 2. vote (and, where the transport fuses them, launch in the same library call)
         if hit is not None or (proposal.plan is not None and self._voted_launch and not capturing):
             out, rows, error = self._runtime.voted_launch(x, proposal, word, seq, self._hot, hit)
@@ -254,14 +254,6 @@ class UlyssesHelper:
                     seq, self.generation, lambda: f"{phase.name.lower()}{f', tag {tag!r}' if tag else ''}, "
                     f"{proposal.geom}", lambda: proposal.plan.describe(proposal.geom), marker, time.monotonic()))
         return out, (proposal.fields[_PLAN], word)
-
-    def _propose(self, sig: Signature) -> Proposal:
-        try:
-            return self.planner.propose(sig)
-        except Exception as exc:  # noqa: BLE001 - voted, raised on every rank after the vote, never alone
-            row = contract.fields(self.generation, 0, DeclineReason.LOCAL_ERROR.bit, sig.mode, sig.dtype,
-                                  tuple(sig.shape), sig.phase)
-            return Proposal(None, None, tuple(row), "", exc)
 
     def _declined(self, seq: int, phase: Phase, mode: int, reason: DeclineReason, word: int,
                   proposal: Proposal | None, tag: str | None) -> tuple[None, tuple[int, int]]:
