@@ -149,7 +149,8 @@ DTYPE_CODES: dict[torch.dtype, int] = {
 DTYPES_BY_CODE = {code: dtype for dtype, code in DTYPE_CODES.items()}
 
 
-def dtype_code(dtype: torch.dtype) -> int:
+def dtype_code(dtype: torch.dtype | None) -> int:
+    """The DTYPE field: 0 for a dtype the wire has no code for, or none (None)."""
     return DTYPE_CODES.get(dtype, 0)
 
 
@@ -200,7 +201,7 @@ def is_tagged(seq_field: int) -> bool:
     return bool(seq_field & TAGGED)
 
 
-def fields(generation: int, seq: int, bits: int, mode: int, dtype: torch.dtype, shape: tuple[int, int, int, int],
+def fields(generation: int, seq: int, bits: int, mode: int, dtype: torch.dtype | None, shape: tuple[int, int, int, int],
            phase: Phase, window_bytes: int = 0, plan_word: int = 0, capturing: bool = False,
            splits: int = 0) -> list[int]:
     """One rank's 12 vote fields. ``shape`` is ``(B, S, H, D)``: the global sequence length and head count, the

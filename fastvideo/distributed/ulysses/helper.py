@@ -220,7 +220,7 @@ class UlyssesHelper:
             # 1. propose: pure, cached per signature (the key holds a Signature's fields: equal to it, hashed alike)
             key = (x.shape, x.dtype, x.device, mode, phase, code, capturing, x.is_contiguous(),
                    x.data_ptr() % x.element_size() == 0, splits)
-            proposal = self.planner.cache.get(key) or self._propose(Signature._make(key))
+            proposal = self.planner.cache.get(key) or self.planner.propose(Signature._make(key))
         # 2. vote (and, where the transport fuses them, launch in the same library call)
         if hit is not None or (proposal.plan is not None and self._voted_launch and not capturing):
             out, rows, error = self._runtime.voted_launch(x, proposal, word, seq, self._hot, hit)
@@ -255,14 +255,6 @@ class UlyssesHelper:
                     f"{proposal.geom}", lambda: proposal.plan.describe(proposal.geom), marker, time.monotonic()))
         return out, (proposal.fields[_PLAN], word)
 
-    def _propose(self, sig: Signature) -> Proposal:
-        try:
-            return self.planner.propose(sig)
-        except Exception as exc:  # noqa: BLE001 - voted, raised on every rank after the vote, never alone
-            row = contract.fields(self.generation, 0, DeclineReason.LOCAL_ERROR.bit, sig.mode, sig.dtype,
-                                  tuple(sig.shape), sig.phase)
-            return Proposal(None, None, tuple(row), "", exc)
-
     def _declined(self, seq: int, phase: Phase, mode: int, reason: DeclineReason, word: int,
                   proposal: Proposal | None, tag: str | None) -> tuple[None, tuple[int, int]]:
         self._stats.declined(seq, phase, mode, reason, tag, proposal)
@@ -277,9 +269,8 @@ class UlyssesHelper:
         phase = _FORWARD_GRAD if grad else _FORWARD_NO_GRAD
         seq, _ = self._counter.next(phase, None)
         self._stats.raised += 1
-        fields = contract.fields(self.generation, seq, DeclineReason.LOCAL_ERROR.bit, mode, torch.float32,
-                                 (0, 0, 0, 0), phase)
-        fields[Field.DTYPE] = 0  # nothing is known of the input but the mode and the grad flag
+        # Nothing is known of the input but the mode and the grad flag: no dtype (DTYPE 0), no shape.
+        fields = contract.fields(self.generation, seq, DeclineReason.LOCAL_ERROR.bit, mode, None, (0, 0, 0, 0), phase)
         try:
             rows = self._runtime.exchange(fields)
         except VoteError as exc:

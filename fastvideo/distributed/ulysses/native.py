@@ -199,12 +199,9 @@ class NativeTransport(Transport):
                 continue
             nvlink = ctypes.c_int(0)
             status = self._lib.fvk_nvlink_p2p(self._bus_id.encode(), bus.encode(), ctypes.byref(nvlink))
-            if status != 0:
-                return TopologyReport(DeclineReason.NOT_NVLINK,
-                                      f"cannot verify NVLink to rank {peer} ({bus}): "
-                                      f"{self._fvk.last_error(self._lib)}")
-            if not nvlink.value:
-                return TopologyReport(DeclineReason.NOT_NVLINK,
+            if status != 0 or not nvlink.value:
+                return TopologyReport(DeclineReason.NOT_NVLINK, f"cannot verify NVLink to rank {peer} ({bus}): "
+                                      f"{self._fvk.last_error(self._lib)}" if status != 0 else
                                       f"rank {peer} ({bus}) is reachable from {self._bus_id} only without NVLink")
         return TopologyReport()
 

@@ -101,7 +101,7 @@ def plan_from_word(word: int) -> Plan:
 
 
 def propose(cfg: PlanConfig, sig: Signature) -> Proposal:
-    """This rank's proposal for a call of signature ``sig``. Pure; raises only on a bug (the helper then
+    """This rank's proposal for a call of signature ``sig``. Pure; raises only on a bug (``Planner.propose`` then
     votes LOCAL_ERROR, so every rank raises together)."""
     geom = Geometry.from_input(sig.shape, sig.mode, cfg.world_size, sig.dtype, seq_splits=sig.splits.seq,
                                head_splits=sig.splits.heads)
@@ -158,10 +158,16 @@ class Planner:
         self._replan()
 
     def propose(self, sig: Signature) -> Proposal:
-        """``propose`` for this helper, cached per signature (raises only on a bug; nothing is cached then)."""
+        """``propose`` for this helper, cached per signature. Where it raises (a bug), the proposal votes
+        ``LOCAL_ERROR`` and carries the error (never cached), so that every rank raises it after the vote."""
         proposal = self.cache.get(sig)
         if proposal is None:
-            proposal = propose(self.config, sig)
+            try:
+                proposal = propose(self.config, sig)
+            except Exception as exc:  # noqa: BLE001 - voted, raised on every rank after the vote, never alone
+                row = contract.fields(self.config.generation, 0, DeclineReason.LOCAL_ERROR.bit, sig.mode, sig.dtype,
+                                      tuple(sig.shape), sig.phase)
+                return Proposal(None, None, tuple(row), "", exc)
             if len(self.cache) >= CACHE_LIMIT:
                 self.cache.clear()
             self.cache[sig] = proposal
