@@ -28,7 +28,7 @@ _UPSTREAM_EXPORTS = {
     "VideoGenerator": "fastvideo.entrypoints.video_generator",
 }
 
-__all__ = ["PipelineConfig", "SamplingParam", "VideoGenerator", "__version__"]
+__all__ = [*_UPSTREAM_EXPORTS, "__version__"]
 
 
 def _module_present(module: str) -> bool:

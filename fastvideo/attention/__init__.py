@@ -23,15 +23,7 @@ _EXPORTS = {
     "get_attn_backend": "fastvideo.attention.selector",
 }
 
-__all__ = [
-    "AttentionBackend",
-    "AttentionMetadata",
-    "AttentionMetadataBuilder",
-    "DistributedAttention",
-    "DistributedAttention_VSA",
-    "LocalAttention",
-    "get_attn_backend",
-]
+__all__ = sorted(_EXPORTS)  # the names the table above exports: one list of them
 
 
 def __getattr__(name: str) -> Any:
