@@ -7,10 +7,10 @@
 #
 # BASE may name several exported trees (space-separated): each is compared with this one in turn. The
 # fused_host_overhead case (docs/benchmarks.md) under --compare-revs BASE . --tree-libraries: the same benchmark
-# code against each tree's fastvideo, interleaved A, B, A, B for ROUNDS rounds; per row the host-to-completion
-# time of the whole fused call through a one-rank helper on the real library, the launch's device time, their
-# difference (of the medians, and paired per iteration) and #wrong, after a floor row (a plain torch copy timed the
-# same way). Then, unless TAGS=0, the same case on this tree alone with --tag both: an untagged and a tagged row per
+# code against each tree's fastvideo, both in each of ROUNDS rounds, in an order that alternates (A, B, then B, A);
+# per row the host-to-completion time of the whole fused call through a one-rank helper on the real library, the
+# launch's device time, their difference (of the medians, and paired per iteration) and #wrong, after a floor row (a
+# plain torch copy timed the same way). Then, unless TAGS=0, the same case on this tree alone with --tag both: an untagged and a tagged row per
 # plan and mode back to back, what a call-site tag costs the host. With DECOMPOSE=1, the same case on this tree
 # alone with --decompose: each row's overhead cut at the call's layers (public checks, helper, vote, launch). With
 # HOT=1: the hot-path check (tests/distributed/check_hot_path.py) and the same case with --hot both (a row with the

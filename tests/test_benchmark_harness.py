@@ -349,3 +349,36 @@ def test_a_run_with_a_wrong_row_exits_1(tmp_path: Path) -> None:
     doc = json.loads(path.read_text())
     assert report.validate(doc) == [] and [r["wrong"] for r in doc["rows"]] == [0, 2]
     assert doc["header"]["complete"] and doc["header"]["lineup"]["kind"] == "none"  # nothing timed, no line-up
+
+
+def test_compare_revs_alternates_which_tree_runs_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--compare-revs runs A then B in even rounds and B then A in odd ones, so neither tree always runs second
+    (after the other has warmed the host): the order the runs are started in, recorded from a fake launcher."""
+    import argparse
+    import subprocess
+    import types
+
+    from benchmarks.harness import revs
+
+    trees = {}
+    for name in ("a", "b"):
+        (tmp_path / name / "fastvideo").mkdir(parents=True)
+        trees[name] = tmp_path / name
+    started: list[str] = []
+
+    def fake_run(cmd, env, cwd, capture_output, text):
+        label = "A" if Path(cwd) == trees["a"].resolve() else "B"
+        started.append(label)
+        out = Path(cmd[cmd.index("--json") + 1])
+        out.write_text(json.dumps({"header": {"commit": label}, "rows": [{"k": 1, "m": 2.0}]}))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(revs.subprocess, "run", fake_run)
+    case = types.SimpleNamespace(name="toy", key=("k",), metric="m", saves_outputs=False)
+    args = argparse.Namespace(compare_revs=[str(trees["a"]), str(trees["b"])], tree_libraries=False,
+                              compare_out=str(tmp_path / "work"), nproc=1, rounds=4, json=str(tmp_path / "c.json"))
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert revs.compare(case, args, [], "run.py", []) == 0
+    assert started == ["A", "B", "B", "A", "A", "B", "B", "A"]
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert doc["rows"][0]["ratio_b_over_a"] == 1.0 and len(doc["runs"]["A"]) == len(doc["runs"]["B"]) == 4

@@ -1,10 +1,12 @@
-"""Revision comparison: one case, identical argv, against two exported trees, interleaved A/B/A/B.
+"""Revision comparison: one case, identical argv, against two exported trees, interleaved A/B, B/A, A/B, ...
 
     python benchmarks/benchmark_ulysses_a2a.py --compare-revs /tmp/rev_a /tmp/rev_b --nproc 2 --rounds 2 \\
         --json compare.json -- --geometry h3-32k
 
 This benchmark code runs against each tree's ``fastvideo`` (``FASTVIDEO_BENCH_TREE``; cwd = the tree), so both
-revisions are measured the same way. Per row key the medians of the case's metric across rounds, and B/A; a
+revisions are measured the same way. Each round runs both trees, in the order that alternates from round to round
+(``timing.rotated``): a tree that always ran second would carry whatever the first run leaves behind (clocks, caches,
+a warm driver) as its own difference. Per row key the medians of the case's metric across rounds, and B/A; a
 case that saves outputs (``--save-outputs``, round 0) has them compared bit for bit. Exit status 1 when any
 output differs.
 """
@@ -21,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.harness import report
+from benchmarks.harness import report, timing
 from benchmarks.harness.cli import child_argv
 from benchmarks.harness.tree import LIBRARY_NAME, TREE_ENV
 
@@ -87,7 +89,8 @@ def compare(case, args, argv: list[str], entry: str, prefix: list[str]) -> int:
             print(f"# {label} runs its own loader and library: {extra_env[tree]['FASTVIDEO_KERNEL_LIBRARY']}")
     runs: dict[str, list[dict]] = {"A": [], "B": []}
     for rnd in range(args.rounds):
-        for label, tree in (("A", tree_a), ("B", tree_b)):
+        for label in timing.rotated(("A", "B"), rnd):  # A first in even rounds, B first in odd ones
+            tree = tree_a if label == "A" else tree_b
             out_json = work / f"{label}{rnd}.json"
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                    entry, *prefix, *bench_args, "--json", str(out_json)]
