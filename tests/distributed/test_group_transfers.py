@@ -279,3 +279,40 @@ def test_communicator_point_to_point_rejects_a_bad_rank(caller):
         lambda: comm.recv(torch.Size([1]), torch.float32, 3))
     with pytest.raises(ValueError, match="another rank of the group"):
         call()
+
+
+def _same_node_late_look(rank, world_size, source_waits):
+    """get_same_node_ranks over a stateless group whose non-source rank looks at the offered segment late; with
+    ``source_waits`` False the source publishes its verdicts without waiting for the others' (the negative control:
+    it then removes the segment before the late rank has looked)."""
+    import time
+
+    import torch.distributed as dist
+
+    from fastvideo.distributed.node_groups import get_same_node_ranks
+    from fastvideo.distributed.utils import StatelessProcessGroup
+
+    class LateLook(StatelessProcessGroup):
+        looked = False
+
+        def broadcast_obj(self, obj, src):
+            value = super().broadcast_obj(obj, src)
+            if self.rank != src and not self.looked:  # the source's offer has arrived: look only later
+                self.looked = True
+                time.sleep(0.5)
+            return value
+
+        def all_gather_obj(self, obj):
+            if source_waits or self.rank != 0:
+                return super().all_gather_obj(obj)
+            return [self.broadcast_obj(obj, src=0)] + [torch.zeros_like(obj)] * (self.world_size - 1)
+
+    store = dist.PrefixStore(f"late_look_{source_waits}", dist.distributed_c10d._get_default_store())
+    return get_same_node_ranks(LateLook(rank=rank, world_size=world_size, store=store))
+
+
+def test_same_node_ranks_removes_the_segment_only_after_every_rank_has_looked():
+    """The verdicts' exchange is the barrier before the source unlinks its segment: a rank that looks late still
+    finds it. The negative control (a source that does not wait for the verdicts) loses the late rank."""
+    assert run_ranks(2, _same_node_late_look, True, timeout_s=60) == [[0, 1], [0, 1]]
+    assert run_ranks(2, _same_node_late_look, False, timeout_s=60) == [[0], [0]]
