@@ -286,22 +286,14 @@ class UlyssesHelper:
 
     # ------------------------------------------------------------------ public calls
 
-    def _validated(self, x: torch.Tensor, mode: int, seq_splits, head_splits, tag,
-                   dims: tuple[int, int] | None = None) -> tuple[int, Splits]:
-        """This helper's own entry points' one validation: ``(mode, split tables)`` of the dim pair ``dims`` (when
-        given; ``mode`` is then -1, the vote of an invalid pair) and of the input (``validate_input``). An error is
-        raised before any collective; in checked mode after voting it (``vote_caller_error``), so that every rank
-        raises (collective then)."""
-        try:
-            if dims is not None:
-                mode = mode_for_dims(*dims)
-            return mode, validate_input(x, mode, self.world_size, self.sp.rank_in_group, seq_splits, head_splits,
-                                        tag=tag)
-        except (TypeError, ValueError, RuntimeError) as exc:
-            if not self.checked or torch.compiler.is_compiling():
-                raise
-            self.vote_caller_error(mode, torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad,
-                                   exc)
+    def _invalid(self, x: torch.Tensor, mode: int, error: BaseException) -> NoReturn:
+        """Raise ``error``, a caller error this helper's own entry points found before any collective; in checked
+        mode after voting it (``vote_caller_error``, collective then: every rank raises). ``mode``: -1 for an
+        invalid dim pair."""
+        if not self.checked or torch.compiler.is_compiling():
+            raise error
+        self.vote_caller_error(mode, torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad,
+                               error)
 
     def all_to_all(self, x: torch.Tensor, mode: int, *, seq_splits: Sequence[int] | None = None,
                    head_splits: Sequence[int] | None = None, tag: str | None = None) -> torch.Tensor:
@@ -311,7 +303,10 @@ class UlyssesHelper:
         call site (``call``). Not differentiable itself: autograd goes through the one op (the public function, or
         ``ops.all_to_all(x, mode, helper=this)`` for this helper), whose backward runs the inverse with the plan its
         forward ran and still votes. A call autograd would record raises instead of losing the gradient."""
-        _, splits = self._validated(x, mode, seq_splits, head_splits, tag)
+        try:  # this entry point's one validation (``validate_input``; a caller error: ``_invalid``)
+            splits = validate_input(x, mode, self.world_size, self.sp.rank_in_group, seq_splits, head_splits, tag=tag)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            self._invalid(x, mode, exc)
         if torch.is_grad_enabled() and x.requires_grad:
             raise RuntimeError(
                 "UlyssesHelper.all_to_all is not differentiable and x requires grad: call "
@@ -326,7 +321,12 @@ class UlyssesHelper:
         """The fused route or nothing: collective; blocks the host for the vote; capture-safe; not differentiable.
         Returns the output, or None on every rank when every rank declined (the caller then runs the NCCL
         route). Every rank must call it with matching tensors, split tables and tags, in the same order."""
-        mode, splits = self._validated(x, -1, seq_splits, head_splits, tag, (scatter_dim, gather_dim))
+        mode = -1  # what an invalid dim pair votes
+        try:
+            mode = mode_for_dims(scatter_dim, gather_dim)
+            splits = validate_input(x, mode, self.world_size, self.sp.rank_in_group, seq_splits, head_splits, tag=tag)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            self._invalid(x, mode, exc)
         return self.call(x, mode, torch.is_grad_enabled() and x.requires_grad, splits=splits, tag=tag)[0]
 
     # ------------------------------------------------------------------ configuration (set identically on every rank)

@@ -141,13 +141,12 @@ class Runtime:
             raise
 
     def watch(self, call: InFlight) -> None:
-        """Local: track a launch in flight (the watchdog is built at the first)."""
+        """Local: track a launch in flight (the watchdog is built at the first). A deque append: the watchdog polls
+        every ``POLL_EVERY`` tracked calls and on its thread's timer, never per call (a poll queries an event)."""
         if self._watchdog is None:
             self._watchdog = FusedCallWatchdog.for_group(self._watchdog_s, self.sp.ranks, self.sp.rank_in_group,
                                                          self._on_watchdog, self.transport.watchdog_thread_setup)
         self._watchdog.track(call)
-        self._watchdog.poll()  # the background thread polls too; this drops what completed and catches a stuck
-        # earlier call at the next one (never under capture: an event query would invalidate it)
 
     def in_flight(self) -> int:
         """Local: launches not yet seen complete."""
