@@ -41,9 +41,8 @@ from fastvideo.distributed.settings import CHECKED, ROUTE, checked_mode
 from fastvideo.distributed.ulysses.explain import ASSUMED_GPU, DTYPES, default_gpu, explain, rank_shape
 from fastvideo.distributed.ulysses.geometries import GEOMETRIES
 from fastvideo.distributed.ulysses.overlap_plan import SETTING as _OVERLAP_VAR
-from fastvideo.distributed.ulysses.policy import DEFAULT_WINDOW_BYTES
 
-_WINDOW_VAR = "FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES"
+_WINDOW = envs.registry()["FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES"]  # --window-bytes parses and defaults by its rule
 _LONG_VAR = "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"
 # Kept in step with fastvideo_kernel.LIBRARY_NAME / ENV_LIBRARY; doctor must work without that package.
 _LIBRARY_NAME = "libfastvideo_ulysses_a2a.so"
@@ -102,13 +101,12 @@ _rank = _bounded_int(0, "a rank, 0 <= rank < the SP size", "a rank is non-negati
 
 def _window_bytes(text: str) -> int:
     """Parsed by the env variable's own rule, so the flag and the variable accept the same values."""
-    var = envs.registry()[_WINDOW_VAR]
     try:
-        return int(var.parse(text))
+        return int(_WINDOW.parse(text))
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"{text!r}: expected an integer number of bytes >= {var.minimum:g} (the same rule as {_WINDOW_VAR}; "
-            f"default {var.default})"
+            f"{text!r}: expected an integer number of bytes >= {_WINDOW.minimum:g} (the same rule as {_WINDOW.name}; "
+            f"default {_WINDOW.default})"
         ) from None
 
 
@@ -379,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--mode", type=int, choices=(0, 1), default=0, help="0: scatter heads (2,1); 1: the inverse (1,2)")
     ex.add_argument("--grad", action="store_true", help="the operand is grad-tracked (training)")
     ex.add_argument("--long-training", type=str.lower, choices=("auto", "chunked"), help=f"default: {_LONG_VAR}")
-    ex.add_argument("--window-bytes", type=_window_bytes, help=f"default: {_WINDOW_VAR} or {DEFAULT_WINDOW_BYTES}")
+    ex.add_argument("--window-bytes", type=_window_bytes, help=f"default: {_WINDOW.name} or {_WINDOW.default}")
     for flag, meta, what in (("--seq-splits", "S0,S1,...", "sequence rows"), ("--head-splits", "H0,H1,...", "heads")):
         ex.add_argument(flag, type=_splits, metavar=meta, help=f"every rank's {what} (default: even)")
     ex.add_argument("--rank", type=_rank, default=0, help="the rank whose input --shape is (with splits; default 0)")
@@ -396,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError as exc:
                 ex.error(f"--geometry {args.geometry[0]}: {exc}")
         args.sources = {}
-        for flag, var in (("--a2a", ROUTE), ("--long-training", _LONG_VAR), ("--window-bytes", _WINDOW_VAR),
+        for flag, var in (("--a2a", ROUTE), ("--long-training", _LONG_VAR), ("--window-bytes", _WINDOW.name),
                           ("--overlap", _OVERLAP_VAR)):
             attr = flag[2:].replace("-", "_")
             args.sources[attr] = flag
