@@ -37,11 +37,12 @@ from types import ModuleType
 import torch
 
 from fastvideo import envs
-from fastvideo.distributed.ulysses.explain import ASSUMED_GPU, DTYPES, ROUTE_VAR, default_gpu, explain, rank_shape
+from fastvideo.distributed.settings import CHECKED, ROUTE, checked_mode
+from fastvideo.distributed.ulysses.explain import ASSUMED_GPU, DTYPES, default_gpu, explain, rank_shape
 from fastvideo.distributed.ulysses.geometries import GEOMETRIES
-from fastvideo.distributed.ulysses.policy import DEFAULT_WINDOW_BYTES
+from fastvideo.distributed.ulysses.overlap_plan import SETTING as _OVERLAP_VAR
 
-_WINDOW_VAR = "FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES"
+_WINDOW = envs.registry()["FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES"]  # --window-bytes parses and defaults by its rule
 _LONG_VAR = "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"
 # Kept in step with fastvideo_kernel.LIBRARY_NAME / ENV_LIBRARY; doctor must work without that package.
 _LIBRARY_NAME = "libfastvideo_ulysses_a2a.so"
@@ -100,13 +101,12 @@ _rank = _bounded_int(0, "a rank, 0 <= rank < the SP size", "a rank is non-negati
 
 def _window_bytes(text: str) -> int:
     """Parsed by the env variable's own rule, so the flag and the variable accept the same values."""
-    var = envs.registry()[_WINDOW_VAR]
     try:
-        return int(var.parse(text))
+        return int(_WINDOW.parse(text))
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"{text!r}: expected an integer number of bytes >= {var.minimum:g} (the same rule as {_WINDOW_VAR}; "
-            f"default {var.default})"
+            f"{text!r}: expected an integer number of bytes >= {_WINDOW.minimum:g} (the same rule as {_WINDOW.name}; "
+            f"default {_WINDOW.default})"
         ) from None
 
 
@@ -264,10 +264,10 @@ def _doctor_kernel(doc: _Doctor, checkout: Path | None, switch: str | None, fixa
     if override and index == 4:  # the user named a library: whatever the host, that is a mistake to fix
         doc.finding("kernel", f"${_ENV_LIBRARY} is set but unusable: {text}")
     elif switch == "auto" and fixable:
-        doc.finding("kernel", f"{text}; while {ROUTE_VAR}=auto every call takes the NCCL route (declined: "
+        doc.finding("kernel", f"{text}; while {ROUTE}=auto every call takes the NCCL route (declined: "
                               "transport_missing)")
     else:
-        need = f"not needed while {ROUTE_VAR}=off" if switch == "off" else f"{ROUTE_VAR} is invalid (above)"
+        need = f"not needed while {ROUTE}=off" if switch == "off" else f"{ROUTE} is invalid (above)"
         doc.line("kernel", f"not available: {text} ({need if fixable else 'of no use on this host: fused, below'})")
     return index, text
 
@@ -277,9 +277,9 @@ def doctor(_: argparse.Namespace) -> int:
     import platform
 
     doc = _Doctor()
-    raw = os.environ.get(ROUTE_VAR)
+    raw = os.environ.get(ROUTE)
     try:
-        switch: str | None = envs.get(ROUTE_VAR)
+        switch: str | None = envs.get(ROUTE)
     except ValueError:
         switch = None  # invalid: reported as such by the environment check and the verdict, never read as off
     facts: dict[str, Blocker | None] = {}
@@ -306,12 +306,10 @@ def doctor(_: argparse.Namespace) -> int:
                 doc.finding("env", str(exc))
                 continue
             doc.line("env", f"{name}={value!r}  ({'default' if raw is None else f'default {var.default!r}'})")
-            if name == "FASTVIDEO_ULYSSES_A2A_CHECKED" and value == "auto":
-                from fastvideo.distributed.settings import checked_mode
-
+            if name == CHECKED and value == "auto":
                 level = torch.distributed.get_debug_level().name
                 if switch is None:
-                    doc.line("env", f"  checked mode unknown: {ROUTE_VAR} is invalid (above)")
+                    doc.line("env", f"  checked mode unknown: {ROUTE} is invalid (above)")
                     continue
                 why = ("the route is auto (every call votes on every route)" if switch == "auto" else
                        f"the route is off and torch's distributed debug level is {level} (on at DETAIL: "
@@ -341,10 +339,10 @@ def doctor(_: argparse.Namespace) -> int:
         if len(facts) < 2:
             doc.line("fused", "unknown: a check above raised")
             return
-        setting = f"the setting: {ROUTE_VAR}="
+        setting = f"the setting: {ROUTE}="
         blocker = facts["host"] or facts["kernel"] or (None if switch == "auto" else (6, setting + (
             f"{raw!r} is invalid (off or auto): a job refuses to start" if switch is None else
-            f"off{' (default)' if raw is None else ''}: every call takes the NCCL route; export {ROUTE_VAR}=auto")))
+            f"off{' (default)' if raw is None else ''}: every call takes the NCCL route; export {ROUTE}=auto")))
         doc.line("fused", f"blocked at {blocker[0]} of 6: {blocker[1]}" if blocker else "available: every requirement "
                           "is met (under auto each call takes it where the policy plans it and every rank agrees)")
 
@@ -375,16 +373,16 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--gpu", help=f"GPU model, e.g. GB200, H200 (default: GPU 0's model; without a GPU, "
                                   f"{ASSUMED_GPU}, printed as an assumption)")
     ex.add_argument("--a2a", type=str.lower, choices=("off", "auto"),
-                    help=f"the route switch (default: {ROUTE_VAR}, as the helper reads it)")
+                    help=f"the route switch (default: {ROUTE}, as the helper reads it)")
     ex.add_argument("--mode", type=int, choices=(0, 1), default=0, help="0: scatter heads (2,1); 1: the inverse (1,2)")
     ex.add_argument("--grad", action="store_true", help="the operand is grad-tracked (training)")
     ex.add_argument("--long-training", type=str.lower, choices=("auto", "chunked"), help=f"default: {_LONG_VAR}")
-    ex.add_argument("--window-bytes", type=_window_bytes, help=f"default: {_WINDOW_VAR} or {DEFAULT_WINDOW_BYTES}")
+    ex.add_argument("--window-bytes", type=_window_bytes, help=f"default: {_WINDOW.name} or {_WINDOW.default}")
     for flag, meta, what in (("--seq-splits", "S0,S1,...", "sequence rows"), ("--head-splits", "H0,H1,...", "heads")):
         ex.add_argument(flag, type=_splits, metavar=meta, help=f"every rank's {what} (default: even)")
     ex.add_argument("--rank", type=_rank, default=0, help="the rank whose input --shape is (with splits; default 0)")
     ex.add_argument("--overlap", type=int, metavar="N",
-                    help="head groups of a DistributedAttention's pipeline (default: FASTVIDEO_ULYSSES_A2A_OVERLAP)")
+                    help=f"head groups of a DistributedAttention's pipeline (default: {_OVERLAP_VAR})")
     sub.add_parser("doctor", help="versions, kernel library, GPUs, host, env; exits 1 if it found a problem")
     args = parser.parse_args(_negative_values_as_values(sys.argv[1:] if argv is None else argv, (
         "--shape", "--world-size", "--window-bytes", "--seq-splits", "--head-splits", "--rank")))
@@ -396,8 +394,8 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError as exc:
                 ex.error(f"--geometry {args.geometry[0]}: {exc}")
         args.sources = {}
-        for flag, var in (("--a2a", ROUTE_VAR), ("--long-training", _LONG_VAR), ("--window-bytes", _WINDOW_VAR),
-                          ("--overlap", "FASTVIDEO_ULYSSES_A2A_OVERLAP")):
+        for flag, var in (("--a2a", ROUTE), ("--long-training", _LONG_VAR), ("--window-bytes", _WINDOW.name),
+                          ("--overlap", _OVERLAP_VAR)):
             attr = flag[2:].replace("-", "_")
             args.sources[attr] = flag
             if getattr(args, attr) is None:  # the flag's default is the setting's value, refused as doctor does

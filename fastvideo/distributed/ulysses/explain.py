@@ -11,7 +11,8 @@ import argparse
 
 import torch
 
-from fastvideo.distributed.all_to_all import validate_input
+from fastvideo.distributed.all_to_all import Shape, validate_input
+from fastvideo.distributed.settings import ROUTE as ROUTE_VAR
 from fastvideo.distributed.ulysses.overlap_plan import describe_plan
 from fastvideo.distributed.ulysses.policy import (
     ENGINE_CE,
@@ -35,7 +36,6 @@ DTYPES = {
     "fp32": torch.float32,
     "float64": torch.float64,
 }
-ROUTE_VAR = "FASTVIDEO_ULYSSES_A2A"
 ASSUMED_GPU = "H200"  # explain's model on a machine without a GPU (printed as an assumption)
 
 # The two plan kinds by the names the docs use: what moves the data across NVLink, and the window rule each obeys.
@@ -82,9 +82,6 @@ def default_gpu() -> tuple[str, str]:
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:
         return torch.cuda.get_device_name(0), "GPU 0 of this machine"
     return ASSUMED_GPU, "assumed: this machine has no GPU; pass --gpu to plan for another model"
-
-
-Shape = tuple[int, int, int, int]
 
 
 def rank_shape(glob: Shape, mode: int, p: int, rank: int, table: list[int] | None) -> Shape:

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 import torch
 
 from fastvideo.distributed.all_to_all import balanced_splits
+from fastvideo.distributed.settings import ROUTE
 from fastvideo.distributed.ulysses.policy import ENGINE_CE, Geometry, choose_plan
 
 SETTING = "FASTVIDEO_ULYSSES_A2A_OVERLAP"
@@ -203,7 +204,7 @@ def describe_plan(args: argparse.Namespace, world_size: int, dtype: torch.dtype)
             choice = choose_plan(geom, gpu=args.gpu, window_bytes=args.window_bytes, grad=args.grad,
                                  long_training=args.long_training)
             if getattr(args, "a2a", "auto") == "off":
-                what = "nccl route on the communication stream (FASTVIDEO_ULYSSES_A2A=off)"
+                what = f"nccl route on the communication stream ({ROUTE}=off)"
             elif choice.plan is None:
                 what = f"nccl route on the communication stream (fused declined: {choice.reason.label})"
             elif choice.plan.engine == ENGINE_CE:
