@@ -39,7 +39,6 @@ from fastvideo.distributed.sp_groups import (
     agree_ulysses_settings,
     check_group_size,
     consecutive_groups,
-    create_groups,
     destroy_sequence_parallel,
     get_dp_group,
     get_sp_group,
@@ -246,11 +245,7 @@ def initialize_model_parallel(
                          f"{sequence_model_parallel_size}; call destroy_sequence_parallel() first.")
     for coordinator in (get_sp_group(), get_dp_group()):  # the SP and DP groups exist now
         coordinator.local_rank = world.local_rank
-    mine = create_groups(tp_ranks, dist.get_backend(), _TP_GROUPS)
-    assert mine is not None
-    ranks, (dev_group, cpu_group) = mine
-    _TP = GroupCoordinator.of(ranks, ranks.index(dist.get_rank()), dev_group, cpu_group, world.device,
-                              local_rank=world.local_rank, unique_name="tp")
+    _TP = GroupCoordinator(tp_ranks, world.local_rank, dist.get_backend(), True, group_name="tp", created=_TP_GROUPS)
 
 
 def init_model_parallel_group(group_ranks: list[list[int]], local_rank: int, backend: str,
