@@ -56,6 +56,18 @@ def register_ulysses_a2a_provider(provider: Callable[[DeviceCommunicatorBase], A
     _ULYSSES_PROVIDER = provider
 
 
+def group_peer(caller: str, arg: str, rank: object, ranks: Sequence[int], me: int | None = None) -> int:
+    """The global rank of group rank ``rank`` in a group over ``ranks``, which must be another rank than ``me``
+    (this rank's rank in the group) where that is given: a peer of a point-to-point transfer. A ValueError naming
+    ``caller`` and ``arg`` otherwise, before any communication."""
+    if not isinstance(rank, int) or not 0 <= rank < len(ranks):
+        raise ValueError(f"{caller}: {arg}={rank!r} must be a rank of the group (0..{len(ranks) - 1}): "
+                         "ranks here are ranks in the group, not global ranks.")
+    if rank == me:
+        raise ValueError(f"{caller}: {arg}={rank} is this rank; pass another rank of the group.")
+    return ranks[rank]
+
+
 def _grad_tracked(x: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and x.requires_grad
 
@@ -204,12 +216,9 @@ class DeviceCommunicatorBase:
 
     def _peer(self, caller: str, arg: str, rank: int | None, step: int) -> int:
         """The global rank of group rank ``rank`` (None: the one ``step`` ranks on from this one), which must be
-        another rank of the group."""
+        another rank of the group (``group_peer``)."""
         rank = (self.rank_in_group + step) % self.world_size if rank is None else rank
-        if not isinstance(rank, int) or not 0 <= rank < self.world_size or rank == self.rank_in_group:
-            raise ValueError(f"{caller}: {arg}={rank!r} must be another rank of the group (0..{self.world_size - 1}, "
-                             f"not this rank {self.rank_in_group}).")
-        return self.ranks[rank]
+        return group_peer(caller, arg, rank, self.ranks, self.rank_in_group)
 
     def destroy(self) -> None:
         """Nothing to release: the Ulysses helper is destroyed with its SP group (``destroy_sequence_parallel``)."""

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from fastvideo.distributed.communicator import group_peer
+
 if TYPE_CHECKING:
     from fastvideo.distributed.communicator import DeviceCommunicatorBase
 
@@ -66,19 +68,6 @@ class CoordinatorTransfers:
     world_size: int  # a property of the coordinator
     device_communicator: DeviceCommunicatorBase
 
-    def _peer(self, caller: str, arg: str, rank: int) -> int:
-        """The global rank of group rank ``rank``; ValueError unless it is one."""
-        if not isinstance(rank, int) or not 0 <= rank < len(self.ranks):
-            raise ValueError(f"{caller}: {arg}={rank!r} must be a rank of the group (0..{len(self.ranks) - 1}): "
-                             "ranks here are ranks in the group, not global ranks.")
-        return self.ranks[rank]
-
-    def _not_self(self, caller: str, arg: str, rank: int) -> int:
-        peer = self._peer(caller, arg, rank)
-        if rank == self.rank_in_group:
-            raise ValueError(f"{caller}: {arg}={rank} is this rank; pass another rank of the group.")
-        return peer
-
     def _carrier(self, tensor: torch.Tensor) -> dist.ProcessGroup:
         return self.cpu_group if tensor.is_cpu else self.device_group
 
@@ -118,7 +107,7 @@ class CoordinatorTransfers:
         """``collective`` (``dist.broadcast`` or ``dist.broadcast_object_list``) over ``group`` from group rank
         ``src`` into every rank's ``value`` (a tensor, or a list whose items the source's replace), returned (size 1:
         at once). ``caller`` names the public method in the error for a bad ``src``."""
-        root = self._peer(caller, "src", src)
+        root = group_peer(caller, "src", src, self.ranks)
         if self.world_size > 1:
             collective(value, src=root, group=group)
         return value
@@ -128,14 +117,14 @@ class CoordinatorTransfers:
     def send_object(self, obj: Any, dst: int) -> None:
         """Point to point over the CPU group, blocking: pickle ``obj`` to group rank ``dst`` (which calls
         ``recv_object(src=<this rank>)``). Sending to oneself raises ValueError."""
-        peer = self._not_self("send_object", "dst", dst)
+        peer = group_peer("send_object", "dst", dst, self.ranks, self.rank_in_group)
         payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
         dist.send(torch.tensor([payload.numel()], dtype=torch.int64), dst=peer, group=self.cpu_group)
         dist.send(payload, dst=peer, group=self.cpu_group)
 
     def recv_object(self, src: int) -> Any:
         """Point to point over the CPU group, blocking: the object group rank ``src`` sent with ``send_object``."""
-        peer = self._not_self("recv_object", "src", src)
+        peer = group_peer("recv_object", "src", src, self.ranks, self.rank_in_group)
         size = torch.empty(1, dtype=torch.int64)
         dist.recv(size, src=peer, group=self.cpu_group)
         payload = torch.empty(int(size.item()), dtype=torch.uint8)
@@ -162,7 +151,7 @@ class CoordinatorTransfers:
         the device group, into new tensors on the receivers (on this group's device for device tensors). ``src``
         returns its own dictionary. ``group`` / ``metadata_group`` are accepted for upstream's signature and, as
         there, unused. Size 1 (or no default process group): ``tensor_dict``."""
-        root = self._peer("broadcast_tensor_dict", "src", src)
+        root = group_peer("broadcast_tensor_dict", "src", src, self.ranks)
         if not dist.is_initialized() or self.world_size == 1:
             return tensor_dict
         if self.rank_in_group == src:
@@ -188,7 +177,7 @@ class CoordinatorTransfers:
         if not dist.is_initialized() or self.world_size == 1:
             return tensor_dict
         dst = (self.rank_in_group + 1) % self.world_size if dst is None else dst
-        peer = self._not_self("send_tensor_dict", "dst", dst)
+        peer = group_peer("send_tensor_dict", "dst", dst, self.ranks, self.rank_in_group)
         metadata, tensors = split_tensor_dict(tensor_dict, "send_tensor_dict")
         self.send_object(metadata, dst=dst)
         for tensor in tensors:
@@ -208,7 +197,7 @@ class CoordinatorTransfers:
         if not dist.is_initialized() or self.world_size == 1:
             return None
         src = (self.rank_in_group - 1) % self.world_size if src is None else src
-        peer = self._not_self("recv_tensor_dict", "src", src)
+        peer = group_peer("recv_tensor_dict", "src", src, self.ranks, self.rank_in_group)
         parts = 1 if all_gather_group is None else all_gather_group.world_size
         received, placeholders = self._placeholders(self.recv_object(src=src))
         for key, tensor in placeholders.items():

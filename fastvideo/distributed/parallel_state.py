@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from fastvideo import _module_present
+from fastvideo import _module_present, envs
 from fastvideo.distributed import sp_groups as _sp_groups
 from fastvideo.distributed.group_transfers import GraphCaptureContext, TensorMetadata
 from fastvideo.distributed.node_groups import get_same_node_ranks, is_the_same_node_as
@@ -39,7 +39,6 @@ from fastvideo.distributed.sp_groups import (
     agree_ulysses_settings,
     check_group_size,
     consecutive_groups,
-    create_groups,
     destroy_sequence_parallel,
     get_dp_group,
     get_sp_group,
@@ -103,10 +102,6 @@ _TP_STATE_PATCHED = False
 _TP_GROUPS: list[dist.ProcessGroup] = []  # every TP group this rank created (each rank creates all of them)
 
 
-def _local_rank_from_env() -> int:
-    return int(os.environ.get("LOCAL_RANK", "0"))
-
-
 def get_world_group() -> GroupCoordinator:
     if _WORLD is None:
         raise RuntimeError("The world group is not initialised: call maybe_init_distributed_environment_and_"
@@ -162,7 +157,7 @@ def get_local_torch_device() -> torch.device:
 
         cuda = current_platform.is_cuda_alike() or current_platform.is_cuda()
         kind = "npu" if current_platform.is_npu() else "cuda" if cuda else None
-    return torch.device(kind, _local_rank_from_env()) if kind else torch.device("cpu")
+    return torch.device(kind, int(envs.LOCAL_RANK)) if kind else torch.device("cpu")
 
 
 def init_distributed_environment(
@@ -182,7 +177,7 @@ def init_distributed_environment(
     """
     global _WORLD
     if local_rank == -1:
-        local_rank = _local_rank_from_env() if distributed_init_method == "env://" else rank
+        local_rank = int(envs.LOCAL_RANK) if distributed_init_method == "env://" else rank
     if dist.is_initialized():
         backend = dist.get_backend()
     elif backend not in ("nccl", "gloo"):
@@ -250,11 +245,7 @@ def initialize_model_parallel(
                          f"{sequence_model_parallel_size}; call destroy_sequence_parallel() first.")
     for coordinator in (get_sp_group(), get_dp_group()):  # the SP and DP groups exist now
         coordinator.local_rank = world.local_rank
-    mine = create_groups(tp_ranks, dist.get_backend(), _TP_GROUPS)
-    assert mine is not None
-    ranks, (dev_group, cpu_group) = mine
-    _TP = GroupCoordinator.of(ranks, ranks.index(dist.get_rank()), dev_group, cpu_group, world.device,
-                              local_rank=world.local_rank, unique_name="tp")
+    _TP = GroupCoordinator(tp_ranks, world.local_rank, dist.get_backend(), True, group_name="tp", created=_TP_GROUPS)
 
 
 def init_model_parallel_group(group_ranks: list[list[int]], local_rank: int, backend: str,
@@ -370,7 +361,7 @@ def maybe_init_distributed_environment_and_model_parallel(tp_size: int, sp_size:
     init_distributed_environment(world_size=int(os.environ.get("WORLD_SIZE", "1")),
                                  rank=int(os.environ.get("RANK", "0")),
                                  distributed_init_method=distributed_init_method,
-                                 local_rank=_local_rank_from_env())
+                                 local_rank=int(envs.LOCAL_RANK))
     initialize_model_parallel(tensor_model_parallel_size=tp_size, sequence_model_parallel_size=sp_size)
 
 

@@ -56,7 +56,8 @@ class GroupCoordinator(CoordinatorTransfers):
     SP coordinators also own the vote group, the agreed settings and the helper generation counter. The transfers
     of upstream's coordinator (broadcasts, point-to-point objects and tensors, tensor dictionaries, the
     graph-capture context) come from ``CoordinatorTransfers``. ``GroupCoordinator(...)`` is upstream's constructor
-    (it creates the process groups); this package builds its own with ``GroupCoordinator.of``.
+    (it creates the process groups), which builds this package's SP, DP and TP groups too; ``GroupCoordinator.of``
+    wraps groups that exist already (the world group).
     """
 
     ranks: list[int]
@@ -82,30 +83,38 @@ class GroupCoordinator(CoordinatorTransfers):
 
     def __init__(self, group_ranks: list[list[int]], local_rank: int, torch_distributed_backend: str | dist.Backend,
                  use_device_communicator: bool, use_message_queue_broadcaster: bool = False,
-                 group_name: str | None = None) -> None:
+                 group_name: str | None = None, *, created: list[dist.ProcessGroup] | None = None,
+                 timeout: datetime.timedelta | None = None, vote_timeout: datetime.timedelta | None = None) -> None:
         """Upstream's constructor. Collective over the world (``torch.distributed.new_group`` needs every rank):
         every rank creates a device group (``torch_distributed_backend``) and a gloo CPU group for each rank list of
         ``group_ranks`` and keeps the one it belongs to. ``use_message_queue_broadcaster`` is accepted and builds
-        nothing (objects travel over the CPU group). Raises ValueError when this rank is in none of them."""
+        nothing (objects travel over the CPU group). Raises ValueError when this rank is in none of them.
+
+        This package's keywords, as ``create_groups`` takes them: ``created`` collects every group created (every
+        rank's, for the caller to destroy); ``timeout`` bounds the groups' collectives and is the coordinator's
+        ``timeout_s``; ``vote_timeout`` adds a gloo vote group (the SP group's)."""
         rank = dist.get_rank()
-        mine = create_groups(group_ranks, torch_distributed_backend, [])
+        mine = create_groups(group_ranks, torch_distributed_backend, [] if created is None else created,
+                             vote_timeout=vote_timeout, timeout=timeout)
         if mine is None:
             raise ValueError(f"GroupCoordinator: this process's rank {rank} is in none of group_ranks={group_ranks}; "
                              "every rank of the world must appear in one list.")
-        ranks, (device_group, cpu_group) = mine
+        ranks, (device_group, cpu_group, *vote_group) = mine
         self._assign(ranks, ranks.index(rank), device_group, cpu_group,
-                     _device_for_backend(str(torch_distributed_backend)), local_rank=local_rank, unique_name=group_name)
+                     _device_for_backend(str(torch_distributed_backend)), local_rank=local_rank, unique_name=group_name,
+                     vote_group=vote_group[0] if vote_group else None,
+                     timeout_s=None if timeout is None else timeout.total_seconds())
         self.use_device_communicator = use_device_communicator
 
     @classmethod
     def of(cls, ranks: list[int], rank_in_group: int, device_group: dist.ProcessGroup, cpu_group: dist.ProcessGroup,
-           device: torch.device, *, vote_group: dist.ProcessGroup | None = None, timeout_s: float | None = None,
-           local_rank: int = 0, unique_name: str = "") -> GroupCoordinator:
-        """A coordinator over process groups that exist already (local: creates none). ``unique_name``: upstream's
-        ``name:<n>`` is derived from it (``"sp"`` -> ``"sp:0"``); empty: ``anonymous:<n>``."""
+           device: torch.device, *, local_rank: int = 0, unique_name: str = "") -> GroupCoordinator:
+        """A coordinator over process groups that exist already (local: creates none; the world group, over the
+        default group). ``unique_name``: upstream's ``name:<n>`` is derived from it (``"sp"`` -> ``"sp:0"``);
+        empty: ``anonymous:<n>``."""
         self = cls.__new__(cls)
-        self._assign(ranks, rank_in_group, device_group, cpu_group, device, vote_group=vote_group,
-                     timeout_s=timeout_s, local_rank=local_rank, unique_name=unique_name)
+        self._assign(ranks, rank_in_group, device_group, cpu_group, device, local_rank=local_rank,
+                     unique_name=unique_name)
         return self
 
     def _assign(self, ranks: list[int], rank_in_group: int, device_group: dist.ProcessGroup,
@@ -292,25 +301,19 @@ def initialize_sequence_parallel(sp_size: int, *, timeout: datetime.timedelta | 
         raise RuntimeError(
             "initialize_sequence_parallel: SP groups already exist; call destroy_sequence_parallel first."
         )
-    world, rank = dist.get_world_size(), dist.get_rank()
+    world = dist.get_world_size()
     backend = dist.get_backend()
-    device = _device_for_backend(backend)
     # The job's timeout unless told otherwise: a stopped peer then ends this rank's collectives within it.
     if timeout is None:
         timeout = datetime.timedelta(seconds=job_timeout_s())
     agree_s = _settings.agreement_timeout_s(timeout.total_seconds())
     created: list[dist.ProcessGroup] = []
     # The vote group takes the vote timeout (helpers may set their own on it).
-    sp_groups = create_groups(consecutive_groups("initialize_sequence_parallel", "sp_size", sp_size, world), backend,
-                              created, vote_timeout=datetime.timedelta(seconds=agree_s), timeout=timeout)
-    dp_groups = create_groups([range(offset, world, sp_size) for offset in range(sp_size)], backend, created,
-                              timeout=timeout)
-    assert sp_groups is not None and dp_groups is not None
-    (ranks, (dev_group, cpu_group, vote_group)), (dp_ranks, dp_pgs) = sp_groups, dp_groups
-    sp = GroupCoordinator.of(ranks, ranks.index(rank), dev_group, cpu_group, device, vote_group=vote_group,
-                             timeout_s=timeout.total_seconds(), unique_name="sp")
-    dp = GroupCoordinator.of(dp_ranks, dp_ranks.index(rank), *dp_pgs, device, timeout_s=timeout.total_seconds(),
-                             unique_name="dp")
+    sp = GroupCoordinator(consecutive_groups("initialize_sequence_parallel", "sp_size", sp_size, world), 0, backend,
+                          True, group_name="sp", created=created, timeout=timeout,
+                          vote_timeout=datetime.timedelta(seconds=agree_s))
+    dp = GroupCoordinator([list(range(offset, world, sp_size)) for offset in range(sp_size)], 0, backend, True,
+                          group_name="dp", created=created, timeout=timeout)
     try:
         _agree(sp, "checked at initialize_sequence_parallel")
     except Exception:

@@ -268,16 +268,18 @@ def test_upstream_helper_declines_under_compile_before_any_distributed_state(mon
     assert ulysses_a2a.MAX_WINDOW_BYTES == 1 << 30
 
 
-@pytest.mark.parametrize("caller", ["send", "recv"])
-def test_communicator_point_to_point_rejects_a_bad_rank(caller):
-    """Local validation, before any communication (no process group needed to reach it)."""
+@pytest.mark.parametrize(("caller", "fix"), [("send", "dst=0 is this rank; pass another rank of the group"),
+                                             ("recv", r"src=3 must be a rank of the group \(0\.\.1\)")])
+def test_communicator_point_to_point_rejects_a_bad_rank(caller, fix):
+    """Local validation, before any communication (no process group needed to reach it): this rank itself, and a
+    rank outside the group."""
     from fastvideo.distributed.device_communicators.base_device_communicator import DeviceCommunicatorBase
 
     comm = DeviceCommunicatorBase.__new__(DeviceCommunicatorBase)
     comm.world_size, comm.rank_in_group, comm.ranks = 2, 0, [0, 1]
     call = (lambda: comm.send(torch.zeros(1), 0)) if caller == "send" else (
         lambda: comm.recv(torch.Size([1]), torch.float32, 3))
-    with pytest.raises(ValueError, match="another rank of the group"):
+    with pytest.raises(ValueError, match=f"{caller}: {fix}"):
         call()
 
 
