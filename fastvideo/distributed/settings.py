@@ -101,10 +101,6 @@ class AgreedSettings:
     def __getitem__(self, name: str) -> Any:
         return self.values[name]
 
-    def changed(self) -> bool:
-        """Has this rank's environment changed since the agreement? (No parsing: a tuple compare.)"""
-        return raw_now() != self.raw
-
 
 def decide(reports: Sequence[LocalReport], ranks: Sequence[int], rank_in_group: int, where: str) -> AgreedSettings:
     """The agreed settings from every rank's report (identical on every rank), or the SettingsError every rank
