@@ -264,6 +264,15 @@ def get(name: str) -> Any:
     return reader()
 
 
+def env_or_default(name: str) -> Any:
+    """The current value of this package's variable ``name``, or its default when invalid: for reads that must
+    not raise on one rank alone (a collective exchange then reports the invalid value on every rank)."""
+    try:
+        return get(name)
+    except ValueError:
+        return _REGISTRY[name].default
+
+
 # ------------------------------------------------------------------------------------------- upstream's variables
 
 

@@ -206,10 +206,7 @@ def agreement_timeout_s(group_timeout_s: float | None = None) -> float:
     """The bound on one settings exchange, and the vote timeout: ``FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S`` when set
     above 0, else ``group_timeout_s`` (the SP group's), else the default process group's timeout. An invalid value
     counts as unset here (the exchange then reports it on every rank)."""
-    try:
-        value = float(envs.get("FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S"))
-    except ValueError:
-        value = 0.0
+    value = envs.env_or_default("FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S")
     if value > 0:
         return value
     return group_timeout_s if group_timeout_s is not None else job_timeout_s()

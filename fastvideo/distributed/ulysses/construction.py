@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fastvideo import envs
 from fastvideo.distributed import settings as _settings
 from fastvideo.distributed.sp_groups import GroupCoordinator
 from fastvideo.distributed.ulysses import contract
@@ -33,6 +32,7 @@ from fastvideo.distributed.ulysses.contract import ContractMismatchError, Declin
 from fastvideo.distributed.ulysses.policy import MAX_CTAS, MAX_WORLD_SIZE, MIN_WORLD_SIZE
 from fastvideo.distributed.ulysses.transport import Capability, ConstructionContext, TopologyReport, Transport
 from fastvideo.distributed.ulysses.vote import GlooVote, ShmVote, load_vote_library
+from fastvideo.envs import env_or_default
 
 logger = logging.getLogger("fastvideo.distributed.ulysses.helper")
 _NO_DEVICE_TRANSPORT = "no transport for this device"  # a CPU job's: no fused route exists for its device
@@ -68,15 +68,6 @@ def set_transport_factory(factory: Callable[[torch.device], Transport | None] | 
     """Override how helpers find their transport (``None`` restores the default: native on CUDA)."""
     global _TRANSPORT_FACTORY
     _TRANSPORT_FACTORY = factory if factory is not None else _default_transport
-
-
-def env_or_default(name: str):
-    """The variable's value, or its default when invalid: the construction exchange then reports the invalid
-    value on every rank (raising here alone would leave the peers waiting in that exchange)."""
-    try:
-        return envs.get(name)
-    except ValueError:
-        return envs.registry()[name].default
 
 
 def limits(window_bytes: int | None, vote_timeout_s: float | None, watchdog_timeout_s: float | None,
