@@ -112,6 +112,7 @@ if TYPE_CHECKING:  # what ``envs.NAME`` returns, for type checkers (the module a
     FASTVIDEO_ULYSSES_A2A_VOTED_LAUNCH: str
     FASTVIDEO_ULYSSES_A2A_HOT_PATH: str
     FASTVIDEO_KERNEL_LIBRARY: str
+    FASTVIDEO_ULYSSES_A2A_OVERLAP: int
 
 
 # ------------------------------------------------------------------------------------ this package's typed settings
