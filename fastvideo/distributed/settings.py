@@ -36,18 +36,22 @@ from fastvideo.distributed.host_exchange import all_gather_objects, job_timeout_
 logger = logging.getLogger(__name__)
 
 AGREED = envs.agreed_names()
+# The agreed variables' names, for the modules that read their agreed values.
 CHECKED = "FASTVIDEO_ULYSSES_A2A_CHECKED"
+LONG_TRAINING = "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"
+OVERLAP = "FASTVIDEO_ULYSSES_A2A_OVERLAP"
 ROUTE = "FASTVIDEO_ULYSSES_A2A"
+WINDOW = "FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES"
 # What ranks that differ on a setting agree on, from every rank's value (each safe whatever the others hold):
 # the NCCL route (exact, needs no capability), the untuned long-training policy (chunks need a validated
 # activation-memory budget), the smallest window and overlap (memory and streams every rank can give), and
 # checked mode on (ranks already disagree: every call is then checked).
 CONSERVATIVE: dict[str, Callable[[list[Any]], Any]] = {
     ROUTE: lambda values: "off",
-    "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING": lambda values: "auto",
-    "FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES": min,
+    LONG_TRAINING: lambda values: "auto",
+    WINDOW: min,
     CHECKED: lambda values: True,
-    "FASTVIDEO_ULYSSES_A2A_OVERLAP": min,
+    OVERLAP: min,
 }
 
 

@@ -75,7 +75,7 @@ def limits(window_bytes: int | None, vote_timeout_s: float | None, watchdog_time
     """(window bytes, vote timeout, watchdog timeout) of a helper: the arguments, else the settings' values. A vote
     timeout of 0 follows the SP group's timeout (``group_timeout_s``, the job's by default), a watchdog timeout of
     0 the vote timeout. Local; raises ValueError naming the argument for a bad one."""
-    window = int(window_bytes if window_bytes is not None else env_or_default("FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES"))
+    window = int(window_bytes if window_bytes is not None else env_or_default(_settings.WINDOW))
     if window < 1:
         raise ValueError(f"UlyssesHelper: window_bytes={window} must be positive.")
     if vote_timeout_s is not None and vote_timeout_s <= 0:
@@ -114,7 +114,7 @@ def construct(sp: GroupCoordinator, transport: Transport | None, vote: GlooVote,
     is a named decline."""
     if disabled:
         cap = Capability("off", False, decline=DeclineReason.DISABLED,
-                         detail="FASTVIDEO_ULYSSES_A2A=off: this helper only votes (checked mode)")
+                         detail=f"{_settings.ROUTE}=off: this helper only votes (checked mode)")
     elif transport is not None:
         cap = transport.capability()
     else:
