@@ -112,6 +112,7 @@ if TYPE_CHECKING:  # what ``envs.NAME`` returns, for type checkers (the module a
     FASTVIDEO_ULYSSES_A2A_VOTED_LAUNCH: str
     FASTVIDEO_ULYSSES_A2A_HOT_PATH: str
     FASTVIDEO_KERNEL_LIBRARY: str
+    FASTVIDEO_ULYSSES_A2A_OVERLAP: int
 
 
 # ------------------------------------------------------------------------------------ this package's typed settings
@@ -262,6 +263,15 @@ def get(name: str) -> Any:
     if reader is None:
         raise KeyError(_unknown(name))
     return reader()
+
+
+def env_or_default(name: str) -> Any:
+    """The current value of this package's variable ``name``, or its default when invalid: for reads that must
+    not raise on one rank alone (a collective exchange then reports the invalid value on every rank)."""
+    try:
+        return get(name)
+    except ValueError:
+        return _REGISTRY[name].default
 
 
 # ------------------------------------------------------------------------------------------- upstream's variables

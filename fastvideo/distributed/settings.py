@@ -36,18 +36,22 @@ from fastvideo.distributed.host_exchange import all_gather_objects, job_timeout_
 logger = logging.getLogger(__name__)
 
 AGREED = envs.agreed_names()
+# The agreed variables' names, for the modules that read their agreed values.
 CHECKED = "FASTVIDEO_ULYSSES_A2A_CHECKED"
+LONG_TRAINING = "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"
+OVERLAP = "FASTVIDEO_ULYSSES_A2A_OVERLAP"
 ROUTE = "FASTVIDEO_ULYSSES_A2A"
+WINDOW = "FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES"
 # What ranks that differ on a setting agree on, from every rank's value (each safe whatever the others hold):
 # the NCCL route (exact, needs no capability), the untuned long-training policy (chunks need a validated
 # activation-memory budget), the smallest window and overlap (memory and streams every rank can give), and
 # checked mode on (ranks already disagree: every call is then checked).
 CONSERVATIVE: dict[str, Callable[[list[Any]], Any]] = {
     ROUTE: lambda values: "off",
-    "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING": lambda values: "auto",
-    "FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES": min,
+    LONG_TRAINING: lambda values: "auto",
+    WINDOW: min,
     CHECKED: lambda values: True,
-    "FASTVIDEO_ULYSSES_A2A_OVERLAP": min,
+    OVERLAP: min,
 }
 
 
@@ -100,10 +104,6 @@ class AgreedSettings:
 
     def __getitem__(self, name: str) -> Any:
         return self.values[name]
-
-    def changed(self) -> bool:
-        """Has this rank's environment changed since the agreement? (No parsing: a tuple compare.)"""
-        return raw_now() != self.raw
 
 
 def decide(reports: Sequence[LocalReport], ranks: Sequence[int], rank_in_group: int, where: str) -> AgreedSettings:
@@ -210,10 +210,7 @@ def agreement_timeout_s(group_timeout_s: float | None = None) -> float:
     """The bound on one settings exchange, and the vote timeout: ``FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S`` when set
     above 0, else ``group_timeout_s`` (the SP group's), else the default process group's timeout. An invalid value
     counts as unset here (the exchange then reports it on every rank)."""
-    try:
-        value = float(envs.get("FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S"))
-    except ValueError:
-        value = 0.0
+    value = envs.env_or_default("FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S")
     if value > 0:
         return value
     return group_timeout_s if group_timeout_s is not None else job_timeout_s()

@@ -35,7 +35,6 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from fastvideo.distributed.all_to_all import mode_for_dims
-from fastvideo.distributed.sp_groups import get_sp_group, model_parallel_is_initialized
 from fastvideo.distributed.ulysses import ops as _ops
 from fastvideo.distributed.ulysses.helper import UlyssesHelper
 from fastvideo.distributed.ulysses.policy import MAX_WORLD_SIZE, MIN_WORLD_SIZE
@@ -44,6 +43,7 @@ from fastvideo.distributed.ulysses.registry import (
     destroy_default_helper,
     enabled,
     get_default_helper,
+    helper_for,
     install_default_helper,
 )
 
@@ -109,14 +109,10 @@ class UlyssesA2AHelper:
     def _bound(self) -> UlyssesHelper | None:
         """The op's helper when this is the SP group under ``auto`` (collective the first time: it may build it);
         None otherwise (local, and the same on every rank: the groups and the agreed route are)."""
-        if not model_parallel_is_initialized():
-            return None
-        sp = get_sp_group()
-        ours = self.cpu_group is sp.cpu_group or self.device_group is sp.device_group
-        if not ours or sp.world_size == 1 or not is_enabled():
-            return None
-        self._helper = get_default_helper()
-        return self._helper
+        helper = helper_for(self)
+        if helper is not None:
+            self._helper = helper
+        return helper
 
     def try_all_to_all_4D(self, x: torch.Tensor, scatter_dim: int, gather_dim: int, *,
                           tag: str | None = None) -> torch.Tensor | None:

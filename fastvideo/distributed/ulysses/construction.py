@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fastvideo import envs
 from fastvideo.distributed import settings as _settings
 from fastvideo.distributed.sp_groups import GroupCoordinator
 from fastvideo.distributed.ulysses import contract
@@ -33,6 +32,7 @@ from fastvideo.distributed.ulysses.contract import ContractMismatchError, Declin
 from fastvideo.distributed.ulysses.policy import MAX_CTAS, MAX_WORLD_SIZE, MIN_WORLD_SIZE
 from fastvideo.distributed.ulysses.transport import Capability, ConstructionContext, TopologyReport, Transport
 from fastvideo.distributed.ulysses.vote import GlooVote, ShmVote, load_vote_library
+from fastvideo.envs import env_or_default
 
 logger = logging.getLogger("fastvideo.distributed.ulysses.helper")
 _NO_DEVICE_TRANSPORT = "no transport for this device"  # a CPU job's: no fused route exists for its device
@@ -70,21 +70,12 @@ def set_transport_factory(factory: Callable[[torch.device], Transport | None] | 
     _TRANSPORT_FACTORY = factory if factory is not None else _default_transport
 
 
-def env_or_default(name: str):
-    """The variable's value, or its default when invalid: the construction exchange then reports the invalid
-    value on every rank (raising here alone would leave the peers waiting in that exchange)."""
-    try:
-        return envs.get(name)
-    except ValueError:
-        return envs.registry()[name].default
-
-
 def limits(window_bytes: int | None, vote_timeout_s: float | None, watchdog_timeout_s: float | None,
            group_timeout_s: float | None = None) -> tuple[int, float, float]:
     """(window bytes, vote timeout, watchdog timeout) of a helper: the arguments, else the settings' values. A vote
     timeout of 0 follows the SP group's timeout (``group_timeout_s``, the job's by default), a watchdog timeout of
     0 the vote timeout. Local; raises ValueError naming the argument for a bad one."""
-    window = int(window_bytes if window_bytes is not None else env_or_default("FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES"))
+    window = int(window_bytes if window_bytes is not None else env_or_default(_settings.WINDOW))
     if window < 1:
         raise ValueError(f"UlyssesHelper: window_bytes={window} must be positive.")
     if vote_timeout_s is not None and vote_timeout_s <= 0:
@@ -123,7 +114,7 @@ def construct(sp: GroupCoordinator, transport: Transport | None, vote: GlooVote,
     is a named decline."""
     if disabled:
         cap = Capability("off", False, decline=DeclineReason.DISABLED,
-                         detail="FASTVIDEO_ULYSSES_A2A=off: this helper only votes (checked mode)")
+                         detail=f"{_settings.ROUTE}=off: this helper only votes (checked mode)")
     elif transport is not None:
         cap = transport.capability()
     else:

@@ -67,14 +67,18 @@ def enabled() -> bool:
 def install() -> None:
     """Make ``device_communicator.ulysses_a2a`` answer with the SP group's helper (the op's own default helper
     under ``auto``, else None). Local, idempotent; upstream's init entry points and the route's resolution call it."""
-    register_ulysses_a2a_provider(_ulysses_a2a)
+    register_ulysses_a2a_provider(helper_for)
 
 
-def _ulysses_a2a(comm: DeviceCommunicatorBase) -> UlyssesHelper | None:
+def helper_for(groups: DeviceCommunicatorBase | Any) -> UlyssesHelper | None:
+    """The op's default helper where ``groups`` (a communicator, or anything with its ``cpu_group`` and
+    ``device_group``) is the SP group's and the agreed route is ``auto`` (collective the first time: it may build
+    it); None otherwise (local, and the same on every rank: the groups and the agreed route are)."""
     if not model_parallel_is_initialized():
         return None
     sp = get_sp_group()
-    if comm.device_group is not sp.device_group or sp.world_size == 1 or not enabled():
+    ours = groups.cpu_group is sp.cpu_group or groups.device_group is sp.device_group
+    if not ours or sp.world_size == 1 or not enabled():
         return None
     return get_default_helper()
 
