@@ -37,13 +37,11 @@ from types import ModuleType
 import torch
 
 from fastvideo import envs
-from fastvideo.distributed.settings import CHECKED, ROUTE, checked_mode
+from fastvideo.distributed.settings import CHECKED, LONG_TRAINING, OVERLAP, ROUTE, WINDOW, checked_mode
 from fastvideo.distributed.ulysses.explain import ASSUMED_GPU, DTYPES, default_gpu, explain, rank_shape
 from fastvideo.distributed.ulysses.geometries import GEOMETRIES
-from fastvideo.distributed.ulysses.overlap_plan import SETTING as _OVERLAP_VAR
 
-_WINDOW = envs.registry()["FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES"]  # --window-bytes parses and defaults by its rule
-_LONG_VAR = "FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"
+_WINDOW = envs.registry()[WINDOW]  # --window-bytes parses and defaults by its rule
 # Kept in step with fastvideo_kernel.LIBRARY_NAME / ENV_LIBRARY; doctor must work without that package.
 _LIBRARY_NAME = "libfastvideo_ulysses_a2a.so"
 _ENV_LIBRARY = "FASTVIDEO_KERNEL_LIBRARY"
@@ -376,13 +374,13 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"the route switch (default: {ROUTE}, as the helper reads it)")
     ex.add_argument("--mode", type=int, choices=(0, 1), default=0, help="0: scatter heads (2,1); 1: the inverse (1,2)")
     ex.add_argument("--grad", action="store_true", help="the operand is grad-tracked (training)")
-    ex.add_argument("--long-training", type=str.lower, choices=("auto", "chunked"), help=f"default: {_LONG_VAR}")
+    ex.add_argument("--long-training", type=str.lower, choices=("auto", "chunked"), help=f"default: {LONG_TRAINING}")
     ex.add_argument("--window-bytes", type=_window_bytes, help=f"default: {_WINDOW.name} or {_WINDOW.default}")
     for flag, meta, what in (("--seq-splits", "S0,S1,...", "sequence rows"), ("--head-splits", "H0,H1,...", "heads")):
         ex.add_argument(flag, type=_splits, metavar=meta, help=f"every rank's {what} (default: even)")
     ex.add_argument("--rank", type=_rank, default=0, help="the rank whose input --shape is (with splits; default 0)")
     ex.add_argument("--overlap", type=int, metavar="N",
-                    help=f"head groups of a DistributedAttention's pipeline (default: {_OVERLAP_VAR})")
+                    help=f"head groups of a DistributedAttention's pipeline (default: {OVERLAP})")
     sub.add_parser("doctor", help="versions, kernel library, GPUs, host, env; exits 1 if it found a problem")
     args = parser.parse_args(_negative_values_as_values(sys.argv[1:] if argv is None else argv, (
         "--shape", "--world-size", "--window-bytes", "--seq-splits", "--head-splits", "--rank")))
@@ -394,8 +392,8 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError as exc:
                 ex.error(f"--geometry {args.geometry[0]}: {exc}")
         args.sources = {}
-        for flag, var in (("--a2a", ROUTE), ("--long-training", _LONG_VAR), ("--window-bytes", _WINDOW.name),
-                          ("--overlap", _OVERLAP_VAR)):
+        for flag, var in (("--a2a", ROUTE), ("--long-training", LONG_TRAINING), ("--window-bytes", _WINDOW.name),
+                          ("--overlap", OVERLAP)):
             attr = flag[2:].replace("-", "_")
             args.sources[attr] = flag
             if getattr(args, attr) is None:  # the flag's default is the setting's value, refused as doctor does

@@ -165,7 +165,7 @@ class UlyssesHelper:
         self._hot = HotLane(self.transport, built.call_vote, built.hot_decline, self.generation)
         self.planner = Planner(
             PlanConfig(self.world_size, self.generation, self.gpu_name, self.window_bytes,
-                       agreed["FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"], (), (), CAPTURE_ENGINES, cap.dtypes, self.device,
+                       agreed[_settings.LONG_TRAINING], (), (), CAPTURE_ENGINES, cap.dtypes, self.device,
                        self.construction_reason,
                        self.transport.capture_decline if self.transport is not None else None),
             tuned_table, cap.entry_points if cap.present else None)
@@ -176,11 +176,11 @@ class UlyssesHelper:
         """Local; called on every rank alike after a re-agreement changed the settings: take the new checked mode
         and long-training policy (a replan). Returns False when this helper cannot follow (its window came from the
         settings and changed: it must be rebuilt)."""
-        if self._window_from_settings and agreed["FASTVIDEO_ULYSSES_A2A_WINDOW_BYTES"] != self.window_bytes:
+        if self._window_from_settings and agreed[_settings.WINDOW] != self.window_bytes:
             return False
         self.checked = bool(agreed[_settings.CHECKED])
         self._votes = self._runtime.built or self.checked
-        self.planner.long_training = agreed["FASTVIDEO_ULYSSES_A2A_LONG_TRAINING"]
+        self.planner.long_training = agreed[_settings.LONG_TRAINING]
         return True
 
     # ------------------------------------------------------------------ the call

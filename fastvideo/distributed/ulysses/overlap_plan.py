@@ -24,10 +24,9 @@ from typing import Any, NamedTuple
 import torch
 
 from fastvideo.distributed.all_to_all import balanced_splits
+from fastvideo.distributed.settings import OVERLAP as SETTING  # the variable this plan's group count comes from
 from fastvideo.distributed.settings import ROUTE
 from fastvideo.distributed.ulysses.policy import ENGINE_CE, Geometry, choose_plan
-
-SETTING = "FASTVIDEO_ULYSSES_A2A_OVERLAP"
 
 
 class Step(NamedTuple):
