@@ -18,9 +18,9 @@ from typing import NamedTuple
 import torch
 
 from fastvideo.distributed.all_to_all import EVEN, Splits
-from fastvideo.distributed.ulysses import contract
+from fastvideo.distributed.ulysses import contract, policy
 from fastvideo.distributed.ulysses.contract import DeclineReason, Phase
-from fastvideo.distributed.ulysses.policy import ENGINE_CE, ENGINES, Choice, Geometry, Plan, TunedRow, choose_plan
+from fastvideo.distributed.ulysses.policy import ENGINE_CE, Choice, Geometry, Plan, TunedRow, choose_plan
 from fastvideo.distributed.ulysses.transport import ENTRY_CE, ENTRY_CE_CAPTURE, ENTRY_TUNED, ENTRY_UNEVEN
 
 CACHE_LIMIT = 4096  # signatures per helper: a job has few; a pathological one re-plans
@@ -200,9 +200,8 @@ class Planner:
 
     @capture_engines.setter
     def capture_engines(self, engines: Sequence[str]) -> None:
-        unknown = [e for e in engines if e not in ENGINES]
-        if unknown:
-            raise ValueError(f"capture_engines: {unknown} not among {ENGINES}")
+        for engine in engines:
+            policy.check_engine("capture_engines", engine)
         self.config = self.config._replace(capture_engines=tuple(engines))
         self._replan()
 
