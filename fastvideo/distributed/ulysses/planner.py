@@ -135,8 +135,7 @@ def propose(cfg: PlanConfig, sig: Signature) -> Proposal:
                        else "this transport cannot capture") or ""
             if why:
                 bits |= DeclineReason.CUDA_GRAPH_CAPTURE.bit
-    if bits:
-        plan = None
+                plan = None  # a plan is made only where no other bit is set: this one is the bit that drops it
     row = contract.fields(cfg.generation, 0, bits, sig.mode, sig.dtype, (geom.B, geom.S_global, geom.H, geom.D),
                           sig.phase, plan.window_bytes(geom) if plan is not None else 0,
                           plan.word if plan is not None else 0, sig.capturing,
@@ -152,7 +151,7 @@ class Planner:
 
     def __init__(self, config: PlanConfig, table: Sequence[TunedRow], entries: frozenset[str] | None) -> None:
         self._table, self._entries = tuple(table), entries
-        self.config = config
+        self.config = config._replace(uneven=entries is not None and ENTRY_UNEVEN in entries)  # fixed with the build
         self.cache: dict[Signature, Proposal] = {}  # the call reads it directly: one dict lookup per call
         self.on_replan: Callable[[], None] | None = None  # told when the cache is dropped (the helper's hot path)
         self._replan()
@@ -182,8 +181,7 @@ class Planner:
 
     def _replan(self) -> None:
         eager, capture = tables(self._table, self._entries, self.config.capture_engines)
-        uneven = self._entries is not None and ENTRY_UNEVEN in self._entries
-        self.replace(table=eager, capture_table=capture, uneven=uneven)
+        self.replace(table=eager, capture_table=capture)
 
     @property
     def table(self) -> tuple[TunedRow, ...]:
