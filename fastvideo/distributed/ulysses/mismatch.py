@@ -29,8 +29,7 @@ def with_detail(gather: Gather, error: BaseException, proposal: Proposal, seq: i
     in the call, if any (what it voted ``LOCAL_ERROR`` for); for a backward, its forward's count."""
     if isinstance(error, PeerCallError):
         return peer_errors(gather, error, local)
-    if not isinstance(error, ContractMismatchError):
-        return error
+    # Else a ContractMismatchError: the only other error a RAISE verdict carries (``contract.decide``).
     if error.field is Field.SPLITS:
         # Every rank has its geometry here: a proposal without one (proposing raised) votes LOCAL_ERROR, whose
         # verdict (PeerCallError) the votes reach before any field's mismatch.
