@@ -167,9 +167,7 @@ class Planner:
                 row = contract.fields(self.config.generation, 0, DeclineReason.LOCAL_ERROR.bit, sig.mode, sig.dtype,
                                       tuple(sig.shape), sig.phase)
                 return Proposal(None, None, tuple(row), "", exc)
-            if len(self.cache) >= CACHE_LIMIT:
-                self.cache.clear()
-            self.cache[sig] = proposal
+            policy.bounded_put(self.cache, sig, proposal, CACHE_LIMIT)
         return proposal
 
     def replace(self, **changes) -> None:
