@@ -170,16 +170,19 @@ def splits_digest(seq: Sequence[int], heads: Sequence[int]) -> int:
     if all(v == seq[0] for v in seq) and all(v == heads[0] for v in heads):
         return 0
     data = struct.pack(f"<2q{len(seq)}q{len(heads)}q", len(seq), len(heads), *seq, *heads)
-    digest = int.from_bytes(hashlib.blake2b(data, digest_size=8, person=b"fv-ulysses-split").digest(), "little")
-    return (digest & _DIGEST_MASK) or 1
+    return (_blake2b_64(data, b"fv-ulysses-split") & _DIGEST_MASK) or 1
 
 
 def tag_digest(tag: str) -> int:
     """62 bits of BLAKE2b (personalisation ``fv-ulysses-tag``) over the tag's UTF-8 bytes: what a tagged call's
     SEQ carries of its tag. The helper computes it once per tag (``tag_bases``) and caches it, never per call."""
-    data = tag.encode("utf-8", "surrogatepass")
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8, person=b"fv-ulysses-tag").digest(),
-                          "little") & _TAG_DIGEST_MASK
+    return _blake2b_64(tag.encode("utf-8", "surrogatepass"), b"fv-ulysses-tag") & _TAG_DIGEST_MASK
+
+
+def _blake2b_64(data: bytes, person: bytes) -> int:
+    """The 8-byte BLAKE2b digest of ``data`` under personalisation ``person``, as a little-endian int: what both
+    digests of the contract (``splits_digest``, ``tag_digest``) mask to their widths."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8, person=person).digest(), "little")
 
 
 def tag_bases(tag: str) -> tuple[int, int, int]:

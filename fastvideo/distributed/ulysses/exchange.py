@@ -86,9 +86,7 @@ class AllToAllHandle:
         """The output, once landed where the caller reads it: on CUDA the caller's current stream waits for the
         exchange's event (the host does not); on CPU the backend's work is waited for. Local; raises
         ``InputModifiedError`` for an input written in place since the start, and for a second wait."""
-        if _PENDING.pop(self.ident, None) is None:
-            raise RuntimeError(f"Ulysses all-to-all wait: exchange #{self.ident} is not in flight in this process "
-                               "(waited already). Wait for each started exchange exactly once.")
+        pending(self.ident, take=True)
         if self.release is not None:
             self.release.detach()
         if self.event is not None:
@@ -124,9 +122,10 @@ def in_flight() -> int:
     return len(_PENDING)
 
 
-def pending(ident: int) -> AllToAllHandle:
-    """Local: exchange ``ident`` (a token's value) while in flight; raises RuntimeError once waited or released."""
-    handle = _PENDING.get(ident)
+def pending(ident: int, *, take: bool = False) -> AllToAllHandle:
+    """Local: exchange ``ident`` (a token's value) while in flight, no longer in flight once ``take`` (its wait);
+    raises RuntimeError once waited or released."""
+    handle = _PENDING.pop(ident, None) if take else _PENDING.get(ident)
     if handle is None:
         raise RuntimeError(f"Ulysses all-to-all wait: exchange #{ident} is not in flight in this process (waited "
                            "already, or started elsewhere). Wait for each started exchange exactly once.")

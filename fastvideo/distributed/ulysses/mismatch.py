@@ -29,15 +29,14 @@ def with_detail(gather: Gather, error: BaseException, proposal: Proposal, seq: i
     in the call, if any (what it voted ``LOCAL_ERROR`` for); for a backward, its forward's count."""
     if isinstance(error, PeerCallError):
         return peer_errors(gather, error, local)
-    if not isinstance(error, ContractMismatchError):
-        return error
+    # Else a ContractMismatchError: the only other error a RAISE verdict carries (``contract.decide``).
     if error.field is Field.SPLITS:
-        geom = proposal.geom
-        tables = gather((geom.seq_table, geom.head_table) if geom is not None else None)
+        # Every rank has its geometry here: a proposal without one (proposing raised) votes LOCAL_ERROR, whose
+        # verdict (PeerCallError) the votes reach before any field's mismatch.
+        tables = gather((proposal.geom.seq_table, proposal.geom.head_table))
         if tables is None:
             return error
-        per_rank = [f"seq_splits={list(t[0])}, head_splits={list(t[1])}" if t is not None else "unknown"
-                    for t in tables]
+        per_rank = [f"seq_splits={list(seq)}, head_splits={list(heads)}" for seq, heads in tables]
         return ContractMismatchError(Field.SPLITS, error.values, per_rank)
     if error.field is Field.SEQ and any(contract.is_tagged(v) for v in error.values):
         calls = gather((tag, int(phase), count, seq))

@@ -32,7 +32,7 @@ from fastvideo.distributed.ulysses import hot
 from fastvideo.distributed.ulysses.contract import DeclineReason, Field
 from fastvideo.distributed.ulysses.launch import Launch, build_launch
 from fastvideo.distributed.ulysses.nccl_runtime import nccl_libraries_mapped, nccl_mismatch
-from fastvideo.distributed.ulysses.policy import ENGINE_CE, KERNEL_DTYPES, MAX_CTAS, Geometry, Plan
+from fastvideo.distributed.ulysses.policy import ENGINE_CE, KERNEL_DTYPES, MAX_CTAS, Geometry, Plan, bounded_put
 from fastvideo.distributed.ulysses.transport import (
     ENTRIES,
     ENTRY_CAPTURE,
@@ -229,12 +229,8 @@ class NativeTransport(Transport):
                                       capture, self._ctx.rank)
             except ValueError as exc:
                 raise NativeKernelError(str(exc)) from None
-            if len(self._launches) >= 1024:  # bounded: a pathological job re-builds
-                self._launches.clear()
-            self._launches[key] = launch
-        if len(self._by_object) >= 1024:
-            self._by_object.clear()
-        self._by_object[by_object] = (launch, geom, plan)
+            bounded_put(self._launches, key, launch, 1024)  # bounded: a pathological job re-builds
+        bounded_put(self._by_object, by_object, (launch, geom, plan), 1024)
         return launch
 
     def _current_raw(self, x: torch.Tensor) -> tuple[int, int]:
@@ -254,10 +250,7 @@ class NativeTransport(Transport):
         if stream is None:
             # The same thread's current stream on the same device as ``_current_raw`` read just before the launch,
             # nothing between them switching it: the Stream of ``raw``.
-            stream = torch.cuda.current_stream(index)
-            if len(self._streams) >= 64:
-                self._streams.clear()
-            self._streams[(index, raw)] = stream
+            stream = bounded_put(self._streams, (index, raw), torch.cuda.current_stream(index), 64)
         return stream
 
     def _vote_for(self, vote, fields: tuple[int, ...], seq: int) -> Any:

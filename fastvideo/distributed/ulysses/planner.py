@@ -18,9 +18,9 @@ from typing import NamedTuple
 import torch
 
 from fastvideo.distributed.all_to_all import EVEN, Splits
-from fastvideo.distributed.ulysses import contract
+from fastvideo.distributed.ulysses import contract, policy
 from fastvideo.distributed.ulysses.contract import DeclineReason, Phase
-from fastvideo.distributed.ulysses.policy import ENGINE_CE, ENGINES, Choice, Geometry, Plan, TunedRow, choose_plan
+from fastvideo.distributed.ulysses.policy import ENGINE_CE, Choice, Geometry, Plan, TunedRow, choose_plan
 from fastvideo.distributed.ulysses.transport import ENTRY_CE, ENTRY_CE_CAPTURE, ENTRY_TUNED, ENTRY_UNEVEN
 
 CACHE_LIMIT = 4096  # signatures per helper: a job has few; a pathological one re-plans
@@ -135,8 +135,7 @@ def propose(cfg: PlanConfig, sig: Signature) -> Proposal:
                        else "this transport cannot capture") or ""
             if why:
                 bits |= DeclineReason.CUDA_GRAPH_CAPTURE.bit
-    if bits:
-        plan = None
+                plan = None  # a plan is made only where no other bit is set: this one is the bit that drops it
     row = contract.fields(cfg.generation, 0, bits, sig.mode, sig.dtype, (geom.B, geom.S_global, geom.H, geom.D),
                           sig.phase, plan.window_bytes(geom) if plan is not None else 0,
                           plan.word if plan is not None else 0, sig.capturing,
@@ -152,7 +151,7 @@ class Planner:
 
     def __init__(self, config: PlanConfig, table: Sequence[TunedRow], entries: frozenset[str] | None) -> None:
         self._table, self._entries = tuple(table), entries
-        self.config = config
+        self.config = config._replace(uneven=entries is not None and ENTRY_UNEVEN in entries)  # fixed with the build
         self.cache: dict[Signature, Proposal] = {}  # the call reads it directly: one dict lookup per call
         self.on_replan: Callable[[], None] | None = None  # told when the cache is dropped (the helper's hot path)
         self._replan()
@@ -168,9 +167,7 @@ class Planner:
                 row = contract.fields(self.config.generation, 0, DeclineReason.LOCAL_ERROR.bit, sig.mode, sig.dtype,
                                       tuple(sig.shape), sig.phase)
                 return Proposal(None, None, tuple(row), "", exc)
-            if len(self.cache) >= CACHE_LIMIT:
-                self.cache.clear()
-            self.cache[sig] = proposal
+            policy.bounded_put(self.cache, sig, proposal, CACHE_LIMIT)
         return proposal
 
     def replace(self, **changes) -> None:
@@ -182,8 +179,7 @@ class Planner:
 
     def _replan(self) -> None:
         eager, capture = tables(self._table, self._entries, self.config.capture_engines)
-        uneven = self._entries is not None and ENTRY_UNEVEN in self._entries
-        self.replace(table=eager, capture_table=capture, uneven=uneven)
+        self.replace(table=eager, capture_table=capture)
 
     @property
     def table(self) -> tuple[TunedRow, ...]:
@@ -200,9 +196,8 @@ class Planner:
 
     @capture_engines.setter
     def capture_engines(self, engines: Sequence[str]) -> None:
-        unknown = [e for e in engines if e not in ENGINES]
-        if unknown:
-            raise ValueError(f"capture_engines: {unknown} not among {ENGINES}")
+        for engine in engines:
+            policy.check_engine("capture_engines", engine)
         self.config = self.config._replace(capture_engines=tuple(engines))
         self._replan()
 

@@ -58,9 +58,20 @@ def _hash_once(self) -> int:
         return value
 
 
-def _check_engine(what: str, engine: str) -> None:
+def bounded_put(cache: dict, key, value, limit: int):
+    """``cache[key] = value``, returned; ``cache`` is emptied first once it holds ``limit`` entries. What every
+    per-call cache (the planner's proposals, the transport's launches and streams, the vote's send rows) does on a
+    miss: a job has a few signatures, and a pathological one rebuilds what it needs."""
+    if len(cache) >= limit:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
+def check_engine(what: str, engine: str) -> None:
+    """Raise ValueError, naming ``what``, for an engine not among ``ENGINES``."""
     if engine not in ENGINES:
-        raise ValueError(f"{what} engine {engine!r} is not one of {ENGINES}")
+        raise ValueError(f"{what}: engine {engine!r} not among {ENGINES}")
 
 
 def _without_hash(self) -> dict:
@@ -170,7 +181,7 @@ class Plan:
         if not (1 <= self.ctas < 1 << _CTA_BITS and 1 <= self.planes_per_chunk < 1 << _PLANE_BITS
                 and 1 <= self.rows_per_chunk < 1 << _ROW_BITS):
             raise ValueError(f"Plan out of range: {self}")
-        _check_engine("Plan", self.engine)
+        check_engine("Plan", self.engine)
 
     @property
     def word(self) -> int:
@@ -244,7 +255,7 @@ class TunedRow:
     def __post_init__(self) -> None:
         if not 1 <= self.ctas <= MAX_CTAS or self.planes_per_chunk < 1 or self.row_chunks < 1:
             raise ValueError(f"TunedRow out of range (1 <= ctas <= {MAX_CTAS}, planes and row chunks >= 1): {self}")
-        _check_engine("TunedRow", self.engine)
+        check_engine("TunedRow", self.engine)
 
     @property
     def key(self) -> tuple[str, int, torch.dtype, int, int]:
