@@ -59,9 +59,9 @@ def _hash_once(self) -> int:
 
 
 def bounded_put(cache: dict, key, value, limit: int):
-    """``cache[key] = value``, returned; ``cache`` is emptied first once it holds ``limit`` entries. What every
-    per-call cache (the planner's proposals, the transport's launches and streams, the vote's send rows) does on a
-    miss: a job has a few signatures, and a pathological one rebuilds what it needs."""
+    """``cache[key] = value``, returned; ``cache`` is emptied first once it holds ``limit`` entries. What the
+    per-call caches of a plan (the planner's proposals, the transport's launches and streams) do on a miss: a job
+    has a few signatures, and a pathological one rebuilds what it needs."""
     if len(cache) >= limit:
         cache.clear()
     cache[key] = value

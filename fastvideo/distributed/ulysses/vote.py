@@ -28,7 +28,6 @@ import torch.distributed as dist
 from fastvideo.distributed.host_exchange import all_gather_objects, all_gather_tensor, classify_failure
 from fastvideo.distributed.host_exchange import allgather_options as _allgather_options
 from fastvideo.distributed.ulysses.contract import NUM_FIELDS, Field
-from fastvideo.distributed.ulysses.policy import bounded_put
 
 logger = logging.getLogger(__name__)
 
@@ -283,9 +282,10 @@ class ShmVote(_Buffers):
             raise self.failure(-1)
         row = self.send_rows.get(fields)
         if row is None:
+            if len(self.send_rows) >= ROWS_KEPT:  # bounded; the library reads a row only during its call
+                self.send_rows.clear()
             words = np.array(fields, dtype=np.int64)
-            # bounded; the library reads a row only during its call
-            row = bounded_put(self.send_rows, fields, (words, words.ctypes.data), ROWS_KEPT)
+            row = self.send_rows[fields] = (words, words.ctypes.data)
         return row
 
     def native_row(self, fields: tuple[int, ...], seq: int) -> int:
