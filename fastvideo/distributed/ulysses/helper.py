@@ -199,14 +199,9 @@ class UlyssesHelper:
         runtime = self._runtime
         if runtime.disposed is not None or runtime.destroyed:
             runtime.check()  # raises
-        if outcome is None:
-            phase = _FORWARD_GRAD if grad else _FORWARD_NO_GRAD
-            seq, word = self._counter.next(phase, tag)
-            code = None
-        else:
-            phase = _BACKWARD
-            code, forward_word = outcome
-            seq, word = self._counter.next(phase, tag, forward_word)
+        phase = _FORWARD_GRAD if grad else _FORWARD_NO_GRAD if outcome is None else _BACKWARD
+        code, forward_word = outcome if outcome is not None else (None, 0)
+        seq, word = self._counter.next(phase, tag, forward_word)
         if not self._votes:  # declined at construction (agreed), checked mode off: no call needs a vote
             return self._declined(seq, phase, mode, self.construction_reason, word, None, tag)
         run = self._hot.run  # 1-2 in one native call for a signature launched fused before (hot.py); else None
