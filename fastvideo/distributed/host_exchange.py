@@ -32,15 +32,20 @@ def allgather_options(timeout_s: float):
     return opts
 
 
-def _gather_rows(row: torch.Tensor, world_size: int, group: dist.ProcessGroup,
-                 timeout_s: float | None) -> torch.Tensor:
-    """Every rank's ``row`` (uint8, as long on every rank), one per rank in ``group``: one all-gather."""
-    out = torch.zeros(world_size * row.numel(), dtype=torch.uint8)
-    opts = None if timeout_s is None else allgather_options(timeout_s)
+def gather_into(out: torch.Tensor, row: torch.Tensor, group: dist.ProcessGroup, opts) -> None:
+    """One all-gather of every rank's ``row`` into ``out`` over ``group``, bounded by ``opts`` (``allgather_options``)
+    where given, else by the group's own timeout."""
     if opts is None:  # no per-call timeout (in this torch build): the group's own timeout bounds the exchange
         all_gather_tensor(out, row, group=group)
     else:
         group._allgather_base(out, row, opts).wait()
+
+
+def _gather_rows(row: torch.Tensor, world_size: int, group: dist.ProcessGroup,
+                 timeout_s: float | None) -> torch.Tensor:
+    """Every rank's ``row`` (uint8, as long on every rank), one per rank in ``group``: one all-gather."""
+    out = torch.zeros(world_size * row.numel(), dtype=torch.uint8)
+    gather_into(out, row, group, None if timeout_s is None else allgather_options(timeout_s))
     return out.view(world_size, row.numel())
 
 

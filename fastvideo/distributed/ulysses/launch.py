@@ -51,6 +51,17 @@ def call_description(fvk: Any, geom: Geometry, dtype: torch.dtype, *, kind: int,
     return desc, (seq, heads)
 
 
+def refusal(plan: Plan, geom: Geometry, entries: frozenset[str], entry: str) -> str | None:
+    """Local, pure. Why a build offering ``entries`` cannot launch ``plan`` on ``geom`` through its offering
+    ``entry`` (None: it can): an offering it lacks (``entry``, and ``uneven`` for uneven split tables), named with
+    the rebuild that adds it, or more CTAs than the device communicator reserves."""
+    for needed in (entry, ENTRY_UNEVEN) if geom.uneven else (entry,):
+        if needed not in entries:
+            return (f"plan {plan} needs the {needed!r} offering, which this kernel build lacks "
+                    f"(it offers {sorted(entries)}): rebuild fastvideo-kernel")
+    return f"plan asks for {plan.ctas} CTAs, at most {MAX_CTAS}" if plan.ctas > MAX_CTAS else None
+
+
 def build_launch(fvk: Any, lib: Any, offerings: frozenset[str], entries: frozenset[str], geom: Geometry, plan: Plan,
                  dtype: torch.dtype, capture: bool, rank: int) -> Launch:
     """Local, host-only. The launch of ``plan`` on ``geom`` for this rank on the loaded library ``lib`` (``fvk``:
@@ -64,12 +75,9 @@ def build_launch(fvk: Any, lib: Any, offerings: frozenset[str], entries: frozens
         entry = ENTRY_CE_CAPTURE if ce else ENTRY_CAPTURE
     else:
         entry = ENTRY_CE if ce else ENTRY_ORIGINAL if original else ENTRY_TUNED
-    for needed in (entry, ENTRY_UNEVEN) if geom.uneven else (entry,):
-        if needed not in entries:
-            raise ValueError(f"plan {plan} needs the {needed!r} offering, which this kernel build lacks "
-                             f"(it offers {sorted(entries)}): rebuild fastvideo-kernel")
-    if plan.ctas > MAX_CTAS:
-        raise ValueError(f"plan asks for {plan.ctas} CTAs, at most {MAX_CTAS}")
+    why = refusal(plan, geom, entries, entry)
+    if why:
+        raise ValueError(why)
     ctas, planes, rows = ((ORIGINAL_CTAS, geom.B, geom.S) if original
                           else (plan.ctas, plan.planes_per_chunk, plan.rows_per_chunk))
     out_shape = output_shape(geom, rank)

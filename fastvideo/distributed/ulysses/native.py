@@ -30,9 +30,9 @@ import torch
 
 from fastvideo.distributed.ulysses import hot
 from fastvideo.distributed.ulysses.contract import DeclineReason, Field
-from fastvideo.distributed.ulysses.launch import Launch, build_launch
+from fastvideo.distributed.ulysses.launch import Launch, build_launch, refusal
 from fastvideo.distributed.ulysses.nccl_runtime import nccl_libraries_mapped, nccl_mismatch
-from fastvideo.distributed.ulysses.policy import ENGINE_CE, KERNEL_DTYPES, MAX_CTAS, Geometry, Plan, bounded_put
+from fastvideo.distributed.ulysses.policy import ENGINE_CE, KERNEL_DTYPES, Geometry, Plan, bounded_put
 from fastvideo.distributed.ulysses.transport import (
     ENTRIES,
     ENTRY_CAPTURE,
@@ -354,15 +354,9 @@ class NativeTransport(Transport):
         knows (CTAs, planes and rows per chunk, tuned, engine: any other plan kind is refused until it is shown
         to need no host work per call), and this build's capture offering for its engine (``capture`` for the
         fused kernel, ``ce_capture`` for the copy-engine kind)."""
-        entry = ENTRY_CE_CAPTURE if plan.engine == ENGINE_CE else ENTRY_CAPTURE
-        if entry not in self._entries:
-            return (f"this kernel build does not offer {entry!r} (it offers {sorted(self._entries)}): rebuild "
-                    f"fastvideo-kernel to capture the {plan.engine} kind")
         if Plan(plan.ctas, plan.planes_per_chunk, plan.rows_per_chunk, plan.tuned, plan.engine).word != plan.word:
             return f"plan word {plan.word:#x} is not one this transport can freeze"
-        if plan.ctas > MAX_CTAS:
-            return f"plan asks for {plan.ctas} CTAs, at most {MAX_CTAS}"
-        return None
+        return refusal(plan, geom, self._entries, ENTRY_CE_CAPTURE if plan.engine == ENGINE_CE else ENTRY_CAPTURE)
 
     def native_context(self) -> tuple[Any, ctypes.c_void_p, int]:
         """Local. The loaded library, the context handle and this rank, for the test library's launches on the same

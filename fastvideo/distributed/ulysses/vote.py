@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from fastvideo.distributed.host_exchange import all_gather_objects, all_gather_tensor, classify_failure
+from fastvideo.distributed.host_exchange import all_gather_objects, classify_failure, gather_into
 from fastvideo.distributed.host_exchange import allgather_options as _allgather_options
 from fastvideo.distributed.ulysses.contract import NUM_FIELDS, Field
 
@@ -130,10 +130,7 @@ class GlooVote(_Buffers):
         self._send_np[:] = fields
         start = time.perf_counter()
         try:
-            if self._gather_opts is None:
-                all_gather_tensor(self._recv, self._send, group=self.group)
-            else:
-                self.group._allgather_base(self._recv, self._send, self._gather_opts).wait()
+            gather_into(self._recv, self._send, self.group, self._gather_opts)
         except RuntimeError as exc:
             raise gloo_failure("Ulysses vote", self.ranks, self.rank, exc, time.perf_counter() - start,
                                self.timeout_s) from exc
