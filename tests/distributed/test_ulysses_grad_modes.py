@@ -45,6 +45,14 @@ def _fused_calls() -> int:
     return 0 if helper is None else helper.stats()["fused"]
 
 
+def _phases() -> list[str]:
+    """The PHASE each call of the voting helper (the default one, else the checked ``off`` one) voted, in order."""
+    from fastvideo.distributed.ulysses import registry
+
+    helper = registry.current_default_helper() or registry.current_checked_off_helper()
+    return [] if helper is None else [record.phase.name for record in helper.history]
+
+
 def _double_backward(rank, world_size):
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
 
@@ -56,16 +64,20 @@ def _double_backward(rank, world_size):
     (g,) = torch.autograd.grad(z.sum(), x, create_graph=True)
     first = (bit_equal(g, 2 * x), g.requires_grad)
     (gg,) = torch.autograd.grad((g * v).sum() + (x * x).sum(), x)
-    return first, bit_equal(gg, 2 * v + 2 * x), bit_equal(y, oracle(x, 0)), _fused_calls()
+    return first, bit_equal(gg, 2 * v + 2 * x), bit_equal(y, oracle(x, 0)), _fused_calls(), _phases()
 
 
 @pytest.mark.parametrize("route", list(ROUTES))
 def test_double_backward_is_exact_on_every_route(ranks, route):
     """The gradient penalty backpropagates 2v + 2x exactly (the all-to-all moves bits; doubling is exact);
-    under ``auto`` (a fused transport) every call (2 forward, 2 backward, 2 double-backward) ran fused."""
-    for first, penalty, forward, fused in ranks(2, _double_backward, env={**BASE, **ROUTES[route]}):
+    under ``auto`` (a fused transport) every call (2 forward, 2 backward, 2 double-backward) ran fused. Every
+    backward votes PHASE ``BACKWARD``, also the two that autograd records (``create_graph=True``: their grad flag is
+    set, and a forward's phase there would pair them with a forward of another rank)."""
+    voted = route != "off"
+    for first, penalty, forward, fused, phases in ranks(2, _double_backward, env={**BASE, **ROUTES[route]}):
         assert first == (True, True) and penalty and forward
         assert fused == (6 if route.startswith("auto") else 0)
+        assert phases == (["FORWARD_GRAD"] * 2 + ["BACKWARD"] * 4 if voted else [])
 
 
 def _grad_modes(rank, world_size, order):

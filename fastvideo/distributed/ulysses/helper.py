@@ -199,7 +199,7 @@ class UlyssesHelper:
         runtime = self._runtime
         if runtime.disposed is not None or runtime.destroyed:
             runtime.check()  # raises
-        phase = _FORWARD_GRAD if grad else _FORWARD_NO_GRAD if outcome is None else _BACKWARD
+        phase = _BACKWARD if outcome is not None else _FORWARD_GRAD if grad else _FORWARD_NO_GRAD
         code, forward_word = outcome if outcome is not None else (None, 0)
         seq, word = self._counter.next(phase, tag, forward_word)
         if not self._votes:  # declined at construction (agreed), checked mode off: no call needs a vote
@@ -231,9 +231,7 @@ class UlyssesHelper:
             decision = contract.decide(rows)
             if decision.verdict is Verdict.RAISE:
                 self._stats.raised += 1
-                count = self._counter.rollback(tag, phase)
-                if tag is not None and phase is _BACKWARD:  # its forward's count, from the word it voted
-                    count = (word ^ contract.tag_bases(tag)[_FORWARD_GRAD]) & contract.TAG_COUNT_MASK
+                count = self._counter.rollback(tag, phase, word)
                 raise mismatch.with_detail(self._runtime.gather, decision.error, proposal, seq, phase, tag, count,
                                            error) from error
             if decision.verdict is Verdict.DECLINE:
@@ -361,7 +359,7 @@ class UlyssesHelper:
     def stats(self) -> dict:
         """Local: what the helper is (construction, vote channel, settings) and its counts since construction
         (calls, fused runs, declines by reason, plans that ran, vote cost, the hot lane, tags, calls in flight)."""
-        reason, runtime = self.construction_reason, self._runtime
+        reason, runtime, tags = self.construction_reason, self._runtime, self._counter.tag_counts()
         return {
             "id": self.id,
             "generation": self.generation,
@@ -377,8 +375,8 @@ class UlyssesHelper:
             "voted_launch": self.fused_available and self._voted_launch,  # the vote and the launch in one call
             **self._hot.report(),
             "checked": self.checked,
-            "tags": len(self._counter.tag_counts()),  # distinct call tags seen
-            "tag_counts": self._counter.tag_counts(),  # each tag's calls so far, per phase (``Phase`` order)
+            "tags": len(tags),  # distinct call tags seen
+            "tag_counts": tags,  # each tag's calls so far, per phase (``Phase`` order)
             "long_training": self.long_training,
             "in_flight": runtime.in_flight(),
             "disposed": runtime.disposed is not None,

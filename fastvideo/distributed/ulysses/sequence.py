@@ -16,7 +16,7 @@ from fastvideo.distributed.ulysses.contract import Phase
 logger = logging.getLogger("fastvideo.distributed.ulysses.helper")
 
 TAGS_WARN = 4096  # distinct call tags per helper past which a warning says tags name call sites, not calls
-_BACKWARD = Phase.BACKWARD
+_FORWARD_GRAD, _BACKWARD = Phase.FORWARD_GRAD, Phase.BACKWARD
 
 
 class CallCounter:
@@ -47,13 +47,14 @@ class CallCounter:
         entry[phase] = count + 1
         return seq, forward_word if phase is _BACKWARD else entry[phase + 3] ^ count
 
-    def rollback(self, tag: str | None, phase: Phase) -> int:
-        """A call that raised on every rank is not counted for its tag: returns the count it had (0 untagged)."""
+    def rollback(self, tag: str | None, phase: Phase, word: int) -> int:
+        """A call that raised on every rank is not counted for its tag: returns the count it had (0 untagged; for a
+        backward, its forward's count, from the SEQ word ``word`` it voted)."""
         if tag is None:
             return 0
         entry = self._tags[tag]
         entry[phase] -= 1
-        return entry[phase]
+        return entry[phase] if phase is not _BACKWARD else (word ^ entry[3 + _FORWARD_GRAD]) & contract.TAG_COUNT_MASK
 
     def tag_counts(self) -> dict[str, tuple[int, int, int]]:
         """Each tag's calls so far, per phase (``Phase`` order)."""
