@@ -29,10 +29,11 @@ from typing import Any
 import torch
 
 from fastvideo.distributed.ulysses import hot
+from fastvideo.distributed.ulysses.caches import bounded_put
 from fastvideo.distributed.ulysses.contract import DeclineReason, Field
 from fastvideo.distributed.ulysses.launch import Launch, build_launch, refusal
 from fastvideo.distributed.ulysses.nccl_runtime import nccl_libraries_mapped, nccl_mismatch
-from fastvideo.distributed.ulysses.policy import ENGINE_CE, KERNEL_DTYPES, Geometry, Plan, bounded_put
+from fastvideo.distributed.ulysses.policy import ENGINE_CE, KERNEL_DTYPES, Geometry, Plan
 from fastvideo.distributed.ulysses.transport import (
     ENTRIES,
     ENTRY_CAPTURE,

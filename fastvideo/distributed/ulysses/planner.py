@@ -19,6 +19,7 @@ import torch
 
 from fastvideo.distributed.all_to_all import EVEN, Splits
 from fastvideo.distributed.ulysses import contract, policy
+from fastvideo.distributed.ulysses.caches import bounded_put
 from fastvideo.distributed.ulysses.contract import DeclineReason, Phase
 from fastvideo.distributed.ulysses.policy import ENGINE_CE, Choice, Geometry, Plan, TunedRow, choose_plan
 from fastvideo.distributed.ulysses.transport import ENTRY_CE, ENTRY_CE_CAPTURE, ENTRY_TUNED, ENTRY_UNEVEN
@@ -167,7 +168,7 @@ class Planner:
                 row = contract.fields(self.config.generation, 0, DeclineReason.LOCAL_ERROR.bit, sig.mode, sig.dtype,
                                       tuple(sig.shape), sig.phase)
                 return Proposal(None, None, tuple(row), "", exc)
-            policy.bounded_put(self.cache, sig, proposal, CACHE_LIMIT)
+            bounded_put(self.cache, sig, proposal, CACHE_LIMIT)
         return proposal
 
     def replace(self, **changes) -> None:

@@ -58,16 +58,6 @@ def _hash_once(self) -> int:
         return value
 
 
-def bounded_put(cache: dict, key, value, limit: int):
-    """``cache[key] = value``, returned; ``cache`` is emptied first once it holds ``limit`` entries. What the
-    per-call caches of a plan (the planner's proposals, the transport's launches and streams) do on a miss: a job
-    has a few signatures, and a pathological one rebuilds what it needs."""
-    if len(cache) >= limit:
-        cache.clear()
-    cache[key] = value
-    return value
-
-
 def check_engine(what: str, engine: str) -> None:
     """Raise ValueError, naming ``what``, for an engine not among ``ENGINES``."""
     if engine not in ENGINES:

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from fastvideo.distributed.host_exchange import all_gather_objects, classify_failure, gather_into
 from fastvideo.distributed.host_exchange import allgather_options as _allgather_options
+from fastvideo.distributed.ulysses.caches import bounded_put
 from fastvideo.distributed.ulysses.contract import NUM_FIELDS, Field
 
 logger = logging.getLogger(__name__)
@@ -279,10 +280,9 @@ class ShmVote(_Buffers):
             raise self.failure(-1)
         row = self.send_rows.get(fields)
         if row is None:
-            if len(self.send_rows) >= ROWS_KEPT:  # bounded; the library reads a row only during its call
-                self.send_rows.clear()
             words = np.array(fields, dtype=np.int64)
-            row = self.send_rows[fields] = (words, words.ctypes.data)
+            # bounded; the library reads a row only during its call
+            row = bounded_put(self.send_rows, fields, (words, words.ctypes.data), ROWS_KEPT)
         return row
 
     def native_row(self, fields: tuple[int, ...], seq: int) -> int:
