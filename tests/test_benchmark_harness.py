@@ -353,9 +353,9 @@ def test_a_run_with_a_wrong_row_exits_1(tmp_path: Path) -> None:
 
 def test_compare_revs_alternates_which_tree_runs_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--compare-revs runs A then B in even rounds and B then A in odd ones, so neither tree always runs second
-    (after the other has warmed the host): the order the runs are started in, recorded from a fake launcher."""
+    (after the other has warmed the host): the order the runs are started in, recorded from a fake launcher. A
+    case that does not take turns runs one tree at a time (each run has ended before the next starts)."""
     import argparse
-    import subprocess
     import types
 
     from benchmarks.harness import revs
@@ -365,16 +365,24 @@ def test_compare_revs_alternates_which_tree_runs_first(tmp_path: Path, monkeypat
         (tmp_path / name / "fastvideo").mkdir(parents=True)
         trees[name] = tmp_path / name
     started: list[str] = []
+    running: list[str] = []
 
-    def fake_run(cmd, env, cwd, capture_output, text):
-        label = "A" if Path(cwd) == trees["a"].resolve() else "B"
-        started.append(label)
-        out = Path(cmd[cmd.index("--json") + 1])
-        out.write_text(json.dumps({"header": {"commit": label}, "rows": [{"k": 1, "m": 2.0}]}))
-        return subprocess.CompletedProcess(cmd, 0, "", "")
+    class FakeRun:
+        def __init__(self, cmd, env, cwd, stdout, stderr) -> None:
+            assert not running, f"{running} still running as another run starts"
+            self.label = "A" if Path(cwd) == trees["a"].resolve() else "B"
+            started.append(self.label)
+            running.append(self.label)
+            out = Path(cmd[cmd.index("--json") + 1])
+            out.write_text(json.dumps({"header": {"commit": self.label}, "rows": [{"k": 1, "m": 2.0}]}))
 
-    monkeypatch.setattr(revs.subprocess, "run", fake_run)
-    case = types.SimpleNamespace(name="toy", key=("k",), metric="m", saves_outputs=False)
+        def wait(self) -> int:
+            if self.label in running:
+                running.remove(self.label)
+            return 0
+
+    monkeypatch.setattr(revs.subprocess, "Popen", FakeRun)
+    case = types.SimpleNamespace(name="toy", key=("k",), metric="m", saves_outputs=False, takes_turns=False)
     args = argparse.Namespace(compare_revs=[str(trees["a"]), str(trees["b"])], tree_libraries=False,
                               compare_out=str(tmp_path / "work"), nproc=1, rounds=4, json=str(tmp_path / "c.json"))
     with contextlib.redirect_stdout(io.StringIO()):
@@ -382,3 +390,115 @@ def test_compare_revs_alternates_which_tree_runs_first(tmp_path: Path, monkeypat
     assert started == ["A", "B", "B", "A", "A", "B", "B", "A"]
     doc = json.loads((tmp_path / "c.json").read_text())
     assert doc["rows"][0]["ratio_b_over_a"] == 1.0 and len(doc["runs"]["A"]) == len(doc["runs"]["B"]) == 4
+    assert doc["header"]["interleaved"] is False and "turn_orders" not in doc["header"]
+
+
+# ---------------------------------------------------------------------------------------------- turns
+
+# A run that takes ROWS turns, each timed row a short sleep, and logs its rows' (start, end) on the system-wide
+# monotonic clock; CRASH_AFTER: it dies after that many rows without saying it is finished; TOGETHER (a directory,
+# without a conductor): it waits for the other run before its first row.
+_TURN_RUN = r"""
+import os, sys, time
+from benchmarks.harness import turns
+log = open(sys.argv[1], "w")
+if os.environ.get("TOGETHER"):  # no conductor: both runs start their rows together (a file barrier)
+    open(os.path.join(os.environ["TOGETHER"], os.path.basename(sys.argv[1])), "w").close()
+    while len(os.listdir(os.environ["TOGETHER"])) < 2:
+        time.sleep(0.001)
+for row in range(int(os.environ["ROWS"])):
+    if row == int(os.environ.get("CRASH_AFTER", -1)):
+        os._exit(3)
+    turns.take()
+    start = time.monotonic()
+    time.sleep(0.02)
+    log.write(f"{start} {time.monotonic()}\n")
+    log.flush()
+print("taken", turns.taken())
+turns.finish()
+"""
+
+
+def _turn_runs(tmp_path: Path, conduct: bool, rows: dict[str, int], crash: dict[str, int] | None = None):
+    """Start one ``_TURN_RUN`` per label together (under a conductor or not): (each run's logged rows, its
+    exit status, the order the turns were given)."""
+    import os
+    import subprocess
+    import sys
+
+    from benchmarks.harness import turns
+
+    root = Path(__file__).resolve().parents[1]
+    labels = list(rows)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+
+    def start(label: str, extra: dict[str, str]) -> subprocess.Popen:
+        env = dict(os.environ, ROWS=str(rows[label]), **extra)
+        if crash and label in crash:
+            env["CRASH_AFTER"] = str(crash[label])
+        return subprocess.Popen([sys.executable, "-c", _TURN_RUN, str(tmp_path / f"{label}.log")], cwd=root,
+                                env=env, stdout=subprocess.PIPE, text=True)
+
+    order: list[str] = []
+    if conduct:
+        with turns.Conductor(tmp_path / "turns", labels) as conductor:
+            procs = {label: start(label, conductor.env(label)) for label in labels}
+            conductor.run(procs)
+            order = conductor.order
+    else:
+        (tmp_path / "together").mkdir()
+        procs = {label: start(label, {"TOGETHER": str(tmp_path / "together")}) for label in labels}
+    codes = {label: procs[label].wait(timeout=60) for label in labels}
+    logged = {label: [tuple(map(float, line.split())) for line in (tmp_path / f"{label}.log").read_text().split("\n")
+                      if line] for label in labels}
+    return logged, codes, order
+
+
+def _overlaps(logged: dict[str, list[tuple[float, float]]]) -> int:
+    """How many pairs of rows of different runs overlap in time."""
+    rows_a, rows_b = logged.values()
+    return sum(1 for s1, e1 in rows_a for s2, e2 in rows_b if s1 < e2 and s2 < e1)
+
+
+@pytest.mark.timeout(120)
+def test_turns_let_one_run_at_a_time_time_a_row_in_alternation(tmp_path: Path) -> None:
+    """Under a conductor two runs started together never time a row at the same time, and the turns alternate
+    with the leader swapping every step (A B B A A B ...). Negative control: the same two runs without a
+    conductor overlap, so the overlap check can fail."""
+    logged, codes, order = _turn_runs(tmp_path, True, {"A": 6, "B": 6})
+    assert codes == {"A": 0, "B": 0} and [len(v) for v in logged.values()] == [6, 6]
+    assert _overlaps(logged) == 0
+    assert "".join(order) == "ABBA" * 3  # a turn per row; the last one's hand-back is the word that it finished
+    free, codes, _ = _turn_runs(tmp_path / "free", False, {"A": 6, "B": 6})
+    assert codes == {"A": 0, "B": 0} and _overlaps(free) > 0
+
+
+@pytest.mark.timeout(120)
+def test_turns_go_on_alone_when_a_run_dies_or_finishes_first(tmp_path: Path) -> None:
+    """A run that dies mid-way (no word to the conductor) or finishes first is dropped and the other takes its
+    remaining turns alone: no hang, every row of the survivor timed, none overlapping."""
+    logged, codes, order = _turn_runs(tmp_path, True, {"A": 5, "B": 5}, crash={"B": 2})
+    assert codes == {"A": 0, "B": 3} and [len(v) for v in logged.values()] == [5, 2] and _overlaps(logged) == 0
+    assert order.count("A") == 5 and order.count("B") == 2  # B died in its second turn, before handing it back
+    logged, codes, order = _turn_runs(tmp_path / "short", True, {"A": 2, "B": 5})
+    assert codes == {"A": 0, "B": 0} and [len(v) for v in logged.values()] == [2, 5] and _overlaps(logged) == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_run_whose_conductor_is_gone_exits_instead_of_waiting(tmp_path: Path) -> None:
+    """The conductor's end of a run's channel closes (the parent died): the run, waiting for its turn, reads the
+    end of the channel and exits nonzero, naming it."""
+    import os
+    import subprocess
+    import sys
+
+    from benchmarks.harness import turns
+
+    root = Path(__file__).resolve().parents[1]
+    with turns.Conductor(tmp_path / "turns", ["A"]) as conductor:
+        proc = subprocess.Popen([sys.executable, "-c", _TURN_RUN, str(tmp_path / "A.log")], cwd=root,
+                                env=dict(os.environ, ROWS="3", **conductor.env("A")), stderr=subprocess.PIPE,
+                                text=True)
+        assert conductor._handed_back("A", proc)  # it is set up and waits for its first turn
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and "the conductor of this run's turns is gone" in err

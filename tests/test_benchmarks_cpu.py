@@ -311,6 +311,27 @@ def test_a2a_compare_revs(tmp_path: Path) -> None:
     assert run_a["header"]["bench_commit"]  # the benchmark code's own commit, beside the tree's
 
 
+@pytest.mark.timeout(200)
+def test_fused_host_overhead_compare_revs_runs_both_trees_in_turns(tmp_path: Path) -> None:
+    """A case that takes turns, at one rank per run: both trees of a round run together, one row of each in
+    alternation (the turns recorded per round, each run's count of turns taken in its header), and the rows
+    compare as ever."""
+    tree_a = tmp_path / "rev_a"
+    shutil.copytree(ROOT / "fastvideo", tree_a / "fastvideo", ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp_path / "cmp.json"
+    _subprocess("-m", "benchmarks.run", "fused_host_overhead", "--compare-revs", str(tree_a), str(ROOT), "--nproc",
+                "1", "--rounds", "2", "--compare-out", str(tmp_path / "runs"), "--json", str(out), "--", "--device",
+                "cpu", "--quick", timeout=190)
+    data = json.loads(out.read_text())
+    assert data["header"]["interleaved"] is True
+    taken = {name: json.loads((tmp_path / "runs" / f"{name}.json").read_text())["header"]["turns_taken"]
+             for name in ("A0", "B0", "A1", "B1")}
+    rows = len(data["rows"])  # the floor and one row per plan and mode; one turn more for the synchronize's timing
+    assert rows == 7 and set(taken.values()) == {rows + 1}
+    assert data["header"]["turn_orders"] == ["AB" + "BAAB" * 3 + "BA", "BA" + "ABBA" * 3 + "AB"]
+    assert all(r["ratio_b_over_a"] > 0 for r in data["rows"])
+
+
 @pytest.mark.timeout(60)
 def test_compare_revs_tree_libraries_need_each_trees_build(tmp_path: Path) -> None:
     """--tree-libraries runs each tree on its own loader and build, and refuses, naming the build command, a tree

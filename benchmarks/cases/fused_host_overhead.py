@@ -28,7 +28,8 @@ back to back, so the drift of a shared host between two loops cancels (medians a
 
 The plan that ran is asserted. Each geometry starts with a ``floor`` row: one plain torch op on the same bytes
 (``out.copy_(x)``) timed the same way, what any single-kernel call pays in each metric. On CPU it is a dry run on
-``GlooPlanTransport`` (timings mean nothing).
+``GlooPlanTransport`` (timings mean nothing). The case takes turns (``harness.turns``): under ``--compare-revs``
+the two revisions' runs go together, each row of one next to the same row of the other.
 
 ``--decompose`` (this tree's helper only, not under ``--compare-revs`` against older trees): per untagged row the
 paired overhead of the call cut at its layers, each against the same launch, on ``paired_us``'s measurement only
@@ -179,6 +180,7 @@ class FusedHostOverheadCase(Case):
     summary = "the whole fused call at P = 1: host-to-completion minus the launch's device time, per plan"
     key = ("geometry", "mode", "label")
     metric = "paired_us"
+    takes_turns = True
     defaults: ClassVar[dict] = {"iters": 300, "warmup": 20}
     quick: ClassVar[dict] = {"iters": 10, "warmup": 2}
     columns = (
@@ -224,6 +226,7 @@ class FusedHostOverheadCase(Case):
         if ctx.world != 1:
             raise SystemExit("fused_host_overhead: run it as one process (P = 1)")
         cuda = device.type == "cuda"
+        ctx.turn()
         sync_s = []
         for _ in range(args.iters):
             t0 = time.perf_counter()
@@ -246,6 +249,7 @@ class FusedHostOverheadCase(Case):
                     ctx.skip(why, geometry=name, mode=None, label="")
                     continue
                 x = oracle.make_input(input_shape(shape, 0, args.at_sp), ctx.dtype, device, args.seed)
+                ctx.turn()
                 add_row(ctx, {"geometry": name, "label": "floor: torch copy_", **floor(x, args),
                               "sync_us": median_us(sync_s)})
                 for engine, ctas, splits in kinds:
@@ -264,6 +268,7 @@ class FusedHostOverheadCase(Case):
                         for mode in (0, 1):
                             for tag in tags:
                                 for hot in hots:
+                                    ctx.turn()
                                     row = measure(helper, x, mode, engine, ctas, args, tag, hot)
                                     label = (f"{engine} {ctas} CTAs x{splits}" + (" tagged" if tag is not None else "")
                                              + ("" if hot is None else " hot" if hot else " python"))

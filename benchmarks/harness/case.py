@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import torch
 
-from benchmarks.harness import report
+from benchmarks.harness import report, turns
 from benchmarks.harness.cli import CPU_GEOMETRIES, DTYPES, GPU_GEOMETRIES, PRESETS
 from benchmarks.harness.progress import Progress
 
@@ -59,6 +59,9 @@ class Case:
     defaults: ClassVar[dict] = {}  # parser defaults of the common flags (iters, warmup, repeat, ...)
     quick: ClassVar[dict] = {"iters": 5, "warmup": 2}  # what --quick sets
     saves_outputs: ClassVar[bool] = False  # takes --save-outputs (compared bit for bit by --compare-revs)
+    # Calls ctx.turn() before each row it times (and before any other timing), so that --compare-revs at one rank
+    # per run can run both revisions together, their rows in alternation (harness.turns).
+    takes_turns: ClassVar[bool] = False
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Add the case's own flags."""
@@ -135,6 +138,11 @@ class Context:
     def log(self, text: str) -> None:
         if self.is_main:
             print(f"# {text}", flush=True)
+
+    def turn(self) -> None:
+        """Wait for this run's turn before timing a row: under ``--compare-revs`` of a case that takes turns, the two
+        revisions time their rows in alternation (``harness.turns``); otherwise nothing. Local; blocking."""
+        turns.take()
 
     def advance(self, what: str = "", units: int = 1) -> None:
         if self.progress is not None:

@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from benchmarks.harness import lineup, process, report
+from benchmarks.harness import lineup, process, report, turns
 from benchmarks.harness.case import CASES, Context, get_case
 from benchmarks.harness.cli import child_argv, common_parser
 from benchmarks.harness.progress import Progress
@@ -104,6 +104,8 @@ def run(case, args: argparse.Namespace) -> int:
         header = ctx.header
         header.update(lineup=lineup.describe(), notes=list(ctx.notes), failures=list(ctx.failures),
                       complete=complete)
+        if turns.taken():
+            header["turns_taken"] = turns.taken()  # this run took turns with another (--compare-revs)
         return report.document(header, ctx.rows, ctx.extra)
 
     def checkpoint() -> None:
@@ -138,4 +140,5 @@ def run(case, args: argparse.Namespace) -> int:
     finally:
         process.set_route("off")
         lineup.close()  # its shared channel before the groups it was made over
+        turns.finish()
         process.shutdown(ranks)

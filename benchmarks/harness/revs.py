@@ -6,8 +6,11 @@
 This benchmark code runs against each tree's ``fastvideo`` (``FASTVIDEO_BENCH_TREE``; cwd = the tree), so both
 revisions are measured the same way. Each round runs both trees, in the order that alternates from round to round
 (``timing.rotated``): a tree that always ran second would carry whatever the first run leaves behind (clocks, caches,
-a warm driver) as its own difference. Per row key the medians of the case's metric across rounds, and B/A; a
-case that saves outputs (``--save-outputs``, round 0) has them compared bit for bit. Exit status 1 when any
+a warm driver) as its own difference. A case that takes turns (``Case.takes_turns``), at one rank per run, runs
+both trees of a round together instead, their rows in alternation (``harness.turns``): A's row k next to B's, so
+the shared host's swings over a run's minute land on both alike rather than on whichever ran then. Each run's
+output goes to ``<out>/<label><round>.log``. Per row key the medians of the case's metric across rounds, and B/A;
+a case that saves outputs (``--save-outputs``, round 0) has them compared bit for bit. Exit status 1 when any
 output differs.
 """
 
@@ -23,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.harness import report, timing
+from benchmarks.harness import report, timing, turns
 from benchmarks.harness.cli import child_argv
 from benchmarks.harness.tree import LIBRARY_NAME, TREE_ENV
 
@@ -88,21 +91,43 @@ def compare(case, args, argv: list[str], entry: str, prefix: list[str]) -> int:
         if extra_env[tree]:
             print(f"# {label} runs its own loader and library: {extra_env[tree]['FASTVIDEO_KERNEL_LIBRARY']}")
     runs: dict[str, list[dict]] = {"A": [], "B": []}
+    interleave = case.takes_turns and nproc == 1
+    if interleave:
+        print("# each round runs A and B together, their rows in alternation (harness.turns)")
+    turn_orders: list[str] = []
+
+    def start(label: str, rnd: int, extra: dict[str, str]) -> subprocess.Popen:
+        tree = tree_a if label == "A" else tree_b
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               entry, *prefix, *bench_args, "--json", str(work / f"{label}{rnd}.json")]
+        if rnd == 0 and case.saves_outputs:
+            cmd += ["--save-outputs", str(work / f"{label}_outputs")]
+        env = dict(os.environ, **{TREE_ENV: str(tree)}, **extra_env[tree], **extra)
+        print(f"# round {rnd} {label}: {' '.join(cmd)}", flush=True)
+        with open(work / f"{label}{rnd}.log", "w") as log:  # a file, not a pipe: two runs at once never block
+            return subprocess.Popen(cmd, env=env, cwd=str(tree), stdout=log, stderr=subprocess.STDOUT)
+
+    def collect(label: str, rnd: int, proc: subprocess.Popen) -> None:
+        code, out_json = proc.wait(), work / f"{label}{rnd}.json"
+        if code not in (0, 1) or not out_json.is_file():  # 1: ran, some row wrong (reported below)
+            print((work / f"{label}{rnd}.log").read_text()[-8000:])
+            raise SystemExit(f"--compare-revs: run {label}{rnd} failed with exit code {code} "
+                             f"(its output: {work / f'{label}{rnd}.log'})")
+        runs[label].append(json.loads(out_json.read_text()))
+
     for rnd in range(args.rounds):
-        for label in timing.rotated(("A", "B"), rnd):  # A first in even rounds, B first in odd ones
-            tree = tree_a if label == "A" else tree_b
-            out_json = work / f"{label}{rnd}.json"
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                   entry, *prefix, *bench_args, "--json", str(out_json)]
-            if rnd == 0 and case.saves_outputs:
-                cmd += ["--save-outputs", str(work / f"{label}_outputs")]
-            env = dict(os.environ, **{TREE_ENV: str(tree)}, **extra_env[tree])
-            print(f"# round {rnd} {label}: {' '.join(cmd)}", flush=True)
-            proc = subprocess.run(cmd, env=env, cwd=str(tree), capture_output=True, text=True)
-            if proc.returncode not in (0, 1) or not out_json.is_file():  # 1: ran, some row wrong (reported below)
-                print(proc.stdout[-4000:], proc.stderr[-4000:], sep="\n")
-                raise SystemExit(f"--compare-revs: run {label}{rnd} failed with exit code {proc.returncode}")
-            runs[label].append(json.loads(out_json.read_text()))
+        order = timing.rotated(("A", "B"), rnd)  # A first in even rounds, B first in odd ones
+        if interleave:
+            with turns.Conductor(work / f"turns{rnd}", order) as conductor:
+                procs = {label: start(label, rnd, conductor.env(label)) for label in order}
+                conductor.run(procs)
+            turn_orders.append("".join(conductor.order))
+            print(f"# round {rnd}: {len(conductor.order)} turns given, {turn_orders[-1][:24]}...", flush=True)
+            for label in order:
+                collect(label, rnd, procs[label])
+        else:
+            for label in order:
+                collect(label, rnd, start(label, rnd, {}))
 
     def medians(label: str) -> dict[tuple, float]:
         acc: dict[tuple, list[float]] = collections.defaultdict(list)
@@ -141,6 +166,8 @@ def compare(case, args, argv: list[str], entry: str, prefix: list[str]) -> int:
             print(f"#   differs: {o}")
     header = dict(runs["A"][0]["header"], compare_revs=[str(tree_a), str(tree_b)], bench_argv=bench_args,
                   commit_a=commit_a, commit_b=commit_b, lineups=lineups, argv=list(sys.argv), complete=True,
-                  command=shlex.join(sys.orig_argv), command_source="exact")
+                  command=shlex.join(sys.orig_argv), command_source="exact", interleaved=interleave)
+    if interleave:
+        header["turn_orders"] = turn_orders  # per round, the runs in the order they were given the turn
     report.write_json(args.json, report.document(header, rows, {"outputs": outputs, "runs": runs}))
     return 1 if different or (case.saves_outputs and not outputs) else 0
