@@ -469,6 +469,7 @@ def test_turns_let_one_run_at_a_time_time_a_row_in_alternation(tmp_path: Path) -
     assert codes == {"A": 0, "B": 0} and [len(v) for v in logged.values()] == [6, 6]
     assert _overlaps(logged) == 0
     assert "".join(order) == "ABBA" * 3  # a turn per row; the last one's hand-back is the word that it finished
+    assert not (tmp_path / "turns").exists()  # the channels go with the round
     free, codes, _ = _turn_runs(tmp_path / "free", False, {"A": 6, "B": 6})
     assert codes == {"A": 0, "B": 0} and _overlaps(free) > 0
 

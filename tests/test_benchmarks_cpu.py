@@ -330,6 +330,7 @@ def test_fused_host_overhead_compare_revs_runs_both_trees_in_turns(tmp_path: Pat
     assert rows == 7 and set(taken.values()) == {rows + 1}
     assert data["header"]["turn_orders"] == ["AB" + "BAAB" * 3 + "BA", "BA" + "ABBA" * 3 + "AB"]
     assert all(r["ratio_b_over_a"] > 0 for r in data["rows"])
+    assert not list((tmp_path / "runs").glob("turns*")) and (tmp_path / "runs" / "B1.log").is_file()
 
 
 @pytest.mark.timeout(60)

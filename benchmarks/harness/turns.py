@@ -16,6 +16,7 @@ that dies is dropped, and the other goes on alone.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import subprocess
@@ -60,7 +61,7 @@ def finish() -> None:
 
 class Conductor:
     """The parent's side for one round: a channel per run (``labels``, the first leading the first step), made
-    on entering. Local; use as a context manager around starting the runs and ``run``."""
+    on entering and removed on leaving. Local; use as a context manager around starting the runs and ``run``."""
 
     POLL_S = 0.5  # how often a wait for a hand-back also checks whether the run is still alive
 
@@ -83,10 +84,14 @@ class Conductor:
         return self
 
     def __exit__(self, *exc) -> None:
-        for go, done in self.fds.values():
+        for label, (go, done) in self.fds.items():
             os.close(go)
             os.close(done)
+            for end in (".go", ".done"):  # a run that still has its side open keeps it until it exits
+                Path(f"{self.path(label)}{end}").unlink(missing_ok=True)
         self.fds.clear()
+        with contextlib.suppress(OSError):  # left where something else was put there
+            self.directory.rmdir()
 
     def path(self, label: str) -> str:
         return str(self.directory / label)
