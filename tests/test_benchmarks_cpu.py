@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.cases import fused_host_overhead
+from benchmarks.harness import timing
 from tests.distributed import mp
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -311,6 +313,31 @@ def test_a2a_compare_revs(tmp_path: Path) -> None:
     assert run_a["header"]["bench_commit"]  # the benchmark code's own commit, beside the tree's
 
 
+@pytest.mark.parametrize("iters", [fused_host_overhead.SLICES * 50, fused_host_overhead.SLICES + 1, 2])
+def test_fused_host_overhead_times_the_compared_metric_in_slices_with_a_turn_between(
+        monkeypatch: pytest.MonkeyPatch, iters: int) -> None:
+    """The compared metric's iterations, all of them once, in slices (each warmed up), a turn before every slice
+    after the first; never an empty slice. Negative control: the same record with the turns removed fails."""
+    events: list[str] = []
+
+    def paired(host_fn, device_fn, device, n, warmup):
+        events.append(f"slice {n} warmup {warmup}")
+        return [float(n)] * n
+
+    monkeypatch.setattr(timing, "paired_overhead", paired)
+    args = type("Args", (), {"iters": iters, "warmup": 3})()
+    seconds = fused_host_overhead.sliced_paired(None, None, None, args, lambda: events.append("turn"))
+    sizes = [int(e.split()[1]) for e in events if e.startswith("slice")]
+    assert len(seconds) == sum(sizes) == iters and min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
+    assert len(sizes) == min(iters, fused_host_overhead.SLICES) and all("warmup 3" in e for e in events if "slice" in e)
+
+    def alternates(record: list[str]) -> bool:
+        return record[0] != "turn" and all((e == "turn") == (i % 2 == 1) for i, e in enumerate(record))
+
+    assert alternates(events)
+    assert not alternates([e for e in events if e != "turn"])  # the negative control
+
+
 @pytest.mark.timeout(200)
 def test_fused_host_overhead_compare_revs_runs_both_trees_in_turns(tmp_path: Path) -> None:
     """A case that takes turns, at one rank per run: both trees of a round run together, one row of each in
@@ -326,9 +353,12 @@ def test_fused_host_overhead_compare_revs_runs_both_trees_in_turns(tmp_path: Pat
     assert data["header"]["interleaved"] is True
     taken = {name: json.loads((tmp_path / "runs" / f"{name}.json").read_text())["header"]["turns_taken"]
              for name in ("A0", "B0", "A1", "B1")}
-    rows = len(data["rows"])  # the floor and one row per plan and mode; one turn more for the synchronize's timing
-    assert rows == 7 and set(taken.values()) == {rows + 1}
-    assert data["header"]["turn_orders"] == ["AB" + "BAAB" * 3 + "BA", "BA" + "ABBA" * 3 + "AB"]
+    # The floor and one row per plan and mode, each a turn per slice of its compared metric; one turn more for the
+    # synchronize's timing. The leader swaps every step.
+    rows = len(data["rows"])
+    steps = 1 + rows * fused_host_overhead.SLICES
+    assert rows == 7 and set(taken.values()) == {steps}
+    assert data["header"]["turn_orders"] == ["".join(("AB", "BA")[(i + r) % 2] for i in range(steps)) for r in (0, 1)]
     assert all(r["ratio_b_over_a"] > 0 for r in data["rows"])
     assert not list((tmp_path / "runs").glob("turns*")) and (tmp_path / "runs" / "B1.log").is_file()
 

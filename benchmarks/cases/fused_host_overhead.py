@@ -18,7 +18,8 @@ back to back, so the drift of a shared host between two loops cancels (medians a
 * ``paired_us`` (``paired_p25_us``, ``paired_p75_us``): host-to-completion minus the launch's event time taken on
   an idle device (``timing.paired_overhead``). The start event fires as soon as it is recorded, so that event time
   also holds the host's time inside ``execute`` before its library call and the launch latency: that host time is
-  subtracted away and never shows here. The metric ``--compare-revs`` compares (it compares one per case).
+  subtracted away and never shows here. The metric ``--compare-revs`` compares (it compares one per case), timed in
+  ``SLICES`` slices of the iterations, each its own turn: in turns, the two revisions' slices of a row alternate.
 * ``busy_us`` (``busy_p25_us``, ``busy_p75_us``): host-to-completion minus the launch's pure device time, the events
   recorded behind a spin kernel that outlasts the host's enqueueing of the launch (``timing.busy_overhead``; an
   iteration whose spin ended first is taken again with the spin doubled, and the run notes it): every host
@@ -29,7 +30,8 @@ back to back, so the drift of a shared host between two loops cancels (medians a
 The plan that ran is asserted. Each geometry starts with a ``floor`` row: one plain torch op on the same bytes
 (``out.copy_(x)``) timed the same way, what any single-kernel call pays in each metric. On CPU it is a dry run on
 ``GlooPlanTransport`` (timings mean nothing). The case takes turns (``harness.turns``): under ``--compare-revs``
-the two revisions' runs go together, each row of one next to the same row of the other.
+the two revisions' runs go together, each row of one next to the same row of the other, and within a row each slice
+of ``paired_us``'s iterations next to the other's: a stretch of host noise shorter than a row lands on both.
 
 ``--decompose`` (this tree's helper only, not under ``--compare-revs`` against older trees): per untagged row the
 paired overhead of the call cut at its layers, each against the same launch, on ``paired_us``'s measurement only
@@ -55,6 +57,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -73,6 +76,9 @@ def median_us(seconds: list[float]) -> float:
 
 
 STAGES = ("call", "voted", "launch")  # --decompose: product.call_stages, outermost first
+# paired_us's iterations in this many slices, each its own turn (harness.turns): a shared host's noise comes in
+# stretches, many shorter than a row, that would land on one revision's row; slices of a row put both in each.
+SLICES = 6
 
 
 def quartile_columns(prefix: str, seconds: list[float]) -> dict:
@@ -94,14 +100,27 @@ def busy_columns(busy: dict) -> dict:
             "busy_spin_us": busy["spin_s"] * 1e6, "busy_spin_doubled": busy["spin_doubled"]}
 
 
-def overhead_columns(host_fn, device_fn, device: torch.device, args) -> dict:
+def sliced_paired(host_fn, device_fn, device: torch.device, args, turn: Callable[[], None]) -> list[float]:
+    """``timing.paired_overhead``'s differences over ``args.iters`` iterations in ``SLICES`` slices (each warmed up
+    as the whole is), calling ``turn`` before each slice after the first. Local; ``turn`` blocks in turns."""
+    sizes = [n for n in (args.iters // SLICES + (i < args.iters % SLICES) for i in range(SLICES)) if n]
+    seconds: list[float] = []
+    for i, n in enumerate(sizes):
+        if i:
+            turn()
+        seconds += timing.paired_overhead(host_fn, device_fn, device, n, args.warmup)
+    return seconds
+
+
+def overhead_columns(host_fn, device_fn, device: torch.device, args, turn: Callable[[], None]) -> dict:
     """The timing columns of a row: ``host_fn``'s host-to-completion median, ``device_fn``'s event-timed median,
-    the difference of the two, the paired overhead and the busy overhead with their quartiles."""
+    the difference of the two, the paired overhead (``sliced_paired``, ``turn`` between slices) and the busy
+    overhead with their quartiles."""
     host = statistics.median(timing.host_latencies(host_fn, device, args.iters, args.warmup))
     dev = statistics.median(timing.device_times(device_fn, device, args.iters, args.warmup))
+    busy = busy_columns(timing.busy_overhead(host_fn, device_fn, device, args.iters, args.warmup))
     return {"host_ms": host * 1e3, "device_ms": dev * 1e3, "host_overhead_us": (host - dev) * 1e6,
-            **paired_columns(timing.paired_overhead(host_fn, device_fn, device, args.iters, args.warmup)),
-            **busy_columns(timing.busy_overhead(host_fn, device_fn, device, args.iters, args.warmup))}
+            **paired_columns(sliced_paired(host_fn, device_fn, device, args, turn)), **busy}
 
 
 def add_row(ctx: Context, row: dict) -> None:
@@ -112,10 +131,11 @@ def add_row(ctx: Context, row: dict) -> None:
     ctx.add_row(row)
 
 
-def measure(helper, x: torch.Tensor, mode: int, engine: str, ctas: int, args, tag: str | None = None,
-            hot: bool | None = None) -> dict:
+def measure(helper, x: torch.Tensor, mode: int, engine: str, ctas: int, args, turn: Callable[[], None],
+            tag: str | None = None, hot: bool | None = None) -> dict:
     """One row: the helper's call (with ``tag``, None: untagged) and the launch alone, for ``x`` in ``mode``; the
-    plan that ran asserted (the row's engine and CTAs, tuned) and the tag it was recorded with. ``hot``: the hot
+    plan that ran asserted (the row's engine and CTAs, tuned) and the tag it was recorded with. ``turn``: between
+    the compared metric's slices (``sliced_paired``). ``hot``: the hot
     path turned off or on for the row (``product.hot_path``) and its use asserted (every call after the first on
     it, none off it); None: as the helper was built (the --compare-revs rows, older trees too)."""
     from fastvideo.distributed.ulysses.policy import Geometry
@@ -139,7 +159,7 @@ def measure(helper, x: torch.Tensor, mode: int, engine: str, ctas: int, args, ta
         if getattr(record, "tag", None) != tag:
             raise SystemExit(f"mode {mode}: expected a call tagged {tag!r}, ran {record}")
         execute = product.transport(helper).execute
-        columns = overhead_columns(call, lambda: execute(x, geom, plan), device, args)
+        columns = overhead_columns(call, lambda: execute(x, geom, plan), device, args, turn)
     calls, hot_calls = helper.stats()["calls"] - mark, helper.stats().get("hot_calls", 0) - hot_mark
     if hot is not None and (hot_calls < calls - 1 if hot else hot_calls != 0):
         raise SystemExit(f"mode {mode}: the hot path {'on' if hot else 'off'} made {hot_calls} of {calls} calls")
@@ -159,17 +179,17 @@ def measure(helper, x: torch.Tensor, mode: int, engine: str, ctas: int, args, ta
     return row
 
 
-def floor(x: torch.Tensor, args) -> dict:
+def floor(x: torch.Tensor, args, turn: Callable[[], None]) -> dict:
     """The metric's floor: one plain torch op on the same bytes (``out.copy_(x)``, one kernel through the
-    dispatcher), timed as the fused call is. What any single-kernel call pays here: its host path to the launch,
-    the launch latency and the synchronize's wake-up."""
+    dispatcher), timed as the fused call is (``turn`` between slices). What any single-kernel call pays here: its
+    host path to the launch, the launch latency and the synchronize's wake-up."""
     device = x.device
     out = torch.empty_like(x)
 
     def copy() -> None:
         out.copy_(x)
 
-    columns = overhead_columns(copy, copy, device, args)
+    columns = overhead_columns(copy, copy, device, args, turn)
     timing.synchronize(device)
     return {"mode": 0, "engine": "torch", "tagged": False, "plan": "out.copy_(x)", "chunks": 0, "calls": 0, **columns,
             "vote_us": None, "wrong": oracle.count_bitwise_diff(out, x), "wrong_oracle": "the input (a copy)"}
@@ -250,7 +270,7 @@ class FusedHostOverheadCase(Case):
                     continue
                 x = oracle.make_input(input_shape(shape, 0, args.at_sp), ctx.dtype, device, args.seed)
                 ctx.turn()
-                add_row(ctx, {"geometry": name, "label": "floor: torch copy_", **floor(x, args),
+                add_row(ctx, {"geometry": name, "label": "floor: torch copy_", **floor(x, args, ctx.turn),
                               "sync_us": median_us(sync_s)})
                 for engine, ctas, splits in kinds:
                     table = (TunedRow(gpu, 1, x.dtype, x.shape[2], x.shape[3], ctas=ctas, planes_per_chunk=1,
@@ -269,7 +289,7 @@ class FusedHostOverheadCase(Case):
                             for tag in tags:
                                 for hot in hots:
                                     ctx.turn()
-                                    row = measure(helper, x, mode, engine, ctas, args, tag, hot)
+                                    row = measure(helper, x, mode, engine, ctas, args, ctx.turn, tag, hot)
                                     label = (f"{engine} {ctas} CTAs x{splits}" + (" tagged" if tag is not None else "")
                                              + ("" if hot is None else " hot" if hot else " python"))
                                     add_row(ctx, {"geometry": name, "label": label, **row,

@@ -59,8 +59,9 @@ class Case:
     defaults: ClassVar[dict] = {}  # parser defaults of the common flags (iters, warmup, repeat, ...)
     quick: ClassVar[dict] = {"iters": 5, "warmup": 2}  # what --quick sets
     saves_outputs: ClassVar[bool] = False  # takes --save-outputs (compared bit for bit by --compare-revs)
-    # Calls ctx.turn() before each row it times (and before any other timing), so that --compare-revs at one rank
-    # per run can run both revisions together, their rows in alternation (harness.turns).
+    # Calls ctx.turn() before each row it times (and before any other timing, and between slices of a row's
+    # timing), so that --compare-revs at one rank per run can run both revisions together, their rows in alternation
+    # (harness.turns); both revisions' runs take the same number of turns.
     takes_turns: ClassVar[bool] = False
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:

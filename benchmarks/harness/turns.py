@@ -3,8 +3,9 @@ time (another tenant's burst, a clock step) falls on both runs' rows alike inste
 
 ``--compare-revs`` of a case that takes turns (``Case.takes_turns``), at one rank per run, starts both runs of a
 round together (``revs.compare``). The parent's ``Conductor`` gives the turn to one run at a time, and the run
-hands it back before each row it times (``Context.turn()``, which calls ``take``): so the two revisions' rows
-alternate, A's row k next to B's row k, the leader alternating from step to step (A B, B A, A B, ...). Only the
+hands it back before each row it times, and before each slice of a row where the case times one in slices
+(``Context.turn()``, which calls ``take``): so the two revisions' rows alternate, A's row k next to B's row k, the
+leader alternating from step to step (A B, B A, A B, ...). Only the
 run holding the turn does anything: a run's untimed work between rows happens inside its turn, the conductor
 waits for both runs' set-up before the first turn, and for a finished run to exit before the other goes on.
 
