@@ -8,7 +8,7 @@
 # BASE may name several exported trees (space-separated): each is compared with this one in turn. The
 # fused_host_overhead case (docs/benchmarks.md) under --compare-revs BASE . --tree-libraries: the same benchmark
 # code against each tree's fastvideo, both in each of ROUNDS rounds, the two runs of a round together, one row of
-# each in turn (benchmarks/harness/turns.py: the leader swaps every row);
+# each in turn, on the same CPUs (benchmarks/harness/turns.py: the leader swaps every row);
 # per row the host-to-completion time of the whole fused call through a one-rank helper on the real library, the
 # launch's device time, their difference (of the medians, and paired per iteration) and #wrong, after a floor row (a
 # plain torch copy timed the same way). Then, unless TAGS=0, the same case on this tree alone with --tag both: an untagged and a tagged row per

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.harness import cli, oracle, report, stats, timing
+from benchmarks.harness import cli, oracle, report, stats, timing, turns
 from benchmarks.harness.case import Case, Context
 from benchmarks.harness.progress import Progress
 from tests.distributed import mp
@@ -368,8 +368,9 @@ def test_compare_revs_alternates_which_tree_runs_first(tmp_path: Path, monkeypat
     running: list[str] = []
 
     class FakeRun:
-        def __init__(self, cmd, env, cwd, stdout, stderr) -> None:
+        def __init__(self, cmd, env, cwd, stdout, stderr, preexec_fn) -> None:
             assert not running, f"{running} still running as another run starts"
+            assert preexec_fn is None  # a case that does not take turns runs where the scheduler puts it
             self.label = "A" if Path(cwd) == trees["a"].resolve() else "B"
             started.append(self.label)
             running.append(self.label)
@@ -425,8 +426,6 @@ def _turn_runs(tmp_path: Path, conduct: bool, rows: dict[str, int], crash: dict[
     import os
     import subprocess
     import sys
-
-    from benchmarks.harness import turns
 
     root = Path(__file__).resolve().parents[1]
     labels = list(rows)
@@ -493,8 +492,6 @@ def test_a_run_whose_conductor_is_gone_exits_instead_of_waiting(tmp_path: Path) 
     import subprocess
     import sys
 
-    from benchmarks.harness import turns
-
     root = Path(__file__).resolve().parents[1]
     with turns.Conductor(tmp_path / "turns", ["A"]) as conductor:
         proc = subprocess.Popen([sys.executable, "-c", _TURN_RUN, str(tmp_path / "A.log")], cwd=root,
@@ -503,3 +500,13 @@ def test_a_run_whose_conductor_is_gone_exits_instead_of_waiting(tmp_path: Path) 
         assert conductor._handed_back("A", proc)  # it is set up and waits for its first turn
     _, err = proc.communicate(timeout=30)
     assert proc.returncode != 0 and "the conductor of this run's turns is gone" in err
+
+
+def test_turns_pin_both_runs_to_the_highest_cpus() -> None:
+    """Both runs of a round share the highest CPUs the parent may use; all of them where there are fewer; none
+    for 0 (no pinning); a negative count is refused naming the flag."""
+    assert turns.shared_cpus({0, 3, 7, 12, 15}, 2) == [12, 15]
+    assert turns.shared_cpus({4, 1}, 3) == [1, 4]
+    assert turns.shared_cpus({0, 1, 2}, 0) == []
+    with pytest.raises(ValueError, match="--turn-cpus -1"):
+        turns.shared_cpus({0, 1}, -1)

@@ -347,12 +347,17 @@ def test_fused_host_overhead_compare_revs_runs_both_trees_in_turns(tmp_path: Pat
     shutil.copytree(ROOT / "fastvideo", tree_a / "fastvideo", ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path / "cmp.json"
     _subprocess("-m", "benchmarks.run", "fused_host_overhead", "--compare-revs", str(tree_a), str(ROOT), "--nproc",
-                "1", "--rounds", "2", "--compare-out", str(tmp_path / "runs"), "--json", str(out), "--", "--device",
-                "cpu", "--quick", timeout=190)
+                "1", "--rounds", "2", "--turn-cpus", "1", "--compare-out", str(tmp_path / "runs"), "--json", str(out),
+                "--", "--device", "cpu", "--quick", timeout=190)
     data = json.loads(out.read_text())
     assert data["header"]["interleaved"] is True
-    taken = {name: json.loads((tmp_path / "runs" / f"{name}.json").read_text())["header"]["turns_taken"]
-             for name in ("A0", "B0", "A1", "B1")}
+    headers = {name: json.loads((tmp_path / "runs" / f"{name}.json").read_text())["header"]
+               for name in ("A0", "B0", "A1", "B1")}
+    taken = {name: header["turns_taken"] for name, header in headers.items()}
+    # Both runs of every round ran on the one CPU the parent chose: the highest it may use (where it may use more
+    # than one, a run left unpinned would report them all).
+    assert data["header"]["turn_cpus"] == [max(os.sched_getaffinity(0))]
+    assert all(header["cpus"] == data["header"]["turn_cpus"] for header in headers.values())
     # The floor and one row per plan and mode, each a turn per slice of its compared metric; one turn more for the
     # synchronize's timing. The leader swaps every step.
     rows = len(data["rows"])

@@ -102,13 +102,16 @@ def common_parser(description: str = "") -> argparse.ArgumentParser:
                         "PYTHONPATH) and its own build (TREE/build/kernel/libfastvideo_ulysses_a2a.so, which must "
                         "exist): for revisions whose Python cannot drive the other's library ABI")
     r.add_argument("--compare-out", help="--compare-revs: where runs keep their JSON and outputs (default: a temp dir)")
+    r.add_argument("--turn-cpus", type=int, default=2, metavar="N",
+                   help="--compare-revs of a case that takes turns: pin both runs of a round to the same N CPUs, the "
+                        "highest this process may use (0: no pinning)")
     return p
 
 
 # Options only the --compare-revs parent (or the launcher) uses, with how many values each takes: left out of the
 # argv the child runs get.
 PARENT_ONLY = {"--compare-revs": 2, "--rounds": 1, "--json": 1, "--compare-out": 1, "--tree-libraries": 0,
-               "--nproc": 1}
+               "--nproc": 1, "--turn-cpus": 1}
 
 
 def child_argv(argv: list[str], drop: dict[str, int] | None = None) -> list[str]:

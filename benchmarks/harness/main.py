@@ -106,6 +106,8 @@ def run(case, args: argparse.Namespace) -> int:
                       complete=complete)
         if turns.taken():
             header["turns_taken"] = turns.taken()  # this run took turns with another (--compare-revs)
+            if hasattr(os, "sched_getaffinity"):
+                header["cpus"] = sorted(os.sched_getaffinity(0))  # where it ran (turns pin both runs alike)
         return report.document(header, ctx.rows, ctx.extra)
 
     def checkpoint() -> None:

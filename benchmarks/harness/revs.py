@@ -17,6 +17,7 @@ output differs.
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import os
 import shlex
@@ -92,8 +93,12 @@ def compare(case, args, argv: list[str], entry: str, prefix: list[str]) -> int:
             print(f"# {label} runs its own loader and library: {extra_env[tree]['FASTVIDEO_KERNEL_LIBRARY']}")
     runs: dict[str, list[dict]] = {"A": [], "B": []}
     interleave = case.takes_turns and nproc == 1
+    cpus: list[int] = []
     if interleave:
-        print("# each round runs A and B together, their rows in alternation (harness.turns)")
+        if hasattr(os, "sched_setaffinity"):  # Linux; elsewhere the runs go where the scheduler puts them
+            cpus = turns.shared_cpus(os.sched_getaffinity(0), args.turn_cpus)
+        print(f"# each round runs A and B together, their rows in alternation (harness.turns), on CPUs "
+              f"{cpus or 'as scheduled'}")
     turn_orders: list[str] = []
 
     def start(label: str, rnd: int, extra: dict[str, str]) -> subprocess.Popen:
@@ -104,8 +109,10 @@ def compare(case, args, argv: list[str], entry: str, prefix: list[str]) -> int:
             cmd += ["--save-outputs", str(work / f"{label}_outputs")]
         env = dict(os.environ, **{TREE_ENV: str(tree)}, **extra_env[tree], **extra)
         print(f"# round {rnd} {label}: {' '.join(cmd)}", flush=True)
+        pin = functools.partial(os.sched_setaffinity, 0, cpus) if cpus else None  # in the child, before exec
         with open(work / f"{label}{rnd}.log", "w") as log:  # a file, not a pipe: two runs at once never block
-            return subprocess.Popen(cmd, env=env, cwd=str(tree), stdout=log, stderr=subprocess.STDOUT)
+            return subprocess.Popen(cmd, env=env, cwd=str(tree), stdout=log, stderr=subprocess.STDOUT,
+                                    preexec_fn=pin)
 
     def collect(label: str, rnd: int, proc: subprocess.Popen) -> None:
         code, out_json = proc.wait(), work / f"{label}{rnd}.json"
@@ -169,5 +176,6 @@ def compare(case, args, argv: list[str], entry: str, prefix: list[str]) -> int:
                   command=shlex.join(sys.orig_argv), command_source="exact", interleaved=interleave)
     if interleave:
         header["turn_orders"] = turn_orders  # per round, the runs in the order they were given the turn
+        header["turn_cpus"] = cpus  # the CPUs both runs were pinned to ([]: as scheduled)
     report.write_json(args.json, report.document(header, rows, {"outputs": outputs, "runs": runs}))
     return 1 if different or (case.saves_outputs and not outputs) else 0

@@ -9,6 +9,10 @@ leader alternating from step to step (A B, B A, A B, ...). Only the
 run holding the turn does anything: a run's untimed work between rows happens inside its turn, the conductor
 waits for both runs' set-up before the first turn, and for a finished run to exit before the other goes on.
 
+Both runs of a round are pinned to the same CPUs (``shared_cpus``; ``--turn-cpus``): the host's noise is also
+where the scheduler puts a run, and a run left on a CPU another process loads is slow for a whole row while the
+other runs on an idle one; on shared CPUs a load slows both alike.
+
 The channel is two FIFOs per run, made by the conductor before the runs start: ``<path>.go`` (the conductor
 writes one byte per turn it gives) and ``<path>.done`` (the run writes ``d`` as it hands the turn back, ``x``
 once it is finished). A run whose conductor is gone reads the end of ``.go`` and exits instead of waiting; a run
@@ -27,7 +31,18 @@ from benchmarks.harness import timing
 
 TURNS_ENV = "FASTVIDEO_BENCH_TURNS"  # the run's channel path (without .go/.done); set by the conductor only
 
+DEFAULT_CPUS = 2  # CPUs the two runs share: a run's main thread and its helper threads (watchdog, NCCL's)
+
 _channel: dict = {}  # the run's side: its open FIFOs and the number of turns taken
+
+
+def shared_cpus(allowed: set[int], count: int) -> list[int]:
+    """The CPUs both runs of a round are pinned to: the ``count`` highest of ``allowed`` (the parent's own; the
+    lowest take most of the system's interrupts and housekeeping), all of them where there are fewer; [] for
+    ``count`` 0 (no pinning). Pure; ValueError for a negative ``count``."""
+    if count < 0:
+        raise ValueError(f"--turn-cpus {count}: pass the number of CPUs both runs share (0: no pinning)")
+    return sorted(allowed)[-count:] if count else []
 
 
 def take() -> None:
