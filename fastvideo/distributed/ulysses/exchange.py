@@ -133,10 +133,11 @@ def pending(ident: int, *, take: bool = False) -> AllToAllHandle:
 
 
 def fail(sp: GroupCoordinator, mode: int, grad: bool, error: BaseException):
-    """Raise ``error``, a caller error found before any collective; in checked mode first vote it on the agreed
-    route's helper (``UlyssesHelper.vote_caller_error``). Collective in checked mode; always raises."""
-    helper = None if torch.compiler.is_compiling() or sp.world_size == 1 else registry.route()
-    if helper is None or not helper.checked:
+    """Raise ``error``, a caller error found before any collective, through the agreed route's helper
+    (``UlyssesHelper.vote_caller_error``: collective in checked mode, which votes it first); always raises."""
+    # Under tracing no route is resolved (its first resolution is collective) and nothing is voted.
+    helper = None if sp.world_size == 1 or torch.compiler.is_compiling() else registry.route()
+    if helper is None:
         raise error  # as with any torch collective: the peers of a rank that raised alone wait for it
     helper.vote_caller_error(mode, grad, error)
 

@@ -254,10 +254,14 @@ class UlyssesHelper:
         return None, (contract.outcome_code(0, reason), word)
 
     def vote_caller_error(self, mode: int, grad: bool, error: BaseException) -> NoReturn:
-        """Collective (one vote, then the exchange of the errors), blocking; always raises ``error``: the vote of
-        ``LOCAL_ERROR`` for a call that failed on this rank before any collective (invalid input), so that every peer
-        raises ``PeerCallError`` for this same call, naming ``error``, instead of waiting in it or pairing it with
-        this rank's next call."""
+        """Always raises ``error``, a caller error found on this rank before any collective (invalid input). In
+        checked mode, outside ``torch.compile``'s tracing, first the vote of ``LOCAL_ERROR`` for it (collective: one
+        vote, then the exchange of the errors; blocking), so that every peer raises ``PeerCallError`` for this same
+        call, naming ``error``, instead of waiting in it or pairing it with this rank's next call; otherwise local,
+        as with any torch collective. ``mode``: -1 for an invalid dim pair; ``grad``: the call autograd would
+        record."""
+        if not self.checked or torch.compiler.is_compiling():
+            raise error
         self.check_alive()
         phase = _FORWARD_GRAD if grad else _FORWARD_NO_GRAD
         seq, _ = self._counter.next(phase, None)
@@ -280,11 +284,8 @@ class UlyssesHelper:
     # ------------------------------------------------------------------ public calls
 
     def _invalid(self, x: torch.Tensor, mode: int, error: BaseException) -> NoReturn:
-        """Raise ``error``, a caller error this helper's own entry points found before any collective; in checked
-        mode after voting it (``vote_caller_error``, collective then: every rank raises). ``mode``: -1 for an
-        invalid dim pair."""
-        if not self.checked or torch.compiler.is_compiling():
-            raise error
+        """``vote_caller_error`` for a caller error this helper's own entry points found, ``x`` giving the grad flag
+        (it may not even be a tensor)."""
         self.vote_caller_error(mode, torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad,
                                error)
 
