@@ -12,8 +12,9 @@
 # per row the host-to-completion time of the whole fused call through a one-rank helper on the real library, the
 # launch's device time, their difference (of the medians, and paired per iteration) and #wrong, after a floor row (a
 # plain torch copy timed the same way). Then, unless TAGS=0, the same case on this tree alone with --tag both: an untagged and a tagged row per
-# plan and mode back to back, what a call-site tag costs the host. With DECOMPOSE=1, the same case on this tree
-# alone with --decompose: each row's overhead cut at the call's layers (public checks, helper, vote, launch). With
+# plan and mode back to back, what a call-site tag costs the host. With DECOMPOSE=1, --decompose in the A/B (both
+# trees' rows cut at the call's layers: public checks, helper, the hot lane's native call, vote, launch) and, without
+# HOT=1, on this tree alone. With
 # HOT=1: the hot-path check (tests/distributed/check_hot_path.py) and the same case with --hot both (a row with the
 # hot path off and one with it on per plan and mode, back to back; decomposed too with DECOMPOSE=1). With
 # HOST_PATH_BASE (another exported tree, e.g. an older one), also the helper's host path at P = 2 over the
@@ -40,6 +41,7 @@ if [[ "${HOT:-0}" == 1 ]]; then
 fi
 lanes=()  # HOT=1: every A/B row twice, the Python lane and the hot lane of each tree
 [[ "${HOT:-0}" == 1 ]] && lanes=(--hot both)
+[[ "${DECOMPOSE:-0}" == 1 ]] && lanes+=(--decompose)  # each tree's rows cut at the call's layers, in turns too
 for base in $BASE; do
   name=$(basename "$base")
   step "build $name library" 240 build.log "$python" "$base/fastvideo-kernel/build_lib.py" --out "$base/build/kernel"

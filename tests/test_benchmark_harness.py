@@ -510,3 +510,52 @@ def test_turns_pin_both_runs_to_the_highest_cpus() -> None:
     assert turns.shared_cpus({0, 1, 2}, 0) == []
     with pytest.raises(ValueError, match="--turn-cpus -1"):
         turns.shared_cpus({0, 1}, -1)
+
+
+# ------------------------------------------------------------------------------------------- call stages
+
+
+def _stage_helper(lane, *, voted: bool = True, older: bool = False):
+    """A stand-in helper for ``product.call_stages``: this tree's shape (``stats()['voted_launch']``, the runtime's
+    call vote) or an older tree's (``_fused_vote``, ``_call_vote`` on the helper), with ``lane`` as its hot lane."""
+    import types
+
+    calls: list[tuple] = []
+    proposal = types.SimpleNamespace(geom="geom", plan="plan", fields=(1, 2))
+    transport = types.SimpleNamespace(execute=lambda x, geom, plan, **kw: calls.append(("execute", kw)) or x)
+    helper = types.SimpleNamespace(planner=types.SimpleNamespace(propose=lambda sig: proposal), transport=transport,
+                                   call=lambda x, mode: (calls.append(("call", mode)) or x, 0), _hot=lane)
+    if older:
+        helper.stats, helper._fused_vote, helper._call_vote = (lambda: {}), voted, "the vote"
+    else:
+        helper.stats = lambda: {"voted_launch": voted}
+        helper._runtime = types.SimpleNamespace(call_vote="the vote")
+    return helper, calls
+
+
+@pytest.mark.parametrize("older", [False, True])
+def test_call_stages_cut_the_hot_lane_where_it_holds_the_signature(older: bool) -> None:
+    """The ``native`` stage is the lane's run, then its finish with that launch and the call vote, for this tree's
+    helper and an older one's; making the stages finishes the one probing launch it makes. A lane that does not
+    hold the signature (run returns None) and a helper without a lane get no ``native`` stage; without the fused vote,
+    neither ``voted`` nor ``native``."""
+    import types
+
+    from benchmarks.harness import product
+
+    log: list[tuple] = []
+    lane = types.SimpleNamespace(run=lambda x, mode, seq: log.append(("run", mode, seq)) or ("hit", seq),
+                                 finish=lambda x, hit, vote: log.append(("finish", hit, vote)) or x)
+    x = torch.zeros(1, 4, 2, 3)
+    helper, calls = _stage_helper(lane, older=older)
+    stages = product.call_stages(helper, x, 1)
+    assert set(stages) == {"call", "native", "voted", "launch"}
+    assert [e[0] for e in log] == ["run", "finish"] and log[1][1] == ("hit", log[0][2]) and log[1][2] == "the vote"
+    assert stages["native"]() is x
+    assert [e[0] for e in log] == ["run", "finish"] * 2 and log[3][1] == ("hit", log[2][2]) and log[2][2] != log[0][2]
+    assert stages["voted"]() is x and calls[-1][1]["vote"] == "the vote"
+
+    idle = types.SimpleNamespace(run=lambda x, mode, seq: None, finish=lambda *a: pytest.fail("nothing to finish"))
+    assert set(product.call_stages(_stage_helper(idle, older=older)[0], x, 1)) == {"call", "voted", "launch"}
+    assert set(product.call_stages(_stage_helper(None, older=older)[0], x, 1)) == {"call", "voted", "launch"}
+    assert set(product.call_stages(_stage_helper(lane, voted=False, older=older)[0], x, 1)) == {"call", "launch"}

@@ -348,7 +348,7 @@ def test_fused_host_overhead_compare_revs_runs_both_trees_in_turns(tmp_path: Pat
     out = tmp_path / "cmp.json"
     _subprocess("-m", "benchmarks.run", "fused_host_overhead", "--compare-revs", str(tree_a), str(ROOT), "--nproc",
                 "1", "--rounds", "2", "--turn-cpus", "1", "--compare-out", str(tmp_path / "runs"), "--json", str(out),
-                "--", "--device", "cpu", "--quick", timeout=190)
+                "--", "--device", "cpu", "--quick", "--decompose", timeout=190)
     data = json.loads(out.read_text())
     assert data["header"]["interleaved"] is True
     headers = {name: json.loads((tmp_path / "runs" / f"{name}.json").read_text())["header"]
@@ -358,10 +358,13 @@ def test_fused_host_overhead_compare_revs_runs_both_trees_in_turns(tmp_path: Pat
     # than one, a run left unpinned would report them all).
     assert data["header"]["turn_cpus"] == [max(os.sched_getaffinity(0))]
     assert all(header["cpus"] == data["header"]["turn_cpus"] for header in headers.values())
-    # The floor and one row per plan and mode, each a turn per slice of its compared metric; one turn more for the
-    # synchronize's timing. The leader swaps every step.
+    # The floor and one row per plan and mode, each a turn per slice of its compared metric and of each stage it is
+    # cut into (--decompose); one turn more for the synchronize's timing. The leader swaps every step.
     rows = len(data["rows"])
-    steps = 1 + rows * fused_host_overhead.SLICES
+    stages = {name: sum(f"{stage}_us" in row for row in json.loads((tmp_path / "runs" / f"{name}.json").read_text())
+                        ["rows"] for stage in fused_host_overhead.STAGES) for name in headers}
+    assert len(set(stages.values())) == 1 and stages["A0"] >= rows - 1  # both trees cut every fused row alike
+    steps = 1 + (rows + stages["A0"]) * fused_host_overhead.SLICES
     assert rows == 7 and set(taken.values()) == {steps}
     assert data["header"]["turn_orders"] == ["".join(("AB", "BA")[(i + r) % 2] for i in range(steps)) for r in (0, 1)]
     assert all(r["ratio_b_over_a"] > 0 for r in data["rows"])

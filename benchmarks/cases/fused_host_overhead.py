@@ -33,14 +33,16 @@ The plan that ran is asserted. Each geometry starts with a ``floor`` row: one pl
 the two revisions' runs go together, each row of one next to the same row of the other, and within a row each slice
 of ``paired_us``'s iterations next to the other's: a stretch of host noise shorter than a row lands on both.
 
-``--decompose`` (this tree's helper only, not under ``--compare-revs`` against older trees): per untagged row the
-paired overhead of the call cut at its layers, each against the same launch, on ``paired_us``'s measurement only
-(no busy counterpart): ``call_us`` (``UlyssesHelper.call`` on validated input), ``voted_us`` (the transport's
-voted launch alone: the proposal, the library's vote and launch) and ``launch_us`` (the launch without a vote).
-``paired_us - call_us`` is the public checks, ``call_us - voted_us`` the helper's own Python, ``voted_us -
-launch_us`` the vote; each output is checked too (``#wrong``). With the hot path on, ``call_us`` is the hot call
-(no ``execute`` in it, so it can read below ``voted_us``): decompose the Python path with ``--hot both``'s
-``python`` rows.
+``--decompose`` (this tree and older ones, under ``--compare-revs`` too: ``product.call_stages`` adapts): per
+untagged row the paired overhead of the call cut at its layers, each against the same launch, on ``paired_us``'s
+measurement only (no busy counterpart), each stage in slices with its own turns as ``paired_us``: ``call_us``
+(``UlyssesHelper.call`` on validated input), ``native_us`` (on a hot row: the hot lane's native call and the
+transport's end of it alone, no helper frame), ``voted_us`` (the transport's voted launch alone: the proposal, the
+library's vote and launch) and ``launch_us`` (the launch without a vote). ``paired_us - call_us`` is the public
+checks, ``call_us - voted_us`` the helper's own Python, ``voted_us - launch_us`` the vote; on a hot row ``call_us -
+native_us`` is the helper's Python around the lane. Each output is checked too (``#wrong``). With the hot path on,
+``call_us`` is the hot call (no ``execute`` in it, so it can read below ``voted_us``): decompose the Python path
+with ``--hot both``'s ``python`` rows.
 
 ``--hot built|both`` (default ``built``): the hot path (``fastvideo/distributed/ulysses/hot.py``) as the helper was
 built (on where the extension is built for this torch), or ``both``: per plan and mode a row with it off
@@ -75,7 +77,7 @@ def median_us(seconds: list[float]) -> float:
     return statistics.median(seconds) * 1e6
 
 
-STAGES = ("call", "voted", "launch")  # --decompose: product.call_stages, outermost first
+STAGES = ("call", "native", "voted", "launch")  # --decompose: product.call_stages, outermost first
 # paired_us's iterations in this many slices, each its own turn (harness.turns): a shared host's noise comes in
 # stretches, many shorter than a row, that would land on one revision's row; slices of a row put both in each.
 SLICES = 6
@@ -173,8 +175,9 @@ def measure(helper, x: torch.Tensor, mode: int, engine: str, ctas: int, args, tu
             for name in STAGES:
                 if name in stages:
                     stage = stages[name]
-                    row[f"{name}_us"] = median_us(timing.paired_overhead(stage, lambda: execute(x, geom, plan), device,
-                                                                         args.iters, args.warmup))
+                    turn()  # each stage in turns too: the two trees' stages of a row alternate
+                    row[f"{name}_us"] = median_us(sliced_paired(stage, lambda: execute(x, geom, plan), device, args,
+                                                                turn))
                     row["wrong"] += oracle.count_bitwise_diff(stage(), x)
     return row
 
@@ -220,6 +223,7 @@ class FusedHostOverheadCase(Case):
         report.Column("busy_p75_us", "p75", fmt=".1f"),
         report.Column("vote_us", "vote us", fmt=".1f"),
         report.Column("call_us", "call us", fmt=".1f"),
+        report.Column("native_us", "native us", fmt=".1f"),
         report.Column("voted_us", "voted us", fmt=".1f"),
         report.Column("launch_us", "launch us", fmt=".1f"),
     )
@@ -227,9 +231,9 @@ class FusedHostOverheadCase(Case):
     def add_arguments(self, parser) -> None:
         parser.add_argument("--at-sp", type=int, default=2, help="the geometries' per-rank operands at this SP size")
         parser.add_argument("--decompose", action="store_true",
-                            help="per untagged row, also the paired overhead of the call cut at its layers (this "
-                                 "tree only): helper.call without the public checks, the voted launch alone, the "
-                                 "launch without a vote (product.call_stages)")
+                            help="per untagged row, also the paired overhead of the call cut at its layers: "
+                                 "helper.call without the public checks, the hot lane's native call alone (hot rows), "
+                                 "the voted launch alone, the launch without a vote (product.call_stages)")
         parser.add_argument("--hot", choices=HOT_CHOICES, default="built",
                             help="the hot path (fastvideo/distributed/ulysses/hot.py) as the helper was built, or "
                                  "both: a row with it off (labelled 'python') and one with it on ('hot') per plan and "

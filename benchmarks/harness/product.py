@@ -331,12 +331,17 @@ def agree_settings() -> None:
 
 def call_stages(helper, x, mode: int) -> dict:
     """The fused call cut at its layers, each a callable returning the output, for a decomposition of its host time
-    (this tree's helper only): ``call`` (``UlyssesHelper.call`` on validated input: no public-function checks),
-    ``voted`` (the transport's voted launch alone: this call's proposal, the library's vote and launch, no helper
-    bookkeeping; only where the helper fuses the vote) and ``launch`` (the transport's launch without a vote)."""
+    (this tree's helper or an older one's): ``call`` (``UlyssesHelper.call`` on validated input: no public-function
+    checks), ``native`` (where the helper's hot lane holds this signature: the lane's native call and the
+    transport's end of it, no helper frame), ``voted`` (the transport's voted launch alone: this call's proposal,
+    the library's vote and launch, no helper bookkeeping; only where the helper fuses the vote) and ``launch`` (the
+    transport's launch without a vote). Local; makes one call of the lane to find whether it holds the signature."""
     import itertools
 
-    from fastvideo.distributed.all_to_all import EVEN
+    try:
+        from fastvideo.distributed.all_to_all import EVEN
+    except ImportError:  # older trees kept the split tables in the layout module
+        from fastvideo.distributed.ulysses.layout import EVEN
     from fastvideo.distributed.ulysses.contract import Phase
     from fastvideo.distributed.ulysses.planner import Signature
 
@@ -346,10 +351,20 @@ def call_stages(helper, x, mode: int) -> dict:
     proposal = helper.planner.propose(sig)
     stages = {"call": lambda: helper.call(x, mode)[0],
               "launch": lambda: t.execute(x, proposal.geom, proposal.plan)}
-    if helper.stats()["voted_launch"]:
+    stats = helper.stats()
+    if stats["voted_launch"] if "voted_launch" in stats else getattr(helper, "_fused_vote", False):
         seq = itertools.count(1 << 40)  # SEQ words no helper call uses (P = 1: no peer compares them)
         runtime = getattr(helper, "_runtime", None)  # older trees keep the channel on the helper itself
         vote = runtime.call_vote if runtime is not None else helper._call_vote
         stages["voted"] = lambda: t.execute(x, proposal.geom, proposal.plan, vote=vote, fields=proposal.fields,
                                             seq=next(seq))
+        # The hot lane (older trees: its table itself, None while it holds nothing): its run returns None for a
+        # signature it does not hold, else the launch, which its finish completes.
+        lane = getattr(helper, "_hot", None)
+        run = getattr(lane, "run", None)
+        hit = run(x, mode, next(seq)) if run is not None else None
+        if hit is not None:
+            finish = lane.finish
+            finish(x, hit, vote)
+            stages["native"] = lambda: finish(x, run(x, mode, next(seq)), vote)
     return stages
