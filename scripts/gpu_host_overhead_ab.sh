@@ -50,7 +50,8 @@ for base in $BASE; do
       --out "$base/build/kernel"
   fi
   step "fused host overhead A/B ($name)" "${AB_LIMIT_S:-300}" "ab-$name.log" "$python" -m benchmarks.run \
-    fused_host_overhead --compare-revs "$base" "$ROOT" --nproc 1 --tree-libraries --rounds "${ROUNDS:-3}" "${lanes[@]}" \
+    fused_host_overhead --compare-revs "$base" "$ROOT" --nproc 1 --tree-libraries --rounds "${ROUNDS:-3}" \
+    --within 0.5,10 "${lanes[@]}" \
     --compare-out "$WORK/logs/ab-$name" --json "$WORK/logs/ab-$name.json"
   results+=("logs/ab-$name.json")
 done

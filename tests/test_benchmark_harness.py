@@ -383,15 +383,37 @@ def test_compare_revs_alternates_which_tree_runs_first(tmp_path: Path, monkeypat
             return 0
 
     monkeypatch.setattr(revs.subprocess, "Popen", FakeRun)
-    case = types.SimpleNamespace(name="toy", key=("k",), metric="m", saves_outputs=False, takes_turns=False)
+    case = types.SimpleNamespace(name="toy", key=("k",), metric="m", saves_outputs=False, takes_turns=False,
+                                 lane=lambda row: "toy lane")
     args = argparse.Namespace(compare_revs=[str(trees["a"]), str(trees["b"])], tree_libraries=False,
-                              compare_out=str(tmp_path / "work"), nproc=1, rounds=4, json=str(tmp_path / "c.json"))
-    with contextlib.redirect_stdout(io.StringIO()):
+                              compare_out=str(tmp_path / "work"), nproc=1, rounds=4, json=str(tmp_path / "c.json"),
+                              within=(0.5, 10.0))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
         assert revs.compare(case, args, [], "run.py", []) == 0
     assert started == ["A", "B", "B", "A", "A", "B", "B", "A"]
     doc = json.loads((tmp_path / "c.json").read_text())
     assert doc["rows"][0]["ratio_b_over_a"] == 1.0 and len(doc["runs"]["A"]) == len(doc["runs"]["B"]) == 4
     assert doc["header"]["interleaved"] is False and "turn_orders" not in doc["header"]
+    assert doc["rows"][0]["within"] is True and doc["header"]["within_counts"] == {"toy lane": [1, 1]}
+    assert "B within max(0.5, 10 % of A) of A: toy lane 1 of 1" in printed.getvalue()
+
+
+def test_within_bounds_b_against_a_by_the_larger_of_the_two_bounds() -> None:
+    """B may exceed A by max(ABS, PCT % of A), no more; a lower B is always within; counts go per lane. The flag
+    refuses what is not two non-negative numbers, naming itself."""
+    from benchmarks.harness import revs
+
+    bound = (0.5, 10.0)
+    assert revs.within(4.0, 4.5, bound) and not revs.within(4.0, 4.51, bound)  # 0.5 us over 10 %'s 0.4 us
+    assert revs.within(10.0, 11.0, bound) and not revs.within(10.0, 11.01, bound)  # 10 % over 0.5 us
+    assert revs.within(10.0, 1.0, bound) and revs.within(0.0, 0.5, bound) and not revs.within(0.0, 0.6, bound)
+    rows = [{"lane": "hot", "within": True}, {"lane": "hot", "within": False}, {"lane": "floor", "within": True}]
+    assert revs.within_counts(rows, lambda row: row["lane"]) == {"hot": [1, 2], "floor": [1, 1]}
+    assert cli.parse_bound("0.5,10") == (0.5, 10.0)
+    for text in ("0.5", "a,b", "-1,10", "0.5,10,3"):
+        with pytest.raises(SystemExit, match="--within"):
+            cli.parse_bound(text)
 
 
 # ---------------------------------------------------------------------------------------------- turns

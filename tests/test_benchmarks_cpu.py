@@ -347,8 +347,8 @@ def test_fused_host_overhead_compare_revs_runs_both_trees_in_turns(tmp_path: Pat
     shutil.copytree(ROOT / "fastvideo", tree_a / "fastvideo", ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path / "cmp.json"
     _subprocess("-m", "benchmarks.run", "fused_host_overhead", "--compare-revs", str(tree_a), str(ROOT), "--nproc",
-                "1", "--rounds", "2", "--turn-cpus", "1", "--compare-out", str(tmp_path / "runs"), "--json", str(out),
-                "--", "--device", "cpu", "--quick", "--decompose", timeout=190)
+                "1", "--rounds", "2", "--turn-cpus", "1", "--within", "0.5,10", "--compare-out", str(tmp_path / "runs"),
+                "--json", str(out), "--", "--device", "cpu", "--quick", "--decompose", timeout=190)
     data = json.loads(out.read_text())
     assert data["header"]["interleaved"] is True
     headers = {name: json.loads((tmp_path / "runs" / f"{name}.json").read_text())["header"]
@@ -369,6 +369,18 @@ def test_fused_host_overhead_compare_revs_runs_both_trees_in_turns(tmp_path: Pat
     assert data["header"]["turn_orders"] == ["".join(("AB", "BA")[(i + r) % 2] for i in range(steps)) for r in (0, 1)]
     assert all(r["ratio_b_over_a"] > 0 for r in data["rows"])
     assert not list((tmp_path / "runs").glob("turns*")) and (tmp_path / "runs" / "B1.log").is_file()
+    # --within: every row marked, counted per lane (as built on CPU: the floor and the fused rows)
+    counts = data["header"]["within_counts"]
+    assert set(counts) == {"floor", "fused"} and sum(total for _, total in counts.values()) == rows
+    assert sum(n for n, _ in counts.values()) == sum(r["within"] for r in data["rows"])
+
+
+def test_fused_host_overhead_lanes() -> None:
+    """--within's lanes: the floor, the hot path's and the Python path's rows of --hot both, the rest fused."""
+    lane = fused_host_overhead.CASE.lane
+    assert [lane({"label": label}) for label in ("floor: torch copy_", "sm 144 CTAs x1 hot", "ce 66 CTAs x2 python",
+                                                 "ce 66 CTAs x1", "sm 144 CTAs x1 tagged")] == \
+        ["floor", "hot", "python", "fused", "fused"]
 
 
 @pytest.mark.timeout(60)

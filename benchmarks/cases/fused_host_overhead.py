@@ -228,6 +228,13 @@ class FusedHostOverheadCase(Case):
         report.Column("launch_us", "launch us", fmt=".1f"),
     )
 
+    def lane(self, row: dict) -> str:
+        """A row's lane for ``--within``'s counts: the floor, the hot path's and the Python path's rows (``--hot
+        both``), or the fused rows as built."""
+        label = str(row.get("label", ""))
+        return "floor" if label.startswith("floor") else label.rsplit(" ", 1)[-1] if label.endswith(
+            (" hot", " python")) else "fused"
+
     def add_arguments(self, parser) -> None:
         parser.add_argument("--at-sp", type=int, default=2, help="the geometries' per-rank operands at this SP size")
         parser.add_argument("--decompose", action="store_true",

@@ -64,6 +64,10 @@ class Case:
     # (harness.turns); both revisions' runs take the same number of turns.
     takes_turns: ClassVar[bool] = False
 
+    def lane(self, row: dict) -> str:
+        """The group a row belongs to in ``--compare-revs --within``'s counts (one group unless a case says)."""
+        return "all"
+
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Add the case's own flags."""
 

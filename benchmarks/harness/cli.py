@@ -67,6 +67,18 @@ def parse_modes(text: str) -> list[int]:
     return modes
 
 
+def parse_bound(text: str) -> tuple[float, float]:
+    """``--within ABS,PCT`` as ``(ABS, PCT)``: both non-negative numbers."""
+    try:
+        absolute, percent = (float(v) for v in text.split(","))
+    except ValueError:
+        raise SystemExit(f"--within {text!r}: pass ABS,PCT, e.g. 0.5,10 (B no worse than A by more than max(0.5, "
+                         "10 % of A), in the compared metric's units)") from None
+    if absolute < 0 or percent < 0:
+        raise SystemExit(f"--within {text!r}: both bounds must be >= 0")
+    return absolute, percent
+
+
 def common_parser(description: str = "") -> argparse.ArgumentParser:
     """The flags every case takes (module docstring); a case adds its own to the returned parser."""
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -102,6 +114,9 @@ def common_parser(description: str = "") -> argparse.ArgumentParser:
                         "PYTHONPATH) and its own build (TREE/build/kernel/libfastvideo_ulysses_a2a.so, which must "
                         "exist): for revisions whose Python cannot drive the other's library ABI")
     r.add_argument("--compare-out", help="--compare-revs: where runs keep their JSON and outputs (default: a temp dir)")
+    r.add_argument("--within", type=parse_bound, metavar="ABS,PCT",
+                   help="--compare-revs: mark each row whose B is no worse than A by more than max(ABS, PCT %% of A), "
+                        "in the compared metric's units (a lower B always is), and count them per lane")
     r.add_argument("--turn-cpus", type=int, default=2, metavar="N",
                    help="--compare-revs of a case that takes turns: pin both runs of a round to the same N CPUs, the "
                         "highest this process may use (0: no pinning)")
@@ -111,7 +126,7 @@ def common_parser(description: str = "") -> argparse.ArgumentParser:
 # Options only the --compare-revs parent (or the launcher) uses, with how many values each takes: left out of the
 # argv the child runs get.
 PARENT_ONLY = {"--compare-revs": 2, "--rounds": 1, "--json": 1, "--compare-out": 1, "--tree-libraries": 0,
-               "--nproc": 1, "--turn-cpus": 1}
+               "--nproc": 1, "--turn-cpus": 1, "--within": 1}
 
 
 def child_argv(argv: list[str], drop: dict[str, int] | None = None) -> list[str]:

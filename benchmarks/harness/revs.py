@@ -45,6 +45,22 @@ def tree_environment(tree: Path, own_library: bool) -> dict[str, str]:
     return {"FASTVIDEO_KERNEL_LIBRARY": str(lib), "PYTHONPATH": path}
 
 
+def within(a: float, b: float, bound: tuple[float, float]) -> bool:
+    """Whether ``b`` is no worse than ``a`` by more than max(``bound[0]``, ``bound[1]`` % of ``a``): a metric where
+    lower is better. Pure."""
+    return b <= a + max(bound[0], bound[1] / 100 * abs(a))
+
+
+def within_counts(rows: list[dict], lane) -> dict[str, list[int]]:
+    """Per lane (``lane(row)``), ``[rows within, rows]`` of rows that carry ``within``. Pure."""
+    counts: dict[str, list[int]] = {}
+    for row in rows:
+        count = counts.setdefault(lane(row), [0, 0])
+        count[0] += bool(row["within"])
+        count[1] += 1
+    return counts
+
+
 def compare_saved(dir_a: str | Path, dir_b: str | Path) -> list[dict]:
     """Bit-for-bit comparison of two ``--save-outputs`` directories, per rank file and tensor."""
     from safetensors import safe_open
@@ -160,11 +176,17 @@ def compare(case, args, argv: list[str], entry: str, prefix: list[str]) -> int:
         rows.append({**dict(zip(case.key, key)), f"a_{case.metric}": med_a[key], f"b_{case.metric}": med_b[key],
                      "ratio_b_over_a": ratio, "wrong": None, "wrong_oracle": "revision B's outputs vs A's",
                      "wrong_note": "outputs are compared per tensor in 'outputs'"})
+        if args.within:
+            rows[-1]["within"] = within(med_a[key], med_b[key], args.within)
     columns = [report.Column(k, k, fmt="") for k in case.key] + [
         report.Column(f"a_{case.metric}", f"A {case.metric}"), report.Column(f"b_{case.metric}", f"B {case.metric}"),
-        report.Column("ratio_b_over_a", "B/A")]
+        report.Column("ratio_b_over_a", "B/A")] + ([report.Column("within", "within", fmt="")] if args.within else [])
     for line in report.table_lines(columns, rows, key_columns=len(case.key)):
         print(line)
+    counts = within_counts(rows, case.lane) if args.within else {}
+    if args.within:
+        print(f"# B within max({args.within[0]:g}, {args.within[1]:g} % of A) of A: "
+              + ", ".join(f"{lane} {n} of {total}" for lane, (n, total) in sorted(counts.items())))
     outputs = compare_saved(work / "A_outputs", work / "B_outputs") if case.saves_outputs else []
     different = [o for o in outputs if not o["identical"]]
     if case.saves_outputs:
@@ -174,6 +196,8 @@ def compare(case, args, argv: list[str], entry: str, prefix: list[str]) -> int:
     header = dict(runs["A"][0]["header"], compare_revs=[str(tree_a), str(tree_b)], bench_argv=bench_args,
                   commit_a=commit_a, commit_b=commit_b, lineups=lineups, argv=list(sys.argv), complete=True,
                   command=shlex.join(sys.orig_argv), command_source="exact", interleaved=interleave)
+    if args.within:
+        header.update(within_bound=list(args.within), within_counts=counts)
     if interleave:
         header["turn_orders"] = turn_orders  # per round, the runs in the order they were given the turn
         header["turn_cpus"] = cpus  # the CPUs both runs were pinned to ([]: as scheduled)
