@@ -232,8 +232,10 @@ class FusedHostOverheadCase(Case):
         """A row's lane for ``--within``'s counts: the floor, the hot path's and the Python path's rows (``--hot
         both``), or the fused rows as built."""
         label = str(row.get("label", ""))
-        return "floor" if label.startswith("floor") else label.rsplit(" ", 1)[-1] if label.endswith(
-            (" hot", " python")) else "fused"
+        if label.startswith("floor"):
+            return "floor"
+        last = label.rsplit(" ", 1)[-1]
+        return last if last in ("hot", "python") else "fused"
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--at-sp", type=int, default=2, help="the geometries' per-rank operands at this SP size")

@@ -23,6 +23,7 @@ import torch
 
 from benchmarks.harness.lineup import LINEUPS
 from benchmarks.harness.tree import BENCH_ROOT
+from benchmarks.harness.turns import DEFAULT_CPUS
 
 # The package owns the named geometries (``explain --geometry`` reads them too); loaded by path, since importing
 # fastvideo here would choose the tree under test before ``--tree`` is parsed.
@@ -117,7 +118,7 @@ def common_parser(description: str = "") -> argparse.ArgumentParser:
     r.add_argument("--within", type=parse_bound, metavar="ABS,PCT",
                    help="--compare-revs: mark each row whose B is no worse than A by more than max(ABS, PCT %% of A), "
                         "in the compared metric's units (a lower B always is), and count them per lane")
-    r.add_argument("--turn-cpus", type=int, default=2, metavar="N",
+    r.add_argument("--turn-cpus", type=int, default=DEFAULT_CPUS, metavar="N",
                    help="--compare-revs of a case that takes turns: pin both runs of a round to the same N CPUs, the "
                         "highest this process may use (0: no pinning)")
     return p

@@ -183,8 +183,9 @@ def compare(case, args, argv: list[str], entry: str, prefix: list[str]) -> int:
         report.Column("ratio_b_over_a", "B/A")] + ([report.Column("within", "within", fmt="")] if args.within else [])
     for line in report.table_lines(columns, rows, key_columns=len(case.key)):
         print(line)
-    counts = within_counts(rows, case.lane) if args.within else {}
+    counts: dict[str, list[int]] = {}
     if args.within:
+        counts = within_counts(rows, case.lane)
         print(f"# B within max({args.within[0]:g}, {args.within[1]:g} % of A) of A: "
               + ", ".join(f"{lane} {n} of {total}" for lane, (n, total) in sorted(counts.items())))
     outputs = compare_saved(work / "A_outputs", work / "B_outputs") if case.saves_outputs else []
