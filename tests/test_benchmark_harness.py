@@ -375,7 +375,8 @@ def test_compare_revs_alternates_which_tree_runs_first(tmp_path: Path, monkeypat
             started.append(self.label)
             running.append(self.label)
             out = Path(cmd[cmd.index("--json") + 1])
-            out.write_text(json.dumps({"header": {"commit": self.label}, "rows": [{"k": 1, "m": 2.0}]}))
+            rows = [{"k": 1, "m": 2.0}, {"k": 2, "m": -1.0 if self.label == "A" else 2.0}]
+            out.write_text(json.dumps({"header": {"commit": self.label}, "rows": rows}))
 
         def wait(self) -> int:
             if self.label in running:
@@ -393,10 +394,13 @@ def test_compare_revs_alternates_which_tree_runs_first(tmp_path: Path, monkeypat
         assert revs.compare(case, args, [], "run.py", []) == 0
     assert started == ["A", "B", "B", "A", "A", "B", "B", "A"]
     doc = json.loads((tmp_path / "c.json").read_text())
-    assert doc["rows"][0]["ratio_b_over_a"] == 1.0 and len(doc["runs"]["A"]) == len(doc["runs"]["B"]) == 4
+    # A ratio to a non-positive A is none; the row is still bounded
+    assert [r["ratio_b_over_a"] for r in doc["rows"]] == [1.0, None]
+    assert len(doc["runs"]["A"]) == len(doc["runs"]["B"]) == 4
     assert doc["header"]["interleaved"] is False and "turn_orders" not in doc["header"]
-    assert doc["rows"][0]["within"] is True and doc["header"]["within_counts"] == {"toy lane": [1, 1]}
-    assert "B within max(0.5, 10 % of A) of A: toy lane 1 of 1" in printed.getvalue()
+    assert [r["within"] for r in doc["rows"]] == [True, False]
+    assert doc["header"]["within_counts"] == {"toy lane": [1, 2]}
+    assert "B within max(0.5, 10 % of A) of A: toy lane 1 of 2" in printed.getvalue()
 
 
 def test_within_bounds_b_against_a_by_the_larger_of_the_two_bounds() -> None:
@@ -408,6 +412,7 @@ def test_within_bounds_b_against_a_by_the_larger_of_the_two_bounds() -> None:
     assert revs.within(4.0, 4.5, bound) and not revs.within(4.0, 4.51, bound)  # 0.5 us over 10 %'s 0.4 us
     assert revs.within(10.0, 11.0, bound) and not revs.within(10.0, 11.01, bound)  # 10 % over 0.5 us
     assert revs.within(10.0, 1.0, bound) and revs.within(0.0, 0.5, bound) and not revs.within(0.0, 0.6, bound)
+    assert revs.ratio(4.0, 5.0) == 1.25 and revs.ratio(0.0, 5.0) is None and revs.ratio(-1.0, 5.0) is None
     rows = [{"lane": "hot", "within": True}, {"lane": "hot", "within": False}, {"lane": "floor", "within": True}]
     assert revs.within_counts(rows, lambda row: row["lane"]) == {"hot": [1, 2], "floor": [1, 1]}
     assert cli.parse_bound("0.5,10") == (0.5, 10.0)

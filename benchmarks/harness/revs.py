@@ -51,6 +51,12 @@ def within(a: float, b: float, bound: tuple[float, float]) -> bool:
     return b <= a + max(bound[0], bound[1] / 100 * abs(a))
 
 
+def ratio(a: float, b: float) -> float | None:
+    """``b / a`` where ``a`` is positive, else None: a ratio to a non-positive A (a CPU run's overhead, a
+    difference of two noisy times, can centre at or below zero) says nothing. Pure."""
+    return b / a if a > 0 else None
+
+
 def within_counts(rows: list[dict], lane) -> dict[str, list[int]]:
     """Per lane (``lane(row)``), ``[rows within, rows]`` of rows that carry ``within``. Pure."""
     counts: dict[str, list[int]] = {}
@@ -172,9 +178,9 @@ def compare(case, args, argv: list[str], entry: str, prefix: list[str]) -> int:
               "carry the line-ups' skew difference; rerun with --lineup gloo for a like-for-like comparison")
     rows = []
     for key in sorted(set(med_a) & set(med_b), key=str):
-        ratio = med_b[key] / med_a[key]
         rows.append({**dict(zip(case.key, key)), f"a_{case.metric}": med_a[key], f"b_{case.metric}": med_b[key],
-                     "ratio_b_over_a": ratio, "wrong": None, "wrong_oracle": "revision B's outputs vs A's",
+                     "ratio_b_over_a": ratio(med_a[key], med_b[key]), "wrong": None,
+                     "wrong_oracle": "revision B's outputs vs A's",
                      "wrong_note": "outputs are compared per tensor in 'outputs'"})
         if args.within:
             rows[-1]["within"] = within(med_a[key], med_b[key], args.within)
