@@ -267,8 +267,9 @@ def _functions(tree: ast.AST, prefix: str):
             yield f"{prefix}.{node.name}", node
 
 
-# The table checks: the all-to-all's (and the core's and the fake impls' calls of it), the other collectives'.
-_VALIDATORS = {"validate_input", "shares", "validate", "_fake_shape"}
+# The table checks: the all-to-all's (and the core's, its voting wrapper's and the fake impls' calls of it), the
+# other collectives'.
+_VALIDATORS = {"validate_input", "shares", "validate", "validated", "_fake_shape"}
 
 
 def split_table_findings(files: dict[str, Path]) -> list[str]:

@@ -240,14 +240,15 @@ def scatter_dim(mode: int) -> int:
 
 
 def pack(x: torch.Tensor, dim: int, sizes: Sequence[int]) -> torch.Tensor:
-    """``x`` cut along ``dim`` into blocks of ``sizes``, laid end to end in one flat tensor (block p, row-major, at
-    the sum of the earlier blocks' sizes): one copy at most. Where every dim before ``dim`` has size 1 the blocks
-    already lie end to end (a view of contiguous ``x``); equal blocks move in one strided copy; unequal ones
-    block by block into one buffer."""
+    """``x`` cut along ``dim`` into blocks of ``sizes``, laid end to end in one flat contiguous tensor (block p,
+    row-major, at the sum of the earlier blocks' sizes): one copy at most. Where every dim before ``dim`` has size 1
+    the blocks already lie end to end (a view of contiguous ``x``); equal blocks move in one strided copy; unequal
+    ones block by block into one buffer. Contiguous, never merely flat: a strided ``x`` can flatten to a 1-D view
+    with a step, which the backends cannot send."""
     if all(n == 1 for n in x.shape[:dim]):
-        return x.reshape(-1)
+        return x.contiguous().view(-1)
     if all(n == sizes[0] for n in sizes):
-        return x.reshape(*x.shape[:dim], len(sizes), sizes[0], *x.shape[dim + 1:]).movedim(dim, 0).reshape(-1)
+        return x.reshape(*x.shape[:dim], len(sizes), sizes[0], *x.shape[dim + 1:]).movedim(dim, 0).contiguous().view(-1)
     flat = x.new_empty(x.numel())
     offset = 0
     for block in x.split(list(sizes), dim):

@@ -106,18 +106,22 @@ def sequence_model_parallel_all_to_all_4D(input_: torch.Tensor, scatter_dim: int
     is read as it stood at the call); ``wait()`` makes the then-current stream wait for the exchange (it does not
     block the host) and returns the output ready on that stream. **The input is the caller's until ``wait()``**:
     the exchange may read it until then, so do not write it in between; an in-place write is caught at ``wait()``,
-    which raises ``InputModifiedError`` (the version counter; not under ``torch.inference_mode``, whose tensors
-    have none, nor writes through ``.data``: ``ulysses/exchange.py``). ``record_stream`` keeps the input's memory
+    which raises ``InputModifiedError`` on the rank that wrote (the version counter; not under
+    ``torch.inference_mode``, whose tensors have none, nor writes through ``.data``: ``ulysses/exchange.py``); on
+    CUDA its peers may have received the written data, so that error must end the step (on CPU the exchange sends
+    a copy and every output is the input as it stood at the call). ``record_stream`` keeps the input's memory
     from the allocator until the communication stream has read it, and the output's (allocated on the
     communication stream) until the stream that waited has used it. On CPU (gloo) the NCCL route runs in gloo's
     threads and ``wait()`` blocks until it landed. A handle dropped without ``wait()`` is released with a
     ``ResourceWarning`` naming where it was started. Differentiable (twice): the backward starts the reverse
     exchange where autograd reaches the ``wait`` and waits for it where it reaches the call, so the gradient
-    exchange is in flight across the backward of what ran in between; a backward votes the SEQ word of the call it
-    differentiates, so ranks whose autograd orders two backward exchanges differently raise together instead of
-    swapping gradients. ``torch.compile(fullgraph=True)`` traces a start and a wait node, and refuses a start
-    without its wait in the region; under a manual CUDA-graph capture the side stream is forked and joined inside
-    the graph (wait before the capture ends). Underneath: ``ulysses/ops.py`` and ``ulysses/exchange.py``.
+    exchange is in flight across the backward of what ran in between; a backward that votes (``auto``, checked
+    mode) votes the SEQ word of the call it differentiates, so ranks whose autograd orders two backward exchanges
+    differently raise together instead of swapping gradients (``off`` without checked mode votes nothing, and
+    cannot see it: run a new training loop in checked mode once). ``torch.compile(fullgraph=True)`` traces a start
+    and a wait node, and refuses a start without its wait in the region; under a manual CUDA-graph capture the side
+    stream is forked and joined inside the graph (wait before the capture ends). Underneath: ``ulysses/ops.py``
+    and ``ulysses/exchange.py``.
     """
     mode = MODES.get((scatter_dim, gather_dim))  # a dict lookup: the call enters each module once
     if mode is None:

@@ -82,6 +82,37 @@ def test_gradients_match_single_device_reference_float64(world):
     run_ranks(world, gradients_match_reference, env=OFF)
 
 
+def stepped_inputs_are_exact(rank: int, world: int) -> list[str]:
+    """Inputs with a step in the last dim (``full[..., ::2]``'s layout), B = 1 and 2, both modes, sync and in
+    flight, with and without autograd: each output against the slice of the full tensor it must hold, and each
+    gradient against the weights. With B = 1 and one row per rank, mode 0's input flattens to a 1-D view with a
+    step: the layout the backends cannot send."""
+    wrong = []
+    for b, rows in ((1, 1), (1, 2), (2, 1)):
+        s, h, d = rows * world, 2 * world, 3
+        full = _full(b, s, h, 2 * d, torch.float32, seed=11 + b + rows)[..., ::2]
+        seq, heads = _shards(world, rank, s, h)
+        for mode, (x, want) in enumerate(((full[:, seq], full[:, :, heads]), (full[:, :, heads], full[:, seq]))):
+            assert not x.is_contiguous()
+            for async_op in (False, True):
+                for grad in (False, True):
+                    leaf = x.detach().requires_grad_(grad) if grad else x
+                    y = a2a(leaf, *((2, 1), (1, 2))[mode], async_op=async_op)
+                    y = y.wait() if async_op else y
+                    if not torch.equal(y, want):
+                        wrong.append(f"b={b} rows={rows} mode={mode} async={async_op} grad={grad}")
+                    if grad:
+                        (y * 2).sum().backward()
+                        if not torch.equal(leaf.grad, torch.full_like(x, 2)):
+                            wrong.append(f"b={b} rows={rows} mode={mode} async={async_op} gradient")
+    return wrong
+
+
+@pytest.mark.parametrize("route", ["off", "auto"])
+def test_inputs_with_a_step_are_exact(route):
+    assert run_ranks(2, stepped_inputs_are_exact, env={"FASTVIDEO_ULYSSES_A2A": route}, timeout_s=90) == [[], []]
+
+
 def bad_input(rank: int, world: int, case: str) -> None:
     x = torch.zeros(2, 4, 4, 8)
     if case == "ndim":

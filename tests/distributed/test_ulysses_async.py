@@ -239,10 +239,12 @@ def _compiled(rank, p, backend="aot_eager"):
         between
 
 
-def test_compile_fullgraph_traces_a_start_and_a_separate_wait(ranks):
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_compile_fullgraph_traces_a_start_and_a_separate_wait(ranks, world_size):
     """``torch.compile(fullgraph=True, backend="aot_eager")``: one frame, the start and the wait two nodes with the
-    compute between them; forward and gradient equal eager bit for bit."""
-    for exact_y, exact_g, frames, ordered, between in ranks(2, _compiled, timeout_s=180):
+    compute between them; forward and gradient equal eager bit for bit. At SP size 1 too, where eager returns the
+    input itself: traced, the start is still the op (its wait a node of the graph)."""
+    for exact_y, exact_g, frames, ordered, between in ranks(world_size, _compiled, timeout_s=180):
         assert exact_y and exact_g and frames == 1 and ordered
         assert between  # torch.sin sits between the two nodes in the traced graph
 
@@ -393,8 +395,8 @@ def _pipelined_block_bf16_runs(rank, p, own, runs, stop_at_first=False):
     """The pipelined block in bf16 under inductor at SP 1 (the exchanges' inputs are bf16 intermediates inductor
     plans buffers for), compiled once and run up to ``runs`` times: per run, max |compiled - eager| and the heads
     beyond ``BF16_TOLERANCE``; and the generated code's starts (see ``_starts_freed_before_their_waits``). ``own``
-    False drops the start's ownership copy (the negative control: the exchange, gloo's thread at SP 1, then reads
-    a buffer the compiled code has already reused)."""
+    False drops the start's ownership copies, the traced start's and gloo's own send copy in flight (the negative
+    control: the exchange, gloo's thread at SP 1, then reads a buffer the compiled code has already reused)."""
     from torch._inductor.utils import run_and_get_code
 
     from fastvideo.attention.layer import DistributedAttention
@@ -402,8 +404,9 @@ def _pipelined_block_bf16_runs(rank, p, own, runs, stop_at_first=False):
     from fastvideo.distributed.ulysses import exchange
 
     if not own:  # the op body's call; the graph still says own_input=True
-        owning = exchange.issue
+        owning, routing = exchange.issue, exchange.nccl_route
         exchange.issue = lambda *args, **kw: owning(*args, **{**kw, "own": False})
+        exchange.nccl_route = lambda *args, **kw: routing(*args, **{**kw, "own_input": False})
 
     def forced(x, scatter_dim, gather_dim, name="", *, async_op=False, tag=None, **_):
         mode = mode_for_dims(scatter_dim, gather_dim)

@@ -5,13 +5,17 @@
   forward it differentiates, so every rank raises ``ContractMismatchError`` on SEQ (within 30 s) instead of swapping
   the gradients; untagged and with one tag on both calls, under ``auto`` and under ``off`` in checked mode, at
   P = 2 and 3. The negative control waits in the same order on every rank: exact gradients.
-* **The input.** Mode (1, 2) with B = 1 is the layout where gloo sends ``x`` itself: an in-place write between the
-  start and ``wait()`` raises ``InputModifiedError`` at the wait, on every one of 20 runs; without the write the
-  output is exact (the control). Under ``torch.inference_mode`` tensors carry no version counter: no check.
+* **The input.** Mode (1, 2) with B = 1 is the layout where gloo would send ``x`` itself: an in-place write between
+  the start and ``wait()`` raises ``InputModifiedError`` at the wait, on every one of 20 runs; where one rank alone
+  writes, its peers' outputs are exact (in flight on CPU the exchange sends a copy in that layout); without the
+  write the output is exact (the control). Under ``torch.inference_mode`` tensors carry no version counter: no
+  check, and on CPU the output is the input as it stood at the start.
 * **Dropped handles.** A start whose handle (eager) or token (autograd) is dropped without ``wait()`` gives a
   ``ResourceWarning`` and one log line naming where it started (the user's own frame, even where its file lies in the
   temporary folder), and the count of exchanges in flight returns to its prior value after ``gc.collect()``.
 * **Compiled regions.** A start without its wait in the region is refused at trace time; the control traces.
+* **A failed wait.** A recorded start's wait that fails before its wait op keeps the exchange: a second wait
+  returns the exact output.
 """
 
 from __future__ import annotations
@@ -67,40 +71,52 @@ def test_negative_control_the_same_order_is_exact(ranks, tag, env):
         assert result == ("ok", True)
 
 
-def _write_between(rank, p, write, runs):
-    """``runs`` exchanges of a [1, S * p, H / p, D] input in mode (1, 2) (gloo sends ``x``'s own memory), each
-    followed by an in-place write to ``x`` before ``wait()`` when ``write``: what each run gave, and the route each
-    start took (gloo's threads in flight, ``nccl-async``: the route that reads ``x`` after the start returns)."""
+def _write_between(rank, p, writers, runs):
+    """``runs`` exchanges of a [1, S * p, H / p, D] input in mode (1, 2) (the layout where gloo would send ``x``'s
+    own memory), each followed on the ranks in ``writers`` by an in-place write to ``x`` before ``wait()``: what
+    each run gave, the route each start took (gloo's threads in flight, ``nccl-async``: the route still running
+    after the start returns), and what the same write gave under ``torch.inference_mode`` (no version counter)."""
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
     from fastvideo.distributed.ulysses.exchange import InputModifiedError, in_flight
 
     outcomes, routes = [], set()
-    for run in range(runs):
-        x = rank_input(rank, (1, S * p, H // p, D), seed=run)
-        expected = oracle(x, 1)
-        handle = a2a(x, 1, 2, async_op=True)
-        routes.add(handle.route)
-        if write:
-            x.add_(1.0)
-        try:
-            outcomes.append("exact" if bit_equal(handle.wait(), expected) else "wrong")
-        except InputModifiedError as exc:
-            outcomes.append("raised" if "input_" in str(exc) else str(exc))
-    with torch.inference_mode():  # no version counter: the rule is the caller's (documented), nothing raises
-        x = rank_input(rank, (1, S * p, H // p, D), seed=99)
-        handle = a2a(x, 1, 2, async_op=True)
-        inference = type(handle.wait()).__name__
-    return outcomes, in_flight(), inference, routes
+    for run in range(runs + 1):
+        inference = run == runs
+        with torch.inference_mode(inference):
+            x = rank_input(rank, (1, S * p, H // p, D), seed=run)
+            expected = oracle(x, 1)
+            handle = a2a(x, 1, 2, async_op=True)
+            routes.add(handle.route)
+            if rank in writers:
+                x.add_(1.0)
+            try:
+                outcomes.append("exact" if bit_equal(handle.wait(), expected) else "wrong")
+            except InputModifiedError as exc:
+                outcomes.append("raised" if "input_" in str(exc) else str(exc))
+    return outcomes[:-1], in_flight(), outcomes[-1], routes
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_a_write_between_start_and_wait_raises_every_time(ranks, world_size):
-    for outcomes, left, inference, routes in ranks(world_size, _write_between, True, 20, env=AUTO, timeout_s=120):
-        assert outcomes == ["raised"] * 20 and left == 0 and inference == "Tensor" and routes == {"nccl-async"}
+    """Every rank writes: every run raises on every rank. Under inference mode nothing can see the write, and on CPU
+    nothing needs to: the exchange sent a copy, so the output is the input as it stood at the start."""
+    for outcomes, left, inference, routes in ranks(world_size, _write_between, range(world_size), 20, env=AUTO,
+                                                    timeout_s=120):
+        assert outcomes == ["raised"] * 20 and left == 0 and inference == "exact" and routes == {"nccl-async"}
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_write_on_one_rank_raises_there_and_reaches_no_peer(ranks, world_size):
+    """Rank 0 alone writes: it raises on every run; its peers' outputs are exact on every run (on CPU the exchange
+    never reads ``x`` after the start)."""
+    results = ranks(world_size, _write_between, (0,), 20, env=AUTO, timeout_s=120)
+    assert results[0][0] == ["raised"] * 20
+    for outcomes, left, inference, _ in results[1:]:
+        assert outcomes == ["exact"] * 20 and left == 0 and inference == "exact"
 
 
 def test_negative_control_without_the_write_the_output_is_exact(ranks):
-    for outcomes, left, _, routes in ranks(2, _write_between, False, 5, env=AUTO, timeout_s=120):
+    for outcomes, left, _, routes in ranks(2, _write_between, (), 5, env=AUTO, timeout_s=120):
         assert outcomes == ["exact"] * 5 and left == 0 and routes == {"nccl-async"}
 
 
@@ -149,9 +165,9 @@ def step(x):
 """
 
 
-def _dropped_by_code_in_the_temporary_folder(rank, p):
-    """Drop a start made by a module whose file lies in the temporary folder (a project checked out under /tmp):
-    the warnings that name the start site, and the site that is."""
+def _dropped_by_code_in_the_temporary_folder(rank, p, name):
+    """Drop a start made by module ``name`` whose file lies in the temporary folder (a project checked out under
+    /tmp): the warnings that name the start site, and the site that is."""
     import importlib.util
     import shutil
     import tempfile
@@ -160,9 +176,9 @@ def _dropped_by_code_in_the_temporary_folder(rank, p):
 
     folder = Path(tempfile.mkdtemp(prefix="fastvideo-user-project-"))
     try:
-        path = folder / "user_step.py"
+        path = folder / f"{name}.py"
         path.write_text(USER_STEP)
-        spec = importlib.util.spec_from_file_location("user_step", path)
+        spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         with warnings.catch_warnings(record=True) as caught:
@@ -173,10 +189,12 @@ def _dropped_by_code_in_the_temporary_folder(rank, p):
     return [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)], f"{path}:5"
 
 
-def test_a_dropped_start_is_named_by_user_code_in_the_temporary_folder(ranks):
-    """Only torch's files and inductor's generated code are skipped when naming a start, not the whole temporary
-    folder (it once was, and a start made under /tmp was named as multiprocessing's)."""
-    for resource, site in ranks(2, _dropped_by_code_in_the_temporary_folder, env=AUTO, timeout_s=60):
+@pytest.mark.parametrize("name", ["user_step", "torch_user_step", "fastvideo_user_step"])
+def test_a_dropped_start_is_named_by_user_code_in_the_temporary_folder(ranks, name):
+    """Only torch's files and modules, this package's modules and inductor's generated code are skipped when naming
+    a start: not the whole temporary folder, nor a user module whose name merely begins like torch's or the
+    package's."""
+    for resource, site in ranks(2, _dropped_by_code_in_the_temporary_folder, name, env=AUTO, timeout_s=60):
         assert len(resource) == 1 and f"started at {site} " in resource[0], (resource, site)
 
 def _compiled(rank, p, wait):
@@ -197,3 +215,33 @@ def _compiled(rank, p, wait):
 def test_a_compiled_start_without_its_wait_is_refused_at_trace_time(ranks):
     assert ranks(2, _compiled, False, timeout_s=180) == [True, True]
     assert ranks(2, _compiled, True, timeout_s=180) == ["traced", "traced"]  # the control
+
+
+def _wait_that_failed_before_the_op(rank, p):
+    """A recorded start's wait that fails before its wait op (here: the SP group lookup raises once), then waited
+    again: what each wait gave and the exchanges left in flight."""
+    from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
+    from fastvideo.distributed.ulysses import exchange, ops
+
+    x = rank_input(rank, (B, S, H, D), seed=7, requires_grad=True)
+    handle = a2a(x, 2, 1, async_op=True)
+    def unavailable():
+        raise RuntimeError("no SP group here")
+
+    real, ops.get_sp_group = ops.get_sp_group, unavailable
+    try:
+        handle.wait()
+        first = "returned"
+    except RuntimeError as exc:
+        first = str(exc)
+    finally:
+        ops.get_sp_group = real
+    second = bit_equal(handle.wait(), oracle(x.detach(), 0))
+    return type(handle).__name__, first, second, exchange.in_flight()
+
+
+def test_a_wait_that_fails_before_its_op_can_be_waited_again(ranks):
+    """The handle keeps its exchange until its wait op is entered: the second wait returns the exact output and
+    nothing stays in flight (no 'waited already', no dropped-start warning)."""
+    for kind, first, second, left in ranks(2, _wait_that_failed_before_the_op, env=AUTO, timeout_s=60):
+        assert (kind, first, second, left) == ("TracedHandle", "no SP group here", True, 0)

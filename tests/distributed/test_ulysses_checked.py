@@ -170,6 +170,56 @@ def test_negative_control_without_checked_mode_the_same_size_mistakes_pass_silen
         assert votes == 0
 
 
+# ------------------------------------------------------------------------ caller errors of a recorded call
+
+# mistake -> what rank 1 passes instead (rank 0 passes a valid call); each must be caught before the dispatcher,
+# whose schema parse would raise it on rank 1 alone and leave rank 0 in the vote until its timeout
+RECORDED_MISTAKES = {
+    "float table": {"seq_splits": [4.0, 4.0]},
+    "tensor table": {"seq_splits": torch.tensor([4, 4])},
+    "int tag": {"tag": 5},
+    "not a tensor": {"x": "numpy"},
+}
+
+
+def _recorded_mistakes(rank, world_size, async_op):
+    """Each of ``RECORDED_MISTAKES`` on rank 1, in a call autograd records (the op path): what each rank raised,
+    how long it took, and whether a matching recorded call right after is exact."""
+    from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
+
+    seen = {}
+    for mistake, wrong in RECORDED_MISTAKES.items():
+        x = rank_input(rank, SHAPE, seed=3, requires_grad=True)
+        kw = {"seq_splits": [4, 4]} | (wrong if rank == 1 else {})
+        if kw.pop("x", None) == "numpy":
+            x = x.detach().numpy()
+        start = time.monotonic()
+        try:
+            y = a2a(x, 2, 1, async_op=async_op, **kw)
+            y = y.wait() if async_op else y
+            got = ("ok", "")
+        except Exception as exc:  # noqa: BLE001 - the test asserts on what came back
+            got = (type(exc).__name__, str(exc))
+        ok = rank_input(rank, SHAPE, seed=4, requires_grad=True)
+        seen[mistake] = (*got, time.monotonic() - start, bit_equal(a2a(ok, 2, 1), oracle(ok, 0)))
+    return seen
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("route", ["off", "auto"])
+def test_caller_errors_of_a_recorded_call_are_voted_before_the_dispatcher(ranks, route, async_op):
+    """A call autograd records goes through the op: a table of floats or a tensor, a tag that is no str, an input
+    that is no tensor, on rank 1 only, raise the validation's error there (naming the argument) and
+    PeerCallError naming it on rank 0 within 10 s, never the dispatcher's schema error and a vote timeout; a
+    matching call right after is exact on both."""
+    rank0, rank1 = ranks(2, _recorded_mistakes, async_op, env={**CHECKED_ON, A2A: route}, timeout_s=120)
+    names = {"float table": "seq_splits[0]", "tensor table": "seq_splits", "int tag": "tag=5", "not a tensor": "x "}
+    for mistake, name in names.items():
+        assert rank1[mistake][0] in ("ValueError", "TypeError") and name in rank1[mistake][1], rank1[mistake]
+        assert rank0[mistake][0] == "PeerCallError" and "rank(s) [1]" in rank0[mistake][1], rank0[mistake]
+        assert all(r[mistake][2] < 10 and r[mistake][3] for r in (rank0, rank1)), (rank0[mistake], rank1[mistake])
+
+
 # ------------------------------------------------------------------------------------- one vote per call
 
 

@@ -11,15 +11,18 @@ It then returns an ``AllToAllHandle``, which ``wait`` completes. The input is va
 (``all_to_all.validate_input`` on the SP group); in checked mode a caller error is voted first (``fail``), so
 that every rank raises.
 
-**The input is the caller's until ``wait()``.** An exchange in flight may still read it (the CUDA routes on the
-communication stream, gloo's threads on CPU), and ``record_stream`` guards only against the allocator. Eager, the
-start keeps the input's version counter and ``wait`` raises where it moved: an in-place write between start and
-wait (``x.add_(...)``, an optimizer step on it) is caught. It cannot see writes that bypass the counter (through
-``.data``, ``torch.no_grad`` views' raw pointers, other processes) and it flags a write to another slice of the
-same storage (the counter is the base's). Under ``torch.inference_mode`` tensors carry no counter: there the rule
-is the caller's to keep (a copy per call would cost the compute stream a pass over the operand). Traced code
-(``own``: ``torch.compile``, make_fx) passes ownership instead: a compiler plans buffer reuse by graph liveness,
-so the start copies its input where the route would read the caller's buffer after returning.
+**The input is the caller's until ``wait()``.** On CUDA an exchange in flight reads it on the communication
+stream, and ``record_stream`` guards only against the allocator. Eager, the start keeps the input's version
+counter and ``wait`` raises where it moved: an in-place write between start and wait (``x.add_(...)``, an
+optimizer step on it) is caught on the rank that wrote. The check is that rank's: on CUDA its peers may have
+received the written data, so the error must end the step. It cannot see writes that bypass the counter
+(through ``.data``, raw pointers, other processes) and it flags a write to another slice of the same storage (the
+counter is the base's). Under ``torch.inference_mode`` tensors carry no counter: on CUDA the rule is the
+caller's to keep (a copy per call would cost the compute stream a pass over the operand). On CPU gloo's threads
+never read ``x`` after the start (they send a copy where they would send its own memory), so every rank's output
+is the input as it stood at the start, and the write still raises where the counter saw it. Traced code (``own``:
+``torch.compile``, make_fx) passes ownership instead: a compiler plans buffer reuse by graph liveness, so the
+start copies its input where the route would read the caller's buffer after returning.
 
 **A dropped start is released.** An exchange whose ``wait`` is never called is released when nothing can wait
 for it any more (its handle or token is collected): a ``ResourceWarning`` and one log line name where it was
@@ -40,7 +43,7 @@ from collections.abc import Callable
 
 import torch
 
-from fastvideo.distributed.all_to_all import nccl_route, validate_input
+from fastvideo.distributed.all_to_all import Splits, nccl_route, validate_input
 from fastvideo.distributed.sp_groups import GroupCoordinator
 from fastvideo.distributed.ulysses import registry
 from fastvideo.distributed.ulysses.helper import UlyssesHelper
@@ -54,7 +57,9 @@ _STREAMS: dict[int, torch.cuda.Stream] = {}  # device index -> this process's co
 # (the start op's, through the release hook), never by this table.
 _PENDING: weakref.WeakValueDictionary[int, AllToAllHandle] = weakref.WeakValueDictionary()
 _WARNED: set[str] = set()  # start sites whose dropped exchange was logged
-_PACKAGE = __name__.rsplit(".", 2)[0]  # frames of this package are skipped when naming where a start was made
+# Frames of this package and of torch (modules named so, or inside them) are skipped when naming where a start was
+# made: a user module whose name merely begins alike ("torch_step") is the user's.
+_SKIPPED = (__name__.rsplit(".", 2)[0] + ".", "torch.")
 _TORCH = (os.path.join(os.path.dirname(torch.__file__), ""), "<")  # torch's files; code compiled from a string
 
 
@@ -103,8 +108,9 @@ class AllToAllHandle:
         if self.source is not None and self.source._version != self.version:
             raise InputModifiedError(
                 f"Ulysses all-to-all (started at {self.where}): input_ was modified in place between the call with "
-                "async_op=True and handle.wait(), while the exchange could still read it; the output may mix old "
-                "and new data. Write to the input only after wait(), or pass a copy.")
+                "async_op=True and handle.wait(), while the exchange could still read it; on CUDA this output and "
+                "the peers' may mix old and new data, so do not go on with this step. Write to the input only after "
+                "wait(), or pass a copy.")
         return out
 
 
@@ -142,6 +148,16 @@ def fail(sp: GroupCoordinator, mode: int, grad: bool, error: BaseException):
     helper.vote_caller_error(mode, grad, error)
 
 
+def validated(sp: GroupCoordinator, x: torch.Tensor, mode: int, grad: bool, seq_splits, head_splits,
+              tag: str | None) -> Splits:
+    """``validate_input`` for this rank of ``sp``: the split tables, or the caller's error raised through ``fail``
+    (voted in checked mode). Collective only where it raises in checked mode."""
+    try:
+        return validate_input(x, mode, sp.world_size, sp.rank_in_group, seq_splits, head_splits, tag=tag)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        fail(sp, mode, grad, exc)
+
+
 def issue(sp: GroupCoordinator, x: torch.Tensor, mode: int, grad: bool, outcome: Outcome | None, route_id: int,
           seq_splits, head_splits, tag: str | None, *, in_flight: bool = False, own: bool = False,
           eager: bool = False) -> tuple[torch.Tensor | AllToAllHandle, Outcome]:
@@ -151,6 +167,7 @@ def issue(sp: GroupCoordinator, x: torch.Tensor, mode: int, grad: bool, outcome:
     exchange may not read ``x`` once this returns (traced callers: the module docstring). ``eager``: the public
     function's eager path, whose handle owns its exchange and whose output at SP size 1 is ``x`` itself (an op's
     start is owned by its token, and an op's output may not alias its input)."""
+    splits = validated(sp, x, mode, grad, seq_splits, head_splits, tag)  # first: nothing below may touch a bad x
     handle = AllToAllHandle() if in_flight else None  # made before the call leaves this module
     fork = contextlib.nullcontext()
     if in_flight and x.is_cuda:  # the communication stream, forked from the caller's (x was written there)
@@ -159,10 +176,6 @@ def issue(sp: GroupCoordinator, x: torch.Tensor, mode: int, grad: bool, outcome:
             x = x.clone(memory_format=torch.contiguous_format)  # on the caller's stream: the side stream waits for it
         comm.wait_stream(caller)
         fork = torch.cuda.stream(comm)
-    try:
-        splits = validate_input(x, mode, sp.world_size, sp.rank_in_group, seq_splits, head_splits, tag=tag)
-    except (TypeError, ValueError, RuntimeError) as exc:
-        fail(sp, mode, grad, exc)
     with fork:  # on the side stream, NCCL's stream follows it: the host never waits for NCCL
         out, saved = None, (0, 0, 0)
         if eager and sp.world_size == 1:
@@ -177,12 +190,14 @@ def issue(sp: GroupCoordinator, x: torch.Tensor, mode: int, grad: bool, outcome:
                 if out is not None and handle is not None and not x.is_cuda:  # a test transport may land it later
                     handle.marker = helper.transport.completion_marker()
             if out is None:
-                out = nccl_route(x, mode, sp.device_group, splits=splits, async_op=in_flight and not x.is_cuda,
-                                 own_input=own)
+                # In flight on CPU, gloo's threads send a copy where they would send x's own memory (one layout;
+                # the others pack a copy anyway): a write before the wait then reaches no peer.
+                threads = in_flight and not x.is_cuda
+                out = nccl_route(x, mode, sp.device_group, splits=splits, async_op=threads, own_input=own or threads)
         if handle is None:
             return out, saved
         handle.route = "identity" if out is x else "fused" if saved[1] > 0 else "nccl"
-        if callable(out):  # gloo's threads run it; they read x where the send layout is x's own memory
+        if callable(out):  # gloo's threads run it
             handle.route, handle.finish = "nccl-async", out
         else:
             handle.out = out
@@ -224,7 +239,7 @@ def _caller() -> str:
     cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     skip = _TORCH if not cache else (*_TORCH, os.path.join(cache, ""))
     frame = sys._getframe(2)
-    while frame is not None and (frame.f_globals.get("__name__", "").startswith((_PACKAGE, "torch"))
+    while frame is not None and ((frame.f_globals.get("__name__", "") + ".").startswith(_SKIPPED)
                                  or frame.f_code.co_filename.startswith(skip)):
         frame = frame.f_back
     return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?"

@@ -99,11 +99,11 @@ class TracedHandle(AllToAllHandle):
     def wait(self) -> torch.Tensor:
         if self._token is None:
             raise RuntimeError("Ulysses all-to-all wait: this handle was waited already. Wait once per start.")
-        (token, outcome), self._token = self._token, None
         mode, shape, dtype, device, kw = self._args
         sp = get_sp_group()  # the start validated the tables (its body, or its fake impl under tracing)
         splits = Splits(*(None if kw[k] is None else tuple(kw[k]) for k in ("seq_splits", "head_splits")))
         out_shape = list(output_shape(shape, mode, sp.world_size, rank=sp.rank_in_group, splits=splits))
+        (token, outcome), self._token = self._token, None  # taken once nothing before the op can raise
         return torch.ops.fastvideo.ulysses_all_to_all_4d_wait(token, outcome, mode, out_shape, dtype, device, **kw)
 
 
@@ -111,13 +111,19 @@ def call(x: torch.Tensor, mode: int, route_id: int, seq_splits: Sequence[int] | 
          head_splits: Sequence[int] | None = None, tag: str | None = None,
          async_op: bool = False) -> torch.Tensor | AllToAllHandle:
     """The Ulysses all-to-all on ``x`` in ``mode`` through route ``route_id`` (0: the agreed route; a helper's
-    ``id``): collective; blocks the host for the vote; differentiable. Validated once, in the core (the op body, or
-    the eager path's ``exchange.issue``); SP size 1 returns ``x`` (or a handle whose ``wait`` does). The eager path
-    (a plain tensor autograd does not record, at any SP size 1 call) skips the dispatcher: the core directly."""
+    ``id``): collective; blocks the host for the vote; differentiable. Validated in the core (the op body, or the
+    eager path's ``exchange.issue``), and a call autograd records before the dispatcher as well (its schema parse
+    would raise a caller's error unvoted, leaving the peers in the vote). SP size 1 returns ``x`` (or a handle whose
+    ``wait`` does; a traced start's wait is the wait op's copy). The eager path (a plain tensor autograd does not
+    record, at any SP size 1 call but a traced start) skips the dispatcher: the core directly."""
     eager = _eager(x)  # before the SP group: the call leaves this module once
     sp = get_sp_group()
-    grad = torch.is_grad_enabled() and x.requires_grad
-    if (grad or not eager) and sp.world_size > 1:
+    grad = torch.is_grad_enabled() and (eager or isinstance(x, torch.Tensor)) and x.requires_grad
+    # Through the ops: what autograd records or a compiler traces (at SP size 1 too for a traced start: its wait
+    # must be a node of the graph)
+    if (grad or not eager) and (sp.world_size > 1 or (async_op and not eager)):
+        if eager or not isinstance(x, torch.Tensor):  # validated before the dispatcher, whose parse raises unvoted
+            seq_splits, head_splits = exchange.validated(sp, x, mode, grad, seq_splits, head_splits, tag)
         kw = {"seq_splits": None if seq_splits is None else list(seq_splits),
               "head_splits": None if head_splits is None else list(head_splits), "tag": tag}
         if not async_op:
