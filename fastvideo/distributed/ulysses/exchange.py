@@ -223,8 +223,9 @@ def release_when_dropped(owner: object, handle: AllToAllHandle) -> None:
 
 def _dropped(ident: int, where: str, _kept: AllToAllHandle | None) -> None:
     _PENDING.pop(ident, None)
-    message = (f"Ulysses all-to-all started at {where} with async_op=True was never waited for; it is released "
-               "now. Call handle.wait() once for every start (its peers' exchange completed regardless).")
+    message = (f"Ulysses all-to-all started at {where} (async_op=True, or the backward of one) was never waited "
+               "for; it is released now. Call handle.wait() once for every start (a backward that raised before its "
+               "wait leaves its exchange to this release; the peers' exchange completed regardless).")
     warnings.warn(message, ResourceWarning, stacklevel=2)
     if where not in _WARNED:
         _WARNED.add(where)
