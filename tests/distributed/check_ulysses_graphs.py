@@ -33,7 +33,7 @@ on deterministic kernels; the oracle control checks it.
 
 ``--capture-engines`` (default: the policy's ``CAPTURE_ENGINES``, the SM rows) sets every rank's
 ``UlyssesHelper.capture_engines`` before its first capture: ``--capture-engines ce,sm`` captures the H200 keys'
-copy-engine rows (``fvk_a2a_ce_captured``), and (a)'s plan assertion then expects those plans.
+copy-engine rows (the build's ``ce_capture`` offering), and (a)'s plan assertion then expects those plans.
 
 ``--cpu-dry-run`` runs the script's own logic over 2+ gloo ranks with the CPU transport at small sizes:
 (a) eager only (no CUDA graphs on CPU: the capture, replays and interleaving are skipped, saying so), (b)
@@ -506,7 +506,7 @@ def main() -> int:
     parser.add_argument("--capture-engines", default=",".join(CAPTURE_ENGINES),
                         help="comma list of the plan kinds a capture may freeze (UlyssesHelper.capture_engines): "
                              f"default the policy's ({','.join(CAPTURE_ENGINES)}); 'ce,sm' captures the copy-engine "
-                             "rows where the build has fvk_a2a_ce_captured")
+                             "rows where the build offers ce_capture")
     args = parser.parse_args()
     capture_engines = tuple(e.strip() for e in args.capture_engines.split(",") if e.strip())
     unknown = [e for e in capture_engines if e not in ENGINES]

@@ -1,7 +1,7 @@
 """torch.compile of the public op without graph breaks (``fastvideo::ulysses_all_to_all_4d``), over gloo ranks.
 
-Before the op existed, ``torch.compile(f, fullgraph=True)`` of a function calling the public op twice
-failed on both ranks (``Unsupported: HOP: Unsafe side effect``). Here, on two gloo ranks:
+``torch.compile(f, fullgraph=True)`` of a function calling the public op twice traces one opaque op per call
+(a Python collective in the graph would raise ``Unsupported: HOP: Unsafe side effect``). On two gloo ranks:
 
 * ``fullgraph=True`` with ``aot_eager`` (under each route: the test is marked ambient on it) and with
   ``inductor`` (once, on the CPU fused route, where the backward must run its forward's plan): forward and
