@@ -177,7 +177,6 @@ def _set_group_timeout(group: dist.ProcessGroup, timeout_s: float) -> bool:
     return True
 
 
-VOTE_SYMBOLS = ("fvk_vote_open", "fvk_vote_exchange", "fvk_vote_unlink", "fvk_vote_close")
 _FVK_ERR_TIMEOUT, _FVK_ERR_PEER_GONE = 7, 8
 
 
@@ -190,7 +189,7 @@ def load_vote_library():
     except Exception as exc:  # noqa: BLE001 - an optional speed-up: absence means the gloo vote
         logger.debug("shared-memory vote unavailable: %s", exc)
         return None
-    return lib if all(hasattr(lib, name) for name in VOTE_SYMBOLS) else None
+    return lib if all(hasattr(lib, name) for name in fastvideo_kernel.VOTE_SYMBOLS) else None
 
 
 def _last_error(lib) -> str:
