@@ -166,12 +166,9 @@ def _set_group_timeout(group: dist.ProcessGroup, timeout_s: float) -> bool:
     ``TORCH_DISTRIBUTED_DEBUG=DETAIL``: the group's backend is then a wrapper, whose ``set_timeout`` raises
     "Backend gloo does not support setting timeout" (torch 2.13 forwards it to the wrapped gloo backend).
     """
-    set_timeout = getattr(group, "set_timeout", None)
-    if set_timeout is None:
-        return False
     try:
-        set_timeout(datetime.timedelta(seconds=timeout_s))
-    except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
+        group.set_timeout(datetime.timedelta(seconds=timeout_s))
+    except (AttributeError, RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
         logger.debug("vote group timeout not settable (%s): each exchange carries its own", exc)
         return False
     return True
