@@ -223,15 +223,14 @@ class GroupCoordinator(CoordinatorTransfers):
 
     def destroy(self) -> None:
         """Collective over the group, blocking: upstream's teardown of one coordinator. The registered hooks first
-        (the Ulysses helpers, collective: they need the groups), then the device communicator, then this group's
-        device, CPU and vote process groups (never the default group: ``destroy_distributed_environment`` ends
-        that one); the coordinator is unusable afterwards. A second call does nothing."""
+        (the Ulysses helpers, collective: they need the groups), then this group's device, CPU and vote process
+        groups (never the default group: ``destroy_distributed_environment`` ends that one), and the device
+        communicator is dropped (it holds nothing of its own: ``DeviceCommunicatorBase.destroy`` releases nothing);
+        the coordinator is unusable afterwards. A second call does nothing."""
         try:
             hooks, self._teardown = self._teardown, {}  # forgotten first: a second call runs none
             for hook in reversed(list(hooks.values())):  # last registered first
                 hook()
-            if self._communicator is not None:
-                self._communicator.destroy()
         finally:
             default = dist.group.WORLD if dist.is_initialized() else None
             _destroy_groups([g for g in (self.device_group, self.cpu_group, self.vote_group) if g is not default])

@@ -284,8 +284,6 @@ def _built_vote_library():
         sys.path.insert(0, str(repo / "fastvideo-kernel"))
         import fastvideo_kernel
 
-    from fastvideo.distributed.ulysses.vote import VOTE_SYMBOLS
-
     built = Path(os.environ.get("FASTVIDEO_KERNEL_TEST_BUILD")
                  or repo / "build" / "kernel" / fastvideo_kernel.LIBRARY_NAME)
     if not built.is_file():
@@ -294,7 +292,7 @@ def _built_vote_library():
         lib = ctypes.CDLL(str(built))
     except OSError as exc:
         return built, f"built library {built} cannot be loaded here: {exc}"
-    missing = [name for name in VOTE_SYMBOLS if not hasattr(lib, name)]
+    missing = [name for name in fastvideo_kernel.VOTE_SYMBOLS if not hasattr(lib, name)]
     return built, (f"built library {built} predates the shared-memory vote (lacks {missing})" if missing else None)
 
 

@@ -142,8 +142,7 @@ def construct(sp: GroupCoordinator, transport: Transport | None, vote: GlooVote,
     # mode, so that a re-agreement that turns checked mode on (``UlyssesHelper.follow``) votes over the same channel.
     if len({(p[3], p[4]) for p in peers}) == 1:  # one host
         result.call_vote = _choose_vote(vote, sp.rank_in_group, peers, vote_request)
-    result.voted_launch = (result.built and transport is not None
-                           and env_or_default("FASTVIDEO_ULYSSES_A2A_VOTED_LAUNCH") == "1"
+    result.voted_launch = (result.built and env_or_default("FASTVIDEO_ULYSSES_A2A_VOTED_LAUNCH") == "1"
                            and transport.fuses_vote(result.call_vote))
     # The hot lane (hot.py) where the launch is voted in the library and the extension is built for this torch.
     if not result.voted_launch:

@@ -178,9 +178,9 @@ class Planner:
         if self.on_replan is not None:
             self.on_replan()
 
-    def _replan(self) -> None:
-        eager, capture = tables(self._table, self._entries, self.config.capture_engines)
-        self.replace(table=eager, capture_table=capture)
+    def _replan(self, **changes) -> None:
+        eager, capture = tables(self._table, self._entries, changes.get("capture_engines", self.config.capture_engines))
+        self.replace(table=eager, capture_table=capture, **changes)
 
     @property
     def table(self) -> tuple[TunedRow, ...]:
@@ -199,8 +199,7 @@ class Planner:
     def capture_engines(self, engines: Sequence[str]) -> None:
         for engine in engines:
             policy.check_engine("capture_engines", engine)
-        self.config = self.config._replace(capture_engines=tuple(engines))
-        self._replan()
+        self._replan(capture_engines=tuple(engines))
 
     @property
     def long_training(self) -> str:

@@ -166,18 +166,14 @@ def _set_group_timeout(group: dist.ProcessGroup, timeout_s: float) -> bool:
     ``TORCH_DISTRIBUTED_DEBUG=DETAIL``: the group's backend is then a wrapper, whose ``set_timeout`` raises
     "Backend gloo does not support setting timeout" (torch 2.13 forwards it to the wrapped gloo backend).
     """
-    set_timeout = getattr(group, "set_timeout", None)
-    if set_timeout is None:
-        return False
     try:
-        set_timeout(datetime.timedelta(seconds=timeout_s))
-    except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
+        group.set_timeout(datetime.timedelta(seconds=timeout_s))
+    except (AttributeError, RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
         logger.debug("vote group timeout not settable (%s): each exchange carries its own", exc)
         return False
     return True
 
 
-VOTE_SYMBOLS = ("fvk_vote_open", "fvk_vote_exchange", "fvk_vote_unlink", "fvk_vote_close")
 _FVK_ERR_TIMEOUT, _FVK_ERR_PEER_GONE = 7, 8
 
 
@@ -190,7 +186,7 @@ def load_vote_library():
     except Exception as exc:  # noqa: BLE001 - an optional speed-up: absence means the gloo vote
         logger.debug("shared-memory vote unavailable: %s", exc)
         return None
-    return lib if all(hasattr(lib, name) for name in VOTE_SYMBOLS) else None
+    return lib if all(hasattr(lib, name) for name in fastvideo_kernel.VOTE_SYMBOLS) else None
 
 
 def _last_error(lib) -> str:
