@@ -67,5 +67,8 @@ if ((${#existing[@]})); then
   step plot 30 dit.log "$python" benchmarks/benchmark_dit_step.py --plot-from "${existing[@]}" --plot "$L/dit.png"
   # The verdicts as the checker computes them from each JSON (a run its limit stopped included).
   timeout 60 "$python" benchmarks/check_results.py "${existing[@]}" 2>&1 | tee -a "$WORK/logs/summary.txt"
+  rc=${PIPESTATUS[0]}  # 1: a FAIL verdict, 2: an invalid document, 124: the limit
+  printf '%-34s rc=%-3s\n' "verdicts" "$rc" | tee -a "$WORK/logs/summary.txt"
+  ((rc == 0)) || failed=1
 fi
 gpu_finish logs/dit_dense.json logs/dit_sparse.json logs/dit_sparse250k.json logs/dit_sparse250k_sm.json logs/dit.png

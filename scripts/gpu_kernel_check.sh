@@ -17,8 +17,8 @@ if [[ -z "${KEEP_WORK:-}" ]]; then
   gpu_init kernel-check
 fi
 
-info() {
-  (cd /tmp && "$python" -c 'import fastvideo_kernel, json; i = fastvideo_kernel.info(); print(json.dumps(i, indent=1)); assert "error" not in i and "problem" not in i')
+info() {  # both checks count: the second runs only where the first passed
+  (cd /tmp && "$python" -c 'import fastvideo_kernel, json; i = fastvideo_kernel.info(); print(json.dumps(i, indent=1)); assert "error" not in i and "problem" not in i') &&
   (cd /tmp && "$python" -c 'from fastvideo_kernel import testing; import json; i = testing.info(); print(json.dumps(i, indent=1)); assert "error" not in i and "problem" not in i')
 }
 versions() {

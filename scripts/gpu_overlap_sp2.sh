@@ -13,6 +13,12 @@
 # Per geometry and engine one step; BUDGET_S (default 1500) bounds the whole script. $OUT: summary, commit,
 # logs.tar.gz and up to 5 JSONs (all of them are in logs.tar.gz).
 set -uo pipefail
+for g in ${GEOMETRIES:-}; do  # before anything runs: a name no step knows would measure nothing
+  case "$g" in
+    wan720p | h3-32k | h3-128k) ;;
+    *) echo "GEOMETRIES: unknown geometry '$g' (known: wan720p h3-32k h3-128k)" >&2; exit 2 ;;
+  esac
+done
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_lib.sh"
 gpu_init overlap_sp2
 BUDGET_S="${BUDGET_S:-1500}"

@@ -13,8 +13,9 @@ cd "$ROOT"
 phase() { echo "== $*  [${SECONDS}s]"; }
 skipped=()
 lacks() { [[ " ${FASTVIDEO_MISSING:-} " == *" $1 "* ]]; }
+ci() { [[ -n "${CI:-}" && "${CI:-}" != false && "${CI:-}" != 0 ]]; }
 # CI installs every tool the steps below need (the dev extras): there a missing one is a failure, never a skip.
-if [[ -n "${CI:-}" && "${CI:-}" != false && "${CI:-}" != 0 && -n "${FASTVIDEO_MISSING:-}" ]]; then
+if ci && [[ -n "${FASTVIDEO_MISSING:-}" ]]; then
   echo "CI=true but $PY lacks: $FASTVIDEO_MISSING (CI installs them: pip install -e '.[dev]'); failing instead of" \
     "skipping what needs them" >&2
   exit 1
@@ -27,6 +28,10 @@ else
 fi
 clang_format="$(dirname "$PY")/clang-format"
 if [[ ! -x $clang_format ]]; then
+  if ci; then
+    echo "CI=$CI but no clang-format beside $PY (pip install clang-format): failing instead of skipping" >&2
+    exit 1
+  fi
   phase "clang-format (csrc/): SKIPPED, not installed beside $PY (pip install clang-format)"; skipped+=(clang-format)
 else
   phase "clang-format (csrc/)"
@@ -68,7 +73,12 @@ elif command -v nvcc >/dev/null 2>&1; then
     fi
   done
 else
-  phase "nvcc not found: skipping the kernel build (CI machines have it)"
+  if ci; then
+    echo "CI=$CI but nvcc is not on PATH: the kernel builds and the tests of them cannot run; failing" >&2
+    exit 1
+  fi
+  phase "kernel build: SKIPPED, nvcc not found (tests that need build/kernel skip, saying so)"
+  skipped+=("kernel build (no nvcc)")
 fi
 # The hot-path extension (csrc/ulysses_hot/) against this torch, beside the 2.28.9 build the tests load.
 if [[ "${FASTVIDEO_SKIP_KERNEL_BUILD:-0}" == 1 ]]; then
@@ -131,8 +141,10 @@ else
   phase "pytest, serial, the GPUs visible: the tests marked gpu (kernel library: $using)"
   rc_gpu=0
   env "${library[@]}" "$PY" -m pytest "${common[@]}" -m gpu "${targets[@]}" || rc_gpu=$?
-  # Exit code 5 (nothing collected) is a failure only when neither session collected anything.
+  # Exit code 5 (nothing collected) is a failure only when neither session collected anything; either alone is said.
   if ((rc_cpu == 5 && rc_gpu == 5)); then echo "pytest collected no tests: failing"; exit 1; fi
+  ((rc_cpu == 5)) && phase "pytest, the GPUs hidden: no test collected among ${targets[*]}"
+  ((rc_gpu == 5)) && phase "pytest, the GPUs visible: no test marked gpu among ${targets[*]}"
   for rc in "$rc_cpu" "$rc_gpu"; do
     if ((rc != 0 && rc != 5)); then exit "$rc"; fi
   done

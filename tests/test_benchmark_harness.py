@@ -403,6 +403,59 @@ def test_compare_revs_alternates_which_tree_runs_first(tmp_path: Path, monkeypat
     assert "B within max(0.5, 10 % of A) of A: toy lane 1 of 2" in printed.getvalue()
 
 
+def test_compare_revs_fails_where_a_run_failed_or_lost_a_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that exits 1 with a wrong row and a reported failure, and a row A measured that B did not (skipped
+    there): the comparison prints each and exits 1, its header listing them; a row only B has is noted, not
+    failed. The control (both runs clean, the same rows) exits 0."""
+    import argparse
+    import types
+
+    from benchmarks.harness import revs
+
+    trees = {}
+    for name in ("a", "b"):
+        (tmp_path / name / "fastvideo").mkdir(parents=True)
+        trees[name] = tmp_path / name
+
+    def fake(b_rows, b_code, b_header):
+        class FakeRun:
+            def __init__(self, cmd, env, cwd, stdout, stderr, preexec_fn) -> None:
+                b = Path(cwd) != trees["a"].resolve()
+                self.code = b_code if b else 0
+                rows = b_rows if b else [{"k": 1, "m": 2.0, "wrong": 0}, {"k": 2, "m": 3.0, "wrong": 0}]
+                header = {"commit": "B" if b else "A", "complete": True, **(b_header if b else {})}
+                Path(cmd[cmd.index("--json") + 1]).write_text(json.dumps({"header": header, "rows": rows}))
+
+            def wait(self) -> int:
+                return self.code
+        return FakeRun
+
+    case = types.SimpleNamespace(name="toy", key=("k",), metric="m", saves_outputs=False, takes_turns=False,
+                                 lane=lambda row: "toy lane")
+
+    def compare(b_rows, b_code=0, b_header=None):
+        monkeypatch.setattr(revs.subprocess, "Popen", fake(b_rows, b_code, b_header or {}))
+        args = argparse.Namespace(compare_revs=[str(trees["a"]), str(trees["b"])], tree_libraries=False,
+                                  compare_out=str(tmp_path / "work"), nproc=1, rounds=1, json=str(tmp_path / "c.json"),
+                                  within=None)
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            status = revs.compare(case, args, [], "run.py", [])
+        return status, printed.getvalue(), json.loads((tmp_path / "c.json").read_text())["header"]["failures"]
+
+    clean = [{"k": 1, "m": 2.0, "wrong": 0}, {"k": 2, "m": 3.0, "wrong": 0}, {"k": 3, "m": 1.0, "wrong": 0}]
+    status, printed, failures = compare(clean)
+    assert status == 0 and failures == [] and "# measured in B only: {'k': 3}" in printed
+    bad = [{"k": 1, "m": 2.0, "wrong": 5}, {"k": 2, "m": None, "wrong": None, "skipped": "no helper"}]
+    status, printed, failures = compare(bad, 1, {"failures": ["a check failed"]})
+    assert status == 1
+    assert failures == ["B0 exited 1", "B0: 1 row(s) with wrong output", "B0: a check failed",
+                        "measured in A, not in B: {'k': 2}"]
+    assert all(f"# FAILED: {why}" in printed for why in failures)
+    assert revs.run_failures("A0", 0, {"header": {"complete": False}, "rows": []}) == ["A0 did not complete"]
+    assert revs.one_sided({(1,): 1.0, (2,): 0.0}, {(1,): 1.0, (3,): 2.0}) == ([(2,)], [(3,)])
+
+
 def test_within_bounds_b_against_a_by_the_larger_of_the_two_bounds() -> None:
     """B may exceed A by max(ABS, PCT % of A), no more; a lower B is always within; counts go per lane. The flag
     refuses what is not two non-negative numbers, naming itself."""

@@ -12,6 +12,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The small test file the command is pointed at (FASTVIDEO_PYTEST_ARGS), and how many tests it holds: counted, so
 # that the assertions below follow the file as it grows.
@@ -97,6 +99,35 @@ def test_the_test_command_skips_what_the_python_lacks_and_says_so(tmp_path):
     assert "the GPUs hidden" not in proc.stdout  # no GPU: one session
     assert proc.stdout.splitlines()[-1].startswith(
         "== done; NOT RUN here: ruff, clang-format, kernel build, per-test timeouts (pytest-timeout)")
+
+
+@pytest.mark.parametrize("ci", ["true", "1"])
+def test_under_ci_a_missing_nvcc_or_clang_format_executable_fails(tmp_path, ci):
+    """CI has nvcc and clang-format's executable beside its python: where either is missing (the module check of
+    ``setup_env.sh`` passes, the executable is not there; nvcc is not on PATH) the test command fails before any
+    test, naming it, for every spelling of CI the command reads as CI. The control: the same machine without CI
+    skips them and says so (the skip test above, and the nvcc one here)."""
+    python, env = _shim(tmp_path, "")
+    env.update(CI=ci, PYTEST_ADDOPTS="-p no:timeout", FASTVIDEO_PYTEST_ARGS=TARGET, CUDA_VISIBLE_DEVICES="")
+    env.pop("FASTVIDEO_SKIP_KERNEL_BUILD")
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if not (pathlib.Path(p) / "nvcc").exists())
+    proc = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 1 and "== pytest" not in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"CI={ci} but no clang-format beside {python}" in proc.stderr, proc.stderr[-2000:]
+    (python.parent / "clang-format").write_text("#!/bin/sh\nexit 0\n")  # clang-format there: nvcc's turn
+    (python.parent / "clang-format").chmod(0o755)
+    proc = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 1 and f"CI={ci} but nvcc is not on PATH" in proc.stderr, proc.stderr[-2000:]
+    assert "== pytest" not in proc.stdout
+    env.update(FASTVIDEO_TEST_HIDE="ninja")  # without CI; no ninja: no hot-path extension build here either
+    env.pop("CI")
+    env.pop("PYTEST_ADDOPTS")
+    proc = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and _ran_target(proc.stdout), proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "== kernel build: SKIPPED, nvcc not found" in proc.stdout and "kernel build (no nvcc)" in proc.stdout
 
 
 def test_under_ci_a_missing_tool_fails_instead_of_skipping(tmp_path):

@@ -57,6 +57,25 @@ def ratio(a: float, b: float) -> float | None:
     return b / a if a > 0 else None
 
 
+def run_failures(name: str, code: int, run: dict) -> list[str]:
+    """Why run ``name`` (exit status ``code``, its JSON document ``run``) failed, or []: a non-zero exit, a row
+    whose output was wrong, a failure the case reported, a run that did not finish. Pure."""
+    header = run.get("header", {})
+    why = [f"{name} exited {code}"] if code else []
+    wrong = sum(1 for row in run.get("rows", []) if (row.get("wrong") or 0) > 0)
+    if wrong:
+        why.append(f"{name}: {wrong} row(s) with wrong output")
+    why += [f"{name}: {failure}" for failure in header.get("failures") or []]
+    if not header.get("complete", True):  # (a tree older than the key: complete)
+        why.append(f"{name} did not complete")
+    return why
+
+
+def one_sided(med_a: dict, med_b: dict) -> tuple[list, list]:
+    """The row keys with a metric in A only and in B only. Pure."""
+    return sorted(set(med_a) - set(med_b), key=str), sorted(set(med_b) - set(med_a), key=str)
+
+
 def within_counts(rows: list[dict], lane) -> dict[str, list[int]]:
     """Per lane (``lane(row)``), ``[rows within, rows]`` of rows that carry ``within``. Pure."""
     counts: dict[str, list[int]] = {}
@@ -114,6 +133,7 @@ def compare(case, args, argv: list[str], entry: str, prefix: list[str]) -> int:
         if extra_env[tree]:
             print(f"# {label} runs its own loader and library: {extra_env[tree]['FASTVIDEO_KERNEL_LIBRARY']}")
     runs: dict[str, list[dict]] = {"A": [], "B": []}
+    failed: list[str] = []  # why any run failed (run_failures): the comparison then fails too
     interleave = case.takes_turns and nproc == 1
     cpus: list[int] = []
     if interleave:
@@ -138,11 +158,12 @@ def compare(case, args, argv: list[str], entry: str, prefix: list[str]) -> int:
 
     def collect(label: str, rnd: int, proc: subprocess.Popen) -> None:
         code, out_json = proc.wait(), work / f"{label}{rnd}.json"
-        if code not in (0, 1) or not out_json.is_file():  # 1: ran, some row wrong (reported below)
+        if code not in (0, 1) or not out_json.is_file():  # 1: ran, and a row was wrong or a check failed
             print((work / f"{label}{rnd}.log").read_text()[-8000:])
             raise SystemExit(f"--compare-revs: run {label}{rnd} failed with exit code {code} "
                              f"(its output: {work / f'{label}{rnd}.log'})")
         runs[label].append(json.loads(out_json.read_text()))
+        failed.extend(run_failures(f"{label}{rnd}", code, runs[label][-1]))
 
     for rnd in range(args.rounds):
         order = timing.rotated(("A", "B"), rnd)  # A first in even rounds, B first in odd ones
@@ -162,7 +183,7 @@ def compare(case, args, argv: list[str], entry: str, prefix: list[str]) -> int:
         acc: dict[tuple, list[float]] = collections.defaultdict(list)
         for run in runs[label]:
             for row in run["rows"]:
-                if row.get(case.metric):
+                if row.get(case.metric) is not None:  # a skipped row has none (a 0 is a value)
                     acc[tuple(row.get(k) for k in case.key)].append(row[case.metric])
         return {k: statistics.median(v) for k, v in acc.items()}
 
@@ -200,6 +221,14 @@ def compare(case, args, argv: list[str], entry: str, prefix: list[str]) -> int:
         print(f"# outputs compared bit for bit: {len(outputs)} tensors, {len(different)} differ")
         for o in different:
             print(f"#   differs: {o}")
+    # A row A measured and B did not is a measurement B lost; a row only B has (a newer tree's) is noted.
+    only_a, only_b = one_sided(med_a, med_b)
+    for label, keys in (("A", only_a), ("B", only_b)):
+        for key in keys:
+            print(f"# measured in {label} only: {dict(zip(case.key, key))}")
+    failed.extend(f"measured in A, not in B: {dict(zip(case.key, key))}" for key in only_a)
+    for why in failed:
+        print(f"# FAILED: {why}")
     header = dict(runs["A"][0]["header"], compare_revs=[str(tree_a), str(tree_b)], bench_argv=bench_args,
                   commit_a=commit_a, commit_b=commit_b, lineups=lineups, argv=list(sys.argv), complete=True,
                   command=shlex.join(sys.orig_argv), command_source="exact", interleaved=interleave)
@@ -208,5 +237,6 @@ def compare(case, args, argv: list[str], entry: str, prefix: list[str]) -> int:
     if interleave:
         header["turn_orders"] = turn_orders  # per round, the runs in the order they were given the turn
         header["turn_cpus"] = cpus  # the CPUs both runs were pinned to ([]: as scheduled)
+    header["failures"] = failed
     report.write_json(args.json, report.document(header, rows, {"outputs": outputs, "runs": runs}))
-    return 1 if different or (case.saves_outputs and not outputs) else 0
+    return 1 if failed or different or (case.saves_outputs and not outputs) else 0
