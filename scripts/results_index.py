@@ -53,9 +53,9 @@ def load(folder: Path) -> dict:
     if names != sorted(FILES):
         raise RunError(f"{folder.name}: holds {names}; a run folder holds exactly {list(FILES)}")
     run = json.loads((folder / "run.json").read_text())
-    missing = [k for k in KEYS if k not in run]
+    missing = [k for k in KEYS if run.get(k) in (None, "")]
     if missing:
-        raise RunError(f"{folder.name}/run.json: missing {missing} (every run names {list(KEYS)})")
+        raise RunError(f"{folder.name}/run.json: missing or empty {missing} (every run names {list(KEYS)})")
     if not folder.name.startswith(f"{run['date']}-"):
         raise RunError(f"{folder.name}: the run's date is {run['date']}; the folder's name must start with it")
     if not folder.name.endswith(f"-{str(run['commit']).split()[0].strip(',')}"):
@@ -92,10 +92,17 @@ def pack(source: Path, dest: Path, meta: dict) -> None:
             logs.append(f"===== {name.removesuffix('.gz')} =====\n{_text(path).rstrip()}\n")
     headers = [d["header"] for d in data.values() if isinstance(d, dict) and isinstance(d.get("header"), dict)]
     meta = dict(meta)
-    for key in ("date", "commit"):
-        found = sorted({str(h[key])[:10] if key == "date" else str(h[key])[:7] for h in headers if h.get(key)})
+    # What the run's JSON headers agree on fills a key not given; where they differ, it must be given.
+    short = {"date": lambda v: v[:10], "commit": lambda v: v[:7], "command": lambda v: v}
+    for key, cut in short.items():
+        found = sorted({cut(str(h[key])) for h in headers if h.get(key)})
+        if meta.get(key) is None and len(found) > 1:
+            raise RunError(f"the JSON files carry different {key}s ({', '.join(found)}): pass --{key}")
         if meta.get(key) is None and found:
             meta[key] = found[0]
+    missing = [k for k in KEYS if not meta.get(k)]
+    if missing:
+        raise RunError(f"nothing gives {missing}: pass {' '.join(f'--{k}' for k in missing)}")
     run = {**{k: meta.get(k) for k in KEYS}, **({"notes": "\n".join(notes)} if notes else {}), "data": data}
     dest.mkdir(parents=True)
     (dest / "run.json").write_text(json.dumps(run, indent=1) + "\n")

@@ -79,7 +79,7 @@ def test_negative_controls_a_new_folder_a_stray_file_a_wrong_date(tmp_path):
     del run["headline"]
     (first / "run.json").write_text(json.dumps(run))
     proc = _check(results)
-    assert proc.returncode == 1 and "missing ['headline']" in proc.stderr
+    assert proc.returncode == 1 and "missing or empty ['headline']" in proc.stderr
 
 
 def test_pack_makes_one_run_from_an_output_folder(tmp_path):
@@ -104,7 +104,32 @@ def test_pack_makes_one_run_from_an_output_folder(tmp_path):
     assert "2026-12-03-h200-a2a-abc1234" in (results / "README.md").read_text()
     with pytest.raises(SystemExit):  # the control: a name that is not the run's commit
         ri.main(["--results", str(results), "pack", str(out), "2026-12-03-h200-a2a-fff0000", "--host", "H200",
-                 "--what", "x", "--headline", "y"])
+                 "--what", "x", "--headline", "y", "--command", "bash x.sh"])
+
+
+def test_pack_refuses_a_run_without_a_command_or_with_two_commits(tmp_path, capsys):
+    """A run names the command that made it: from its JSON headers where they agree, else --command; headers that
+    carry two commits (or dates, or commands) need the key given; nothing is written for a refused run."""
+    out, results = tmp_path / "out", tmp_path / "results"
+    out.mkdir()
+    results.mkdir()
+    (out / "a.json").write_text(json.dumps({"header": {"date": "2026-12-03", "commit": "abc1234", "command": "x"}}))
+    args = ["--results", str(results), "pack", str(out), "2026-12-03-h200-a-abc1234", "--host", "H200", "--what",
+            "w", "--headline", "h"]
+    assert ri.main(args) == 0  # the header's command
+    assert json.loads((results / "2026-12-03-h200-a-abc1234" / "run.json").read_text())["command"] == "x"
+    (out / "b.json").write_text(json.dumps({"header": {"date": "2026-12-03", "commit": "bbb1234"}}))
+    with pytest.raises(SystemExit):
+        ri.main([*args[:4], "2026-12-03-h200-b-abc1234", *args[5:]])
+    assert "different commits (abc1234, bbb1234): pass --commit" in capsys.readouterr().err
+    assert ri.main([*args[:4], "2026-12-03-h200-b-abc1234", *args[5:], "--commit", "abc1234"]) == 0  # given
+    (out / "a.json").write_text(json.dumps({"header": {"date": "2026-12-03", "commit": "abc1234"}}))
+    (out / "b.json").unlink()
+    with pytest.raises(SystemExit):
+        ri.main([*args[:4], "2026-12-03-h200-c-abc1234", *args[5:]])
+    assert "nothing gives ['command']: pass --command" in capsys.readouterr().err
+    assert sorted(p.name for p in results.iterdir()) == ["2026-12-03-h200-a-abc1234", "2026-12-03-h200-b-abc1234",
+                                                         "README.md"]
 
 
 def test_docs_stay_within_their_file_budget():
