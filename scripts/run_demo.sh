@@ -14,7 +14,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 rc=0
 bash "$ROOT/examples/training/wan/compare_switches.sh" "$@" || rc=$?
-if ((rc == 3)) && [[ ${CI:-} != true ]]; then
+if ((rc == 3)) && ! _fv_ci; then
   echo "main job: SKIPPED upstream's Wan DiT: the overlay needs upstream fastvideo==0.2.1 and the packages of its" \
        "model path, and this machine can neither download them nor find them in .whl/overlay/ (fill it with" \
        "'bash scripts/upstream_overlay.sh --download-to .whl/overlay' where there is a registry, and carry it)." \

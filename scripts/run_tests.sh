@@ -13,9 +13,8 @@ cd "$ROOT"
 phase() { echo "== $*  [${SECONDS}s]"; }
 skipped=()
 lacks() { [[ " ${FASTVIDEO_MISSING:-} " == *" $1 "* ]]; }
-ci() { [[ -n "${CI:-}" && "${CI:-}" != false && "${CI:-}" != 0 ]]; }
 # CI installs every tool the steps below need (the dev extras): there a missing one is a failure, never a skip.
-if ci && [[ -n "${FASTVIDEO_MISSING:-}" ]]; then
+if _fv_ci && [[ -n "${FASTVIDEO_MISSING:-}" ]]; then
   echo "CI=true but $PY lacks: $FASTVIDEO_MISSING (CI installs them: pip install -e '.[dev]'); failing instead of" \
     "skipping what needs them" >&2
   exit 1
@@ -28,7 +27,7 @@ else
 fi
 clang_format="$(dirname "$PY")/clang-format"
 if [[ ! -x $clang_format ]]; then
-  if ci; then
+  if _fv_ci; then
     echo "CI=$CI but no clang-format beside $PY (pip install clang-format): failing instead of skipping" >&2
     exit 1
   fi
@@ -73,7 +72,7 @@ elif command -v nvcc >/dev/null 2>&1; then
     fi
   done
 else
-  if ci; then
+  if _fv_ci; then
     echo "CI=$CI but nvcc is not on PATH: the kernel builds and the tests of them cannot run; failing" >&2
     exit 1
   fi

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.ci import ci
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -43,7 +45,7 @@ def test_doctor_runs_from_a_wheel_in_a_fresh_venv_outside_the_checkout(tmp_path)
     missing = _backend_missing()
     if missing:  # the suite's rule for a missing tool: a note here, a failure under CI
         why = f"{missing}: pip install 'setuptools>=77' to build this package's wheel"
-        if os.environ.get("CI") == "true":
+        if ci():
             pytest.fail(why)
         pytest.skip(why)
     source = tmp_path / "source"  # a copy: building in the checkout would leave build/ and *.egg-info in the tree

@@ -25,6 +25,8 @@ import sys
 
 import pytest
 
+from tests.ci import ci
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Each recipe fixture launches three trainings of 2 ranks (the Wan one inside the overlay, whose imports take most
 # of a launch's time): minutes on a 2-core machine under load, so the tests that use one get a longer limit.
@@ -50,7 +52,7 @@ def _overlay_or_skip(tmp: pathlib.Path) -> dict[str, str]:
     found = proc.stdout.strip().splitlines()[-1:] if proc.returncode == 0 else []
     if not found:
         why = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        if os.environ.get("CI") == "true":
+        if ci():
             pytest.fail(f"the overlay could not be built ({why}); under CI it must be")
         pytest.skip(f"the overlay cannot be built here (no registry and no wheels in .whl/overlay/): {why}")
     return {"FASTVIDEO_OVERLAY_PYTHONPATH": found[0]}

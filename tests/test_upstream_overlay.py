@@ -32,11 +32,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.ci import ci
 from tests.overlay import build as overlay_build
 from tests.overlay import upstream_tests
 
 ROOT = Path(__file__).resolve().parents[1]
-CI = os.environ.get("CI") == "true"
+CI = ci()
 # Upstream's tests launch torchrun twice (1 process, then 2) and import upstream in each: about a minute on an idle
 # 2-core machine, several on a loaded one. The first test in a worker also builds the overlay.
 TIMEOUT_S = 900

@@ -25,10 +25,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.ci import ci
 from tests.overlay import build
 from tests.overlay import upstream_suite as suite
 
-CI = os.environ.get("CI") == "true"
+CI = ci()
 # Two chains of runs at once (each: pure upstream, first on a machine, then the overlay, and for the plain files the
 # negative control), each run bounded by the runner; the suite's per-test limit (pytest-timeout) is far shorter.
 TIMEOUT_S = 3 * suite.TIMEOUT_S + 300

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.ci import ci
 from tests.overlay import build
 
-CI = os.environ.get("CI", "").lower() not in ("", "0", "false")
+CI = ci()
 
 
 @functools.cache

@@ -27,6 +27,7 @@ from fastvideo.distributed.ulysses.contract import DeclineReason, dtype_code
 from fastvideo.distributed.ulysses.native import NativeKernelError, NativeTransport
 from fastvideo.distributed.ulysses.policy import CAPTURE_ENGINES, TUNED_TABLE, Geometry, Plan, choose_plan
 from fastvideo.distributed.ulysses.transport import ENTRY_ORIGINAL, ConstructionContext
+from tests.ci import ci
 from tests.kernel.built import fastvideo_kernel
 
 STUB = r"""
@@ -85,7 +86,7 @@ API int fvk_vote_close(void* h, int unlink) { return 5; }
 def compiler() -> str:
     found = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not found:
-        if os.environ.get("CI"):
+        if ci():
             pytest.fail("CI must have a host C compiler (nvcc needs one too)")
         pytest.skip("no host C compiler (cc, gcc)")
     return found
