@@ -247,7 +247,7 @@ class DistributedAttention(_Attention):
         if splits is not None and original_seq_len not in (None, full):
             raise ValueError(f"{cls}: original_seq_len={original_seq_len} with seq_splits (summing to {full}): "
                              "uneven shards carry no padding; pass original_seq_len=None.")
-        seq = original_seq_len or full
+        seq = full if original_seq_len is None else original_seq_len  # 0 is out of range, not "no padding"
         if not 0 < seq <= full:
             raise ValueError(f"{cls}: original_seq_len={original_seq_len} must be in 1..{full} (the padded "
                              f"sequence: {p} ranks x {q.shape[1]} rows).")

@@ -194,6 +194,7 @@ def _bad_calls(rank, world_size):
         "heads": catch(layer, wide, wide, wide)[:2],
         "partial replicated": catch(layer, x, x, x, replicated_q=x)[:2],
         "seq len": catch(layer, x, x, x, original_seq_len=4 * world_size + 1)[:2],
+        "seq len 0": catch(layer, x, x, x, original_seq_len=0)[:2],  # out of range, not "no padding"
         "local gqa": tuple(LocalAttention(H, D, num_kv_heads=3)(x, x[:, :, :3], x[:, :, :3]).shape),
     }
 
@@ -207,6 +208,7 @@ def test_bad_arguments_raise_clearly(ranks):
         assert r["heads"][0] == "ValueError" and "num_heads, head_size" in r["heads"][1]
         assert r["partial replicated"][0] == "ValueError" and "together" in r["partial replicated"][1]
         assert r["seq len"][0] == "ValueError" and "original_seq_len=9 must be in 1..8" in r["seq len"][1]
+        assert r["seq len 0"][0] == "ValueError" and "original_seq_len=0 must be in 1..8" in r["seq len 0"][1]
         assert r["local gqa"] == (B, 4, H, D)
 
 

@@ -220,6 +220,31 @@ def test_caller_errors_of_a_recorded_call_are_voted_before_the_dispatcher(ranks,
         assert all(r[mistake][2] < 10 and r[mistake][3] for r in (rank0, rank1)), (rank0[mistake], rank1[mistake])
 
 
+def _dtypes_without_a_table_code(rank, world_size, dtypes):
+    """A call whose input is ``dtypes[rank]``: dtypes the DTYPE table lacks, of one element size (the exchange moves
+    the same bytes): what each rank got, and whether its output is the oracle's."""
+    from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
+
+    x = (rank_input(rank, SHAPE, seed=8) * 10).to(getattr(torch, dtypes[rank]))
+    try:
+        y = a2a(x, 2, 1)
+    except Exception as exc:  # noqa: BLE001 - the test asserts on what came back
+        field = getattr(exc, "field", None)
+        return type(exc).__name__, field.name if field is not None else None
+    return "ok", bit_equal(y.view(torch.uint8), oracle(x, 0).view(torch.uint8))
+
+
+@pytest.mark.parametrize("route", ["off", "auto"])
+def test_dtypes_without_a_table_code_differ_in_the_vote(ranks, route):
+    """complex64 on one rank and uint64 on the other (8 bytes each, no code in the DTYPE table) raise
+    ContractMismatchError on DTYPE on both ranks; the control, complex64 on both, runs exact."""
+    env = {**CHECKED_ON, A2A: route}
+    got = ranks(2, _dtypes_without_a_table_code, ("complex64", "uint64"), env=env, timeout_s=60)
+    assert got == [("ContractMismatchError", "DTYPE")] * 2, got
+    assert ranks(2, _dtypes_without_a_table_code, ("complex64", "complex64"), env=env, timeout_s=60) == \
+        [("ok", True)] * 2
+
+
 # ------------------------------------------------------------------------------------- one vote per call
 
 

@@ -42,6 +42,7 @@ import enum
 import functools
 import hashlib
 import struct
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -150,8 +151,10 @@ DTYPES_BY_CODE = {code: dtype for dtype, code in DTYPE_CODES.items()}
 
 
 def dtype_code(dtype: torch.dtype | None) -> int:
-    """The DTYPE field: 0 for a dtype the wire has no code for, or none (None)."""
-    return DTYPE_CODES.get(dtype, 0)
+    """The DTYPE field: the table's code; for a dtype the table lacks (complex, bool, the unsigned and float8
+    kinds), a code of its name with bit 31 set (the same on every rank, never a table code), so that two such dtypes
+    still differ in the vote; 0 for none (None)."""
+    return DTYPE_CODES.get(dtype) or (0 if dtype is None else 1 << 31 | zlib.crc32(str(dtype).encode()))
 
 
 def header(generation: int) -> int:
