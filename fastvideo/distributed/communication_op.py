@@ -87,8 +87,8 @@ def sequence_model_parallel_all_to_all_4D(input_: torch.Tensor, scatter_dim: int
     ``tag``: a non-empty str naming the call site, the same on every rank (e.g. ``"blocks.3.attn.qkv"``;
     ``DistributedAttention`` passes ``f"{prefix}.qkv"`` and ``f"{prefix}.out"``). Where the call votes, a rank
     that skipped or repeated a call with this tag then raises ``ContractMismatchError`` on every rank naming the
-    tag; an untagged skip is not seen (every rank's untagged
-    count moves with its own calls, so a rank one call short pairs its next call with the peer's skipped one).
+    tag; an untagged skip is not seen (every rank's untagged count moves with its own calls, so a rank one call
+    short pairs its next call with the peer's skipped one).
     Raises ValueError for input no route can serve (not 4-D, another dim pair, a bad table or one that does not
     match ``input_``, heads or sequence not divisible by the SP size without a table, a meta tensor outside
     tracing; TypeError/ValueError for a tag that is not a non-empty str) before any collective; where the calls
