@@ -174,11 +174,11 @@ def agree(
             f"{name} agreed {previous.values.get(name)!r}, now {report.values.get(name, '<invalid>')!r}"
             for name, old, new in zip(AGREED, previous.raw, report.raw, strict=True)
             if old != new
-        )
+        ) or "none"
         raise SettingsAgreementError(
-            f"Ulysses settings changed on rank {ranks[rank_in_group]} after SP ranks {list(ranks)} agreed on them "
-            f"({changes}), and its peers did not re-agree within {timeout_s:g} s ({exc}). Change these settings on "
-            "every rank before the same call (e.g. envs.override on every rank), or call "
+            f"Ulysses settings: rank {ranks[rank_in_group]} re-agrees after SP ranks {list(ranks)} agreed on them "
+            f"(changed here: {changes}), and its peers did not join within {timeout_s:g} s ({exc}). Change these "
+            "settings on every rank before the same call (e.g. envs.override on every rank), or call "
             "parallel_state.agree_ulysses_settings() on every rank after changing them."
         ) from exc
     agreed = decide(reports, ranks, rank_in_group, where)

@@ -256,11 +256,11 @@ def _agreement_on_one_rank(rank, world_size):
 
 
 def test_an_agreement_only_one_rank_enters_fails_loudly_not_forever(ranks):
-    """Rank 1 alone changes its setting and asks to re-agree: SettingsAgreementError saying its settings changed
-    after agreement, bounded by the 5 s timeout."""
+    """Rank 1 alone changes its setting and asks to re-agree: SettingsAgreementError naming what changed there
+    since the agreement, bounded by the 5 s timeout."""
     kind, message, seconds = ranks(2, _agreement_on_one_rank, env=BASE, timeout_s=60)[1]
     assert kind == "SettingsAgreementError" and seconds < 15
-    assert "changed on rank 1 after SP ranks [0, 1] agreed" in message
+    assert "rank 1 re-agrees after SP ranks [0, 1] agreed on them (changed here: " in message
     assert f"{A2A} agreed 'off', now 'auto'" in message and "on every rank" in message
 
 
