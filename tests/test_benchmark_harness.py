@@ -351,19 +351,38 @@ def test_a_run_with_a_wrong_row_exits_1(tmp_path: Path) -> None:
     assert doc["header"]["complete"] and doc["header"]["lineup"]["kind"] == "none"  # nothing timed, no line-up
 
 
-def test_compare_revs_alternates_which_tree_runs_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """--compare-revs runs A then B in even rounds and B then A in odd ones, so neither tree always runs second
-    (after the other has warmed the host): the order the runs are started in, recorded from a fake launcher. A
-    case that does not take turns runs one tree at a time (each run has ended before the next starts)."""
+def _compare_toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_popen: type, rounds: int,
+                 within: tuple[float, float] | None) -> tuple[int, str, dict]:
+    """``revs.compare`` of a toy case (key ``k``, metric ``m``) over two stand-in trees, ``tmp_path/a`` (A) and
+    ``tmp_path/b`` (B), with ``fake_popen`` as the launcher: (exit status, what it printed, its JSON document)."""
     import argparse
     import types
 
     from benchmarks.harness import revs
 
-    trees = {}
     for name in ("a", "b"):
-        (tmp_path / name / "fastvideo").mkdir(parents=True)
-        trees[name] = tmp_path / name
+        (tmp_path / name / "fastvideo").mkdir(parents=True, exist_ok=True)
+    monkeypatch.setattr(revs.subprocess, "Popen", fake_popen)
+    case = types.SimpleNamespace(name="toy", key=("k",), metric="m", saves_outputs=False, takes_turns=False,
+                                 lane=lambda row: "toy lane")
+    args = argparse.Namespace(compare_revs=[str(tmp_path / "a"), str(tmp_path / "b")], tree_libraries=False,
+                              compare_out=str(tmp_path / "work"), nproc=1, rounds=rounds, json=str(tmp_path / "c.json"),
+                              within=within)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        status = revs.compare(case, args, [], "run.py", [])
+    return status, printed.getvalue(), json.loads((tmp_path / "c.json").read_text())
+
+
+def _fake_label(cwd) -> str:
+    """The tree a fake run was started in: A for ``_compare_toy``'s ``a``, else B."""
+    return "A" if Path(cwd).name == "a" else "B"
+
+
+def test_compare_revs_alternates_which_tree_runs_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--compare-revs runs A then B in even rounds and B then A in odd ones, so neither tree always runs second
+    (after the other has warmed the host): the order the runs are started in, recorded from a fake launcher. A
+    case that does not take turns runs one tree at a time (each run has ended before the next starts)."""
     started: list[str] = []
     running: list[str] = []
 
@@ -371,7 +390,7 @@ def test_compare_revs_alternates_which_tree_runs_first(tmp_path: Path, monkeypat
         def __init__(self, cmd, env, cwd, stdout, stderr, preexec_fn) -> None:
             assert not running, f"{running} still running as another run starts"
             assert preexec_fn is None  # a case that does not take turns runs where the scheduler puts it
-            self.label = "A" if Path(cwd) == trees["a"].resolve() else "B"
+            self.label = _fake_label(cwd)
             started.append(self.label)
             running.append(self.label)
             out = Path(cmd[cmd.index("--json") + 1])
@@ -383,65 +402,38 @@ def test_compare_revs_alternates_which_tree_runs_first(tmp_path: Path, monkeypat
                 running.remove(self.label)
             return 0
 
-    monkeypatch.setattr(revs.subprocess, "Popen", FakeRun)
-    case = types.SimpleNamespace(name="toy", key=("k",), metric="m", saves_outputs=False, takes_turns=False,
-                                 lane=lambda row: "toy lane")
-    args = argparse.Namespace(compare_revs=[str(trees["a"]), str(trees["b"])], tree_libraries=False,
-                              compare_out=str(tmp_path / "work"), nproc=1, rounds=4, json=str(tmp_path / "c.json"),
-                              within=(0.5, 10.0))
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        assert revs.compare(case, args, [], "run.py", []) == 0
+    status, printed, doc = _compare_toy(tmp_path, monkeypatch, FakeRun, 4, (0.5, 10.0))
+    assert status == 0
     assert started == ["A", "B", "B", "A", "A", "B", "B", "A"]
-    doc = json.loads((tmp_path / "c.json").read_text())
     # A ratio to a non-positive A is none; the row is still bounded
     assert [r["ratio_b_over_a"] for r in doc["rows"]] == [1.0, None]
     assert len(doc["runs"]["A"]) == len(doc["runs"]["B"]) == 4
     assert doc["header"]["interleaved"] is False and "turn_orders" not in doc["header"]
     assert [r["within"] for r in doc["rows"]] == [True, False]
     assert doc["header"]["within_counts"] == {"toy lane": [1, 2]}
-    assert "B within max(0.5, 10 % of A) of A: toy lane 1 of 2" in printed.getvalue()
+    assert "B within max(0.5, 10 % of A) of A: toy lane 1 of 2" in printed
 
 
 def test_compare_revs_fails_where_a_run_failed_or_lost_a_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run that exits 1 with a wrong row and a reported failure, and a row A measured that B did not (skipped
     there): the comparison prints each and exits 1, its header listing them; a row only B has is noted, not
     failed. The control (both runs clean, the same rows) exits 0."""
-    import argparse
-    import types
-
     from benchmarks.harness import revs
 
-    trees = {}
-    for name in ("a", "b"):
-        (tmp_path / name / "fastvideo").mkdir(parents=True)
-        trees[name] = tmp_path / name
-
-    def fake(b_rows, b_code, b_header):
+    def compare(b_rows, b_code=0, b_header=None):
         class FakeRun:
             def __init__(self, cmd, env, cwd, stdout, stderr, preexec_fn) -> None:
-                b = Path(cwd) != trees["a"].resolve()
+                b = _fake_label(cwd) == "B"
                 self.code = b_code if b else 0
                 rows = b_rows if b else [{"k": 1, "m": 2.0, "wrong": 0}, {"k": 2, "m": 3.0, "wrong": 0}]
-                header = {"commit": "B" if b else "A", "complete": True, **(b_header if b else {})}
+                header = {"commit": "B" if b else "A", "complete": True, **((b_header or {}) if b else {})}
                 Path(cmd[cmd.index("--json") + 1]).write_text(json.dumps({"header": header, "rows": rows}))
 
             def wait(self) -> int:
                 return self.code
-        return FakeRun
 
-    case = types.SimpleNamespace(name="toy", key=("k",), metric="m", saves_outputs=False, takes_turns=False,
-                                 lane=lambda row: "toy lane")
-
-    def compare(b_rows, b_code=0, b_header=None):
-        monkeypatch.setattr(revs.subprocess, "Popen", fake(b_rows, b_code, b_header or {}))
-        args = argparse.Namespace(compare_revs=[str(trees["a"]), str(trees["b"])], tree_libraries=False,
-                                  compare_out=str(tmp_path / "work"), nproc=1, rounds=1, json=str(tmp_path / "c.json"),
-                                  within=None)
-        printed = io.StringIO()
-        with contextlib.redirect_stdout(printed):
-            status = revs.compare(case, args, [], "run.py", [])
-        return status, printed.getvalue(), json.loads((tmp_path / "c.json").read_text())["header"]["failures"]
+        status, printed, doc = _compare_toy(tmp_path, monkeypatch, FakeRun, 1, None)
+        return status, printed, doc["header"]["failures"]
 
     clean = [{"k": 1, "m": 2.0, "wrong": 0}, {"k": 2, "m": 3.0, "wrong": 0}, {"k": 3, "m": 1.0, "wrong": 0}]
     status, printed, failures = compare(clean)
