@@ -26,6 +26,7 @@ fi
 version="${1:-}"
 out_dir="${2:-build/kernel}"
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$repo/scripts/ci.sh"  # _fv_ci
 cache="${FASTVIDEO_KERNEL_CACHE:-$HOME/.cache/fastvideo-kernel}"
 wheel_dir="${FASTVIDEO_WHEEL_DIR:-$repo/.whl}"
 python="${PYTHON:-python3}"
@@ -91,8 +92,7 @@ if [[ -z "${NCCL_HOME:-}" ]]; then
           have="$("$python" -c 'import importlib.metadata as m; print(m.version("nvidia-nccl-cu13"))' 2>/dev/null \
             || echo none)"
           missing="nvidia-nccl-cu13==$version: not in $cache, no wheel in $wheel_dir, the installed nvidia-nccl-cu13 is $have, and pip could not download it (no package registry?)"
-          ci="${CI:-}"
-          if [[ -n $ci && ${ci,,} != false && $ci != 0 ]]; then  # CI as scripts/setup_env.sh's _fv_ci reads it
+          if _fv_ci; then
             echo "build_kernel: FAILED under CI, which must download it: $missing" >&2
             exit 1
           fi

@@ -17,9 +17,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
 # The dev extras and the dependencies, by import name and by package name.
-# CI as every command and test here reads it (tests/ci.py too): CI set to anything but empty, 0 or false (any
-# case). Under CI what a machine lacks fails instead of skipping.
-_fv_ci() { local v="${CI:-}"; v="${v,,}"; [[ -n $v && $v != false && $v != 0 ]]; }
+source "$(dirname "${BASH_SOURCE[0]}")/ci.sh"  # _fv_ci: whether this runs under CI
 _fv_missing() {
   "$1" - <<'PY' 2>/dev/null || echo "torch"
 import importlib.util

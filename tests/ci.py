@@ -1,4 +1,4 @@
-"""Whether the tests run under CI, read as the test command reads it (``scripts/run_tests.sh``'s ``ci``): ``CI`` set
+"""Whether the tests run under CI, read as the scripts read it (``scripts/ci.sh``'s ``_fv_ci``): ``CI`` set
 to anything but empty, ``0`` or ``false`` (any case). Under CI what a machine lacks fails instead of skipping."""
 
 from __future__ import annotations

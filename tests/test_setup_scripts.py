@@ -353,11 +353,11 @@ def test_on_a_gpu_host_the_gpu_tests_run_in_a_second_serial_session(tmp_path):
 @pytest.mark.parametrize("value,expected", [("", False), ("0", False), ("false", False), ("False", False),
                                             ("true", True), ("1", True), ("yes", True), ("TRUE", True)])
 def test_ci_reads_alike_in_the_scripts_and_the_tests(monkeypatch, value, expected):
-    """One reading of CI (tests/ci.py and scripts/setup_env.sh's ``_fv_ci``), so that no script or test treats a
-    value as CI that another treats as a developer's machine."""
+    """One reading of CI (tests/ci.py and scripts/ci.sh's ``_fv_ci``, which the scripts source), so that no script
+    or test treats a value as CI that another treats as a developer's machine."""
     from tests.ci import ci
 
     monkeypatch.setenv("CI", value)
-    shell = subprocess.run(["bash", "-c", 'eval "$(grep "^_fv_ci()" scripts/setup_env.sh)"; _fv_ci'], cwd=ROOT,
+    shell = subprocess.run(["bash", "-c", "source scripts/ci.sh; _fv_ci"], cwd=ROOT,
                            env={**os.environ, "CI": value}, capture_output=True, text=True, timeout=30)
     assert ci() is expected and (shell.returncode == 0) is expected, (value, shell.returncode, shell.stderr)
