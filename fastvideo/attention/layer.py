@@ -62,6 +62,7 @@ from fastvideo.distributed.communication_op import (
     sequence_model_parallel_all_to_all_4D,
 )
 from fastvideo.distributed.parallel_state import get_sp_group, get_sp_parallel_rank, get_sp_world_size
+from fastvideo.distributed.ulysses.exchange import voted_errors
 from fastvideo.distributed.ulysses.overlap_plan import SETTING, CallLayout, check_chunks, gather_plan, schedule
 
 __all__ = ["DistributedAttention", "DistributedAttention_VSA", "LocalAttention", "upstream_attention"]
@@ -230,16 +231,19 @@ class DistributedAttention(_Attention):
         ``[B, seq_splits[rank], H, D]`` and there is no padding (``original_seq_len`` None or the sum).
         Differentiable: ``replicated_out``'s gradient is summed over the SP ranks (its all-gather's backward), so a
         loss on it counts once per rank; each rank's ``replicated_*`` gradient covers its own heads.
+        Arguments are checked before any collective; in checked mode a check that fails on one rank is voted as
+        the op's own checks are (``exchange.voted_errors``): that rank raises it, its peers ``PeerCallError``.
         """
-        replicated = self._check(q, k, v, replicated_q, replicated_k, replicated_v)
-        layout = self._layout(q, original_seq_len, seq_splits)
+        with voted_errors(get_sp_group(), 0, torch.is_grad_enabled() and getattr(q, "requires_grad", False)):
+            replicated = self._check(q, k, v, replicated_q, replicated_k, replicated_v)
+            layout = self._layout(q, original_seq_len, seq_splits)
         rep = torch.cat([replicated_q, replicated_k, replicated_v], dim=0) if replicated else None
         return self._run_groups([q, k, v], layout, freqs_cis, rep, self.overlap_groups())
 
     # -- the steps of a forward: an extension composes these ---------------------------------------------------
 
     def _layout(self, q: torch.Tensor, original_seq_len: int | None, seq_splits: Sequence[int] | None) -> CallLayout:
-        """The split of this call (validated before any collective: bad arguments raise on every rank alike)."""
+        """The split of this call, validated before any collective (``forward`` votes a failure in checked mode)."""
         cls = type(self).__name__
         p, rank = get_sp_world_size(), get_sp_parallel_rank()
         splits = shares(cls, "seq_splits", seq_splits, p)
@@ -388,13 +392,14 @@ class DistributedAttention_VSA(DistributedAttention):
         """``(out, None)``: ``out`` ``[B, S/P, H, D]``, this rank's shard (padded rows zero). Arguments as
         ``DistributedAttention.forward``'s; ``gate_compress`` ``[B, S/P, H, D]`` or None (a structurally zero
         gate: it then skips the exchange, as upstream's)."""
-        if self._check(q, k, v, replicated_q, replicated_k, replicated_v):
-            raise ValueError("DistributedAttention_VSA: replicated tokens are not supported with video sparse "
-                             "attention; pass replicated_q/k/v=None.")
-        if gate_compress is not None and gate_compress.shape != q.shape:
-            raise ValueError(f"DistributedAttention_VSA: gate_compress must be shaped as q {tuple(q.shape)}, got "
-                             f"{tuple(gate_compress.shape)}.")
-        layout = self._layout(q, original_seq_len, None)
+        with voted_errors(get_sp_group(), 0, torch.is_grad_enabled() and getattr(q, "requires_grad", False)):
+            if self._check(q, k, v, replicated_q, replicated_k, replicated_v):
+                raise ValueError("DistributedAttention_VSA: replicated tokens are not supported with video sparse "
+                                 "attention; pass replicated_q/k/v=None.")
+            if gate_compress is not None and gate_compress.shape != q.shape:
+                raise ValueError(f"DistributedAttention_VSA: gate_compress must be shaped as q {tuple(q.shape)}, "
+                                 f"got {tuple(gate_compress.shape)}.")
+            layout = self._layout(q, original_seq_len, None)
         stack = [q, k, v] if gate_compress is None else [q, k, v, gate_compress]
         return self._run_groups(stack, layout, freqs_cis, None, 1)[0], None
 

@@ -46,7 +46,7 @@ from fastvideo.distributed.parallel_state import get_tp_group as _get_tp_group
 from fastvideo.distributed.parallel_state import model_parallel_is_initialized as _model_parallel_is_initialized
 from fastvideo.distributed.ulysses import ops as _ops
 from fastvideo.distributed.ulysses.exchange import AllToAllHandle
-from fastvideo.distributed.ulysses.exchange import fail as _fail
+from fastvideo.distributed.ulysses.exchange import voted_errors as _voted_errors
 
 logger = logging.getLogger(__name__)
 
@@ -126,11 +126,9 @@ def sequence_model_parallel_all_to_all_4D(input_: torch.Tensor, scatter_dim: int
     """
     mode = MODES.get((scatter_dim, gather_dim))  # a dict lookup: the call enters each module once
     if mode is None:
-        try:
+        grad = torch.is_grad_enabled() and isinstance(input_, torch.Tensor) and input_.requires_grad
+        with _voted_errors(get_sp_group(), -1, grad):  # checked mode: votes first (-1: an invalid dim pair)
             mode_for_dims(scatter_dim, gather_dim)
-        except ValueError as exc:
-            grad = torch.is_grad_enabled() and isinstance(input_, torch.Tensor) and input_.requires_grad
-            _fail(get_sp_group(), -1, grad, exc)  # checked mode: votes first (-1: an invalid dim pair)
     return _ops.call(input_, mode, 0, seq_splits, head_splits, tag, async_op)
 
 

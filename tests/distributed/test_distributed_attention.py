@@ -291,3 +291,50 @@ def test_uneven_bad_arguments_raise_clearly(ranks):
     for r in ranks(2, _uneven_bad):
         assert r["padding too"][0] == "ValueError" and "uneven shards carry no padding" in r["padding too"][1]
         assert r["wrong share"][0] == "ValueError" and "seq_splits" in r["wrong share"][1]
+
+
+def _one_rank_mistakes(rank, world_size):
+    """Each of three argument mistakes on rank 1 only, the other ranks calling correctly: what each rank raised, how
+    long it took, and whether a correct forward right after matches the reference on every rank."""
+    import time
+
+    from fastvideo.attention.layer import DistributedAttention
+
+    layer = DistributedAttention(H, D)
+    seq = 4 * world_size
+    t = _globals(seq, 0, torch.float64)
+    ref = _reference(t, 0, False, False)["out"][:, 4 * rank:4 * rank + 4]
+    q, k, v = (t[n][:, 4 * rank:4 * rank + 4] for n in ("q", "k", "v"))
+    wide = torch.zeros(B, 4, H + 2, D, dtype=torch.float64)
+    mistakes = {"seq len": ((q, k, v), {"original_seq_len": seq + 1}), "heads": ((wide, wide, wide), {}),
+                "partial replicated": ((q, k, v), {"replicated_q": q})}
+    seen = {}
+    for name, (args, kw) in mistakes.items():
+        start = time.monotonic()
+        try:
+            layer(*args, **kw) if rank == 1 else layer(q, k, v)
+            got = ("ok", "")
+        except Exception as exc:  # noqa: BLE001 - the test asserts on what came back
+            got = (type(exc).__name__, str(exc))
+        out, _ = layer(q, k, v)
+        seen[name] = (*got, time.monotonic() - start, bool((out - ref).abs().max() < 1e-10))
+    return seen
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("route", ["off", "auto"])
+def test_an_argument_mistake_on_one_rank_raises_on_every_rank_in_checked_mode(ranks, route, world_size):
+    """A forward's argument check that fails on rank 1 alone is voted (checked mode): rank 1 raises the check's
+    ValueError, every other rank PeerCallError naming rank 1, all within 10 s (never a peer left in that forward's
+    exchange to pair it with rank 1's next forward), and a correct forward right after matches the reference on
+    every rank. Without the vote the other ranks' forward would wait in its exchange and take rank 1's next."""
+    env = {"FASTVIDEO_ULYSSES_A2A_CHECKED": "1", "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S": "20",
+           "FASTVIDEO_ULYSSES_A2A": route}
+    got = ranks(world_size, _one_rank_mistakes, env=env, timeout_s=120)
+    texts = {"seq len": "original_seq_len=", "heads": "num_heads, head_size", "partial replicated": "together"}
+    for name, text in texts.items():
+        assert got[1][name][0] == "ValueError" and text in got[1][name][1], got[1][name]
+        for r in range(world_size):
+            if r != 1:
+                assert got[r][name][0] == "PeerCallError" and "rank(s) [1]" in got[r][name][1], got[r][name]
+            assert got[r][name][2] < 10 and got[r][name][3], (r, got[r][name])

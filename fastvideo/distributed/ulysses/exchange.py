@@ -39,7 +39,7 @@ import sys
 import time
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -148,14 +148,22 @@ def fail(sp: GroupCoordinator, mode: int, grad: bool, error: BaseException):
     helper.vote_caller_error(mode, grad, error)
 
 
-def validated(sp: GroupCoordinator, x: torch.Tensor, mode: int, grad: bool, seq_splits, head_splits,
-              tag: str | None) -> Splits:
-    """``validate_input`` for this rank of ``sp``: the split tables, or the caller's error raised through ``fail``
-    (voted in checked mode). Collective only where it raises in checked mode."""
+@contextlib.contextmanager
+def voted_errors(sp: GroupCoordinator, mode: int, grad: bool) -> Iterator[None]:
+    """Around a call's argument checks on this rank of ``sp``: a caller error raised inside (``TypeError``,
+    ``ValueError``, ``RuntimeError``) is raised through ``fail``, voted in checked mode, so that every peer raises
+    for this call instead of pairing it with this rank's next. Collective only where it raises in checked mode."""
     try:
-        return validate_input(x, mode, sp.world_size, sp.rank_in_group, seq_splits, head_splits, tag=tag)
+        yield
     except (TypeError, ValueError, RuntimeError) as exc:
         fail(sp, mode, grad, exc)
+
+
+def validated(sp: GroupCoordinator, x: torch.Tensor, mode: int, grad: bool, seq_splits, head_splits,
+              tag: str | None) -> Splits:
+    """``validate_input`` for this rank of ``sp`` under ``voted_errors``: the split tables."""
+    with voted_errors(sp, mode, grad):
+        return validate_input(x, mode, sp.world_size, sp.rank_in_group, seq_splits, head_splits, tag=tag)
 
 
 def issue(sp: GroupCoordinator, x: torch.Tensor, mode: int, grad: bool, outcome: Outcome | None, route_id: int,
