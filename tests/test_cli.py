@@ -504,6 +504,18 @@ def test_overlap_plan_lists_each_groups_exchanges(capsys):
     assert rc == 2 and "must be in 2..H (8)" in out
 
 
+@pytest.mark.parametrize("batch", [1, 2, 4])
+def test_overlap_of_an_input_that_is_no_packed_qkv_is_an_error_not_a_traceback(capsys, monkeypatch, batch):
+    """A layer's packed q/k/v has a batch of 3B: ``--overlap`` (here from FASTVIDEO_ULYSSES_A2A_OVERLAP, its
+    default) with a batch that is no multiple of 3 exits 2 naming --shape's batch, the op's rows printed first;
+    the control, batch 3, describes the groups."""
+    monkeypatch.setenv("FASTVIDEO_ULYSSES_A2A_OVERLAP", "2")
+    rc, out = explain(capsys, "--world-size", "2", "--shape", f"{batch},4096,8,64", *PINNED)
+    assert rc == 2 and f"its batch {batch} must be 3B" in out and line(out, "route"), out
+    rc, out = explain(capsys, "--world-size", "2", "--shape", "3,4096,8,64", *PINNED)
+    assert rc == 0 and line(out, "overlap").startswith("overlap    2 head groups"), out
+
+
 # ------------------------------------------------------------------------------------- doctor: what blocks the route
 
 
