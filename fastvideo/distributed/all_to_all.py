@@ -96,8 +96,10 @@ def _table(name: str, value: Sequence[int] | None, world_size: int, op: str = _O
                 share = operator.index(share)
         except TypeError:
             raise ValueError(f"{op}: {name}[{r}] = {share!r} is not an int; pass {what}.") from None
-        if share < 0:
-            raise ValueError(f"{op}: {name}[{r}] = {share} is negative; pass {what} (0: an idle rank).")
+        # Below 2**60: no dim is that large, and 8 such shares still sum within the vote's int64 fields.
+        if not 0 <= share < 1 << 60:
+            raise ValueError(f"{op}: {name}[{r}] = {share} is {'negative' if share < 0 else 'no row or head count'}; "
+                             f"pass {what} (0: an idle rank).")
         table.append(share)
     return tuple(table)
 

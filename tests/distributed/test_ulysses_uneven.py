@@ -421,6 +421,9 @@ def test_the_digest_alone_names_splits_in_checked_mode():
 BAD = [
     ("length", dict(seq_splits=[4]), "seq_splits has 1 entries for SP size 2; pass one non-negative int per SP rank"),
     ("negative", dict(seq_splits=[9, -1], head_splits=[2, 2]), "seq_splits[1] = -1 is negative"),
+    # A share no dim can have (here a byte count), that would overflow the vote's fields: named, not an OverflowError.
+    ("huge", dict(seq_splits=[4, 1 << 70]), f"seq_splits[1] = {1 << 70} is no row or head count; pass one"),
+    ("just too large", dict(seq_splits=[4, 1 << 60]), f"seq_splits[1] = {1 << 60} is no row or head count"),
     ("not an int", dict(head_splits=[2.0, 2]), "head_splits[0] = 2.0 is not an int"),
     ("a bool", dict(seq_splits=[4, True]), "seq_splits[1] = True is not an int"),
     ("a string", dict(head_splits="22"), "head_splits must be a list or tuple"),
