@@ -179,6 +179,29 @@ def a2a(helper, x, mode: int, *, seq_splits=None, head_splits=None):
     return ops.all_to_all(x, mode, helper=helper, seq_splits=seq_splits, head_splits=head_splits)
 
 
+@contextlib.contextmanager
+def in_flight_routes():
+    """The route of every exchange started in flight inside the block, in order (``AllToAllHandle.route``: the
+    public op's eager starts, the starts autograd records, and their backwards' starts, whose handles the caller
+    never holds): what ``exchange.issue`` returned for each ``in_flight`` call."""
+    from fastvideo.distributed.ulysses import exchange
+
+    routes: list[str] = []
+    real = exchange.issue
+
+    def spy(*args, **kw):
+        started, saved = real(*args, **kw)
+        if kw.get("in_flight"):
+            routes.append(started.route)
+        return started, saved
+
+    exchange.issue = spy
+    try:
+        yield routes
+    finally:
+        exchange.issue = real
+
+
 def rank_input(rank: int, shape, dtype=None, seed: int = 0, requires_grad: bool = False):
     """Deterministic, rank-distinct input (any rank can rebuild any other rank's input)."""
     import torch

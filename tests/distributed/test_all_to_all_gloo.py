@@ -4,7 +4,9 @@ gradients, bad input, and the SP attention block against its single-device refer
 Every rank builds the same full tensor from a shared seed, takes its shard, and compares what the
 op returns with the slice of the full tensor it must hold, bit for bit (data movement must not
 change a bit). The NCCL route runs here (``FASTVIDEO_ULYSSES_A2A=off`` is forced per rank so the
-ambient environment cannot change which route is tested).
+ambient environment cannot change which route is tested). Inputs with a step run under ``off`` and
+``auto``, with the route of every call asserted (the NCCL route); their negative control runs the same
+calls fused through a helper on the CPU plan transport, where that assertion fails.
 """
 
 from __future__ import annotations
@@ -82,35 +84,67 @@ def test_gradients_match_single_device_reference_float64(world):
     run_ranks(world, gradients_match_reference, env=OFF)
 
 
-def stepped_inputs_are_exact(rank: int, world: int) -> list[str]:
+def stepped_inputs_are_exact(rank: int, world: int, fused: bool = False) -> tuple[list[str], tuple]:
     """Inputs with a step in the last dim (``full[..., ::2]``'s layout), B = 1 and 2, both modes, sync and in
     flight, with and without autograd: each output against the slice of the full tensor it must hold, and each
     gradient against the weights. With B = 1 and one row per rank, mode 0's input flattens to a 1-D view with a
-    step: the layout the backends cannot send."""
+    step: the layout the backends cannot send. Also what ran: the route of each start in flight (the forwards' and
+    the backwards'), whether the agreed route is resolved, and the (route, decline reason) of each call its helper
+    recorded (None without one: the NCCL route). ``fused`` (the route assertion's negative control): contiguous
+    copies of the same inputs through a helper on the CPU plan transport, which runs them fused."""
+    from fastvideo.distributed.ulysses import registry
+    from tests.distributed.conftest import build_helper, in_flight_routes
+
+    if fused:
+        registry.install_default_helper(build_helper())
     wrong = []
-    for b, rows in ((1, 1), (1, 2), (2, 1)):
-        s, h, d = rows * world, 2 * world, 3
-        full = _full(b, s, h, 2 * d, torch.float32, seed=11 + b + rows)[..., ::2]
-        seq, heads = _shards(world, rank, s, h)
-        for mode, (x, want) in enumerate(((full[:, seq], full[:, :, heads]), (full[:, :, heads], full[:, seq]))):
-            assert not x.is_contiguous()
-            for async_op in (False, True):
-                for grad in (False, True):
-                    leaf = x.detach().requires_grad_(grad) if grad else x
-                    y = a2a(leaf, *((2, 1), (1, 2))[mode], async_op=async_op)
-                    y = y.wait() if async_op else y
-                    if not torch.equal(y, want):
-                        wrong.append(f"b={b} rows={rows} mode={mode} async={async_op} grad={grad}")
-                    if grad:
-                        (y * 2).sum().backward()
-                        if not torch.equal(leaf.grad, torch.full_like(x, 2)):
-                            wrong.append(f"b={b} rows={rows} mode={mode} async={async_op} gradient")
-    return wrong
+    with in_flight_routes() as starts:
+        for b, rows in ((1, 1), (1, 2), (2, 1)):
+            s, h, d = rows * world, 2 * world, 3
+            full = _full(b, s, h, 2 * d, torch.float32, seed=11 + b + rows)[..., ::2]
+            seq, heads = _shards(world, rank, s, h)
+            for mode, (x, want) in enumerate(((full[:, seq], full[:, :, heads]), (full[:, :, heads], full[:, seq]))):
+                assert not x.is_contiguous()
+                x = x.contiguous() if fused else x
+                for async_op in (False, True):
+                    for grad in (False, True):
+                        leaf = x.detach().requires_grad_(grad) if grad else x
+                        y = a2a(leaf, *((2, 1), (1, 2))[mode], async_op=async_op)
+                        y = y.wait() if async_op else y
+                        if not torch.equal(y, want):
+                            wrong.append(f"b={b} rows={rows} mode={mode} async={async_op} grad={grad}")
+                        if grad:
+                            (y * 2).sum().backward()
+                            if not torch.equal(leaf.grad, torch.full_like(x, 2)):
+                                wrong.append(f"b={b} rows={rows} mode={mode} async={async_op} gradient")
+    resolved, helper = registry.resolved()
+    records = None if helper is None else [(r.route, r.reason.label if r.reason else None) for r in helper.history]
+    return wrong, (starts, resolved, records)
+
+
+def nccl_route_ran(route: str) -> tuple:
+    """What ``stepped_inputs_are_exact`` reports where the NCCL route ran every call: each of the 18 starts in flight
+    (6 without autograd, 6 forwards and their 6 backwards) on gloo's threads (``nccl-async``); the agreed route
+    resolved; under ``off`` no helper, under ``auto`` the default helper, declined at construction (no transport on
+    CPU), recording all 36 calls (18 synchronous, 18 in flight) on the NCCL route."""
+    return ["nccl-async"] * 18, True, None if route == "off" else [("nccl", "transport_missing")] * 36
 
 
 @pytest.mark.parametrize("route", ["off", "auto"])
 def test_inputs_with_a_step_are_exact(route):
-    assert run_ranks(2, stepped_inputs_are_exact, env={"FASTVIDEO_ULYSSES_A2A": route}, timeout_s=90) == [[], []]
+    """Exact on every rank, and the NCCL route ran every call (``nccl_route_ran``)."""
+    results = run_ranks(2, stepped_inputs_are_exact, env={"FASTVIDEO_ULYSSES_A2A": route}, timeout_s=90)
+    for wrong, ran in results:
+        assert wrong == [] and ran == nccl_route_ran(route), (wrong, ran)
+
+
+def test_negative_control_the_route_assertion_fails_where_another_route_ran():
+    """The same calls on contiguous copies through a helper on the CPU plan transport run fused (every start and every
+    record ``fused``): exact, and the route assertion above fails on them."""
+    results = run_ranks(2, stepped_inputs_are_exact, True, env={"FASTVIDEO_ULYSSES_A2A": "auto"}, timeout_s=90)
+    for wrong, ran in results:
+        assert wrong == [] and ran == (["fused"] * 18, True, [("fused", None)] * 36), (wrong, ran)
+        assert ran != nccl_route_ran("auto")
 
 
 def bad_input(rank: int, world: int, case: str) -> None:

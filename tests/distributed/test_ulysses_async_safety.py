@@ -9,13 +9,15 @@
   the start and ``wait()`` raises ``InputModifiedError`` at the wait, on every one of 20 runs; where one rank alone
   writes, its peers' outputs are exact (in flight on CPU the exchange sends a copy in that layout); without the
   write the output is exact (the control). Under ``torch.inference_mode`` tensors carry no version counter: no
-  check, and on CPU the output is the input as it stood at the start.
+  check, and on CPU the output is the input as it stood at the start. Every start's route is asserted (gloo's
+  threads, ``nccl-async``); its negative control runs the same starts through a helper on the CPU plan transport,
+  where they run fused and the assertion fails.
 * **Dropped handles.** A start whose handle (eager) or token (autograd) is dropped without ``wait()`` gives a
   ``ResourceWarning`` and one log line naming where it started (the user's own frame, even where its file lies in the
   temporary folder), and the count of exchanges in flight returns to its prior value after ``gc.collect()``.
 * **Compiled regions.** A start without its wait in the region is refused at trace time; the control traces.
 * **A failed wait.** A recorded start's wait that fails before its wait op keeps the exchange: a second wait
-  returns the exact output.
+  returns the exact output, and the start's route is asserted (``nccl-async``; fused in the negative control).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import time
 import pytest
 import torch
 
-from tests.distributed.conftest import bit_equal, nccl_reference, oracle, rank_input
+from tests.distributed.conftest import bit_equal, build_helper, in_flight_routes, nccl_reference, oracle, rank_input
 
 B, S, H, D = 2, 4, 6, 3
 AUTO = {"FASTVIDEO_ULYSSES_A2A": "auto", "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S": "20"}
@@ -71,14 +73,18 @@ def test_negative_control_the_same_order_is_exact(ranks, tag, env):
         assert result == ("ok", True)
 
 
-def _write_between(rank, p, writers, runs):
+def _write_between(rank, p, writers, runs, fused=False):
     """``runs`` exchanges of a [1, S * p, H / p, D] input in mode (1, 2) (the layout where gloo would send ``x``'s
     own memory), each followed on the ranks in ``writers`` by an in-place write to ``x`` before ``wait()``: what
     each run gave, the route each start took (gloo's threads in flight, ``nccl-async``: the route still running
-    after the start returns), and what the same write gave under ``torch.inference_mode`` (no version counter)."""
+    after the start returns), and what the same write gave under ``torch.inference_mode`` (no version counter).
+    ``fused`` (the route assertions' negative control): through a helper on the CPU plan transport."""
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
+    from fastvideo.distributed.ulysses import registry
     from fastvideo.distributed.ulysses.exchange import InputModifiedError, in_flight
 
+    if fused:
+        registry.install_default_helper(build_helper())
     outcomes, routes = [], set()
     for run in range(runs + 1):
         inference = run == runs
@@ -108,16 +114,28 @@ def test_a_write_between_start_and_wait_raises_every_time(ranks, world_size):
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_a_write_on_one_rank_raises_there_and_reaches_no_peer(ranks, world_size):
     """Rank 0 alone writes: it raises on every run; its peers' outputs are exact on every run (on CPU the exchange
-    never reads ``x`` after the start)."""
+    never reads ``x`` after the start). Every start on every rank ran on gloo's threads (``nccl-async``)."""
     results = ranks(world_size, _write_between, (0,), 20, env=AUTO, timeout_s=120)
     assert results[0][0] == ["raised"] * 20
     for outcomes, left, inference, _ in results[1:]:
         assert outcomes == ["exact"] * 20 and left == 0 and inference == "exact"
+    assert [routes for *_, routes in results] == [{"nccl-async"}] * world_size
 
 
 def test_negative_control_without_the_write_the_output_is_exact(ranks):
     for outcomes, left, _, routes in ranks(2, _write_between, (), 5, env=AUTO, timeout_s=120):
         assert outcomes == ["exact"] * 5 and left == 0 and routes == {"nccl-async"}
+
+
+def test_negative_control_the_route_assertions_fail_where_another_route_ran(ranks):
+    """Through a helper on the CPU plan transport the same starts run fused: the outputs are exact, and the route
+    assertions of the write tests and of the failed wait (every start ``nccl-async``) fail on them."""
+    for outcomes, left, inference, routes in ranks(2, _write_between, (), 3, True, env=AUTO, timeout_s=120):
+        assert outcomes == ["exact"] * 3 and left == 0 and inference == "exact" and routes == {"fused"}
+        assert routes != {"nccl-async"}
+    for result in ranks(2, _wait_that_failed_before_the_op, True, env=AUTO, timeout_s=60):
+        assert result == ("TracedHandle", "no SP group here", True, 0, ["fused"]), result
+        assert result[-1] != ["nccl-async"]
 
 
 def _dropped(rank, p, grad):
@@ -217,14 +235,19 @@ def test_a_compiled_start_without_its_wait_is_refused_at_trace_time(ranks):
     assert ranks(2, _compiled, True, timeout_s=180) == ["traced", "traced"]  # the control
 
 
-def _wait_that_failed_before_the_op(rank, p):
+def _wait_that_failed_before_the_op(rank, p, fused=False):
     """A recorded start's wait that fails before its wait op (here: the SP group lookup raises once), then waited
-    again: what each wait gave and the exchanges left in flight."""
+    again: what each wait gave, the exchanges left in flight and the route of the start (a recorded start's handle
+    does not carry it). ``fused`` (the route assertion's negative control): through a helper on the CPU plan
+    transport."""
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
-    from fastvideo.distributed.ulysses import exchange, ops
+    from fastvideo.distributed.ulysses import exchange, ops, registry
 
+    if fused:
+        registry.install_default_helper(build_helper())
     x = rank_input(rank, (B, S, H, D), seed=7, requires_grad=True)
-    handle = a2a(x, 2, 1, async_op=True)
+    with in_flight_routes() as started:
+        handle = a2a(x, 2, 1, async_op=True)
     def unavailable():
         raise RuntimeError("no SP group here")
 
@@ -237,11 +260,11 @@ def _wait_that_failed_before_the_op(rank, p):
     finally:
         ops.get_sp_group = real
     second = bit_equal(handle.wait(), oracle(x.detach(), 0))
-    return type(handle).__name__, first, second, exchange.in_flight()
+    return type(handle).__name__, first, second, exchange.in_flight(), started
 
 
 def test_a_wait_that_fails_before_its_op_can_be_waited_again(ranks):
     """The handle keeps its exchange until its wait op is entered: the second wait returns the exact output and
-    nothing stays in flight (no 'waited already', no dropped-start warning)."""
-    for kind, first, second, left in ranks(2, _wait_that_failed_before_the_op, env=AUTO, timeout_s=60):
-        assert (kind, first, second, left) == ("TracedHandle", "no SP group here", True, 0)
+    nothing stays in flight (no 'waited already', no dropped-start warning). The start ran on gloo's threads."""
+    for result in ranks(2, _wait_that_failed_before_the_op, env=AUTO, timeout_s=60):
+        assert result == ("TracedHandle", "no SP group here", True, 0, ["nccl-async"]), result
