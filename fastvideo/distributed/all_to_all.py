@@ -37,7 +37,7 @@ MODE_HEAD_GATHER = 1  # scatter sequence (dim 1), gather heads (dim 2)
 MODES = {(2, 1): MODE_SEQ_GATHER, (1, 2): MODE_HEAD_GATHER}  # (scatter_dim, gather_dim) -> mode
 _OP = "sequence_model_parallel_all_to_all_4D"
 _is_batched = torch._C._functorch.is_batchedtensor  # checked on every call: looked up once
-_Tensor = torch.Tensor
+_Tensor, _STRIDED = torch.Tensor, torch.strided
 _DIM_NAMES = {1: "sequence", 2: "heads"}
 _COUNTED = {1: "sequence rows", 2: "heads"}
 
@@ -119,8 +119,8 @@ def validate_input(x: torch.Tensor, mode: int, world_size: int, rank: int = 0,
     # bytecodes; anything else, including every error, takes the full path and its messages.
     if seq_splits is None and head_splits is None and type(x) is _Tensor and (mode == 0 or mode == 1):
         shape = x.shape
-        if (len(shape) == 4 and not shape[2 - mode] % world_size and not x.is_meta and not _is_batched(x)
-                and (tag is None or (type(tag) is str and tag))):
+        if (len(shape) == 4 and not shape[2 - mode] % world_size and not x.is_meta and x.layout is _STRIDED
+                and not _is_batched(x) and (tag is None or (type(tag) is str and tag))):
             return EVEN
     check_tag(tag)
     if not isinstance(x, torch.Tensor):
@@ -132,6 +132,8 @@ def validate_input(x: torch.Tensor, mode: int, world_size: int, rank: int = 0,
             f"{_OP}: x must be 4-D [B, S, H, D], got shape {tuple(x.shape)}; reshape packed heads to [B, S, H, D] "
             "first."
         )
+    if x.layout is not _STRIDED:  # a sparse or other layout has no rows to move (and no data pointer)
+        raise ValueError(f"{_OP}: x is a {x.layout} tensor; the all-to-all moves dense tensors: pass x.to_dense().")
     if x.is_meta and not allow_meta:
         raise ValueError(
             f"{_OP}: x is a meta tensor (a shape without data). The all-to-all moves data between ranks, and "
