@@ -129,19 +129,28 @@ gpu_versions() {
 ".".join(map(str, torch.cuda.nccl.version())), "gpus", torch.cuda.device_count())'
 }
 
-# gpu_kernel_wheel: the kernel wheel installed (skipped when it loads already); where the install fails, a
-# development build in $WORK/kernel, used through FASTVIDEO_KERNEL_LIBRARY with the loader from the tree.
+# gpu_kernel_wheel: the kernel wheel built from this tree (into $WORK/wheel) and installed over whatever is there
+# (--force-reinstall: an installed build of the same version, from another tree, would otherwise stay and be what the
+# run tests), then checked (scripts/check_kernel_wheel.py): the package Python imports must hold the wheel's files,
+# byte for byte, and load its library. Where the build, the install or the check fails (its log names each file that
+# differs), a development build in $WORK/kernel, used through FASTVIDEO_KERNEL_LIBRARY with the loader from the tree.
 gpu_kernel_wheel() {
-  if (cd /tmp && "$python" -c 'import fastvideo_kernel; fastvideo_kernel.load()') >/dev/null 2>&1; then
-    echo "kernel wheel already installed" | tee -a "$WORK/logs/summary.txt"
+  local wheel=""
+  rm -rf "$WORK/wheel"
+  if step "build kernel wheel" 300 build.log \
+      "$python" -m pip wheel --no-build-isolation --no-deps --wheel-dir "$WORK/wheel" ./fastvideo-kernel; then
+    wheel=$(ls "$WORK"/wheel/fastvideo_kernel-*.whl 2>/dev/null | head -n1)
+    [[ -n $wheel ]] || { echo "no fastvideo_kernel wheel in $WORK/wheel" | tee -a "$WORK/logs/build.log"; failed=1; }
+  fi
+  if [[ -n $wheel ]] &&
+      step "install kernel wheel (this tree's)" 120 build.log \
+        "$python" -m pip install --force-reinstall --no-deps "$wheel" &&
+      step "installed kernel is this tree's" 120 build.log "$python" scripts/check_kernel_wheel.py "$wheel"; then
     return 0
   fi
-  if ! step "build+install kernel wheel" 300 build.log \
-      "$python" -m pip install --no-build-isolation --no-deps ./fastvideo-kernel; then
-    step "fallback dev build" 200 build.log "$python" fastvideo-kernel/build_lib.py --out "$WORK/kernel"
-    export FASTVIDEO_KERNEL_LIBRARY="$WORK/kernel/libfastvideo_ulysses_a2a.so"
-    export PYTHONPATH="$ROOT/fastvideo-kernel${PYTHONPATH:+:$PYTHONPATH}"
-  fi
+  step "fallback dev build" 200 build.log "$python" fastvideo-kernel/build_lib.py --out "$WORK/kernel"
+  export FASTVIDEO_KERNEL_LIBRARY="$WORK/kernel/libfastvideo_ulysses_a2a.so"
+  export PYTHONPATH="$ROOT/fastvideo-kernel${PYTHONPATH:+:$PYTHONPATH}"
 }
 
 # gpu_fast_ulysses: where PEER_SDIST names the fast-ulysses 0.2.1 sdist (never part of this repository), that peer
