@@ -5,9 +5,10 @@
 #
 #   OUT=/tmp/fresh bash scripts/gpu_fresh_export.sh
 #
-# The tree is exported into a new folder ($WORK/tree): `git archive HEAD` where .git is present and its HEAD is the
-# tree's commit (COMMIT), else the files of this tree without anything git ignores (build/, .venv/, .whl/, .revs/,
-# compiled objects), so no earlier build, venv or carried wheel helps it; the commit (COMMIT, else git) is stamped into the export. The NCCL wheel cache is
+# The tree is exported into a new folder ($WORK/tree): `git archive HEAD` where the tree's commit (tree_commit in
+# scripts/gpu_lib.sh: its COMMIT stamp or git, whichever its files are) is its checkout's HEAD, else the files of
+# this tree without anything git ignores (build/, .venv/, .whl/, .revs/, compiled objects), so no earlier build, venv
+# or carried wheel helps it; the commit of what was exported is stamped into the export. The NCCL wheel cache is
 # a new empty folder too, and PYTHONPATH is cleared. Then, in the export, with the host's python as the README's
 # set-up picks it: `bash scripts/run_demo.sh`, then `bash scripts/run_tests.sh`, each under a time limit, the
 # whole inside BUDGET_S (default 570 s: one 10-minute device call). ONLY=demo or ONLY=tests runs one of the two
@@ -32,11 +33,12 @@ tree="$WORK/tree"
 rm -rf "$tree" "$WORK/nccl-cache" && mkdir -p "$tree" "$WORK/nccl-cache"
 # git archive only where the checkout's HEAD is the tree's commit: a host's copy of the tree can come with a .git of
 # another commit (its files are this tree's, its HEAD is not), and archiving that HEAD would test the wrong code.
-head=$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || true)
-if [[ -n $head && ( ! -f $ROOT/COMMIT || $(cat "$ROOT/COMMIT") == "$head" ) ]]; then
+head=$(git -C "$ROOT" rev-parse --verify -q HEAD 2>/dev/null || true)
+if [[ -n $head && ${commit%-dirty} == "$head" ]]; then
   git -C "$ROOT" archive HEAD | tar -x -C "$tree"
   git -C "$ROOT" status --short >"$L/export.txt"
   echo "exported: git archive HEAD (uncommitted changes in this checkout, not exported, are listed above)" >>"$L/export.txt"
+  commit=$head  # the archive holds HEAD's files alone
 else
   tar -C "$ROOT" --exclude=./.git --exclude=./build --exclude=./.venv --exclude=./.whl --exclude=./.revs \
     --exclude=./.device --exclude=./_build --exclude=./dist --exclude=./COMMIT --exclude='__pycache__' \

@@ -3,7 +3,8 @@
 #
 #   OUT=/tmp/kernel-check bash scripts/gpu_kernel_check.sh
 #
-# Versions, the kernel wheel built and installed (a development build where the install fails), the test library
+# Versions, the kernel wheel built from this tree, installed and checked to be what Python imports (a development
+# build where the build, the install or that check fails: scripts/gpu_lib.sh's gpu_kernel_wheel), the test library
 # built beside it, both libraries' info, the simulated-peers check (the test library's fvk_sim_a2a; the even split
 # tables' cases and the uneven ones' as two steps), a 1-rank NCCL smoke on the test library (construction, P = 1
 # executes, the epoch-checked launch and the fabric copy, destroy) and on the product library (its refusal of the

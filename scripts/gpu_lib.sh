@@ -5,9 +5,62 @@
 # small set of files in $OUT (default $WORK/out): summary.txt, commit.txt, logs.tar.gz (everything in $WORK) and up
 # to 5 named results, so $OUT never holds more than 8 files and nothing deeper than its top level.
 
+# tree_commit DIR: the commit DIR's files are, on stdout; where a COMMIT stamp (what an exported tree carries
+# instead of .git) and the checkout's HEAD disagree, a note on stderr saying which was recorded and why. The same
+# rule as benchmarks/harness/header.py's describe_commit. Not a checkout of its own (an exported tree, a folder
+# inside another repository): the stamp, else "unknown". A checkout without a stamp, or whose stamp is its HEAD:
+# HEAD, plus -dirty for changed tracked files. Where they disagree the files decide, since either can be the stale
+# one (a stamp left behind in a checkout that moved on; a tree copied over a checkout of another commit, whose .git
+# names that one): a stamp git does not know is recorded unless the files are exactly HEAD's (no changed tracked
+# file, no untracked one); a stamp it knows, or HEAD, whichever has fewer changed tracked paths (HEAD on a tie),
+# plus -dirty where any differ.
+tree_commit() {
+  local dir=$1 stamp="" head top known said changed_head changed_stamp chosen changed which commit
+  [[ -f $dir/COMMIT ]] && { read -r stamp <"$dir/COMMIT" || true; }
+  # Never an enclosing repository's HEAD: git only where DIR is its own checkout.
+  if ! head=$(git -C "$dir" rev-parse --verify -q HEAD 2>/dev/null) ||
+     ! top=$(git -C "$dir" rev-parse --show-toplevel 2>/dev/null) ||
+     [[ $(cd "$top" && pwd -P) != "$(cd "$dir" && pwd -P)" ]]; then
+    echo "${stamp:-unknown}"
+    return 0
+  fi
+  known=$head
+  if [[ -n $stamp ]]; then
+    known=$(git -C "$dir" rev-parse --verify -q "$stamp^{commit}" 2>/dev/null) || known=""
+  fi
+  if [[ $known == "$head" ]]; then
+    [[ -n $(git -C "$dir" status --porcelain --untracked-files=no 2>/dev/null) ]] && head+=-dirty
+    echo "$head"
+    return 0
+  fi
+  changed_head=$(($(git -C "$dir" diff --name-only "$head" -- 2>/dev/null | wc -l)))
+  said="the COMMIT stamp $stamp disagrees with this checkout's HEAD $head"
+  if [[ -z $known ]]; then
+    if ((changed_head == 0)) && [[ -z $(git -C "$dir" ls-files --others --exclude-standard 2>/dev/null) ]]; then
+      echo "$head"
+      echo "$said: the stamp names no commit of this checkout and the files are HEAD's: recorded HEAD" >&2
+    else
+      echo "$stamp"
+      echo "$said: the stamp names no commit of this checkout (a tree copied over a checkout of another commit?)" \
+           "and the files are not HEAD's: recorded the stamp, unchecked" >&2
+    fi
+    return 0
+  fi
+  changed_stamp=$(($(git -C "$dir" diff --name-only "$known" -- 2>/dev/null | wc -l)))
+  chosen=$head changed=$changed_head which=HEAD
+  if ((changed_stamp < changed_head)); then
+    chosen=$known changed=$changed_stamp which="the stamp"
+  fi
+  commit=$chosen
+  ((changed > 0)) && commit+=-dirty
+  echo "$commit"
+  echo "$said: $changed_head tracked path(s) differ from HEAD, $changed_stamp from the stamp: recorded $which" \
+       "($commit)" >&2
+}
+
 # gpu_init NAME: the working and output folders, the environment every process below must see, the repository
-# root as the working directory, the commit (the COMMIT file, which an exported tree carries instead of .git, else
-# git) in commit.txt, failed=0. BUDGET_S, when set, bounds the whole script (see step).
+# root as the working directory, the commit (tree_commit) in commit.txt with its note, if any, failed=0. BUDGET_S,
+# when set, bounds the whole script (see step).
 gpu_init() {
   ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
   WORK="${WORK:-/tmp/fastvideo-$1}"
@@ -22,9 +75,13 @@ gpu_init() {
   export python
   cd "$ROOT" || exit 2
   local commit
-  # Never an enclosing repository's HEAD: git only where this tree is its own checkout.
-  commit=$(cat COMMIT 2>/dev/null || { [[ -e .git ]] && git rev-parse HEAD 2>/dev/null; } || echo unknown)
+  commit=$(tree_commit "$ROOT" 2>"$WORK/logs/commit_note.txt")
   echo "commit $commit" | tee "$WORK/logs/commit.txt"
+  # A stamp that disagrees with HEAD: said on stderr and kept beside the commit, so the record shows it too.
+  if [[ -s $WORK/logs/commit_note.txt ]]; then
+    sed 's/^/note: /' "$WORK/logs/commit_note.txt" | tee -a "$WORK/logs/commit.txt" >&2
+  fi
+  rm -f "$WORK/logs/commit_note.txt"
   : >"$WORK/logs/summary.txt"
   failed=0
   t_start=$SECONDS
@@ -72,19 +129,28 @@ gpu_versions() {
 ".".join(map(str, torch.cuda.nccl.version())), "gpus", torch.cuda.device_count())'
 }
 
-# gpu_kernel_wheel: the kernel wheel installed (skipped when it loads already); where the install fails, a
-# development build in $WORK/kernel, used through FASTVIDEO_KERNEL_LIBRARY with the loader from the tree.
+# gpu_kernel_wheel: the kernel wheel built from this tree (into $WORK/wheel) and installed over whatever is there
+# (--force-reinstall: an installed build of the same version, from another tree, would otherwise stay and be what the
+# run tests), then checked (scripts/check_kernel_wheel.py): the package Python imports must hold the wheel's files,
+# byte for byte, and load its library. Where the build, the install or the check fails (its log names each file that
+# differs), a development build in $WORK/kernel, used through FASTVIDEO_KERNEL_LIBRARY with the loader from the tree.
 gpu_kernel_wheel() {
-  if (cd /tmp && "$python" -c 'import fastvideo_kernel; fastvideo_kernel.load()') >/dev/null 2>&1; then
-    echo "kernel wheel already installed" | tee -a "$WORK/logs/summary.txt"
+  local wheel=""
+  rm -rf "$WORK/wheel"
+  if step "build kernel wheel" 300 build.log \
+      "$python" -m pip wheel --no-build-isolation --no-deps --wheel-dir "$WORK/wheel" ./fastvideo-kernel; then
+    wheel=$(ls "$WORK"/wheel/fastvideo_kernel-*.whl 2>/dev/null | head -n1)
+    [[ -n $wheel ]] || { echo "no fastvideo_kernel wheel in $WORK/wheel" | tee -a "$WORK/logs/build.log"; failed=1; }
+  fi
+  if [[ -n $wheel ]] &&
+      step "install kernel wheel (this tree's)" 120 build.log \
+        "$python" -m pip install --force-reinstall --no-deps "$wheel" &&
+      step "installed kernel is this tree's" 120 build.log "$python" scripts/check_kernel_wheel.py "$wheel"; then
     return 0
   fi
-  if ! step "build+install kernel wheel" 300 build.log \
-      "$python" -m pip install --no-build-isolation --no-deps ./fastvideo-kernel; then
-    step "fallback dev build" 200 build.log "$python" fastvideo-kernel/build_lib.py --out "$WORK/kernel"
-    export FASTVIDEO_KERNEL_LIBRARY="$WORK/kernel/libfastvideo_ulysses_a2a.so"
-    export PYTHONPATH="$ROOT/fastvideo-kernel${PYTHONPATH:+:$PYTHONPATH}"
-  fi
+  step "fallback dev build" 200 build.log "$python" fastvideo-kernel/build_lib.py --out "$WORK/kernel"
+  export FASTVIDEO_KERNEL_LIBRARY="$WORK/kernel/libfastvideo_ulysses_a2a.so"
+  export PYTHONPATH="$ROOT/fastvideo-kernel${PYTHONPATH:+:$PYTHONPATH}"
 }
 
 # gpu_fast_ulysses: where PEER_SDIST names the fast-ulysses 0.2.1 sdist (never part of this repository), that peer

@@ -36,7 +36,8 @@
 # (against that NCCL, else the usual kernel wheel); the NCCL the processes load; the extension loaded; the transport
 # benchmark with the routes nccl, fused and upstream-0.2.1 on every GPU, and fast-ulysses's two where PEER_SDIST
 # names its sdist (gpu_fast_ulysses), the floor beside them (P = 1 on one GPU: the build, the extension's smoke
-# check and the harness; upstream builds no helper below 2 ranks, and its rows say so). Logs
+# check and the harness with nccl and fused alone: upstream builds no helper below 2 ranks, and a route asked for by
+# name that cannot run fails the benchmark, so the summary says why upstream-0.2.1 is not asked for). Logs
 # and the benchmark's JSON under $OUT, the commit stamped (scripts/gpu_lib.sh).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_lib.sh"
@@ -121,11 +122,16 @@ fi
 export FASTVIDEO_UPSTREAM_PEER="$WORK/upstream"
 step "NCCL in the processes" 60 versions.log "$python" -c 'import sys; from benchmarks.cases import upstream_peer as u; state, why = u.nccl_check(); print(state); print(why or "one NCCL: torch and the extension share it"); sys.exit(1 if why else 0)'
 step "load upstream's extension" 60 versions.log "$python" -c 'import os, torch; from pathlib import Path; from benchmarks.cases import upstream_peer as u; a, c, so = u.load(Path(os.environ["FASTVIDEO_UPSTREAM_PEER"])); print("loaded", so, "is_available", c.is_available(), u._smoke(c, torch.device("cuda", 0)))'
+gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())')
 routes=nccl,fused,upstream
+if [[ $gpus == 1 ]]; then
+  routes=nccl,fused
+  echo "P=1: upstream-0.2.1 not asked for (upstream builds no helper below 2 ranks); its extension's smoke check is" \
+       "the load step above" | tee -a "$L/summary.txt"
+fi
 if [[ -n "${PEER_SDIST:-}" ]]; then
   gpu_fast_ulysses && routes+=,peer
 fi
-gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())')
 step "a2a $routes (P=$gpus)" 480 a2a.log "$python" -m torch.distributed.run --standalone \
   --nproc_per_node="$gpus" benchmarks/benchmark_ulysses_a2a.py --routes "$routes" --json "$L/a2a_upstream.json"
 gpu_finish logs/a2a_upstream.json logs/upstream_build_info.json

@@ -306,6 +306,16 @@ def test_context_refuses_a_row_without_wrong() -> None:
         ctx.add_row({"x": 3})
 
 
+def test_a_named_request_that_cannot_run_stops_the_run_a_default_one_is_noted() -> None:
+    case = Case()
+    case.name = "toy"
+    ctx = Context(case, None, 0, 1, torch.device("cpu"))
+    ctx.unavailable("--vote shm", "no library", named=False)
+    assert ctx.notes == ["--vote shm skipped (in the default set, not asked for by name): no library"]
+    with pytest.raises(SystemExit, match=r"^toy: --vote shm was asked for but cannot run here: no library$"):
+        ctx.unavailable("--vote shm", "no library", named=True)
+
+
 # ---------------------------------------------------------------------------------------------- a whole run
 
 

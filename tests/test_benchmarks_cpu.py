@@ -155,6 +155,57 @@ def test_host_path_with_the_voted_launch_times_the_path_before_the_launch(tmp_pa
         assert 0 < row["pre_us_median"] < row["call_us_median"] and row["vote_us_median"] > 0
 
 
+# ------------------------------------------------------------------------------------ requests that cannot run
+
+# The kernel library made unloadable, so that the shared-memory vote cannot run wherever the tests run.
+NO_LIBRARY = {"FASTVIDEO_KERNEL_LIBRARY": "/nonexistent/libfastvideo_ulysses_a2a.so"}
+NAMED_BUT_UNAVAILABLE = [  # (ranks, argv, the request the failure names, the reason it gives)
+    (2, ["vote_cost", "--vote", "shm"], "--vote shm", "shared-memory vote unavailable"),
+    (2, ["vote_cost", "--vote", "both"], "--vote shm", "shared-memory vote unavailable"),
+    (2, ["route_vote", "--vote", "shm", "--alternations", "2"], "--vote shm", "the helper votes over gloo"),
+    (2, ["host_path", "--vote", "shm"], "--vote shm", "the helper votes over gloo"),
+    (2, ["a2a", "--routes", "nccl,peer", "--geometry", "toy", "--floor", ""], "--routes fast-ulysses",
+     "not installed"),
+    (2, ["a2a", "--routes", "upstream", "--geometry", "toy", "--floor", ""], "--routes upstream-0.2.1",
+     "FASTVIDEO_UPSTREAM_PEER unset"),
+    (1, ["overlap", "--routes", "off,auto", "--groups", "1"], "--routes auto", "SP 1 exchanges nothing"),
+    (1, ["dit_step", "--attention", "sparse", "--hidden", "32", "--heads", "2", "--blocks", "1", "--tokens", "64"],
+     "--attention sparse", "needs CUDA"),
+]
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize(("world", "argv", "request_", "why"), NAMED_BUT_UNAVAILABLE,
+                         ids=[" ".join(a[:3]) for _, a, _, _ in NAMED_BUT_UNAVAILABLE])
+def test_a_named_request_that_cannot_run_fails_the_run(tmp_path: Path, world: int, argv: list[str], request_: str,
+                                                       why: str) -> None:
+    """Asked for by name, a route, vote channel or attention that cannot run here stops the run on every rank,
+    naming the request and why; no document passes for one with it."""
+    out = tmp_path / "run.json"
+    with pytest.raises(mp.RankError) as failed:
+        _ranks(world, *argv, "--device", "cpu", "--quick", "--json", str(out), env=NO_LIBRARY)
+    assert sorted(failed.value.errors) == list(range(world))
+    for kind, message, _ in failed.value.errors.values():
+        assert kind == "SystemExit" and f"{argv[0]}: {request_} was asked for but cannot run here: " in message
+        assert why in message, message
+    assert not out.exists() or not json.loads(out.read_text())["header"]["complete"]
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("case", ["vote_cost", "route_vote"])
+def test_the_default_vote_set_skips_a_channel_that_cannot_run_with_a_note(tmp_path: Path, case: str) -> None:
+    """The control: without ``--vote`` the same unavailable channel is a skipped row with its reason and a note,
+    and the other channel runs."""
+    out = tmp_path / f"{case}.json"
+    extra = ["--alternations", "2"] if case == "route_vote" else []
+    _ran(_ranks(2, case, "--device", "cpu", "--quick", "--json", str(out), *extra, env=NO_LIBRARY))
+    doc = _document(out)
+    shm = [r for r in doc["rows"] if r["vote"] == "shm"]
+    assert len(shm) == 1 and shm[0]["wrong"] is None and shm[0]["skipped"]
+    assert any(r["vote"] == "gloo" and r["wrong"] == 0 for r in doc["rows"])
+    assert any(n.startswith("--vote shm skipped (in the default set") for n in doc["header"]["notes"])
+
+
 # ---------------------------------------------------------------------------------------------- a2a
 
 

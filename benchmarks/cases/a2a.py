@@ -118,9 +118,10 @@ class A2ACase(Case):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--modes", default="0,1", help="comma list: 0 = (2,1) before attention, 1 = (1,2) after")
-        parser.add_argument("--routes", default=",".join(ROUTES),
+        parser.add_argument("--routes", default=None,
                             help=f"comma list of {', '.join(ROUTES)} (off = nccl, auto = fused, peer = both "
-                                 "fast-ulysses rows); a route that cannot run is skipped with the reason")
+                                 "fast-ulysses rows); a route named here that cannot run fails the run. Default: "
+                                 "every route, those that cannot run here skipped with the reason")
         parser.add_argument("--floor", default=",".join(floor.CANDIDATES),
                             help="floor candidates measured per geometry (p2p, ce, sm; empty: none)")
         parser.add_argument("--overlap", action="store_true", help="GEMM-chain slowdown beside each route (CUDA)")
@@ -175,20 +176,20 @@ class A2ACase(Case):
     def run(self, ctx: Context) -> None:
         args = ctx.args
         modes = parse_modes(args.modes)
-        routes = parse_routes(args.routes)
+        named = args.routes is not None  # routes asked for by name must run; the default set may skip some
+        routes = parse_routes(args.routes) if named else list(ROUTES)
         candidates = tuple(c.strip() for c in args.floor.split(",") if c.strip())
         if set(candidates) - set(floor.CANDIDATES):
             raise SystemExit(f"--floor: choose among {', '.join(floor.CANDIDATES)}")
-        helper, helper_note = None, None
+        helper, helper_note, helper_why = None, None, ""
         if "fused" in routes and ctx.world > 1:
             try:
                 helper = product.default_helper(ctx.device)
                 if ctx.device.type != "cuda":
                     helper_note = "CPU: GlooPlanTransport injected (timings mean nothing)"
             except Exception as exc:  # noqa: BLE001 - reported; the op under auto would raise the same way
-                helper_note = f"fused rows skipped: helper construction failed: {type(exc).__name__}: {exc}"
-        if helper is None and ctx.world > 1 and "fused" in routes:
-            ctx.note(helper_note or "no helper")
+                helper_why = f"helper construction failed: {type(exc).__name__}: {exc}"
+                helper_note = f"fused rows skipped: {helper_why}"
         tuned_from = None
         if args.tuned_from and helper is not None:
             tuned_from = load_tuned_rows(args.tuned_from)
@@ -196,17 +197,20 @@ class A2ACase(Case):
         the_peer, peer_why = (None, "")
         if set(peer.ROUTES) & set(routes):
             the_peer, peer_why = peer.Peer.open()
-            if the_peer is None:
-                ctx.note(f"fast-ulysses rows skipped: {peer_why}")
         upstream, upstream_why, upstream_info = None, "", None
         if set(upstream_peer.ROUTES) & set(routes):
             upstream, upstream_why, upstream_info = upstream_peer.UpstreamPeer.open(ctx.device)
-            if upstream is None:
-                ctx.note(f"upstream-0.2.1 rows skipped: {upstream_why}")
         geometries = ctx.geometries()
-        state = {"helper": helper, "peer": the_peer, "peer_why": peer_why, "upstream": upstream,
-                 "upstream_why": upstream_why}
-        runnable = [r for r in routes if self._route_why(r, ctx, state) is None]
+        state = {"helper": helper, "helper_why": helper_why, "peer": the_peer, "peer_why": peer_why,
+                 "upstream": upstream, "upstream_why": upstream_why}
+        # Agreed (a rank's reason where any rank has one), so that every rank runs, or stops on, the same routes.
+        whys = timing.gather({r: self._route_why(r, ctx, state) for r in routes})
+        state["unavailable"] = {}
+        for route in routes:
+            why = next((w[route] for w in whys if w[route]), None)
+            if why:
+                state["unavailable"][route] = why
+        runnable = [r for r in routes if r not in state["unavailable"]]
         ctx.progress.total = len(geometries) * len(modes) * args.repeat * max(len(runnable), 1)
         ctx.header.update(
             routes=routes, modes=modes, floor_candidates=list(candidates),
@@ -217,7 +221,9 @@ class A2ACase(Case):
             floor_definition="the fastest of " + ", ".join(candidates) + " moving operand/P bytes to every peer, "
                              "every direction at once, measured in this run (benchmarks/cases/floor.py)")
         state.update(floors={}, barrier={}, saved={}, candidates=candidates)
-        try:
+        try:  # the peers opened above are closed on every way out, a requested route that cannot run included
+            for route, why in state["unavailable"].items():
+                ctx.unavailable(f"--routes {route}", why, named=named)
             for name, shape in geometries:
                 for mode in modes:
                     self.cell(ctx, state, routes, name, shape, mode)
@@ -243,7 +249,7 @@ class A2ACase(Case):
     def _route_why(self, route: str, ctx: Context, state: dict) -> str | None:
         """Why ``route`` cannot run in this run (None: it can)."""
         if route == "fused" and ctx.world > 1 and state["helper"] is None:
-            return "no helper (construction failed)"
+            return state["helper_why"] or "no helper"
         if route in peer.ROUTES and state["peer"] is None:
             return f"fast-ulysses: {state['peer_why']}"
         if route in upstream_peer.ROUTES and state["upstream"] is None:
@@ -276,7 +282,7 @@ class A2ACase(Case):
         contenders = []
         for route in routes:
             c = Contender(route)
-            c.skipped = self._route_why(route, ctx, state)
+            c.skipped = state["unavailable"].get(route)
             if c.skipped is None:
                 if route in ("nccl", "fused"):
                     c.fn = public_op

@@ -55,7 +55,9 @@ class HostPathCase(Case):
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--vote", choices=("shm", "gloo", "auto"), default="auto")
+        parser.add_argument("--vote", choices=("shm", "gloo", "auto"), default="auto",
+                            help="auto: the helper's choice (shared memory where every rank loads the kernel library, "
+                                 "else gloo); shm or gloo: that channel, or the run fails")
         parser.add_argument("--gap-us", type=float, default=0.0, help="idle time before each call")
         parser.add_argument("--gap-kind", choices=("sleep", "spin"), default="sleep")
         parser.add_argument("--voted-launch", action="store_true",
@@ -111,6 +113,11 @@ class HostPathCase(Case):
         helper = UlyssesHelper(get_sp_group(), transport=NoMove(), tuned_table=(row,), gpu_name="CPU", vote=args.vote)
         if not helper.fused_available:
             raise SystemExit(f"host_path: the helper declined: {helper.stats()}")
+        voting = helper.stats()["vote"]
+        if args.vote != "auto" and voting != args.vote:  # the helper fell back (agreed at construction)
+            helper.destroy()
+            ctx.unavailable(f"--vote {args.vote}", f"the helper votes over {voting} (the shared-memory vote needs the "
+                            "kernel library on every rank)", named=True)
         if args.voted_launch and not helper.stats().get("voted_launch"):
             raise SystemExit(f"host_path --voted-launch: the helper does not take the voted launch (vote "
                              f"{helper.stats()['vote']}; it needs --vote shm and the kernel library)")

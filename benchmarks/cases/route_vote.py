@@ -112,7 +112,9 @@ class RouteVoteCase(Case):
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--vote", choices=("shm", "gloo", "both"), default="both")
+        parser.add_argument("--vote", choices=("shm", "gloo", "both"), default=None,
+                            help="the channels (default: both, one that cannot run here skipped with the reason); "
+                                 "one named here that cannot run fails the run")
         parser.add_argument("--alternations", type=int, default=10, help="rounds of voted then unvoted calls")
         parser.add_argument("--nccl-us", type=float, default=None,
                             help="a recorded NCCL-route time per call to set each cost beside (us)")
@@ -125,13 +127,14 @@ class RouteVoteCase(Case):
             raise SystemExit("route_vote needs >= 2 ranks (--nproc 2)")
         ctx.header.update(cpus=os.cpu_count(), load_average=list(os.getloadavg()), alternations=args.alternations,
                           nccl_us=args.nccl_us)
-        kinds = ("shm", "gloo") if args.vote == "both" else (args.vote,)
+        kinds = ("shm", "gloo") if args.vote in (None, "both") else (args.vote,)
         ctx.progress.total = len(kinds) * args.alternations
         no_data = oracle.NO_DATA + ": the NCCL route is stubbed; the verdict of every call is asserted"
         for kind in kinds:
             results = timing.gather(measure(ctx, kind))
             skipped = next((r for r in results if isinstance(r, str)), None)
             if skipped:
+                ctx.unavailable(f"--vote {kind}", skipped, named=args.vote is not None)
                 ctx.skip(skipped, vote=kind)
                 continue
             if any(list(r["declines"]) != ["transport_missing"] for r in results):

@@ -91,8 +91,9 @@ class TuneCase(Case):
         parser.add_argument("--modes", default="0,1")
         parser.add_argument("--ctas", default="36,72,108,132,144", help=f"sm CTA counts (comma list, <= {MAX_CTAS})")
         parser.add_argument("--row-splits", default="2,4", help="sub-plane candidates: S_local cut into this many")
-        parser.add_argument("--engines", default="sm,ce", help="sm (the fused kernel), ce (copy engines; skipped if "
-                                                               "the build lacks it)")
+        parser.add_argument("--engines", default=None,
+                            help="sm (the fused kernel), ce (copy engines); default: both, ce skipped with a note "
+                                 "where the build lacks it; an engine named here that cannot run fails the run")
         parser.add_argument("--ce-ctas", default="132", help="CTA counts of the ce engine's on-device copies")
         parser.set_defaults(seed=4321)
 
@@ -121,10 +122,11 @@ class TuneCase(Case):
             if any(not 1 <= c <= MAX_CTAS for c in ctas):
                 raise SystemExit(f"--ctas {args.ctas}: every value must be in 1..{MAX_CTAS}")
             splits = [int(k) for k in args.row_splits.split(",") if k.strip()]
-            engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+            engines = [e.strip() for e in (args.engines or "sm,ce").split(",") if e.strip()]
             if "ce" in engines and "ce" not in product.entry_points(helper):
+                ctx.unavailable("--engines ce", "the kernel build has no copy-engine entry point",
+                                named=args.engines is not None)
                 engines.remove("ce")
-                ctx.note("the kernel build has no copy-engine entry point: sweeping sm only")
             engine_ctas = {"sm": ctas, "ce": [int(c) for c in args.ce_ctas.split(",")]}
             modes = parse_modes(args.modes)
             geometries = ctx.geometries()

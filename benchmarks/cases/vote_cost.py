@@ -67,7 +67,9 @@ class VoteCostCase(Case):
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--vote", choices=("gloo", "shm", "both"), default="both")
+        parser.add_argument("--vote", choices=("gloo", "shm", "both"), default=None,
+                            help="the channels (default: both, one that cannot run here skipped with the reason); "
+                                 "one named here that cannot run fails the run")
 
     def run(self, ctx: Context) -> None:
         import os
@@ -76,12 +78,13 @@ class VoteCostCase(Case):
         if ctx.world < 2:
             raise SystemExit("vote_cost needs >= 2 ranks (--nproc 2)")
         ctx.header.update(cpus=os.cpu_count(), load_average=list(os.getloadavg()))
-        kinds = ("gloo", "shm") if args.vote == "both" else (args.vote,)
+        kinds = ("gloo", "shm") if args.vote in (None, "both") else (args.vote,)
         ctx.progress.total = len(kinds)
         for kind in kinds:
             results = timing.gather(measure(ctx.rank, args.iters, args.warmup, kind))
             skipped = next((r["skipped"] for r in results if "skipped" in r), None)
             if skipped:
+                ctx.unavailable(f"--vote {kind}", skipped, named=args.vote is not None)
                 ctx.skip(skipped, vote=kind)
                 continue
             ctx.add_row({"vote": kind, "sp_size": ctx.world, "median_us": max(r["median_us"] for r in results),

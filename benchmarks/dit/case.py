@@ -23,6 +23,7 @@ from benchmarks.harness.case import Case, Context
 from benchmarks.harness.cli import DTYPES
 
 DTYPE_CHOICES = ("bf16", "fp16")
+DEFAULT_ROUTES = "off,auto"  # without --routes: auto may drop out (with a note) where its helper cannot be built
 
 
 def estimate_of(args, tokens: list[int], longs: list[str], routes: list[str], world: int) -> dict:
@@ -54,11 +55,13 @@ class DitStepCase(Case):
         g.add_argument("--blocks", type=int, default=4, help="DiT blocks (4 at hidden 7168: ~2.5B params)")
         g.add_argument("--tokens", help="comma list of global sequence lengths, Nk = N x 1024 "
                                         "(default 32k,64k,128k; plus 250000 with --offload-activations)")
-        g.add_argument("--routes", default="off,auto", help="'off,auto' (default) or 'off' (the NCCL route alone)")
+        g.add_argument("--routes", default=None,
+                       help="'off,auto' or 'off' (the NCCL route alone); default: off,auto, auto dropped with a note "
+                            "where its helper cannot be built; named here, auto must run")
         g.add_argument("--trials", dest="repeat", type=int, help="rotated trials per variant (>= 3): --repeat")
         g.add_argument("--op-iters", dest="iters", type=int, help="op-level calls per round: --iters")
         g.add_argument("--op-warmup", dest="warmup", type=int, help="op-level warm-up calls per round: --warmup")
-        g.add_argument("--attention", choices=("dense", "sparse"), default="dense")
+        g.add_argument("--attention", choices=("dense", "sparse"), default="dense", help="sparse needs CUDA")
         g.add_argument("--offload-activations", action="store_true")
         g.add_argument("--offload-above", type=int, default=0, metavar="TOKENS",
                        help="with --offload-activations, offload only token counts above this")
@@ -90,7 +93,7 @@ class DitStepCase(Case):
             print(f"# plot: {result['path'] or 'skipped: ' + str(result['skipped'])}")
             return 0
         if args.estimate:
-            routes = [r.strip() for r in args.routes.split(",")]
+            routes = [r.strip() for r in (args.routes or DEFAULT_ROUTES).split(",")]
             est = estimate_of(args, runner.default_tokens(args), long_values(args), routes, args.estimate_world)
             estimate.print_estimate(est, args)
             return 0
@@ -115,13 +118,12 @@ class DitStepCase(Case):
             raise SystemExit(f"--hidden {args.hidden} / --heads {args.heads}: heads must divide hidden and SP{world} "
                              "must divide heads")
         tokens, longs = runner.default_tokens(args), long_values(args)
-        routes = [r.strip() for r in args.routes.split(",")]
+        routes = [r.strip() for r in (args.routes or DEFAULT_ROUTES).split(",")]
         attn = dense_attention
         if args.attention == "sparse":
-            if device.type == "cuda":
-                attn = SparseAttention(device)
-            else:
-                ctx.note("--attention sparse needs CUDA (flex_attention kernels): dense attention used instead")
+            if device.type != "cuda":  # never the default: always asked for by name
+                ctx.unavailable("--attention sparse", "it needs CUDA (flex_attention kernels)", named=True)
+            attn = SparseAttention(device)
         probe_t = torch.empty(1, 1, 1, 1, device=device, dtype=DTYPES[args.dtype])
         backend = "flex_attention (90% block-sparse)" if attn is not dense_attention else attention_backend(probe_t)
         helper = None
@@ -133,8 +135,9 @@ class DitStepCase(Case):
                 if args.engine != "table":
                     helper.tuned_table = runner.restrict_engine(helper.tuned_table, args.engine)
                     ctx.note(f"--engine {args.engine}: the helper plans from TUNED_TABLE's {args.engine} rows only")
-            except Exception as exc:  # noqa: BLE001 - reported; auto rows are dropped
-                ctx.note(f"auto route dropped: helper construction failed: {type(exc).__name__}: {exc}")
+            except Exception as exc:  # noqa: BLE001 - reported; auto rows are dropped, or the run fails
+                ctx.unavailable("--routes auto", f"helper construction failed: {type(exc).__name__}: {exc}",
+                                named=args.routes is not None)
                 routes = [r for r in routes if r != "auto"]
         variants = [runner.Variant("off", longs[0], infer=True)]
         if "auto" in routes:

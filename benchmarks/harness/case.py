@@ -135,6 +135,15 @@ class Context:
         """A failure that makes the run exit 1 (besides rows with wrong > 0)."""
         self.failures.append(why)
 
+    def unavailable(self, request: str, why: str, *, named: bool) -> None:
+        """``request`` (a flag and one of its values: ``--vote shm``) cannot run here, because ``why`` (agreed by
+        every rank). Named on the command line: the run stops now, exit 1, on every rank, since a record without
+        what was asked for must not pass for one with it. Only part of a default set: a note, and the caller records
+        its rows as skipped."""
+        if named:
+            raise SystemExit(f"{self.case.name}: {request} was asked for but cannot run here: {why}")
+        self.note(f"{request} skipped (in the default set, not asked for by name): {why}")
+
     def note(self, text: str) -> None:
         """A note for the header (and printed by rank 0 as it happens)."""
         self.notes.append(text)

@@ -1,8 +1,9 @@
 """The header every run prints and writes: what exactly ran, where and when.
 
-``date`` (UTC), ``gpu``, ``torch``, ``nccl``, ``commit`` of the tree under test (its ``COMMIT`` stamp, else git),
-``native_library`` (path and SHA-256 of the kernel library the process mapped, or None), ``command`` (the exact
-command line), the line-up, every ``FASTVIDEO_*`` variable set, and what the case adds.
+``date`` (UTC), ``gpu``, ``torch``, ``nccl``, ``commit`` of the tree under test (``describe_commit``: its ``COMMIT``
+stamp or git; ``commit_note`` says which was recorded where the two disagree), ``native_library`` (path and SHA-256
+of the kernel library the process mapped, or None), ``command`` (the exact command line), the line-up, every
+``FASTVIDEO_*`` variable set, and what the case adds.
 """
 
 from __future__ import annotations
@@ -27,27 +28,71 @@ REQUIRED = ("schema", "case", "date", "gpu", "device", "sp_size", "torch", "nccl
             "command", "argv", "lineup", "complete")
 
 
-def tree_commit(tree: Path) -> str:
-    """The commit ``tree`` holds: its ``COMMIT`` stamp when present, else ``git rev-parse HEAD`` (plus
-    ``-dirty`` for uncommitted changes to tracked files), else "unknown".
+def _git(tree: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True, timeout=10,
+                          check=True).stdout.strip()
 
-    The stamp wins: a working tree copied over a checkout of another commit has a ``.git`` naming that one.
+
+def _changed(tree: Path, rev: str) -> int:
+    """How many tracked paths of ``tree``'s files differ from ``rev`` (0: the files are ``rev``'s)."""
+    return len(_git(tree, "diff", "--name-only", rev, "--").splitlines())
+
+
+def describe_commit(tree: Path) -> tuple[str, str | None]:
+    """``(commit, note)``: the commit ``tree``'s files are, and where a ``COMMIT`` stamp and the checkout's HEAD
+    disagree, a note saying which was recorded and why (else None). ``scripts/gpu_lib.sh``'s ``tree_commit`` is
+    the same rule in bash.
+
+    Not a checkout of its own (an exported tree, a folder inside another repository): the stamp, else "unknown".
+    A checkout without a stamp, or whose stamp is its HEAD: HEAD, plus ``-dirty`` for changed tracked files.
+    Where they disagree, the files decide, since either can be the stale one: a stamp left behind in a checkout
+    that moved on names an older commit, and a tree copied over a checkout of another commit (a GPU host's copy)
+    carries a ``.git`` whose HEAD is not its files'. A stamp this checkout's git does not know cannot be compared:
+    it is recorded unless the files are exactly HEAD's (no changed tracked file, no untracked one). A stamp it
+    knows: the one of the two with fewer changed tracked paths (HEAD on a tie), plus ``-dirty`` where any differ.
     """
-    stamp = tree / "COMMIT"
-    if stamp.is_file() and stamp.read_text().strip():
-        return stamp.read_text().strip()
+    stamp_file = tree / "COMMIT"
+    stamp = stamp_file.read_text().strip() if stamp_file.is_file() else ""
     try:
-        def git(*args: str) -> str:
-            return subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True, timeout=10,
-                                  check=True).stdout.strip()
-
-        head, top = git("rev-parse", "HEAD"), git("rev-parse", "--show-toplevel")
-        if Path(top).resolve() == tree.resolve():
-            dirty = git("status", "--porcelain", "--untracked-files=no")
-            return head + ("-dirty" if dirty else "")
+        head = _git(tree, "rev-parse", "HEAD")
+        own = Path(_git(tree, "rev-parse", "--show-toplevel")).resolve() == tree.resolve()
     except (OSError, subprocess.SubprocessError):
-        pass
-    return "unknown"
+        own = False
+    if not own:
+        return stamp or "unknown", None
+    try:
+        return _decide(tree, stamp, head)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return stamp or head, f"git failed in {tree} ({exc}): recorded {'the COMMIT stamp' if stamp else 'HEAD'}"
+
+
+def _decide(tree: Path, stamp: str, head: str) -> tuple[str, str | None]:
+    """``describe_commit`` for a checkout of its own whose HEAD is ``head``."""
+    try:
+        known = _git(tree, "rev-parse", "--verify", "--quiet", f"{stamp}^{{commit}}") if stamp else head
+    except subprocess.CalledProcessError:  # not a commit this checkout has
+        known = ""
+    if known == head:
+        dirty = _git(tree, "status", "--porcelain", "--untracked-files=no")
+        return head + ("-dirty" if dirty else ""), None
+    changed_head = _changed(tree, head)
+    said = f"the COMMIT stamp {stamp} disagrees with this checkout's HEAD {head}"
+    if not known:
+        if changed_head == 0 and not _git(tree, "ls-files", "--others", "--exclude-standard"):
+            return head, f"{said}: the stamp names no commit of this checkout and the files are HEAD's: recorded HEAD"
+        return stamp, (f"{said}: the stamp names no commit of this checkout (a tree copied over a checkout of another "
+                       "commit?) and the files are not HEAD's: recorded the stamp, unchecked")
+    changed_stamp = _changed(tree, known)
+    chosen, changed, which = ((known, changed_stamp, "the stamp") if changed_stamp < changed_head
+                              else (head, changed_head, "HEAD"))
+    commit = chosen + ("-dirty" if changed else "")
+    return commit, (f"{said}: {changed_head} tracked path(s) differ from HEAD, {changed_stamp} from the stamp: "
+                    f"recorded {which} ({commit})")
+
+
+def tree_commit(tree: Path) -> str:
+    """The commit ``tree``'s files are (``describe_commit``, without the note)."""
+    return describe_commit(tree)[0]
 
 
 def fastvideo_tree() -> Path:
@@ -146,6 +191,7 @@ def build_header(device: torch.device, sp_size: int, helper=None, extra: dict | 
                  case: str | None = None) -> dict:
     """The header of one run (local; call it on every rank, print and write it on rank 0)."""
     tree = fastvideo_tree()
+    commit, commit_note = describe_commit(tree)
     command, source = command_line()
     header = {
         "schema": SCHEMA,
@@ -158,7 +204,8 @@ def build_header(device: torch.device, sp_size: int, helper=None, extra: dict | 
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "nccl": nccl_version(),
-        "commit": tree_commit(tree),
+        "commit": commit,
+        "commit_note": commit_note,  # None unless a COMMIT stamp and the checkout's HEAD disagree
         "fastvideo_tree": str(tree),
         "bench_commit": tree_commit(BENCH_ROOT) if tree != BENCH_ROOT else None,  # the benchmark code's own
         "command": command,
@@ -176,8 +223,8 @@ def build_header(device: torch.device, sp_size: int, helper=None, extra: dict | 
 
 
 _FIRST_LINES = {"schema", "case", "date", "host", "gpu", "gpus_visible", "sp_size", "torch", "cuda", "nccl",
-                "commit", "fastvideo_tree", "bench_commit", "native_library", "command", "command_source", "argv",
-                "device", "python", "env", "complete", "lineup"}
+                "commit", "commit_note", "fastvideo_tree", "bench_commit", "native_library", "command",
+                "command_source", "argv", "device", "python", "env", "complete", "lineup"}
 
 
 def print_header(header: dict) -> None:
@@ -188,6 +235,9 @@ def print_header(header: dict) -> None:
     print(f"# torch {header['torch']}  cuda {header.get('cuda')}  nccl {header['nccl']}  commit {header['commit']}  "
           f"tree {header['fastvideo_tree']}" + (f"  (benchmark code {header['bench_commit']})"
                                                  if header.get("bench_commit") else ""))
+    if header.get("commit_note"):  # the record names a commit other than a COMMIT stamp or HEAD claims: said twice
+        print(f"# commit note: {header['commit_note']}")
+        print(f"warning: commit {header['commit']}: {header['commit_note']}", file=sys.stderr)
     print(f"# native library: {lib_text}")
     print(f"# command: {header['command']}" + ("" if header.get("command_source") == "exact"
                                                else f"  ({header.get('command_source')})"))
