@@ -202,6 +202,27 @@ def in_flight_routes():
         exchange.issue = real
 
 
+@contextlib.contextmanager
+def recorded_calls():
+    """``(route, decline reason label or None)`` of each call recorded inside the block by the agreed route's helper
+    (``registry.resolved()``, read at the block's end: the block's first call may resolve the route), from that
+    helper's ``history``, in order: ``("nccl", "disabled")`` for a call of ``off`` in checked mode, ``("nccl",
+    reason)`` for a call the helper declined, ``("fused", None)`` for a fused one. Empty where the route has no
+    helper (``off`` outside checked mode: the NCCL route without a vote)."""
+    from fastvideo.distributed.ulysses import registry
+
+    existing = (registry.current_default_helper(), registry.current_checked_off_helper())
+    marks = {id(h): len(h.history) for h in existing if h is not None}  # what each had recorded before the block
+    calls: list[tuple[str, str | None]] = []
+    try:
+        yield calls
+    finally:
+        _, helper = registry.resolved()
+        if helper is not None:
+            since = marks.get(id(helper), 0)
+            calls.extend((r.route, None if r.reason is None else r.reason.label) for r in list(helper.history)[since:])
+
+
 def rank_input(rank: int, shape, dtype=None, seed: int = 0, requires_grad: bool = False):
     """Deterministic, rank-distinct input (any rank can rebuild any other rank's input)."""
     import torch

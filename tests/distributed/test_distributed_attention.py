@@ -15,6 +15,11 @@ Uneven shards (``seq_splits``, a zero share included) and a head count the SP si
 anywhere (each rank's tensors have its own share of rows), against the same reference, off and on the CPU fused
 route (every call's route asserted); their negative control reads each rank's rows at the even shards' offsets,
 which must not match.
+
+An argument mistake on one rank in checked mode is voted: every rank raises, and the correct forward right after
+matches the reference with both its all-to-alls on the NCCL route, as the route's helper recorded them
+(``nccl_route_ran``); its negative control runs the same forwards through a helper on the CPU plan transport, where
+they run fused and that assertion fails.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.distributed.conftest import build_helper
+from tests.distributed.conftest import build_helper, recorded_calls
 
 B, H, D = 2, 6, 8  # H divides by 2 and 3
 
@@ -293,19 +298,25 @@ def test_uneven_bad_arguments_raise_clearly(ranks):
         assert r["wrong share"][0] == "ValueError" and "seq_splits" in r["wrong share"][1]
 
 
-def _one_rank_mistakes(rank, world_size):
+def _one_rank_mistakes(rank, world_size, fused=False):
     """Each of three argument mistakes on rank 1 only, the other ranks calling correctly: what each rank raised, how
-    long it took, and whether a correct forward right after matches the reference on every rank."""
+    long it took, whether a correct forward right after matches the reference on every rank, and the (route, decline
+    reason) of each all-to-all of that forward (``recorded_calls``). ``fused`` (the route assertion's negative
+    control): through a helper on the CPU plan transport, in float32 (what it moves)."""
     import time
 
     from fastvideo.attention.layer import DistributedAttention
+    from fastvideo.distributed.device_communicators import ulysses_a2a
 
+    if fused:
+        ulysses_a2a.install_default_helper(build_helper())
+    dtype, tolerance = (torch.float32, 1e-5) if fused else (torch.float64, 1e-10)
     layer = DistributedAttention(H, D)
     seq = 4 * world_size
-    t = _globals(seq, 0, torch.float64)
+    t = _globals(seq, 0, dtype)
     ref = _reference(t, 0, False, False)["out"][:, 4 * rank:4 * rank + 4]
     q, k, v = (t[n][:, 4 * rank:4 * rank + 4] for n in ("q", "k", "v"))
-    wide = torch.zeros(B, 4, H + 2, D, dtype=torch.float64)
+    wide = torch.zeros(B, 4, H + 2, D, dtype=dtype)
     mistakes = {"seq len": ((q, k, v), {"original_seq_len": seq + 1}), "heads": ((wide, wide, wide), {}),
                 "partial replicated": ((q, k, v), {"replicated_q": q})}
     seen = {}
@@ -316,9 +327,17 @@ def _one_rank_mistakes(rank, world_size):
             got = ("ok", "")
         except Exception as exc:  # noqa: BLE001 - the test asserts on what came back
             got = (type(exc).__name__, str(exc))
-        out, _ = layer(q, k, v)
-        seen[name] = (*got, time.monotonic() - start, bool((out - ref).abs().max() < 1e-10))
+        with recorded_calls() as ran:
+            out, _ = layer(q, k, v)
+        seen[name] = (*got, time.monotonic() - start, bool((out - ref).abs().max() < tolerance), ran)
     return seen
+
+
+def nccl_route_ran(route: str) -> list:
+    """What ``recorded_calls`` gives for one forward whose two all-to-alls (the packed QKV's and the output's) ran on
+    the NCCL route in checked mode on CPU: under ``off`` the checked-off helper records them (``disabled``), under
+    ``auto`` the default helper, declined at construction (no transport on CPU: ``transport_missing``)."""
+    return [("nccl", "disabled" if route == "off" else "transport_missing")] * 2
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
@@ -327,7 +346,8 @@ def test_an_argument_mistake_on_one_rank_raises_on_every_rank_in_checked_mode(ra
     """A forward's argument check that fails on rank 1 alone is voted (checked mode): rank 1 raises the check's
     ValueError, every other rank PeerCallError naming rank 1, all within 10 s (never a peer left in that forward's
     exchange to pair it with rank 1's next forward), and a correct forward right after matches the reference on
-    every rank. Without the vote the other ranks' forward would wait in its exchange and take rank 1's next."""
+    every rank, its all-to-alls on the NCCL route (``nccl_route_ran``). Without the vote the other ranks' forward
+    would wait in its exchange and take rank 1's next."""
     env = {"FASTVIDEO_ULYSSES_A2A_CHECKED": "1", "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S": "20",
            "FASTVIDEO_ULYSSES_A2A": route}
     got = ranks(world_size, _one_rank_mistakes, env=env, timeout_s=120)
@@ -338,3 +358,17 @@ def test_an_argument_mistake_on_one_rank_raises_on_every_rank_in_checked_mode(ra
             if r != 1:
                 assert got[r][name][0] == "PeerCallError" and "rank(s) [1]" in got[r][name][1], got[r][name]
             assert got[r][name][2] < 10 and got[r][name][3], (r, got[r][name])
+            assert got[r][name][4] == nccl_route_ran(route), (r, got[r][name])
+
+
+def test_negative_control_the_route_assertion_fails_where_another_route_ran(ranks):
+    """The same mistakes and forwards through a helper on the CPU plan transport (``auto``): every rank raises and
+    the correct forwards match the reference, but their all-to-alls ran fused, so the route assertion above fails
+    on them."""
+    checked = {"FASTVIDEO_ULYSSES_A2A_CHECKED": "1", "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S": "20"}
+    rank0, rank1 = ranks(2, _one_rank_mistakes, True, env={**checked, "FASTVIDEO_ULYSSES_A2A": "auto"}, timeout_s=120)
+    for name in ("seq len", "heads", "partial replicated"):
+        assert (rank0[name][0], rank1[name][0]) == ("PeerCallError", "ValueError"), (rank0[name], rank1[name])
+        for seen in (rank0[name], rank1[name]):
+            assert seen[2] < 10 and seen[3] and seen[4] == [("fused", None)] * 2, seen
+            assert seen[4] != nccl_route_ran("auto")

@@ -4,7 +4,9 @@ core) over gloo ranks.
 Outputs and gradients (first and second order) equal the synchronous op bit for bit on every CPU route, with the
 route and plan of every call asserted; several exchanges in flight are each waited for their own result in any
 order; a transport that lands its data late shows the wait really waits (the control reads the buffer without
-waiting and sees unlanded data); ``torch.compile(fullgraph=True)`` traces a start and a separate wait node.
+waiting and sees unlanded data); ``torch.compile(fullgraph=True)`` traces a start and a separate wait node, and
+the route of its starts and of eager's is asserted (``nccl_route_ran``; its negative control runs both through a
+helper on the CPU plan transport, where that assertion fails).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 import pytest
 import torch
 
-from tests.distributed.conftest import a2a, bit_equal, build_helper, rank_input
+from tests.distributed.conftest import a2a, bit_equal, build_helper, in_flight_routes, rank_input
 from tests.plan_transport import GlooPlanTransport
 
 B, S, H, D = 2, 4, 12, 3
@@ -209,11 +211,19 @@ def _op_call(x, mode, tag=None):
     return torch.ops.fastvideo.ulysses_all_to_all_4d(x, mode, False, None, 0, tag=tag)[0]
 
 
-def _compiled(rank, p, backend="aot_eager"):
+def _compiled(rank, p, backend="aot_eager", fused=False):
+    """``f`` (a start, compute, its wait) compiled with ``backend`` and eagerly: whether they agree, the frames, the
+    start's and the wait's order and what lies between them, and what ran: the route of each start in flight,
+    compiled and eager (the forward's and the backward's, ``in_flight_routes``), whether the agreed route is
+    resolved, and the (route, decline reason) of each call its helper recorded (None without one: the NCCL route).
+    ``fused`` (the route assertion's negative control): through a helper on the CPU plan transport."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a_public
+    from fastvideo.distributed.ulysses import registry
 
+    if fused:
+        registry.install_default_helper(build_helper())
     x = rank_input(rank, (B, S, H, D), seed=30, requires_grad=True)
     w = rank_input(rank, (B, S * p, H // p, D), seed=31)
 
@@ -224,29 +234,58 @@ def _compiled(rank, p, backend="aot_eager"):
 
     torch._dynamo.reset()
     counter = CompileCounterWithBackend(backend)
-    loss = torch.compile(f, backend=counter, fullgraph=True)(x, w)
-    g, = torch.autograd.grad(loss, x)
-    loss_ref = f(x, w)
-    g_ref, = torch.autograd.grad(loss_ref, x)
+    with in_flight_routes() as compiled:
+        loss = torch.compile(f, backend=counter, fullgraph=True)(x, w)
+        (g,) = torch.autograd.grad(loss, x)
+    with in_flight_routes() as eager:
+        loss_ref = f(x, w)
+        (g_ref,) = torch.autograd.grad(loss_ref, x)
+    resolved, helper = registry.resolved()
+    records = None
+    if helper is not None:
+        records = [(r.route, None if r.reason is None else r.reason.label) for r in helper.history]
+    ran = (compiled, eager, resolved, records)
     nodes = [str(n.target) for n in counter.graphs[0].graph.nodes if n.op == "call_function"]
     start = nodes.index("fastvideo.ulysses_all_to_all_4d_start")
     wait = nodes.index("fastvideo.ulysses_all_to_all_4d_wait")
     between = [n for n in nodes[start + 1:wait] if "sin" in n]
     if backend != "aot_eager":  # inductor fuses the surrounding math: equal within float32 rounding
-        return (torch.allclose(loss, loss_ref, rtol=1e-5), torch.allclose(g, g_ref, rtol=1e-5, atol=1e-6),
-                counter.frame_count, wait > start, between)
-    return bit_equal(loss.reshape(1), loss_ref.reshape(1)), bit_equal(g, g_ref), counter.frame_count, wait > start, \
-        between
+        agree = torch.allclose(loss, loss_ref, rtol=1e-5), torch.allclose(g, g_ref, rtol=1e-5, atol=1e-6)
+    else:
+        agree = bit_equal(loss.reshape(1), loss_ref.reshape(1)), bit_equal(g, g_ref)
+    return *agree, counter.frame_count, wait > start, between, ran
+
+
+def nccl_route_ran(p: int) -> tuple:
+    """What ``_compiled`` reports under ``off`` (no helper: the agreed route resolved to none, the NCCL route):
+    compiled, the forward's start and the backward's on gloo's threads (``nccl-async``), at SP size 1 too (the
+    traced op exchanges over its one-rank group); eager the same at P = 2, while at P = 1 eager's start returns its
+    input itself (its handle's route ``identity``) and no exchange runs in its backward."""
+    return ["nccl-async"] * 2, ["identity"] if p == 1 else ["nccl-async"] * 2, True, None
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_compile_fullgraph_traces_a_start_and_a_separate_wait(ranks, world_size):
     """``torch.compile(fullgraph=True, backend="aot_eager")``: one frame, the start and the wait two nodes with the
-    compute between them; forward and gradient equal eager bit for bit. At SP size 1 too, where eager returns the
-    input itself: traced, the start is still the op (its wait a node of the graph)."""
-    for exact_y, exact_g, frames, ordered, between in ranks(world_size, _compiled, timeout_s=180):
+    compute between them; forward and gradient equal eager bit for bit, and both ran on the NCCL route
+    (``nccl_route_ran``). At SP size 1 too, where eager returns the input itself (no exchange runs, forward or
+    backward: its handle's route says ``identity``): traced, the start is still the op (its wait a node of the
+    graph), exchanging over the one-rank group."""
+    for exact_y, exact_g, frames, ordered, between, ran in ranks(world_size, _compiled, timeout_s=180):
         assert exact_y and exact_g and frames == 1 and ordered
         assert between  # torch.sin sits between the two nodes in the traced graph
+        assert ran == nccl_route_ran(world_size), ran
+
+
+def test_negative_control_the_route_assertion_fails_where_another_route_ran(ranks):
+    """The same function through a helper on the CPU plan transport (``auto``): compiled and eager agree bit for bit,
+    every start runs fused and the helper records its forwards and backwards fused, so the route assertion above
+    fails on them."""
+    results = ranks(2, _compiled, "aot_eager", True, env={"FASTVIDEO_ULYSSES_A2A": "auto"}, timeout_s=180)
+    for exact_y, exact_g, frames, ordered, between, ran in results:
+        assert exact_y and exact_g and frames == 1 and ordered and between
+        assert ran == (["fused"] * 2, ["fused"] * 2, True, [("fused", None)] * 4), ran
+        assert ran != nccl_route_ran(2)
 
 
 @pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "clang++", "c++")),
@@ -254,7 +293,7 @@ def test_compile_fullgraph_traces_a_start_and_a_separate_wait(ranks, world_size)
 def test_compile_fullgraph_with_inductor_on_cpu(ranks):
     """The same function through inductor (C++ on CPU): one frame, the two nodes, forward and gradient equal to
     eager within float32 rounding (inductor fuses the sin and the products around the exchange)."""
-    for close_y, close_g, frames, ordered, between in ranks(2, _compiled, "inductor", timeout_s=300):
+    for close_y, close_g, frames, ordered, between, _ in ranks(2, _compiled, "inductor", timeout_s=300):
         assert close_y and close_g and frames == 1 and ordered and between
 
 

@@ -4,14 +4,15 @@
   outputs: autograd reaches the two backward exchanges in opposite orders. Each backward votes the SEQ word of the
   forward it differentiates, so every rank raises ``ContractMismatchError`` on SEQ (within 30 s) instead of swapping
   the gradients; untagged and with one tag on both calls, under ``auto`` and under ``off`` in checked mode, at
-  P = 2 and 3. The negative control waits in the same order on every rank: exact gradients.
+  P = 2 and 3. The negative control waits in the same order on every rank: exact gradients, with the route of every
+  start (``nccl-async``) and of every call the route's helper recorded (the NCCL route) asserted (``nccl_route_ran``).
 * **The input.** Mode (1, 2) with B = 1 is the layout where gloo would send ``x`` itself: an in-place write between
   the start and ``wait()`` raises ``InputModifiedError`` at the wait, on every one of 20 runs; where one rank alone
   writes, its peers' outputs are exact (in flight on CPU the exchange sends a copy in that layout); without the
   write the output is exact (the control). Under ``torch.inference_mode`` tensors carry no version counter: no
   check, and on CPU the output is the input as it stood at the start. Every start's route is asserted (gloo's
-  threads, ``nccl-async``); its negative control runs the same starts through a helper on the CPU plan transport,
-  where they run fused and the assertion fails.
+  threads, ``nccl-async``); its negative control runs the same starts (and the same-order exchanges) through a
+  helper on the CPU plan transport, where they run fused and the assertions fail.
 * **Dropped handles.** A start whose handle (eager) or token (autograd) is dropped without ``wait()`` gives a
   ``ResourceWarning`` and one log line naming where it started (the user's own frame, even where its file lies in the
   temporary folder), and the count of exchanges in flight returns to its prior value after ``gc.collect()``.
@@ -35,25 +36,33 @@ OFF_CHECKED = {"FASTVIDEO_ULYSSES_A2A": "off", "FASTVIDEO_ULYSSES_A2A_CHECKED": 
                "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S": "20"}
 
 
-def _two_in_flight(rank, p, opposite, tag):
+def _two_in_flight(rank, p, opposite, tag, fused=False):
     """Two same-shape exchanges in flight, waited in issue order, or (``opposite``) in the reverse order on rank 0;
-    the loss uses both outputs. Returns ("ok", gradients exact) or (error type, field, seconds)."""
+    the loss uses both outputs. Returns ("ok", gradients exact, what ran) or (error type, field, seconds). What ran:
+    the route of each start in flight (the forwards' and the backwards', ``in_flight_routes``) and the (route, decline
+    reason) of each call the route's helper recorded (``recorded_calls``). ``fused`` (the route assertion's negative
+    control): through a helper on the CPU plan transport."""
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
+    from fastvideo.distributed.ulysses import registry
+    from tests.distributed.conftest import recorded_calls
 
+    if fused:
+        registry.install_default_helper(build_helper())
     xs = [rank_input(rank, (B, S, H, D), seed=10 + i, requires_grad=True) for i in range(2)]
     ws = [rank_input(rank, (B, S * p, H // p, D), seed=20 + i) for i in range(2)]
-    handles = [a2a(x, 2, 1, tag=tag, async_op=True) for x in xs]
-    order = [1, 0] if opposite and rank == 0 else [0, 1]
-    ys = {i: handles[i].wait() for i in order}
-    loss = sum((ys[i] * ws[i]).sum() for i in range(2))
-    start = time.monotonic()
-    try:
-        grads = torch.autograd.grad(loss, xs)
-    except Exception as exc:  # noqa: BLE001 - the test asserts on what came back
-        field = getattr(exc, "field", None)
-        return type(exc).__name__, field.name if field is not None else None, time.monotonic() - start, str(exc)
+    with in_flight_routes() as started, recorded_calls() as recorded:
+        handles = [a2a(x, 2, 1, tag=tag, async_op=True) for x in xs]
+        order = [1, 0] if opposite and rank == 0 else [0, 1]
+        ys = {i: handles[i].wait() for i in order}
+        loss = sum((ys[i] * ws[i]).sum() for i in range(2))
+        start = time.monotonic()
+        try:
+            grads = torch.autograd.grad(loss, xs)
+        except Exception as exc:  # noqa: BLE001 - the test asserts on what came back
+            field = getattr(exc, "field", None)
+            return type(exc).__name__, field.name if field is not None else None, time.monotonic() - start, str(exc)
     expected = [nccl_reference(x, w, 0)[1] for x, w in zip(xs, ws, strict=True)]
-    return "ok", all(bit_equal(g, e) for g, e in zip(grads, expected, strict=True))
+    return "ok", all(bit_equal(g, e) for g, e in zip(grads, expected, strict=True)), (started, recorded)
 
 
 @pytest.mark.parametrize("env", [AUTO, OFF_CHECKED], ids=["auto", "off-checked"])
@@ -66,11 +75,22 @@ def test_backwards_in_opposite_orders_raise_on_every_rank(ranks, world_size, tag
         assert "backward of different calls" in result[3], result
 
 
+def nccl_route_ran(env) -> tuple:
+    """What ``_two_in_flight`` reports as ran where the NCCL route ran every call: each of the 4 starts in flight (2
+    forwards, their 2 backwards) on gloo's threads (``nccl-async``), and the 4 calls recorded on the NCCL route by the
+    route's helper: under ``auto`` the default helper, declined at construction (no transport on CPU), under ``off``
+    in checked mode the checked-off helper (``disabled``)."""
+    reason = "transport_missing" if env["FASTVIDEO_ULYSSES_A2A"] == "auto" else "disabled"
+    return ["nccl-async"] * 4, [("nccl", reason)] * 4
+
+
 @pytest.mark.parametrize("env", [AUTO, OFF_CHECKED], ids=["auto", "off-checked"])
 @pytest.mark.parametrize("tag", [None, "blocks.0.attn.qkv"], ids=["untagged", "same-tag"])
 def test_negative_control_the_same_order_is_exact(ranks, tag, env):
+    """Waited in the same order on every rank: the gradients equal the NCCL reference, and every call ran on the
+    NCCL route (``nccl_route_ran``)."""
     for result in ranks(2, _two_in_flight, False, tag, env=env, timeout_s=90):
-        assert result == ("ok", True)
+        assert result == ("ok", True, nccl_route_ran(env)), result
 
 
 def _write_between(rank, p, writers, runs, fused=False):
@@ -128,14 +148,18 @@ def test_negative_control_without_the_write_the_output_is_exact(ranks):
 
 
 def test_negative_control_the_route_assertions_fail_where_another_route_ran(ranks):
-    """Through a helper on the CPU plan transport the same starts run fused: the outputs are exact, and the route
-    assertions of the write tests and of the failed wait (every start ``nccl-async``) fail on them."""
+    """Through a helper on the CPU plan transport the same starts run fused: the outputs and gradients are exact, and
+    the route assertions of the write tests, of the failed wait (every start ``nccl-async``) and of the same-order
+    exchanges (``nccl_route_ran``) fail on them."""
     for outcomes, left, inference, routes in ranks(2, _write_between, (), 3, True, env=AUTO, timeout_s=120):
         assert outcomes == ["exact"] * 3 and left == 0 and inference == "exact" and routes == {"fused"}
         assert routes != {"nccl-async"}
     for result in ranks(2, _wait_that_failed_before_the_op, True, env=AUTO, timeout_s=60):
         assert result == ("TracedHandle", "no SP group here", True, 0, ["fused"]), result
         assert result[-1] != ["nccl-async"]
+    for result in ranks(2, _two_in_flight, False, None, True, env=AUTO, timeout_s=90):
+        assert result == ("ok", True, (["fused"] * 4, [("fused", None)] * 4)), result
+        assert result[2] != nccl_route_ran(AUTO)
 
 
 def _dropped(rank, p, grad):

@@ -7,7 +7,10 @@ declined at construction never vote, and these mistakes gave silently wrong valu
 one raises a clear error on every rank within 10 s, under ``off`` and ``auto`` (the test is marked ambient
 on the route), and on the CPU fused route; after each mistake a matching call still runs bit-exact (no
 rank was left inside a collective). The negative control runs the mistakes that do not hang with
-checked mode off: no error anywhere, which is what the check is for.
+checked mode off: no error anywhere, which is what the check is for. The exact calls of the recorded-call and
+table-code tests also assert their route (``nccl_route_ran``: the NCCL route, recorded by the checked-off helper
+under ``off`` and by the helper declined at construction under ``auto``); their negative control runs the same
+calls through a helper on the CPU plan transport, where that assertion fails.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import pytest
 import torch
 
 from fastvideo import envs
-from tests.distributed.conftest import bit_equal, build_helper, oracle, rank_input
+from tests.distributed.conftest import bit_equal, build_helper, oracle, rank_input, recorded_calls
 
 A2A, CHECKED, DEBUG = "FASTVIDEO_ULYSSES_A2A", "FASTVIDEO_ULYSSES_A2A_CHECKED", "TORCH_DISTRIBUTED_DEBUG"
 CHECKED_ON = {CHECKED: "1", "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S": "20"}
@@ -185,11 +188,16 @@ RECORDED_MISTAKES = {
 }
 
 
-def _recorded_mistakes(rank, world_size, async_op):
+def _recorded_mistakes(rank, world_size, async_op, fused=False):
     """Each of ``RECORDED_MISTAKES`` on rank 1, in a call autograd records (the op path): what each rank raised,
-    how long it took, and whether a matching recorded call right after is exact."""
+    how long it took, whether a matching recorded call right after is exact, and the route of that call
+    (``recorded_calls``). ``fused`` (the route assertion's negative control): through a helper on the CPU plan
+    transport."""
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
+    from fastvideo.distributed.ulysses import registry
 
+    if fused:
+        registry.install_default_helper(build_helper())
     seen = {}
     for mistake, wrong in RECORDED_MISTAKES.items():
         x = rank_input(rank, SHAPE, seed=3, requires_grad=True)
@@ -204,8 +212,17 @@ def _recorded_mistakes(rank, world_size, async_op):
         except Exception as exc:  # noqa: BLE001 - the test asserts on what came back
             got = (type(exc).__name__, str(exc))
         ok = rank_input(rank, SHAPE, seed=4, requires_grad=True)
-        seen[mistake] = (*got, time.monotonic() - start, bit_equal(a2a(ok, 2, 1), oracle(ok, 0)))
+        with recorded_calls() as ran:
+            exact = bit_equal(a2a(ok, 2, 1), oracle(ok, 0))
+        seen[mistake] = (*got, time.monotonic() - start, exact, ran)
     return seen
+
+
+def nccl_route_ran(route: str, calls: int) -> list:
+    """What ``recorded_calls`` gives for ``calls`` calls that ran on the NCCL route in checked mode on CPU: under
+    ``off`` the checked-off helper records each (``disabled``), under ``auto`` the default helper, declined at
+    construction (no transport on CPU: ``transport_missing``)."""
+    return [("nccl", "disabled" if route == "off" else "transport_missing")] * calls
 
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
@@ -214,38 +231,62 @@ def test_caller_errors_of_a_recorded_call_are_voted_before_the_dispatcher(ranks,
     """A call autograd records goes through the op: a table of floats or a tensor, a tag that is no str, an input
     that is no tensor, on rank 1 only, raise the validation's error there (naming the argument) and
     PeerCallError naming it on rank 0 within 10 s, never the dispatcher's schema error and a vote timeout; a
-    matching call right after is exact on both."""
+    matching call right after is exact on both, and ran on the NCCL route (``nccl_route_ran``)."""
     rank0, rank1 = ranks(2, _recorded_mistakes, async_op, env={**CHECKED_ON, A2A: route}, timeout_s=120)
     names = {"float table": "seq_splits[0]", "tensor table": "seq_splits", "int tag": "tag=5", "not a tensor": "x "}
     for mistake, name in names.items():
         assert rank1[mistake][0] in ("ValueError", "TypeError") and name in rank1[mistake][1], rank1[mistake]
         assert rank0[mistake][0] == "PeerCallError" and "rank(s) [1]" in rank0[mistake][1], rank0[mistake]
         assert all(r[mistake][2] < 10 and r[mistake][3] for r in (rank0, rank1)), (rank0[mistake], rank1[mistake])
+        assert [r[mistake][4] for r in (rank0, rank1)] == [nccl_route_ran(route, 1)] * 2, (rank0, rank1)
 
 
-def _dtypes_without_a_table_code(rank, world_size, dtypes):
+def _dtypes_without_a_table_code(rank, world_size, dtypes, fused=False):
     """A call whose input is ``dtypes[rank]``: dtypes the DTYPE table lacks, of one element size (the exchange moves
-    the same bytes): what each rank got, and whether its output is the oracle's."""
+    the same bytes): what each rank got and, where it ran, whether its output is the oracle's and its route
+    (``recorded_calls``). ``fused`` (the route assertion's negative control): through a helper on the CPU plan
+    transport."""
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
+    from fastvideo.distributed.ulysses import registry
 
+    if fused:
+        registry.install_default_helper(build_helper())
     x = (rank_input(rank, SHAPE, seed=8) * 10).to(getattr(torch, dtypes[rank]))
     try:
-        y = a2a(x, 2, 1)
+        with recorded_calls() as ran:
+            y = a2a(x, 2, 1)
     except Exception as exc:  # noqa: BLE001 - the test asserts on what came back
         field = getattr(exc, "field", None)
         return type(exc).__name__, field.name if field is not None else None
-    return "ok", bit_equal(y.view(torch.uint8), oracle(x, 0).view(torch.uint8))
+    return "ok", bit_equal(y.view(torch.uint8), oracle(x, 0).view(torch.uint8)), ran
 
 
 @pytest.mark.parametrize("route", ["off", "auto"])
 def test_dtypes_without_a_table_code_differ_in_the_vote(ranks, route):
     """complex64 on one rank and uint64 on the other (8 bytes each, no code in the DTYPE table) raise
-    ContractMismatchError on DTYPE on both ranks; the control, complex64 on both, runs exact."""
+    ContractMismatchError on DTYPE on both ranks; the control, complex64 on both, runs exact, on the NCCL route
+    (``nccl_route_ran``)."""
     env = {**CHECKED_ON, A2A: route}
     got = ranks(2, _dtypes_without_a_table_code, ("complex64", "uint64"), env=env, timeout_s=60)
     assert got == [("ContractMismatchError", "DTYPE")] * 2, got
-    assert ranks(2, _dtypes_without_a_table_code, ("complex64", "complex64"), env=env, timeout_s=60) == \
-        [("ok", True)] * 2
+    got = ranks(2, _dtypes_without_a_table_code, ("complex64", "complex64"), env=env, timeout_s=60)
+    assert got == [("ok", True, nccl_route_ran(route, 1))] * 2, got
+
+
+def test_negative_control_the_route_assertions_fail_where_another_route_ran(ranks):
+    """The same calls through a helper on the CPU plan transport (``auto``): the same errors, and exact results; but
+    the matching calls after the mistakes ran fused and complex64 was declined per call (``dtype``: the transport
+    moves no complex), so the route assertions above (``nccl_route_ran``) fail on them."""
+    env = {**CHECKED_ON, A2A: "auto"}
+    rank0, rank1 = ranks(2, _recorded_mistakes, False, True, env=env, timeout_s=120)
+    for mistake in RECORDED_MISTAKES:
+        assert rank0[mistake][0] == "PeerCallError" and rank1[mistake][0] in ("ValueError", "TypeError"), mistake
+        for seen in (rank0[mistake], rank1[mistake]):
+            assert seen[3] and seen[4] == [("fused", None)], seen
+            assert seen[4] != nccl_route_ran("auto", 1)
+    got = ranks(2, _dtypes_without_a_table_code, ("complex64", "complex64"), True, env=env, timeout_s=60)
+    assert got == [("ok", True, [("nccl", "dtype")])] * 2, got
+    assert got[0][2] != nccl_route_ran("auto", 1)
 
 
 # ------------------------------------------------------------------------------------- one vote per call
