@@ -46,7 +46,7 @@ from fastvideo.distributed.settings import AgreedSettings
 # name -> the count of coordinators of that name this process built (upstream's ``name:<n>`` group names)
 _group_name_counter: defaultdict[str, itertools.count] = defaultdict(itertools.count)
 # unique_name -> the coordinator (upstream's registry, which its module-level ``all_reduce(tensor, group_name)`` reads)
-_groups: dict[str, Callable[[], GroupCoordinator | None]] = {}
+_groups: weakref.WeakValueDictionary[str, GroupCoordinator] = weakref.WeakValueDictionary()
 
 
 @dataclass(init=False, eq=False)
@@ -129,7 +129,7 @@ class GroupCoordinator(CoordinatorTransfers):
         self.timeout_s, self._teardown, self._on_settings = timeout_s, {}, {}
         name = unique_name or "anonymous"
         self.local_rank, self.unique_name = local_rank, f"{name}:{next(_group_name_counter[name])}"
-        _groups[self.unique_name] = weakref.ref(self)
+        _groups[self.unique_name] = self
 
     # ---------------------------------------------------------------- upstream FastVideo's coordinator surface
 
