@@ -52,9 +52,7 @@ def _not_zero(default: str = "0") -> Reader:
     return lambda name: os.environ.get(name, default) != "0"
 
 
-def _int_flag(name: str) -> bool:
-    """``bool(int(raw))``, False when unset."""
-    return bool(int(os.environ.get(name, "0")))
+_int_flag = _number(lambda value: bool(int(value)), "0")  # ``bool(int(raw))``, False when unset
 
 
 def _under(root: Callable[[], str]) -> Reader:

@@ -29,24 +29,20 @@ _UTILS = (
     "StatelessProcessGroup", "compute_padding_for_sp", "divide", "ensure_divisibility", "pad_sequence_tensor",
     "split_tensor_along_last_dim", "unpad_sequence_tensor",
 )
-_WHERE = {**dict.fromkeys(_PARALLEL_STATE, "parallel_state"), **dict.fromkeys(_COMMUNICATION_OP, "communication_op"),
-          **dict.fromkeys(_UTILS, "utils")}
-
-__all__ = sorted(_WHERE)
+__all__ = sorted((*_PARALLEL_STATE, *_COMMUNICATION_OP, *_UTILS))
 
 
 def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
+    if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     # communication_op also loads the Ulysses layer that device_communicator.ulysses_a2a reaches.
     from fastvideo.distributed import communication_op, parallel_state, utils
 
-    modules = {"parallel_state": parallel_state, "communication_op": communication_op, "utils": utils}
-    value = getattr(modules[module], name)
+    module = parallel_state if name in _PARALLEL_STATE else communication_op if name in _COMMUNICATION_OP else utils
+    value = getattr(module, name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_WHERE})
+    return sorted({*globals(), *__all__})

@@ -56,10 +56,12 @@ def register_ulysses_a2a_provider(provider: Callable[[DeviceCommunicatorBase], A
     _ULYSSES_PROVIDER = provider
 
 
-def group_peer(caller: str, arg: str, rank: object, ranks: Sequence[int], me: int | None = None) -> int:
+def group_peer(caller: str, arg: str, rank: object, ranks: Sequence[int], me: int | None = None, step: int = 0) -> int:
     """The global rank of group rank ``rank`` in a group over ``ranks``, which must be another rank than ``me``
     (this rank's rank in the group) where that is given: a peer of a point-to-point transfer. A ValueError naming
-    ``caller`` and ``arg`` otherwise, before any communication."""
+    ``caller`` and ``arg`` otherwise, before any communication. ``rank`` None with a ``step``: the rank ``step``
+    ranks on from ``me`` (a transfer's default neighbour)."""
+    rank = (me + step) % len(ranks) if rank is None and step else rank
     if not isinstance(rank, int) or not 0 <= rank < len(ranks):
         raise ValueError(f"{caller}: {arg}={rank!r} must be a rank of the group (0..{len(ranks) - 1}): "
                          "ranks here are ranks in the group, not global ranks.")
@@ -195,30 +197,24 @@ class DeviceCommunicatorBase:
     def gather(self, input_: torch.Tensor, dst: int = 0, dim: int = -1) -> torch.Tensor | None:
         """Collective: every rank's ``input_`` joined along ``dim`` on the group's rank ``dst``, None elsewhere."""
         dim = check_dim("gather", input_, dim)
-        if not 0 <= dst < self.world_size:
-            raise ValueError(f"gather: dst={dst} must be a rank of the group (0..{self.world_size - 1}).")
+        root = group_peer("gather", "dst", dst, self.ranks)
         parts = [torch.empty_like(input_) for _ in range(self.world_size)] if self.rank_in_group == dst else None
-        dist.gather(input_.contiguous(), parts, dst=self.ranks[dst], group=self.device_group)
+        dist.gather(input_.contiguous(), parts, dst=root, group=self.device_group)
         return torch.cat(parts, dim=dim) if parts is not None else None
 
     def send(self, tensor: torch.Tensor, dst: int | None = None) -> None:
         """Point to point over the device group, blocking: ``tensor`` to group rank ``dst`` (default: the next
         rank)."""
-        dist.send(tensor.contiguous(), self._peer("send", "dst", dst, 1), self.device_group)
+        peer = group_peer("send", "dst", dst, self.ranks, self.rank_in_group, 1)
+        dist.send(tensor.contiguous(), peer, self.device_group)
 
     def recv(self, size: torch.Size, dtype: torch.dtype, src: int | None = None) -> torch.Tensor:
         """Point to point over the device group, blocking: a new ``size`` x ``dtype`` tensor on this communicator's
         device, from group rank ``src`` (default: the previous rank)."""
-        peer = self._peer("recv", "src", src, -1)
+        peer = group_peer("recv", "src", src, self.ranks, self.rank_in_group, -1)
         tensor = torch.empty(size, dtype=dtype, device=self.device)
         dist.recv(tensor, peer, self.device_group)
         return tensor
-
-    def _peer(self, caller: str, arg: str, rank: int | None, step: int) -> int:
-        """The global rank of group rank ``rank`` (None: the one ``step`` ranks on from this one), which must be
-        another rank of the group (``group_peer``)."""
-        rank = (self.rank_in_group + step) % self.world_size if rank is None else rank
-        return group_peer(caller, arg, rank, self.ranks, self.rank_in_group)
 
     def destroy(self) -> None:
         """Nothing to release: the Ulysses helper is destroyed with its SP group (``destroy_sequence_parallel``)."""

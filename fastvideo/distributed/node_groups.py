@@ -18,6 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from fastvideo.distributed.communicator import group_peer
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["get_same_node_ranks", "is_the_same_node_as"]
@@ -38,9 +40,7 @@ def get_same_node_ranks(pg: Any, source_rank: int = 0) -> list[int]:
             raise ValueError("get_same_node_ranks: pg is an NCCL group; pass a gloo group (the coordinator's "
                              "cpu_group).")
         rank, world, ranks = dist.get_rank(pg), dist.get_world_size(pg), dist.get_process_group_ranks(pg)
-    if not 0 <= source_rank < world:
-        raise ValueError(f"get_same_node_ranks: source_rank={source_rank} must be a rank of the group "
-                         f"(0..{world - 1}).")
+    source = group_peer("get_same_node_ranks", "source_rank", source_rank, ranks)  # its global rank, checked
 
     seen = torch.zeros(world, dtype=torch.int32)
     created: shared_memory.SharedMemory | None = None
@@ -58,7 +58,7 @@ def get_same_node_ranks(pg: Any, source_rank: int = 0) -> list[int]:
         offer = pg.broadcast_obj(offer, src=source_rank)
     else:
         box = [offer]
-        dist.broadcast_object_list(box, src=ranks[source_rank], group=pg)
+        dist.broadcast_object_list(box, src=source, group=pg)
         offer = box[0]
     if rank != source_rank and offer is not None:
         name, token = offer

@@ -333,8 +333,7 @@ def initialize_sequence_parallel_group(sequence_model_parallel_size: int = 1, ba
 
 def all_reduce(tensor: torch.Tensor, group_name: str) -> torch.Tensor:
     """Collective over the coordinator named ``group_name`` (its ``unique_name``): out-of-place all-reduce (SUM)."""
-    ref = _groups.get(group_name)
-    group = ref() if ref is not None else None
+    group = _groups.get(group_name)
     if group is None:
         raise ValueError(f"all_reduce: no live group named {group_name!r}; known: {sorted(_groups)}.")
     return group.device_communicator.all_reduce(tensor)

@@ -46,7 +46,7 @@ from fastvideo.distributed.settings import AgreedSettings
 # name -> the count of coordinators of that name this process built (upstream's ``name:<n>`` group names)
 _group_name_counter: defaultdict[str, itertools.count] = defaultdict(itertools.count)
 # unique_name -> the coordinator (upstream's registry, which its module-level ``all_reduce(tensor, group_name)`` reads)
-_groups: dict[str, Callable[[], GroupCoordinator | None]] = {}
+_groups: weakref.WeakValueDictionary[str, GroupCoordinator] = weakref.WeakValueDictionary()
 
 
 @dataclass(init=False, eq=False)
@@ -86,16 +86,24 @@ class GroupCoordinator(CoordinatorTransfers):
                  group_name: str | None = None, *, created: list[dist.ProcessGroup] | None = None,
                  timeout: datetime.timedelta | None = None, vote_timeout: datetime.timedelta | None = None) -> None:
         """Upstream's constructor. Collective over the world (``torch.distributed.new_group`` needs every rank):
-        every rank creates a device group (``torch_distributed_backend``) and a gloo CPU group for each rank list of
-        ``group_ranks`` and keeps the one it belongs to. ``use_message_queue_broadcaster`` is accepted and builds
-        nothing (objects travel over the CPU group). Raises ValueError when this rank is in none of them.
+        for every rank list of ``group_ranks``, in order, every rank creates a device group
+        (``torch_distributed_backend``) and a gloo CPU group, and keeps the ones of the list it belongs to.
+        ``use_message_queue_broadcaster`` is accepted and builds nothing (objects travel over the CPU group). Raises
+        ValueError when this rank is in none of them.
 
-        This package's keywords, as ``create_groups`` takes them: ``created`` collects every group created (every
-        rank's, for the caller to destroy); ``timeout`` bounds the groups' collectives and is the coordinator's
-        ``timeout_s``; ``vote_timeout`` adds a gloo vote group (the SP group's)."""
-        rank = dist.get_rank()
-        mine = create_groups(group_ranks, torch_distributed_backend, [] if created is None else created,
-                             vote_timeout=vote_timeout, timeout=timeout)
+        This package's keywords: ``created`` collects every group created (every rank's, in order, for the caller to
+        destroy); ``timeout`` bounds the groups' collectives and is the coordinator's ``timeout_s``; ``vote_timeout``
+        adds a gloo vote group after each CPU group (the SP group's)."""
+        rank, mine = dist.get_rank(), None
+        kwargs = {} if timeout is None else {"timeout": timeout}
+        for ranks in map(list, group_ranks):
+            groups = [dist.new_group(ranks, backend=b, **kwargs) for b in (torch_distributed_backend, "gloo")]
+            if vote_timeout is not None:
+                groups.append(dist.new_group(ranks, backend="gloo", timeout=vote_timeout))
+            if created is not None:
+                created += groups
+            if rank in ranks:
+                mine = (ranks, groups)
         if mine is None:
             raise ValueError(f"GroupCoordinator: this process's rank {rank} is in none of group_ranks={group_ranks}; "
                              "every rank of the world must appear in one list.")
@@ -129,7 +137,7 @@ class GroupCoordinator(CoordinatorTransfers):
         self.timeout_s, self._teardown, self._on_settings = timeout_s, {}, {}
         name = unique_name or "anonymous"
         self.local_rank, self.unique_name = local_rank, f"{name}:{next(_group_name_counter[name])}"
-        _groups[self.unique_name] = weakref.ref(self)
+        _groups[self.unique_name] = self
 
     # ---------------------------------------------------------------- upstream FastVideo's coordinator surface
 
@@ -240,26 +248,6 @@ class GroupCoordinator(CoordinatorTransfers):
 
 _SP: GroupCoordinator | None = None
 _DP: GroupCoordinator | None = None
-
-
-def create_groups(group_ranks: Sequence[Sequence[int]], backend: str | dist.Backend, created: list[dist.ProcessGroup],
-                  *, vote_timeout: datetime.timedelta | None = None,
-                  timeout: datetime.timedelta | None = None) -> tuple[list[int], list[dist.ProcessGroup]] | None:
-    """For every rank list of ``group_ranks``, in order: a device group (``backend``), a gloo CPU group and, with
-    ``vote_timeout``, a gloo vote group, each appended to ``created``. Collective over the world
-    (``torch.distributed.new_group`` needs every rank). Returns this rank's list and its groups, or None where it is
-    in none of them."""
-    rank, mine = dist.get_rank(), None
-    kwargs = {} if timeout is None else {"timeout": timeout}
-    for ranks in group_ranks:
-        ranks = list(ranks)
-        groups = [dist.new_group(ranks, backend=backend, **kwargs), dist.new_group(ranks, backend="gloo", **kwargs)]
-        if vote_timeout is not None:
-            groups.append(dist.new_group(ranks, backend="gloo", timeout=vote_timeout))
-        created += groups
-        if rank in ranks:
-            mine = (ranks, groups)
-    return mine
 
 
 def check_group_size(caller: str, name: str, size: object, world: int) -> None:

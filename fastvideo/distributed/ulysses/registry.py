@@ -89,10 +89,9 @@ def _resolve() -> UlyssesHelper | None:
     sp = get_sp_group()
     sp.add_teardown("ulysses.route", reset)
     sp.on_settings_change("ulysses.route", _settings_changed)
-    agreed = sp.settings
-    if agreed is not None and agreed[_settings.ROUTE] == "auto":
+    if enabled():
         helper: UlyssesHelper | None = get_default_helper()
-    elif agreed is not None and agreed[_settings.CHECKED]:
+    elif sp.settings is not None and sp.settings[_settings.CHECKED]:
         helper = get_checked_off_helper()
     else:
         helper = None
