@@ -36,7 +36,10 @@ MODE_SEQ_GATHER = 0  # scatter heads (dim 2), gather sequence (dim 1)
 MODE_HEAD_GATHER = 1  # scatter sequence (dim 1), gather heads (dim 2)
 MODES = {(2, 1): MODE_SEQ_GATHER, (1, 2): MODE_HEAD_GATHER}  # (scatter_dim, gather_dim) -> mode
 _OP = "sequence_model_parallel_all_to_all_4D"
-_is_batched = torch._C._functorch.is_batchedtensor  # checked on every call: looked up once
+_is_batched = torch._C._functorch.is_batchedtensor
+# Checked on every call, looked up once: no tensor is batched while no functorch transform is active (the cheaper
+# test, that the fast path below makes; inside a transform the full path tests the tensor itself).
+_transforms_active = torch._C._are_functorch_transforms_active
 _Tensor, _STRIDED = torch.Tensor, torch.strided
 _DIM_NAMES = {1: "sequence", 2: "heads"}
 _COUNTED = {1: "sequence rows", 2: "heads"}
@@ -105,8 +108,8 @@ def _table(name: str, value: Sequence[int] | None, world_size: int, op: str = _O
 
 
 def validate_input(x: torch.Tensor, mode: int, world_size: int, rank: int = 0,
-                   seq_splits: Sequence[int] | None = None, head_splits: Sequence[int] | None = None, *,
-                   tag: object = None, allow_meta: bool = False) -> Splits:
+                   seq_splits: Sequence[int] | None = None, head_splits: Sequence[int] | None = None,
+                   tag: object = None, *, allow_meta: bool = False) -> Splits:
     """Raise for input that no route can serve, before any collective; return the split tables.
 
     ``rank``: this rank's place in the SP group (which row of the tables ``x`` must match). Checked: ``x`` is a
@@ -120,7 +123,7 @@ def validate_input(x: torch.Tensor, mode: int, world_size: int, rank: int = 0,
     if seq_splits is None and head_splits is None and type(x) is _Tensor and (mode == 0 or mode == 1):
         shape = x.shape
         if (len(shape) == 4 and not shape[2 - mode] % world_size and not x.is_meta and x.layout is _STRIDED
-                and not _is_batched(x) and (tag is None or (type(tag) is str and tag))):
+                and not _transforms_active() and (tag is None or (type(tag) is str and tag))):
             return EVEN
     check_tag(tag)
     if not isinstance(x, torch.Tensor):

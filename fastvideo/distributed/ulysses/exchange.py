@@ -163,7 +163,7 @@ def validated(sp: GroupCoordinator, x: torch.Tensor, mode: int, grad: bool, seq_
               tag: str | None) -> Splits:
     """``validate_input`` for this rank of ``sp`` under ``voted_errors``: the split tables."""
     with voted_errors(sp, mode, grad):
-        return validate_input(x, mode, sp.world_size, sp.rank_in_group, seq_splits, head_splits, tag=tag)
+        return validate_input(x, mode, sp.world_size, sp.rank_in_group, seq_splits, head_splits, tag)
 
 
 def issue(sp: GroupCoordinator, x: torch.Tensor, mode: int, grad: bool, outcome: Outcome | None, route_id: int,

@@ -8,7 +8,7 @@ or raise the same error on every rank. A helper acts on the settings agreed at i
 re-agreements it follows), never on the environment read per call. A vote that fails (timeout, dead peer) disposes
 the helper: its vote group is unusable, and every later call raises.
 
-The helper's state lives with the objects it owns and names: ``CallCounter`` (``sequence.py``: the SEQ words),
+The helper's state lives with the objects it owns and names: ``TagCounter`` (``sequence.py``: tagged SEQ words),
 ``Runtime`` (``runtime.py``: transport, vote channels, watchdog, the failure rules; disposed or destroyed), ``HotLane``
 (``hot.py``), ``CallStats`` (``stats.py``) and the ``Planner`` (``planner.py``).
 
@@ -38,7 +38,7 @@ from fastvideo.distributed.ulysses.hot import HotLane
 from fastvideo.distributed.ulysses.planner import PlanConfig, Planner, Proposal, Signature
 from fastvideo.distributed.ulysses.policy import CAPTURE_ENGINES, TUNED_TABLE, Choice, Geometry, TunedRow
 from fastvideo.distributed.ulysses.runtime import HelperDisposedError, Runtime, stream_capturing
-from fastvideo.distributed.ulysses.sequence import CallCounter
+from fastvideo.distributed.ulysses.sequence import TagCounter
 from fastvideo.distributed.ulysses.stats import CallRecord, CallStats
 from fastvideo.distributed.ulysses.transport import Transport
 from fastvideo.distributed.ulysses.vote import GlooVote, VoteError
@@ -134,7 +134,8 @@ class UlyssesHelper:
             torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu")
         self.transport = None if disabled else (transport if transport is not None else default_transport(self.device))
         self._capturing = capturing
-        self._counter = CallCounter(self.generation)
+        self._calls = 0  # every call takes one number, whatever its route or outcome (``stats()["calls"]``)
+        self._tags = TagCounter(self.generation)
         self._stats = CallStats(history)
         # Reusable state must not depend on the grad mode of the call that builds the helper lazily: buffers
         # made under inference mode are inference tensors, which no later call outside it may update.
@@ -185,7 +186,7 @@ class UlyssesHelper:
 
     # ------------------------------------------------------------------ the call
 
-    def call(self, x: torch.Tensor, mode: int, grad: bool = False, outcome: tuple[int, int] | None = None, *,
+    def call(self, x: torch.Tensor, mode: int, grad: bool = False, outcome: tuple[int, int] | None = None,
              splits: Splits = EVEN, tag: str | None = None) -> tuple[torch.Tensor | None, tuple[int, int]]:
         """One call on validated input: propose, vote, decide, execute, record. Collective; blocks the host for the
         vote; capture-safe (one vote at capture, see the class). Not differentiable (the op is).
@@ -199,9 +200,14 @@ class UlyssesHelper:
         runtime = self._runtime
         if runtime.disposed is not None or runtime.destroyed:
             runtime.check()  # raises
-        phase = _BACKWARD if outcome is not None else _FORWARD_GRAD if grad else _FORWARD_NO_GRAD
-        code, forward_word = outcome if outcome is not None else (None, 0)
-        seq, word = self._counter.next(phase, tag, forward_word)
+        seq = self._calls  # an untagged forward votes its call number
+        self._calls = seq + 1
+        if outcome is None:
+            phase, code, word = _FORWARD_GRAD if grad else _FORWARD_NO_GRAD, None, seq
+        else:
+            phase, (code, word) = _BACKWARD, outcome
+        if tag is not None:
+            word = self._tags.word(phase, tag, word)
         if not self._votes:  # declined at construction (agreed), checked mode off: no call needs a vote
             return self._declined(seq, phase, mode, self.construction_reason, word, None, tag)
         run = self._hot.run  # 1-2 in one native call for a signature launched fused before (hot.py); else None
@@ -231,7 +237,7 @@ class UlyssesHelper:
             decision = contract.decide(rows)
             if decision.verdict is Verdict.RAISE:
                 self._stats.raised += 1
-                count = self._counter.rollback(tag, phase, word)
+                count = self._tags.rollback(tag, phase, word)
                 raise mismatch.with_detail(self._runtime.gather, decision.error, proposal, seq, phase, tag, count,
                                            error) from error
             if decision.verdict is Verdict.DECLINE:
@@ -263,8 +269,8 @@ class UlyssesHelper:
         if not self.checked or torch.compiler.is_compiling():
             raise error
         self.check_alive()
-        phase = _FORWARD_GRAD if grad else _FORWARD_NO_GRAD
-        seq, _ = self._counter.next(phase, None)
+        phase, seq = _FORWARD_GRAD if grad else _FORWARD_NO_GRAD, self._calls
+        self._calls = seq + 1
         self._stats.raised += 1
         # Nothing is known of the input but the mode and the grad flag: no dtype (DTYPE 0), no shape.
         fields = contract.fields(self.generation, seq, DeclineReason.LOCAL_ERROR.bit, mode, None, (0, 0, 0, 0), phase)
@@ -298,7 +304,7 @@ class UlyssesHelper:
         ``ops.all_to_all(x, mode, helper=this)`` for this helper), whose backward runs the inverse with the plan its
         forward ran and still votes. A call autograd would record raises instead of losing the gradient."""
         try:  # this entry point's one validation (``validate_input``; a caller error: ``_invalid``)
-            splits = validate_input(x, mode, self.world_size, self.sp.rank_in_group, seq_splits, head_splits, tag=tag)
+            splits = validate_input(x, mode, self.world_size, self.sp.rank_in_group, seq_splits, head_splits, tag)
         except (TypeError, ValueError, RuntimeError) as exc:
             self._invalid(x, mode, exc)
         if torch.is_grad_enabled() and x.requires_grad:
@@ -306,7 +312,7 @@ class UlyssesHelper:
                 "UlyssesHelper.all_to_all is not differentiable and x requires grad: call "
                 "fastvideo.distributed.ulysses.ops.all_to_all(x, mode, helper=helper) (or the public "
                 "sequence_model_parallel_all_to_all_4D), or run it under torch.no_grad().")
-        out = self.call(x, mode, splits=splits, tag=tag)[0]
+        out = self.call(x, mode, False, None, splits, tag)[0]  # (positional: the cheaper call on the hot lane)
         return out if out is not None else nccl_route(x, mode, self.sp.device_group, splits=splits)
 
     def try_all_to_all_4D(self, x: torch.Tensor, scatter_dim: int = 2, gather_dim: int = 1, *,
@@ -318,7 +324,7 @@ class UlyssesHelper:
         mode = -1  # what an invalid dim pair votes
         try:
             mode = mode_for_dims(scatter_dim, gather_dim)
-            splits = validate_input(x, mode, self.world_size, self.sp.rank_in_group, seq_splits, head_splits, tag=tag)
+            splits = validate_input(x, mode, self.world_size, self.sp.rank_in_group, seq_splits, head_splits, tag)
         except (TypeError, ValueError, RuntimeError) as exc:
             self._invalid(x, mode, exc)
         return self.call(x, mode, torch.is_grad_enabled() and x.requires_grad, splits=splits, tag=tag)[0]
@@ -360,7 +366,7 @@ class UlyssesHelper:
     def stats(self) -> dict:
         """Local: what the helper is (construction, vote channel, settings) and its counts since construction
         (calls, fused runs, declines by reason, plans that ran, vote cost, the hot lane, tags, calls in flight)."""
-        reason, runtime, tags = self.construction_reason, self._runtime, self._counter.tag_counts()
+        reason, runtime, tags = self.construction_reason, self._runtime, self._tags.tag_counts()
         return {
             "id": self.id,
             "generation": self.generation,
@@ -369,7 +375,7 @@ class UlyssesHelper:
             "construction": reason.label if reason is not None else ("ok" if runtime.built else "n/a"),
             "construction_detail": self.construction_detail,
             "construction_per_rank": dict(self.construction_per_rank),
-            "calls": self._counter.calls,  # every call takes one SEQ number, whatever its route or outcome
+            "calls": self._calls,  # every call takes one SEQ number, whatever its route or outcome
             **self._stats.report(),
             "vote": type(runtime.call_vote).__name__.removesuffix("Vote").lower(),
             "vote_timeout_s": runtime.vote.timeout_s,

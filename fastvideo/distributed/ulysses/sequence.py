@@ -1,8 +1,8 @@
-"""A helper's call numbering: the SEQ word each call votes (``contract.py``, field 1). Local.
+"""A helper's call-site tags: the SEQ word a tagged call votes (``contract.py``, field 1). Local.
 
-Every call takes the next call number. An untagged forward votes that number, a tagged forward its tag's own
-count for its phase (``contract.tag_seq``), and a backward votes the word its forward voted (carried in the op's
-saved outcome), so ranks whose autograd reaches two backward exchanges in different orders differ in SEQ and
+The helper numbers every call, and an untagged forward votes that number; a tagged forward votes its tag's own
+count for its phase (``contract.tag_seq``), kept here; a backward votes the word its forward voted (carried in the
+op's saved outcome), so ranks whose autograd reaches two backward exchanges in different orders differ in SEQ and
 raise together instead of swapping gradients.
 """
 
@@ -19,23 +19,19 @@ TAGS_WARN = 4096  # distinct call tags per helper past which a warning says tags
 _FORWARD_GRAD, _BACKWARD = Phase.FORWARD_GRAD, Phase.BACKWARD
 
 
-class CallCounter:
-    """The call count and each call-site tag's counts (identical on every rank that makes the same calls)."""
+class TagCounter:
+    """Each call-site tag's counts per phase (identical on every rank that makes the same calls)."""
 
-    __slots__ = ("_tags", "calls", "generation")
+    __slots__ = ("_tags", "generation")
 
     def __init__(self, generation: int) -> None:
-        self.calls = 0  # every call takes one number, whatever its route or outcome (``stats()["calls"]``)
         self.generation = generation
         # Per tag: [count per phase (3), the SEQ word of call 0 per phase (3)] (``contract.tag_bases``, hashed once).
         self._tags: dict[str, list[int]] = {}
 
-    def next(self, phase: Phase, tag: str | None, forward_word: int = 0) -> tuple[int, int]:
-        """``(call number, SEQ word)`` of the next call: a backward's word is ``forward_word``, its forward's."""
-        seq = self.calls
-        self.calls = seq + 1
-        if tag is None:
-            return seq, forward_word if phase is _BACKWARD else seq
+    def word(self, phase: Phase, tag: str, word: int) -> int:
+        """The SEQ word of the next call tagged ``tag`` in ``phase``, which it counts: for a backward ``word``,
+        its forward's."""
         entry = self._tags.get(tag)
         if entry is None:  # a new tag: its SEQ words of call 0 hashed once
             entry = self._tags[tag] = [0, 0, 0, *contract.tag_bases(tag)]
@@ -45,7 +41,7 @@ class CallCounter:
                                self.generation, TAGS_WARN)
         count = entry[phase]
         entry[phase] = count + 1
-        return seq, forward_word if phase is _BACKWARD else entry[phase + 3] ^ count
+        return word if phase is _BACKWARD else entry[phase + 3] ^ count
 
     def rollback(self, tag: str | None, phase: Phase, word: int) -> int:
         """A call that raised on every rank is not counted for its tag: returns the count it had (0 untagged; for a
