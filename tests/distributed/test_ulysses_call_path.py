@@ -3,12 +3,12 @@
 ``docs/architecture.md`` lists the modules one eager fused call passes through, in order, none entered twice (a
 module is entered twice when the call leaves it for another module and comes back into it, or enters it again
 after leaving): the public function, the op layer, the SP group, the core, the layouts' validation, the route,
-the helper, its call number, its runtime, the transport. Two gloo ranks run the public function on a helper
-whose transport is the native one driving the stand-in library of ``tests/kernel/test_native_dispatch.py`` (the
-voted form, over the real shared-memory vote), and a profile hook records every Python function of
-``fastvideo/`` entered from the call's start to the library call. The checks read that record: the modules
-entered, in order, each once; the chain of modules on the stack at the last Python call before the library's.
-A negative control feeds the checker a record in which a module is entered twice.
+the helper (which numbers the call itself: an untagged call enters no tag counter), its runtime, the transport.
+Two gloo ranks run the public function on a helper whose transport is the native one driving the stand-in library
+of ``tests/kernel/test_native_dispatch.py`` (the voted form, over the real shared-memory vote), and a profile hook
+records every Python function of ``fastvideo/`` entered from the call's start to the library call. The checks read
+that record: the modules entered, in order, each once; the chain of modules on the stack at the last Python call
+before the library's. A negative control feeds the checker a record in which a module is entered twice.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tests.distributed.conftest import SHM_VOTE_ENV, SHM_VOTE_SKIP, rank_input, 
 pytestmark = pytest.mark.skipif(SHM_VOTE_SKIP is not None, reason=SHM_VOTE_SKIP or "")
 
 PATH = ("communication_op", "ulysses.ops", "sp_groups", "ulysses.exchange", "all_to_all", "ulysses.registry",
-        "ulysses.helper", "ulysses.sequence", "ulysses.runtime", "ulysses.native")
+        "ulysses.helper", "ulysses.runtime", "ulysses.native")
 # On the stack at the launch: the public function, the op layer, the core, the helper, its runtime, the transport.
 CHAIN = ("communication_op", "ulysses.ops", "ulysses.exchange", "ulysses.helper", "ulysses.runtime", "ulysses.native")
 SHAPE = (3, 16, 12, 8)
@@ -140,8 +140,8 @@ def test_on_the_hot_path_the_call_enters_each_module_once_then_one_native_call(r
         assert ran == ("fused", True) and launches == 1 and hot_calls == 1
         assert tuple(stays(entered)) == PATH[:-2], " ".join(stays(entered))
         assert reentered(entered) == []
-        # the stack at the last Python call before the native one: the call number, taken just before it
-        assert chain == (*CHAIN[:-2], "ulysses.sequence")
+        # the stack at the last Python call before the native one: the helper's call itself
+        assert chain == CHAIN[:-2]
 
 
 def test_negative_control_a_module_entered_twice_is_seen():

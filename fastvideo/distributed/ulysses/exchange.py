@@ -161,9 +161,13 @@ def voted_errors(sp: GroupCoordinator, mode: int, grad: bool) -> Iterator[None]:
 
 def validated(sp: GroupCoordinator, x: torch.Tensor, mode: int, grad: bool, seq_splits, head_splits,
               tag: str | None) -> Splits:
-    """``validate_input`` for this rank of ``sp`` under ``voted_errors``: the split tables."""
-    with voted_errors(sp, mode, grad):
+    """``validate_input`` for this rank of ``sp``: the split tables, or the caller's error raised through ``fail``
+    (voted in checked mode). Collective only where it raises in checked mode. (Not ``voted_errors``: a context
+    manager's frames cost every call more than a ``try``, which costs nothing until it raises.)"""
+    try:
         return validate_input(x, mode, sp.world_size, sp.rank_in_group, seq_splits, head_splits, tag)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        fail(sp, mode, grad, exc)
 
 
 def issue(sp: GroupCoordinator, x: torch.Tensor, mode: int, grad: bool, outcome: Outcome | None, route_id: int,
