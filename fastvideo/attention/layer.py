@@ -136,8 +136,9 @@ def _public_all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, name:
 
 def _check_4d(cls: str, layout: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 4:
-            raise ValueError(f"{cls}: {name} must be 4-D {layout}, got {tuple(t.shape)}.")
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{cls}: {name} must be 4-D {layout}, got {got}.")
 
 
 def _cat_heads(parts: list[torch.Tensor]) -> torch.Tensor:

@@ -36,10 +36,8 @@ MODE_SEQ_GATHER = 0  # scatter heads (dim 2), gather sequence (dim 1)
 MODE_HEAD_GATHER = 1  # scatter sequence (dim 1), gather heads (dim 2)
 MODES = {(2, 1): MODE_SEQ_GATHER, (1, 2): MODE_HEAD_GATHER}  # (scatter_dim, gather_dim) -> mode
 _OP = "sequence_model_parallel_all_to_all_4D"
-_is_batched = torch._C._functorch.is_batchedtensor
-# Checked on every call, looked up once: no tensor is batched while no functorch transform is active (the cheaper
-# test, that the fast path below makes; inside a transform the full path tests the tensor itself).
-_transforms_active = torch._C._are_functorch_transforms_active
+_is_batched = torch._C._functorch.is_batchedtensor  # checked on every call: looked up once (a tensor that escaped
+# a vmap is still batched after it: whether a transform is active says nothing of the tensor)
 _Tensor, _STRIDED = torch.Tensor, torch.strided
 _DIM_NAMES = {1: "sequence", 2: "heads"}
 _COUNTED = {1: "sequence rows", 2: "heads"}
@@ -99,11 +97,12 @@ def _table(name: str, value: Sequence[int] | None, world_size: int, op: str = _O
                 share = operator.index(share)
         except TypeError:
             raise ValueError(f"{op}: {name}[{r}] = {share!r} is not an int; pass {what}.") from None
-        # Below 2**60: no dim is that large, and 8 such shares still sum within the vote's int64 fields.
-        if not 0 <= share < 1 << 60:
-            raise ValueError(f"{op}: {name}[{r}] = {share} is {'negative' if share < 0 else 'no row or head count'}; "
-                             f"pass {what} (0: an idle rank).")
+        if share < 0:
+            raise ValueError(f"{op}: {name}[{r}] = {share} is negative; pass {what} (0: an idle rank).")
         table.append(share)
+    # A dim (and the vote's int64 fields) holds less than 2**63; a SymInt is a real size, bounded already.
+    if all(type(share) is int for share in table) and sum(table) >= 1 << 63:
+        raise ValueError(f"{op}: {name} sums to {sum(table)}, more than a dim holds; pass {what}.")
     return tuple(table)
 
 
@@ -123,7 +122,7 @@ def validate_input(x: torch.Tensor, mode: int, world_size: int, rank: int = 0,
     if seq_splits is None and head_splits is None and type(x) is _Tensor and (mode == 0 or mode == 1):
         shape = x.shape
         if (len(shape) == 4 and not shape[2 - mode] % world_size and not x.is_meta and x.layout is _STRIDED
-                and not _transforms_active() and (tag is None or (type(tag) is str and tag))):
+                and not _is_batched(x) and (tag is None or (type(tag) is str and tag))):
             return EVEN
     check_tag(tag)
     if not isinstance(x, torch.Tensor):

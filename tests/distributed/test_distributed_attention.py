@@ -299,7 +299,7 @@ def test_uneven_bad_arguments_raise_clearly(ranks):
 
 
 def _one_rank_mistakes(rank, world_size, fused=False):
-    """Each of three argument mistakes on rank 1 only, the other ranks calling correctly: what each rank raised, how
+    """Each of five argument mistakes on rank 1 only, the other ranks calling correctly: what each rank raised, how
     long it took, whether a correct forward right after matches the reference on every rank, and the (route, decline
     reason) of each all-to-all of that forward (``recorded_calls``). ``fused`` (the route assertion's negative
     control): through a helper on the CPU plan transport, in float32 (what it moves)."""
@@ -318,7 +318,8 @@ def _one_rank_mistakes(rank, world_size, fused=False):
     q, k, v = (t[n][:, 4 * rank:4 * rank + 4] for n in ("q", "k", "v"))
     wide = torch.zeros(B, 4, H + 2, D, dtype=dtype)
     mistakes = {"seq len": ((q, k, v), {"original_seq_len": seq + 1}), "heads": ((wide, wide, wide), {}),
-                "partial replicated": ((q, k, v), {"replicated_q": q})}
+                "partial replicated": ((q, k, v), {"replicated_q": q}), "not a tensor": ((q, None, v), {}),
+                "replicated not a tensor": ((q, k, v), {"replicated_q": q, "replicated_k": 1, "replicated_v": v})}
     seen = {}
     for name, (args, kw) in mistakes.items():
         start = time.monotonic()
@@ -351,9 +352,12 @@ def test_an_argument_mistake_on_one_rank_raises_on_every_rank_in_checked_mode(ra
     env = {"FASTVIDEO_ULYSSES_A2A_CHECKED": "1", "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S": "20",
            "FASTVIDEO_ULYSSES_A2A": route}
     got = ranks(world_size, _one_rank_mistakes, env=env, timeout_s=120)
-    texts = {"seq len": "original_seq_len=", "heads": "num_heads, head_size", "partial replicated": "together"}
+    texts = {"seq len": "original_seq_len=", "heads": "num_heads, head_size", "partial replicated": "together",
+             "not a tensor": "k must be 4-D [B, S/P, H, D], got NoneType",
+             "replicated not a tensor": "'int' object has no attribute 'shape'"}  # the check's own AttributeError
     for name, text in texts.items():
-        assert got[1][name][0] == "ValueError" and text in got[1][name][1], got[1][name]
+        kind = "AttributeError" if name == "replicated not a tensor" else "ValueError"
+        assert got[1][name][0] == kind and text in got[1][name][1], got[1][name]
         for r in range(world_size):
             if r != 1:
                 assert got[r][name][0] == "PeerCallError" and "rank(s) [1]" in got[r][name][1], got[r][name]

@@ -421,9 +421,9 @@ def test_the_digest_alone_names_splits_in_checked_mode():
 BAD = [
     ("length", dict(seq_splits=[4]), "seq_splits has 1 entries for SP size 2; pass one non-negative int per SP rank"),
     ("negative", dict(seq_splits=[9, -1], head_splits=[2, 2]), "seq_splits[1] = -1 is negative"),
-    # A share no dim can have (here a byte count), that would overflow the vote's fields: named, not an OverflowError.
-    ("huge", dict(seq_splits=[4, 1 << 70]), f"seq_splits[1] = {1 << 70} is no row or head count; pass one"),
-    ("just too large", dict(seq_splits=[4, 1 << 60]), f"seq_splits[1] = {1 << 60} is no row or head count"),
+    # Shares no dim can hold (here byte counts), that would overflow the vote's fields: named, not an OverflowError.
+    ("huge", dict(seq_splits=[4, 1 << 70]), f"seq_splits sums to {4 + (1 << 70)}, more than a dim holds; pass one"),
+    ("just too large", dict(seq_splits=[4, (1 << 63) - 4]), f"seq_splits sums to {1 << 63}, more than a dim holds"),
     ("not an int", dict(head_splits=[2.0, 2]), "head_splits[0] = 2.0 is not an int"),
     ("a bool", dict(seq_splits=[4, True]), "seq_splits[1] = True is not an int"),
     ("a string", dict(head_splits="22"), "head_splits must be a list or tuple"),
@@ -438,6 +438,24 @@ def test_bad_tables_are_value_errors_naming_the_argument_and_the_fix(case, split
     with pytest.raises(ValueError) as info:
         validate_input(torch.zeros(1, 4, 4, 2), 0, 2, rank=0, **splits)
     assert needle in str(info.value) and str(info.value).startswith("sequence_model_parallel_all_to_all_4D: ")
+
+
+def test_shares_each_in_range_that_overflow_together_are_refused_at_any_sp_size():
+    """Pure: at SP 10, nine shares of 2**60 - 1 sum past what a dim (and the vote's int64 S field) holds: a
+    ValueError naming the table, where the shares alone pass (the control: eight of them at SP 9)."""
+    x = torch.zeros(1, 4, 10, 2)
+    with pytest.raises(ValueError, match=r"seq_splits sums to \d+, more than a dim holds"):
+        validate_input(x, 0, 10, rank=0, seq_splits=[4] + [(1 << 60) - 1] * 9)
+    assert validate_input(x[:, :, :9], 0, 9, rank=0, seq_splits=[4] + [(1 << 60) - 1] * 8).seq[1] == (1 << 60) - 1
+
+
+def test_a_tensor_that_escaped_a_vmap_is_refused_as_inside_one():
+    """Pure: a batched tensor kept past its vmap (no transform active any more) is still refused, by the same
+    vmap error (it has no data pointer: let through, it would fail after the call was counted)."""
+    leaked = []
+    torch.func.vmap(lambda t: leaked.append(t.unsqueeze(0).expand(2, 4, 4, 8)) or t)(torch.randn(3, 4, 4, 8))
+    with pytest.raises(RuntimeError, match=r"does not support torch\.func\.vmap"):
+        validate_input(leaked[0], 0, 2)
 
 
 def test_tables_of_any_integer_type_become_int_tuples():

@@ -151,11 +151,12 @@ def fail(sp: GroupCoordinator, mode: int, grad: bool, error: BaseException):
 @contextlib.contextmanager
 def voted_errors(sp: GroupCoordinator, mode: int, grad: bool) -> Iterator[None]:
     """Around a call's argument checks on this rank of ``sp``: a caller error raised inside (``TypeError``,
-    ``ValueError``, ``RuntimeError``) is raised through ``fail``, voted in checked mode, so that every peer raises
-    for this call instead of pairing it with this rank's next. Collective only where it raises in checked mode."""
+    ``ValueError``, ``RuntimeError``, and ``AttributeError``: an argument of another type than the checks read) is
+    raised through ``fail``, voted in checked mode, so that every peer raises for this call instead of pairing it
+    with this rank's next. Collective only where it raises in checked mode."""
     try:
         yield
-    except (TypeError, ValueError, RuntimeError) as exc:
+    except (TypeError, ValueError, RuntimeError, AttributeError) as exc:
         fail(sp, mode, grad, exc)
 
 
