@@ -6,6 +6,7 @@ names it, never silently. The python here is this one behind a shim that hides s
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import pathlib
 import re
@@ -18,6 +19,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The small test file the command is pointed at (FASTVIDEO_PYTEST_ARGS), and how many tests it holds: counted, so
 # that the assertions below follow the file as it grows.
 TARGET = "tests/test_rotary_embedding.py"
+# The modules scripts/setup_env.sh checks for, by import name (its table's keys).
+DEV_MODULES = re.findall(r'"(\w+)": "[\w-]+"', (ROOT / "scripts" / "setup_env.sh").read_text())
 
 
 @functools.cache
@@ -108,6 +111,14 @@ def test_under_ci_a_missing_nvcc_or_clang_format_executable_fails(tmp_path, ci):
     test, naming it, for every spelling of CI the command reads as CI. The control: the same machine without CI
     skips them and says so (the skip test above, and the nvcc one here)."""
     python, env = _shim(tmp_path, "")
+    # The module check must pass, the executables being this test's subject: a module this python lacks (a GPU
+    # host's has no ruff) gets an empty stand-in beside the shim (run as a module, it does nothing), hidden again
+    # below where the command runs on.
+    stand_ins = [mod for mod in DEV_MODULES if importlib.util.find_spec(mod) is None]
+    for mod in stand_ins:
+        (tmp_path / "hide" / mod).mkdir()
+        for name in ("__init__.py", "__main__.py"):
+            (tmp_path / "hide" / mod / name).write_text("")
     env.update(CI=ci, PYTEST_ADDOPTS="-p no:timeout", FASTVIDEO_PYTEST_ARGS=TARGET, CUDA_VISIBLE_DEVICES="")
     env.pop("FASTVIDEO_SKIP_KERNEL_BUILD")
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if not (pathlib.Path(p) / "nvcc").exists())
@@ -121,7 +132,8 @@ def test_under_ci_a_missing_nvcc_or_clang_format_executable_fails(tmp_path, ci):
                           timeout=300)
     assert proc.returncode == 1 and f"CI={ci} but nvcc is not on PATH" in proc.stderr, proc.stderr[-2000:]
     assert "== pytest" not in proc.stdout
-    env.update(FASTVIDEO_TEST_HIDE="ninja")  # without CI; no ninja: no hot-path extension build here either
+    # Without CI; no ninja: no hot-path extension build here either.
+    env.update(FASTVIDEO_TEST_HIDE=" ".join(["ninja", *stand_ins]))
     env.pop("CI")
     env.pop("PYTEST_ADDOPTS")
     proc = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
