@@ -6,56 +6,10 @@
 # to 5 named results, so $OUT never holds more than 8 files and nothing deeper than its top level.
 
 # tree_commit DIR: the commit DIR's files are, on stdout; where a COMMIT stamp (what an exported tree carries
-# instead of .git) and the checkout's HEAD disagree, a note on stderr saying which was recorded and why. The same
-# rule as benchmarks/harness/header.py's describe_commit. Not a checkout of its own (an exported tree, a folder
-# inside another repository): the stamp, else "unknown". A checkout without a stamp, or whose stamp is its HEAD:
-# HEAD, plus -dirty for changed tracked files. Where they disagree the files decide, since either can be the stale
-# one (a stamp left behind in a checkout that moved on; a tree copied over a checkout of another commit, whose .git
-# names that one): a stamp git does not know is recorded unless the files are exactly HEAD's (no changed tracked
-# file, no untracked one); a stamp it knows, or HEAD, whichever has fewer changed tracked paths (HEAD on a tie),
-# plus -dirty where any differ.
+# instead of .git) and the checkout's HEAD disagree, a note on stderr saying which was recorded and why
+# (benchmarks/harness/commit.py, the one rule every record follows; any python3 runs it, before any set-up).
 tree_commit() {
-  local dir=$1 stamp="" head top known said changed_head changed_stamp chosen changed which commit
-  [[ -f $dir/COMMIT ]] && { read -r stamp <"$dir/COMMIT" || true; }
-  # Never an enclosing repository's HEAD: git only where DIR is its own checkout.
-  if ! head=$(git -C "$dir" rev-parse --verify -q HEAD 2>/dev/null) ||
-     ! top=$(git -C "$dir" rev-parse --show-toplevel 2>/dev/null) ||
-     [[ $(cd "$top" && pwd -P) != "$(cd "$dir" && pwd -P)" ]]; then
-    echo "${stamp:-unknown}"
-    return 0
-  fi
-  known=$head
-  if [[ -n $stamp ]]; then
-    known=$(git -C "$dir" rev-parse --verify -q "$stamp^{commit}" 2>/dev/null) || known=""
-  fi
-  if [[ $known == "$head" ]]; then
-    [[ -n $(git -C "$dir" status --porcelain --untracked-files=no 2>/dev/null) ]] && head+=-dirty
-    echo "$head"
-    return 0
-  fi
-  changed_head=$(($(git -C "$dir" diff --name-only "$head" -- 2>/dev/null | wc -l)))
-  said="the COMMIT stamp $stamp disagrees with this checkout's HEAD $head"
-  if [[ -z $known ]]; then
-    if ((changed_head == 0)) && [[ -z $(git -C "$dir" ls-files --others --exclude-standard 2>/dev/null) ]]; then
-      echo "$head"
-      echo "$said: the stamp names no commit of this checkout and the files are HEAD's: recorded HEAD" >&2
-    else
-      echo "$stamp"
-      echo "$said: the stamp names no commit of this checkout (a tree copied over a checkout of another commit?)" \
-           "and the files are not HEAD's: recorded the stamp, unchecked" >&2
-    fi
-    return 0
-  fi
-  changed_stamp=$(($(git -C "$dir" diff --name-only "$known" -- 2>/dev/null | wc -l)))
-  chosen=$head changed=$changed_head which=HEAD
-  if ((changed_stamp < changed_head)); then
-    chosen=$known changed=$changed_stamp which="the stamp"
-  fi
-  commit=$chosen
-  ((changed > 0)) && commit+=-dirty
-  echo "$commit"
-  echo "$said: $changed_head tracked path(s) differ from HEAD, $changed_stamp from the stamp: recorded $which" \
-       "($commit)" >&2
+  python3 "$(dirname "${BASH_SOURCE[0]}")/../benchmarks/harness/commit.py" "$1"
 }
 
 # gpu_init NAME: the working and output folders, the environment every process below must see, the repository

@@ -240,7 +240,8 @@ def test_document_validation_and_its_negative_controls(tmp_path: Path) -> None:
 
 
 def test_header_names_what_ran() -> None:
-    from benchmarks.harness.header import REQUIRED, build_header, tree_commit
+    from benchmarks.harness.commit import tree_commit
+    from benchmarks.harness.header import REQUIRED, build_header
 
     header = build_header(torch.device("cpu"), 1, case="x", extra={"mine": 1})
     assert set(REQUIRED) <= set(header) and header["mine"] == 1 and header["case"] == "x"

@@ -1,6 +1,7 @@
 """The commit a record names: a ``COMMIT`` stamp (what an exported tree carries instead of ``.git``) or the
-checkout's HEAD, whichever the tree's files are, by one rule in Python (``benchmarks/harness/header.py``'s
-``describe_commit``) and in bash (``scripts/gpu_lib.sh``'s ``tree_commit``), which must agree case by case.
+checkout's HEAD, whichever the tree's files are, by one rule (``benchmarks/harness/commit.py``'s
+``describe_commit``), which the GPU scripts run from bash (``scripts/gpu_lib.sh``'s ``tree_commit``): case by case
+both entries give the same answer, the commit on stdout and the note on stderr from bash.
 
 A stamp left behind in a checkout that has moved on must not win over HEAD; a tree copied over a checkout of another
 commit (a GPU host's copy: its ``.git`` names that other commit) keeps its stamp; an exported tree without ``.git``
@@ -18,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.harness.header import describe_commit
+from benchmarks.harness.commit import describe_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 LIB = ROOT / "scripts" / "gpu_lib.sh"
+RULE = "benchmarks/harness/commit.py"
 UNKNOWN = "f" * 40  # a commit no test repository has
 
 
@@ -57,7 +59,7 @@ def _bash(tree: Path) -> tuple[str, str]:
 
 
 def _both(tree: Path) -> tuple[str, str | None]:
-    """The Python rule's answer, checked against the bash rule's: the same commit, a note from both or neither."""
+    """The rule's answer from Python, checked against bash's entry: the same commit, a note from both or neither."""
     commit, note = describe_commit(tree)
     out, err = _bash(tree)
     assert (out, bool(err)) == (commit, bool(note)), (out, err, commit, note)
@@ -114,9 +116,12 @@ def test_an_exported_tree_keeps_its_stamp(tmp_path: Path) -> None:
 
 
 def _scripts_repo(tmp_path: Path, *scripts: str) -> tuple[Path, str, str]:
-    """A checkout holding copies of ``scripts`` (committed), with a stale stamp: COMMIT names A, HEAD is B."""
+    """A checkout holding copies of ``scripts`` and of the rule they run (committed), with a stale stamp: COMMIT
+    names A, HEAD is B."""
     repo = tmp_path / "repo"
-    a, b = _repo(repo, {f"scripts/{s}": (ROOT / "scripts" / s).read_text() for s in scripts})
+    files = {f"scripts/{s}": (ROOT / "scripts" / s).read_text() for s in scripts}
+    files[RULE] = (ROOT / RULE).read_text()
+    a, b = _repo(repo, files)
     (repo / "COMMIT").write_text(f"{a}\n")
     return repo, a, b
 

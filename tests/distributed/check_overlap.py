@@ -46,7 +46,7 @@ import torch.nn.functional as F
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.harness.header import tree_commit  # noqa: E402
+from benchmarks.harness.commit import tree_commit  # noqa: E402
 from fastvideo.attention.layer import DistributedAttention  # noqa: E402
 from fastvideo.distributed import parallel_state  # noqa: E402
 from fastvideo.distributed.all_to_all import mode_for_dims  # noqa: E402
