@@ -6,7 +6,7 @@
 # code 5 (no tests collected) is a failure. On a python used as it is (scripts/setup_env.sh: a GPU host's)
 # a step whose tool is not installed, or whose NCCL release cannot be downloaded, is skipped with a note, and the
 # last line names what did not run; under CI=true either is a failure (CI installs and downloads them). On a host
-# with GPUs the GPU tests run in a second, serial session (below).
+# with GPUs the GPU tests run first, in a serial session of their own (below).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 cd "$ROOT"
@@ -96,8 +96,9 @@ fi
 # tests by work stealing, so that the few long ones (the overlay, the nested test commands) do not all queue at the
 # end of one worker. On a host
 # with GPUs the suite runs in two sessions, so that the GPU tests (marked `gpu`: each takes every GPU) run one at a
-# time with the GPUs visible: first every other test on the workers with the GPUs hidden (as on a machine without
-# any), then the GPU tests serially. Each test runs once. Serial where xdist is missing.
+# time with the GPUs visible: first the GPU tests serially (what only this host can run comes first, so a run cut
+# short by a time limit loses tests that CI runs too), then every other test on the workers with the GPUs hidden
+# (as on a machine without any). Each test runs once. Serial where xdist is missing.
 cores=$(nproc 2>/dev/null || echo 2)
 default_workers=$((cores / 2)); ((default_workers > 12)) && default_workers=12; ((default_workers < 2)) && default_workers=2
 workers=()
@@ -123,9 +124,6 @@ if ((gpus == 0)) || ((${#workers[@]} == 0)); then
   phase "pytest ${workers[*]} (ambient-marked tests under every value of the variables they read)"
   run_pytest "${common[@]}" "${workers[@]}" "${targets[@]}"
 else
-  phase "pytest ${workers[*]}, the GPUs hidden: every test not marked gpu (ambient-marked ones under every value)"
-  rc_cpu=0
-  CUDA_VISIBLE_DEVICES= "$PY" -m pytest "${common[@]}" "${workers[@]}" -m "not gpu" "${targets[@]}" || rc_cpu=$?
   # The GPU tests load the kernel libraries built above (the test library is the file beside the product one), not
   # an installed wheel's, unless FASTVIDEO_KERNEL_LIBRARY names others.
   library=()
@@ -140,11 +138,14 @@ else
   phase "pytest, serial, the GPUs visible: the tests marked gpu (kernel library: $using)"
   rc_gpu=0
   env "${library[@]}" "$PY" -m pytest "${common[@]}" -m gpu "${targets[@]}" || rc_gpu=$?
+  phase "pytest ${workers[*]}, the GPUs hidden: every test not marked gpu (ambient-marked ones under every value)"
+  rc_cpu=0
+  CUDA_VISIBLE_DEVICES= "$PY" -m pytest "${common[@]}" "${workers[@]}" -m "not gpu" "${targets[@]}" || rc_cpu=$?
   # Exit code 5 (nothing collected) is a failure only when neither session collected anything; either alone is said.
   if ((rc_cpu == 5 && rc_gpu == 5)); then echo "pytest collected no tests: failing"; exit 1; fi
   ((rc_cpu == 5)) && phase "pytest, the GPUs hidden: no test collected among ${targets[*]}"
   ((rc_gpu == 5)) && phase "pytest, the GPUs visible: no test marked gpu among ${targets[*]}"
-  for rc in "$rc_cpu" "$rc_gpu"; do
+  for rc in "$rc_gpu" "$rc_cpu"; do
     if ((rc != 0 && rc != 5)); then exit "$rc"; fi
   done
 fi

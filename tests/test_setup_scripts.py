@@ -338,10 +338,10 @@ if os.environ.get("FASTVIDEO_TEST_FAKE_GPU") == "1":
 '''
 
 
-def test_on_a_gpu_host_the_gpu_tests_run_in_a_second_serial_session(tmp_path):
+def test_on_a_gpu_host_the_gpu_tests_run_first_in_a_serial_session(tmp_path):
     """A python whose torch reports one GPU (a stand-in: torch.cuda answers as a one-GPU host's, and as a host with
-    the GPUs hidden under CUDA_VISIBLE_DEVICES=''): every other test runs first on workers with the GPUs hidden,
-    then the tests marked gpu serially; a session that collects nothing is fine when the other collected tests.
+    the GPUs hidden under CUDA_VISIBLE_DEVICES=''): the tests marked gpu run first, serially, then every other test
+    on workers with the GPUs hidden; a session that collects nothing is fine when the other collected tests.
     Control: without the stand-in, one session (test_the_test_command_skips_what_the_python_lacks_and_says_so)."""
     _, env = _shim(tmp_path, "ruff clang_format")
     (tmp_path / "hide" / "sitecustomize.py").write_text(HIDE + FAKE_GPU)
@@ -352,13 +352,13 @@ def test_on_a_gpu_host_the_gpu_tests_run_in_a_second_serial_session(tmp_path):
     proc = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "== pytest -n 2 --dist worksteal, the GPUs hidden: every test not marked gpu" in proc.stdout
-    assert "== pytest, serial, the GPUs visible: the tests marked gpu" in proc.stdout
+    gpu = proc.stdout.index("== pytest, serial, the GPUs visible: the tests marked gpu")
+    assert proc.stdout.index("== pytest -n 2 --dist worksteal, the GPUs hidden: every test not marked gpu") > gpu
     # The GPU session loads the libraries the command builds, not an installed wheel's.
     built = ROOT / "build" / "kernel" / "libfastvideo_ulysses_a2a.so"
     assert (f"(kernel library: {built}, this command's build)" if built.is_file() else
             "(kernel library: none built here") in proc.stdout
-    # the second session deselects them
+    # the first session deselects them
     assert _ran_target(proc.stdout) and f"{_target_count()} deselected" in proc.stdout
 
 
