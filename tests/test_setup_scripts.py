@@ -73,8 +73,24 @@ def _shim(tmp_path: pathlib.Path, hidden: str) -> tuple[pathlib.Path, dict[str, 
     return python, env
 
 
+def _stand_ins(tmp_path: pathlib.Path, env: dict[str, str], modules=DEV_MODULES) -> list[str]:
+    """Empty stand-ins (run as a module, each does nothing) for those of ``modules`` this python lacks (a GPU
+    host's has no ruff), on the shim's path, so that scripts/setup_env.sh's module check finds them where a test
+    is about a later step; returns their names (FASTVIDEO_TEST_HIDE hides them again)."""
+    lacking = [module for module in modules if importlib.util.find_spec(module) is None]
+    tools = tmp_path / "stand-ins"
+    for module in lacking:
+        (tools / module).mkdir(parents=True)
+        for name in ("__init__.py", "__main__.py"):
+            (tools / module / name).write_text("")
+    if lacking:
+        env["PYTHONPATH"] = f"{env['PYTHONPATH']}{os.pathsep}{tools}"
+    return lacking
+
+
 def test_setup_uses_the_python_as_it_is_and_lists_what_it_lacks(tmp_path):
     python, env = _shim(tmp_path, "ruff clang_format matplotlib")
+    _stand_ins(tmp_path, env, [m for m in DEV_MODULES if m not in ("ruff", "clang_format", "matplotlib")])
     script = 'source scripts/setup_env.sh && echo "PY=$PY" && echo "LACKS=$FASTVIDEO_MISSING"'
     proc = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -111,14 +127,7 @@ def test_under_ci_a_missing_nvcc_or_clang_format_executable_fails(tmp_path, ci):
     test, naming it, for every spelling of CI the command reads as CI. The control: the same machine without CI
     skips them and says so (the skip test above, and the nvcc one here)."""
     python, env = _shim(tmp_path, "")
-    # The module check must pass, the executables being this test's subject: a module this python lacks (a GPU
-    # host's has no ruff) gets an empty stand-in beside the shim (run as a module, it does nothing), hidden again
-    # below where the command runs on.
-    stand_ins = [mod for mod in DEV_MODULES if importlib.util.find_spec(mod) is None]
-    for mod in stand_ins:
-        (tmp_path / "hide" / mod).mkdir()
-        for name in ("__init__.py", "__main__.py"):
-            (tmp_path / "hide" / mod / name).write_text("")
+    stand_ins = _stand_ins(tmp_path, env)  # the module check passes: the executables are this test's subject
     env.update(CI=ci, PYTEST_ADDOPTS="-p no:timeout", FASTVIDEO_PYTEST_ARGS=TARGET, CUDA_VISIBLE_DEVICES="")
     env.pop("FASTVIDEO_SKIP_KERNEL_BUILD")
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if not (pathlib.Path(p) / "nvcc").exists())
@@ -281,22 +290,12 @@ def _fake_nvcc(tmp_path: pathlib.Path, env: dict[str, str]) -> None:
 
 
 def _ci_tools(tmp_path: pathlib.Path, env: dict[str, str]) -> None:
-    """ruff and clang-format for the shim python, found as scripts/setup_env.sh looks for them (a module of the
-    python; clang-format also an executable beside it): this python's own where it has them, else stand-ins that
-    pass."""
-    import importlib.util
-
+    """Every dev tool for the shim python, found as scripts/setup_env.sh looks for them (a module of the python;
+    clang-format also an executable beside it): this python's own where it has them, else stand-ins that pass."""
     bin_dir = pathlib.Path(env["FASTVIDEO_PYTHON"]).parent
-    tools = tmp_path / "ci-tools"
-    for module in ("ruff", "clang_format"):
-        if importlib.util.find_spec(module) is None:
-            (tools / module).mkdir(parents=True)
-            (tools / module / "__init__.py").write_text("")
-            (tools / module / "__main__.py").write_text("")
-    if tools.is_dir():
-        env["PYTHONPATH"] = f"{env['PYTHONPATH']}{os.pathsep}{tools}"
+    lacking = _stand_ins(tmp_path, env)
     clang_format = pathlib.Path(sys.executable).parent / "clang-format"
-    if not (tools / "clang_format").is_dir() and clang_format.exists():
+    if "clang_format" not in lacking and clang_format.exists():
         (bin_dir / "clang-format").symlink_to(clang_format)
     else:
         (bin_dir / "clang-format").write_text("#!/bin/sh\nexit 0\n")
