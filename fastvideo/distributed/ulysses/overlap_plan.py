@@ -182,10 +182,11 @@ def describe_plan(args: argparse.Namespace, world_size: int, dtype: torch.dtype)
     shape, chunks = args.shape, args.overlap
     if args.mode != 0 or args.seq_splits is not None or args.head_splits is not None:
         return 2, ["error: --overlap explains a layer's packed q/k/v exchange: mode 0 with even shards (no splits)"]
-    if not 1 < chunks <= shape[2] or shape[0] % 3:  # (--overlap's default: the environment's SETTING)
-        return 2, [f"error: --overlap {chunks} explains --shape as a layer's packed q/k/v [3B, S_local, H, D]: its "
-                   f"batch {shape[0]} must be 3B" if shape[0] % 3 else f"error: --overlap {chunks} must be in 2..H "
-                   f"({shape[2]}): each group needs a head ({SETTING} sets its default)"]
+    if shape[0] % 3 or not 1 < chunks <= shape[2]:  # the batch's error first
+        why = (f"explains --shape as a layer's packed q/k/v [3B, S_local, H, D]: its batch {shape[0]} must be 3B"
+               if shape[0] % 3 else f"must be in 2..H ({shape[2]}): each group needs a head ({SETTING} sets its "
+               "default)")
+        return 2, [f"error: --overlap {chunks} {why}"]
     if world_size == 1:
         return 0, [f"overlap    {chunks} head groups; SP size 1: nothing is exchanged (the op returns its input)"]
 
