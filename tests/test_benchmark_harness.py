@@ -425,6 +425,31 @@ def test_compare_revs_alternates_which_tree_runs_first(tmp_path: Path, monkeypat
     assert "B within max(0.5, 10 % of A) of A: toy lane 1 of 2" in printed
 
 
+def test_compare_revs_reports_each_rows_spread_across_rounds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beside each row's medians, each tree's spread across its rounds (max - min), and per lane the median row's:
+    what a single row's difference is read against. One round has no spread (None, no lane line)."""
+
+    class FakeRun:
+        def __init__(self, cmd, env, cwd, stdout, stderr, preexec_fn) -> None:
+            out = Path(cmd[cmd.index("--json") + 1])
+            rnd = int(out.stem[1:])  # <label><round>.json
+            step = 1.0 if _fake_label(cwd) == "A" else 0.25
+            rows = [{"k": 1, "m": 2.0 + step * rnd}, {"k": 2, "m": 10.0 - step * rnd * rnd}]
+            out.write_text(json.dumps({"header": {"commit": _fake_label(cwd)}, "rows": rows}))
+
+        def wait(self) -> int:
+            return 0
+
+    status, printed, doc = _compare_toy(tmp_path, monkeypatch, FakeRun, 3, None)
+    assert status == 0
+    assert [(r["a_m_spread"], r["b_m_spread"]) for r in doc["rows"]] == [(2.0, 0.5), (4.0, 1.0)]
+    assert doc["header"]["round_spreads"] == {"toy lane": [3.0, 0.75]}
+    assert "(max - min of a row's rounds; each lane's median row): toy lane A 3 / B 0.75" in printed
+    status, printed, doc = _compare_toy(tmp_path, monkeypatch, FakeRun, 1, None)
+    assert [(r["a_m_spread"], r["b_m_spread"]) for r in doc["rows"]] == [(None, None)] * 2
+    assert "round_spreads" not in doc["header"] and "spread across rounds" not in printed
+
+
 def test_compare_revs_fails_where_a_run_failed_or_lost_a_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run that exits 1 with a wrong row and a reported failure, and a row A measured that B did not (skipped
     there): the comparison prints each and exits 1, its header listing them; a row only B has is noted, not

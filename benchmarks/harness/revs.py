@@ -9,9 +9,10 @@ revisions are measured the same way. Each round runs both trees, in the order th
 a warm driver) as its own difference. A case that takes turns (``Case.takes_turns``), at one rank per run, runs
 both trees of a round together instead, their rows in alternation (``harness.turns``): A's row k next to B's, so
 the shared host's swings over a run's minute land on both alike rather than on whichever ran then. Each run's
-output goes to ``<out>/<label><round>.log``. Per row key the medians of the case's metric across rounds, and B/A;
-a case that saves outputs (``--save-outputs``, round 0) has them compared bit for bit. Exit status 1 when any
-output differs.
+output goes to ``<out>/<label><round>.log``. Per row key the medians of the case's metric across rounds, B/A, and
+each tree's spread across its rounds (max - min: what a single row's difference is read against), with each lane's
+median spread; a case that saves outputs (``--save-outputs``, round 0) has them compared bit for bit. Exit status 1
+when any output differs.
 """
 
 from __future__ import annotations
@@ -84,6 +85,24 @@ def within_counts(rows: list[dict], lane) -> dict[str, list[int]]:
         count[0] += bool(row["within"])
         count[1] += 1
     return counts
+
+
+def spread(values: list[float]) -> float | None:
+    """The spread of a row's per-round values, max - min, or None for fewer than two rounds. Pure."""
+    return max(values) - min(values) if len(values) > 1 else None
+
+
+def lane_spreads(rows: list[dict], metric: str, lane) -> dict[str, list[float]]:
+    """Per lane (``lane(row)``), ``[A, B]``: the median over its rows of the spread across rounds of A's and of
+    B's ``metric`` (``spread``); lanes without a spread (one round) left out. Pure."""
+    acc: dict[str, list[list[float]]] = {}
+    for row in rows:
+        a, b = row[f"a_{metric}_spread"], row[f"b_{metric}_spread"]
+        if a is not None and b is not None:
+            pair = acc.setdefault(lane(row), [[], []])
+            pair[0].append(a)
+            pair[1].append(b)
+    return {name: [statistics.median(a), statistics.median(b)] for name, (a, b) in acc.items()}
 
 
 def compare_saved(dir_a: str | Path, dir_b: str | Path) -> list[dict]:
@@ -179,15 +198,16 @@ def compare(case, args, argv: list[str], entry: str, prefix: list[str]) -> int:
             for label in order:
                 collect(label, rnd, start(label, rnd, {}))
 
-    def medians(label: str) -> dict[tuple, float]:
+    def per_round(label: str) -> dict[tuple, list[float]]:
         acc: dict[tuple, list[float]] = collections.defaultdict(list)
         for run in runs[label]:
             for row in run["rows"]:
                 if row.get(case.metric) is not None:  # a skipped row has none (a 0 is a value)
                     acc[tuple(row.get(k) for k in case.key)].append(row[case.metric])
-        return {k: statistics.median(v) for k, v in acc.items()}
+        return acc
 
-    med_a, med_b = medians("A"), medians("B")
+    rounds_a, rounds_b = per_round("A"), per_round("B")
+    med_a, med_b = ({k: statistics.median(v) for k, v in acc.items()} for acc in (rounds_a, rounds_b))
     commit_a, commit_b = runs["A"][0]["header"]["commit"], runs["B"][0]["header"]["commit"]
     print(f"# A commit {commit_a}   B commit {commit_b}")
     # Both revisions must be timed from the same line-up (a tree without the shared-memory vote lines up over
@@ -202,14 +222,22 @@ def compare(case, args, argv: list[str], entry: str, prefix: list[str]) -> int:
         rows.append({**dict(zip(case.key, key)), f"a_{case.metric}": med_a[key], f"b_{case.metric}": med_b[key],
                      "ratio_b_over_a": ratio(med_a[key], med_b[key]), "wrong": None,
                      "wrong_oracle": "revision B's outputs vs A's",
-                     "wrong_note": "outputs are compared per tensor in 'outputs'"})
+                     "wrong_note": "outputs are compared per tensor in 'outputs'",
+                     f"a_{case.metric}_spread": spread(rounds_a[key]),
+                     f"b_{case.metric}_spread": spread(rounds_b[key])})
         if args.within:
             rows[-1]["within"] = within(med_a[key], med_b[key], args.within)
     columns = [report.Column(k, k, fmt="") for k in case.key] + [
         report.Column(f"a_{case.metric}", f"A {case.metric}"), report.Column(f"b_{case.metric}", f"B {case.metric}"),
-        report.Column("ratio_b_over_a", "B/A")] + ([report.Column("within", "within", fmt="")] if args.within else [])
+        report.Column("ratio_b_over_a", "B/A"), report.Column(f"a_{case.metric}_spread", "A spread"),
+        report.Column(f"b_{case.metric}_spread", "B spread")] + (
+        [report.Column("within", "within", fmt="")] if args.within else [])
     for line in report.table_lines(columns, rows, key_columns=len(case.key)):
         print(line)
+    spreads = lane_spreads(rows, case.metric, case.lane)
+    if spreads:
+        print("# spread across rounds (max - min of a row's rounds; each lane's median row): "
+              + ", ".join(f"{lane} A {a:.3g} / B {b:.3g}" for lane, (a, b) in sorted(spreads.items())))
     counts: dict[str, list[int]] = {}
     if args.within:
         counts = within_counts(rows, case.lane)
@@ -234,6 +262,8 @@ def compare(case, args, argv: list[str], entry: str, prefix: list[str]) -> int:
                   command=shlex.join(sys.orig_argv), command_source="exact", interleaved=interleave)
     if args.within:
         header.update(within_bound=list(args.within), within_counts=counts)
+    if spreads:
+        header["round_spreads"] = spreads
     if interleave:
         header["turn_orders"] = turn_orders  # per round, the runs in the order they were given the turn
         header["turn_cpus"] = cpus  # the CPUs both runs were pinned to ([]: as scheduled)
