@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The test command (README, .ci/run): set-up, ruff, clang-format, the kernel build, then one pytest
-# session over the whole suite. Each test runs once; a test marked `ambient` (code under test reads
+# The test command (README, .ci/run): set-up, ruff, clang-format, the kernel build, then pytest over the whole
+# suite (one session; two on a host with GPUs, below). Each test runs once; a test marked `ambient` (code under test reads
 # FASTVIDEO_ULYSSES_A2A or _LONG_TRAINING without the test setting it) runs once per value of each
 # variable it names, and every other test sees both pinned to their defaults (tests/conftest.py). Exit
-# code 5 (no tests collected) is a failure. On a python used as it is (scripts/setup_env.sh: a GPU host's)
+# code 5 (no tests collected) is a failure (see the two sessions below). On a python used as it is (scripts/setup_env.sh: a GPU host's)
 # a step whose tool is not installed, or whose NCCL release cannot be downloaded, is skipped with a note, and the
 # last line names what did not run; under CI=true either is a failure (CI installs and downloads them). On a host
-# with GPUs the GPU tests run first, in a serial session of their own (below).
+# with GPUs and pytest-xdist the GPU tests run first, in a serial session of their own (below).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 cd "$ROOT"
@@ -141,8 +141,15 @@ else
   phase "pytest ${workers[*]}, the GPUs hidden: every test not marked gpu (ambient-marked ones under every value)"
   rc_cpu=0
   CUDA_VISIBLE_DEVICES= "$PY" -m pytest "${common[@]}" "${workers[@]}" -m "not gpu" "${targets[@]}" || rc_cpu=$?
-  # Exit code 5 (nothing collected) is a failure only when neither session collected anything; either alone is said.
+  # Exit code 5 (nothing collected): over the whole suite, which holds tests of both kinds, from either session a
+  # failure (a GPU host that ran no GPU test has not tested what only it can); over FASTVIDEO_PYTEST_ARGS's subset,
+  # which may hold none of one kind, only where neither session collected anything, either alone said.
   if ((rc_cpu == 5 && rc_gpu == 5)); then echo "pytest collected no tests: failing"; exit 1; fi
+  if [[ -z "${FASTVIDEO_PYTEST_ARGS:-}" ]] && ((rc_cpu == 5 || rc_gpu == 5)); then
+    echo "pytest collected no tests $( ((rc_gpu == 5)) && echo "marked gpu" || echo "not marked gpu") in the whole" \
+      "suite: failing" >&2
+    exit 1
+  fi
   ((rc_cpu == 5)) && phase "pytest, the GPUs hidden: no test collected among ${targets[*]}"
   ((rc_gpu == 5)) && phase "pytest, the GPUs visible: no test marked gpu among ${targets[*]}"
   for rc in "$rc_gpu" "$rc_cpu"; do

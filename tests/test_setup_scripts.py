@@ -361,6 +361,48 @@ def test_on_a_gpu_host_the_gpu_tests_run_first_in_a_serial_session(tmp_path):
     assert _ran_target(proc.stdout) and f"{_target_count()} deselected" in proc.stdout
 
 
+TINY_CONFTEST = """
+def pytest_addoption(parser):
+    parser.addoption("--ulysses-ambient", default="")
+    parser.addoption("--progress-every", type=float, default=0.0)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: takes every GPU")
+"""
+
+
+@pytest.mark.parametrize("with_gpu_test", [False, True])
+def test_on_a_gpu_host_the_whole_suite_without_a_gpu_test_fails(tmp_path, with_gpu_test):
+    """The whole suite on a GPU host (no FASTVIDEO_PYTEST_ARGS): a GPU session that collects nothing means the host
+    ran none of what only it can, and fails the command, saying so. The command runs from a copy of its scripts
+    beside a suite of one test (the real suite is too long to run here); control: the same suite with a test marked
+    gpu passes (a named subset with none is test_on_a_gpu_host_the_gpu_tests_run_first_in_a_serial_session's)."""
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    for name in ("run_tests.sh", "setup_env.sh", "ci.sh"):
+        (repo / "scripts" / name).write_text((ROOT / "scripts" / name).read_text())
+    (repo / "tests").mkdir()
+    (repo / "tests" / "conftest.py").write_text(TINY_CONFTEST)
+    (repo / "tests" / "test_one.py").write_text(
+        "import pytest\n\n\ndef test_cpu():\n    pass\n" +
+        ("\n\n@pytest.mark.gpu\ndef test_gpu():\n    pass\n" if with_gpu_test else ""))
+    _, env = _shim(tmp_path, "ruff clang_format")
+    (tmp_path / "hide" / "sitecustomize.py").write_text(HIDE + FAKE_GPU)
+    env.update(FASTVIDEO_TEST_FAKE_GPU="1", FASTVIDEO_PYTEST_WORKERS="2", PYTEST_ADDOPTS="-p no:cacheprovider")
+    for name in ("CUDA_VISIBLE_DEVICES", "FASTVIDEO_KERNEL_LIBRARY", "FASTVIDEO_PYTEST_ARGS"):
+        env.pop(name, None)
+    proc = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert "== pytest, serial, the GPUs visible: the tests marked gpu" in proc.stdout, proc.stdout[-3000:]
+    if with_gpu_test:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert "collected no tests" not in proc.stdout + proc.stderr
+    else:
+        assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert "pytest collected no tests marked gpu in the whole suite: failing" in proc.stderr
+
+
 @pytest.mark.parametrize("value,expected", [("", False), ("0", False), ("false", False), ("False", False),
                                             ("true", True), ("1", True), ("yes", True), ("TRUE", True)])
 def test_ci_reads_alike_in_the_scripts_and_the_tests(monkeypatch, value, expected):
