@@ -31,7 +31,8 @@ them. Verdict (``decide``), computed identically on every rank from the gathered
   hang or move wrong data too). ``RAISE`` naming the field (MODE or PHASE for MODE_PHASE) and the per-rank
   values; no rank enters a collective. (An untagged forward's SEQ moves with the votes, so a rank that skips or
   repeats an untagged forward is not seen there; a tagged forward's SEQ is its tag's own count: a skip is. A
-  backward's SEQ is its forward's word, so ranks running the backwards of two calls in different orders differ.)
+  backward's SEQ is its forward's word, so ranks running the backwards of two calls in different orders differ;
+  two backward passes over one call do not.)
 * ELIGIBILITY, WINDOW_BYTES or PLAN differ, or any rank has a decline bit: ``DECLINE`` together.
 * Otherwise ``RUN`` the agreed plan.
 """

@@ -26,7 +26,9 @@ start copies its input where the route would read the caller's buffer after retu
 
 **A dropped start is released.** An exchange whose ``wait`` is never called is released when nothing can wait
 for it any more (its handle or token is collected): a ``ResourceWarning`` and one log line name where it was
-started. A start without its wait in the same compiled region is refused at trace time (``ops.py``).
+started. A backward that raised between a start and its wait leaves the token with autograd's engine, which drops
+it, and so releases the exchange, at that thread's next backward (not at ``gc.collect()``). A start without its wait
+in the same compiled region is refused at trace time (``ops.py``).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 The helper numbers every call, and an untagged forward votes that number; a tagged forward votes its tag's own
 count for its phase (``contract.tag_seq``), kept here; a backward votes the word its forward voted (carried in the
-op's saved outcome), so ranks whose autograd reaches two backward exchanges in different orders differ in SEQ and
-raise together instead of swapping gradients.
+op's saved outcome), so ranks whose autograd reaches the backward exchanges of two calls in different orders
+differ in SEQ and raise together instead of swapping gradients (two backward passes over one call vote one word:
+their order is the caller's to keep, as an untagged call's is).
 """
 
 from __future__ import annotations
