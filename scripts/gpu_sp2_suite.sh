@@ -16,7 +16,11 @@
 #                                                         # --compare-revs of an exported older tree (e.g.
 #                                                         #   `git archive REV | tar -x -C .revs/base`) against this
 #                                                         #   one, each tree on its own loader and library build
-#   OUT=/tmp/sp2 bash scripts/gpu_sp2_suite.sh dit        # scripts/gpu_dit_step.sh inside this stage's limit
+#   OUT=/tmp/sp2 bash scripts/gpu_sp2_suite.sh dit        # scripts/gpu_dit_step.sh, its dense part (32k, 128k)
+#   OUT=/tmp/sp2 bash scripts/gpu_sp2_suite.sh dit-sparse # its sparse part (32k, 128k, 250k, offload, both
+#                                                         #   long-training policies): the two parts together
+#                                                         #   outlast a stage's 10 minutes (benchmark_dit_step.py
+#                                                         #   --estimate)
 #
 # PEER_SDIST=PATH (the fast-ulysses 0.2.1 sdist, which is never part of this repository): built for sm_90 with this
 # host's torch (gpu_fast_ulysses, scripts/gpu_lib.sh), so the a2a stage times it beside our routes; without it
@@ -95,9 +99,12 @@ case "$stage" in
     fi
     gpu_finish logs/compare.json
     ;;
-  dit)
-    step "DiT step" 560 dit.log env BUDGET_S=530 WORK="$WORK/dit" OUT="$WORK/dit/out" bash scripts/gpu_dit_step.sh
-    gpu_finish dit/logs/dit_dense.json dit/logs/dit_sparse.json dit/logs/dit.png
+  dit | dit-sparse)
+    part=dense
+    [[ $stage == dit-sparse ]] && part=sparse
+    step "DiT step, $part" 560 dit.log env PARTS=$part BUDGET_S=530 WORK="$WORK/dit" OUT="$WORK/dit/out" \
+      bash scripts/gpu_dit_step.sh
+    gpu_finish "dit/logs/dit_$part.json" dit/logs/dit.png
     ;;
-  *) echo "unknown stage $stage (gate|floor|a2a|tune|graphs|graphs-ce|compare|dit)" >&2; exit 2 ;;
+  *) echo "unknown stage $stage (gate|floor|a2a|tune|graphs|graphs-ce|compare|dit|dit-sparse)" >&2; exit 2 ;;
 esac

@@ -92,7 +92,7 @@ CASES = [  # (case, ranks, extra argv)
     ("public_op_overhead", 2, []),
     ("route_vote", 2, ["--vote", "gloo", "--alternations", "2"]),
     ("copy_engine", 1, []),
-    ("overlap", 2, ["--groups", "1,2,3", "--routes", "off,auto"]),
+    ("overlap", 2, ["--groups", "1,2,3,8", "--routes", "off,auto"]),  # 8: a group with none of a rank's heads
     ("dit_step", 2, ["--hidden", "32", "--heads", "2", "--blocks", "1", "--tokens", "64"]),
 ]
 

@@ -57,6 +57,8 @@ def stand_in(x: torch.Tensor, scatter_dim: int, gather_dim: int, name: str, *, a
         for s in shape:
             n *= s
         flat = x.reshape(-1)
+        if not flat.numel():  # a rank with none of this group's rows or heads: zeros, still on autograd's graph
+            flat = torch.cat([flat, flat.new_zeros(1)])
         while flat.numel() < n:
             flat = torch.cat([flat, flat])
         out = flat[:n].view(shape).clone()

@@ -298,8 +298,11 @@ def send_layout(x: torch.Tensor, mode: int, world_size: int) -> torch.Tensor:
     """The NCCL route's already-permuted send buffer for ``x`` (what ``all_to_all_single`` moves)."""
     try:
         from fastvideo.distributed.all_to_all import send_layout as layout
-    except ImportError:  # older trees re-exported it from the public module
-        from fastvideo.distributed.communication_op import _send_layout as layout
+    except ImportError:
+        try:  # the trees of early December (dc38bf4 among them) kept it in the ulysses package
+            from fastvideo.distributed.ulysses.layout import send_layout as layout
+        except ImportError:  # older trees re-exported it from the public module
+            from fastvideo.distributed.communication_op import _send_layout as layout
     return layout(x, mode, world_size)
 
 

@@ -61,7 +61,9 @@ def forced(x, scatter_dim, gather_dim, name="", *, async_op=False, seq_splits=No
     kw = {"seq_splits": seq_splits, "head_splits": head_splits, "tag": tag}
     if not async_op:
         return torch.ops.fastvideo.ulysses_all_to_all_4d(x, mode, grad, None, 0, **kw)[0]
-    token, outcome = torch.ops.fastvideo.ulysses_all_to_all_4d_start(x, mode, grad, None, 0, **kw)
+    # Traced, the start owns its input, as ops.call's does (the compile check below asserts it of every start).
+    token, outcome = torch.ops.fastvideo.ulysses_all_to_all_4d_start(x, mode, grad, None, 0, **kw,
+                                                                     own_input=torch.compiler.is_compiling())
     return ops.TracedHandle((token, outcome), (mode, tuple(x.shape), x.dtype, x.device, kw))
 
 
