@@ -126,6 +126,7 @@ class EnvVar:
     doc: str
     choices: tuple[str, ...] = ()
     minimum: float | None = None
+    maximum: float | None = None
     # True: decides which collectives a rank runs (or the plans they carry), so every rank of an SP
     # group must hold the same value; agreed collectively (``fastvideo/distributed/settings.py``).
     agreed: bool = False
@@ -152,8 +153,9 @@ class EnvVar:
             number = cast(value)
         except ValueError:
             raise self._invalid(raw, "expected an integer" if self.kind == "int" else "expected a number") from None
-        if self.minimum is not None and number < self.minimum:
-            raise self._invalid(raw, f"must be >= {self.minimum:g}")
+        low, high = -float("inf") if self.minimum is None else self.minimum, self.maximum or float("inf")
+        if not low <= number <= high:  # NaN too
+            raise self._invalid(raw, f"must be >= {low:g}" + (f" and <= {high:g}" if self.maximum else ""))
         return number
 
     def _invalid(self, raw: str, what: str) -> ValueError:
@@ -207,8 +209,8 @@ _REGISTRY: dict[str, EnvVar] = {var.name: var for var in (
         "Seconds a settings agreement, a construction step or a per-call vote may wait for peers before it raises "
         "(the helper then disposes itself) instead of hanging; `0` follows the SP group's timeout, which is the "
         "default process group's (`init_process_group(timeout=...)`) unless `initialize_sequence_parallel` was given "
-        "one.",
-        minimum=0.0,
+        "one. At most a week.",
+        minimum=0.0, maximum=7 * 24 * 3600.0,  # a week: a bound that any timedelta holds
     ),
     EnvVar(
         "FASTVIDEO_ULYSSES_A2A_WATCHDOG_TIMEOUT_S",
@@ -318,10 +320,8 @@ def raw(names: tuple[str, ...]) -> tuple[str | None, ...]:
     return tuple(map(os.environ.get, names))
 
 
-def snapshot(names: tuple[str, ...]) -> tuple[object, ...]:
-    """An opaque value of ``names``'s current raw values: equal snapshots mean unchanged values (what a settings
-    agreement records, to name a later change). For change detection only (``raw`` gives the strings)."""
-    return raw(names)
+# What a settings agreement records of its variables, to name a later change: equal snapshots, unchanged values.
+snapshot = raw
 
 
 def read_all() -> tuple[dict[str, Any], list[str]]:

@@ -208,3 +208,16 @@ def test_override_values_read_as_the_plain_ones(monkeypatch):
                                                                            "override")
     monkeypatch.delenv("FASTVIDEO_ATTENTION_BACKEND", raising=False)
     assert envs.FASTVIDEO_ATTENTION_BACKEND is None
+
+
+@pytest.mark.parametrize("raw", ["inf", "nan", "1e300", "604801", "-1"])
+def test_a_timeout_out_of_its_bounds_names_the_variable_and_the_bounds(raw):
+    """A timeout must be a number of seconds from 0 to a week: infinity, NaN or a value no timedelta holds would
+    otherwise reach torch.distributed and fail there naming nothing. Control: the bounds themselves pass."""
+    name = "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S"
+    with envs.override(**{name: raw}), pytest.raises(ValueError) as info:
+        envs.get(name)
+    assert name in str(info.value) and "must be >= 0 and <= 604800" in str(info.value)
+    for ok in ("0", "604800"):
+        with envs.override(**{name: ok}):
+            assert envs.get(name) == float(ok)

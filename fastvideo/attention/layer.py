@@ -234,6 +234,10 @@ class DistributedAttention(_Attention):
         loss on it counts once per rank; each rank's ``replicated_*`` gradient covers its own heads.
         Arguments are checked before any collective; in checked mode a check that fails on one rank is voted as
         the op's own checks are (``exchange.voted_errors``): that rank raises it, its peers ``PeerCallError``.
+        What the votes compare is each exchange's contract (shape, dtype, mode, split tables, tag), not
+        ``original_seq_len`` or the replicated tokens: those must be the same on every rank, as upstream's, and
+        ranks that differ get wrong output (``original_seq_len``), or a replicated all-gather that fails or waits
+        for its group's timeout (the replicated tokens present on some ranks, or of different lengths).
         """
         with voted_errors(get_sp_group(), 0, torch.is_grad_enabled() and getattr(q, "requires_grad", False)):
             replicated = self._check(q, k, v, replicated_q, replicated_k, replicated_v)

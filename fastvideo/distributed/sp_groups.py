@@ -340,11 +340,10 @@ def override_ulysses_settings(**values: str | None) -> Iterator[AgreedSettings]:
     (``envs.override``) and agree them, for the block; restore and re-agree at its end. Every rank must enter
     it with the same values at the same point (ranks that differ decline together to the conservative values).
     What the settings decide follows them: the route, and a helper built on settings that changed."""
-    try:
-        with envs.override(**values):
+    with contextlib.ExitStack() as after:
+        with envs.override(**values):  # a name it does not know raises here: before any agreement, so none follows
+            after.callback(agree_ulysses_settings)  # the re-agreement, once the block's values are restored
             yield agree_ulysses_settings()
-    finally:
-        agree_ulysses_settings()
 
 
 def model_parallel_is_initialized() -> bool:

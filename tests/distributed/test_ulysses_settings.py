@@ -264,6 +264,31 @@ def test_an_agreement_only_one_rank_enters_fails_loudly_not_forever(ranks):
     assert f"{A2A} agreed 'off', now 'auto'" in message and "on every rank" in message
 
 
+def _override_with_a_typo_on_one_rank(rank, world_size):
+    from fastvideo.distributed.parallel_state import override_ulysses_settings
+
+    entered = []
+
+    def block():
+        name = "FASTVIDEO_ULYSSES_A2A_LONG_TRAINNG" if rank == 0 else LONG  # rank 0 misspells the name
+        with override_ulysses_settings(**{name: "chunked"}):
+            entered.append(True)
+
+    start = time.monotonic()
+    got = catch(block)
+    return got[0], bool(entered), time.monotonic() - start
+
+
+def test_an_override_a_rank_misspells_enters_no_agreement_there(ranks):
+    """A name one rank's override does not know raises KeyError there before any agreement, so its peer's entry
+    agreement is met by no one and raises after the 5 s timeout, before the block: the misspelling rank never
+    answers it with its exit agreement (which let the peer into the block, out of step by one agreement)."""
+    (bad, bad_entered, _), (peer, peer_entered, seconds) = ranks(2, _override_with_a_typo_on_one_rank, env=BASE,
+                                                                  timeout_s=60)
+    assert (bad, bad_entered) == ("KeyError", False)
+    assert peer == "SettingsAgreementError" and not peer_entered and seconds < 15
+
+
 def _helper_construction_mismatch(rank, world_size):
     import os
 
