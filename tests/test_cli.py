@@ -118,6 +118,9 @@ def test_explain_even_tables_are_the_even_call(capsys):
     (("--seq-splits", "8,x"), "argument --seq-splits: '8,x': expected one non-negative integer per SP rank"),
     (("--head-splits", "-1,13"), "argument --head-splits: '-1,13': shares are non-negative (0: an idle rank)"),
     (("--rank", "-1"), "argument --rank: '-1': a rank is non-negative"),
+    (("--rank", "7"), "--rank: rank=7 is outside the SP group of size 2"),  # no tables: the rank labels the input
+    (("--seq-splits", "8,8", "--rank", "2"), "--rank: rank=2 is outside the SP group of size 2"),
+    (("--overlap", "-1"), "argument --overlap: '-1': head groups are non-negative"),
 ])
 def test_explain_bad_tables_are_argparse_errors(capsys, argv, needle):
     assert needle in explain_error(capsys, "--world-size", "2", "--shape", "1,8,12,128", *argv, *PINNED)
@@ -127,7 +130,6 @@ def test_explain_bad_tables_are_argparse_errors(capsys, argv, needle):
     (("--seq-splits", "8,8,8"), "seq_splits has 3 entries for SP size 2"),
     (("--seq-splits", "5,11"), "seq_splits[0] = 5 but this rank's x has 8 sequence rows"),
     (("--head-splits", "5,5"), "head_splits sums to 10 but x has 12 heads"),
-    (("--seq-splits", "8,8", "--rank", "2"), "rank=2 is outside the SP group of size 2"),
 ])
 def test_explain_tables_that_do_not_fit_the_shape_exit_2_with_validate_inputs_message(capsys, argv, needle):
     rc, out = explain(capsys, "--world-size", "2", "--shape", "1,8,12,128", *argv, *PINNED)

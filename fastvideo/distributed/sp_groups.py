@@ -274,9 +274,10 @@ def initialize_sequence_parallel(sp_size: int, *, timeout: datetime.timedelta | 
     """Create the SP and DP groups and agree the settings. Collective over the world; call once after
     ``init_process_group``.
 
-    ``sp_size`` must divide the world size. ``timeout`` bounds every collective of the new groups (device, CPU and
-    vote groups, gloo and NCCL); by default they take the default process group's timeout
-    (``init_process_group(timeout=...)``), and so does the Ulysses vote unless
+    ``sp_size`` must divide the world size and be the same on every rank (not compared: where a rank's differs,
+    creating the groups waits for the default group's timeout, as torch's ``new_group`` does). ``timeout`` bounds
+    every collective of the new groups (device, CPU and vote groups, gloo and NCCL); by default they take the
+    default process group's timeout (``init_process_group(timeout=...)``), and so does the Ulysses vote unless
     ``FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S`` says otherwise (``docs/env_vars.md``, "Timeouts"). Raises
     ``settings.SettingsError`` on every rank, before any later collective, when some rank holds an invalid
     ``FASTVIDEO_*`` value; ranks that differ on a setting take its conservative value together, warning.

@@ -95,6 +95,7 @@ def _bounded_int(minimum: int, expected: str, below: str):
 _world_size = _bounded_int(1, "a positive integer (the SP size)",
                            "the SP size must be a positive integer (1, 2, 4, ...)")
 _rank = _bounded_int(0, "a rank, 0 <= rank < the SP size", "a rank is non-negative (0 <= rank < the SP size)")
+_groups = _bounded_int(0, "a number of head groups", "head groups are non-negative (0 or 1: no pipeline)")
 
 
 def _window_bytes(text: str) -> int:
@@ -379,12 +380,14 @@ def main(argv: list[str] | None = None) -> int:
     for flag, meta, what in (("--seq-splits", "S0,S1,...", "sequence rows"), ("--head-splits", "H0,H1,...", "heads")):
         ex.add_argument(flag, type=_splits, metavar=meta, help=f"every rank's {what} (default: even)")
     ex.add_argument("--rank", type=_rank, default=0, help="the rank whose input --shape is (with splits; default 0)")
-    ex.add_argument("--overlap", type=int, metavar="N",
+    ex.add_argument("--overlap", type=_groups, metavar="N",
                     help=f"head groups of a DistributedAttention's pipeline (default: {OVERLAP})")
     sub.add_parser("doctor", help="versions, kernel library, GPUs, host, env; exits 1 if it found a problem")
     args = parser.parse_args(_negative_values_as_values(sys.argv[1:] if argv is None else argv, (
-        "--shape", "--world-size", "--window-bytes", "--seq-splits", "--head-splits", "--rank")))
+        "--shape", "--world-size", "--window-bytes", "--seq-splits", "--head-splits", "--rank", "--overlap")))
     if args.command == "explain":
+        if args.rank >= args.world_size:
+            ex.error(f"--rank: rank={args.rank} is outside the SP group of size {args.world_size} (0 <= rank < it)")
         if args.geometry is not None:
             table = args.seq_splits if args.mode == 0 else args.head_splits
             try:

@@ -361,10 +361,8 @@ class Decision:
     error: RuntimeError | None = None  # RAISE: ContractMismatchError or PeerCallError
 
 
-@functools.lru_cache(maxsize=256)
-def _run_decision(plan_word: int) -> Decision:
-    """RUN decisions are immutable: one object per plan word (no allocation per call)."""
-    return Decision(Verdict.RUN, plan_word=plan_word)
+# RUN decisions are immutable: one object per plan word (no allocation per call).
+_run_decision = functools.lru_cache(maxsize=256)(lambda plan_word: Decision(Verdict.RUN, plan_word=plan_word))
 
 
 def decide(votes: torch.Tensor) -> Decision:

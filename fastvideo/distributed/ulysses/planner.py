@@ -95,10 +95,8 @@ def choose(cfg: PlanConfig, geom: Geometry, *, grad: bool, capturing: bool = Fal
                        table=cfg.capture_table if capturing else cfg.table)
 
 
-@functools.lru_cache(maxsize=1024)
-def plan_from_word(word: int) -> Plan:
-    """Plans are immutable: one object per agreed word (no validation and allocation per call)."""
-    return Plan.from_word(word)
+# Plans are immutable: one object per agreed word (no validation and allocation per call).
+plan_from_word: Callable[[int], Plan] = functools.lru_cache(maxsize=1024)(Plan.from_word)
 
 
 def propose(cfg: PlanConfig, sig: Signature) -> Proposal:
