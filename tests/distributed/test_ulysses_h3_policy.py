@@ -402,6 +402,11 @@ def test_decide_dtype_and_phase_errors_are_readable():
     """DTYPE values print as torch dtypes, PHASE values as phase names."""
     dtype_err = decide(votes(DTYPE=[DTYPE_CODES[torch.float32], DTYPE_CODES[torch.bfloat16]])).error
     assert "torch.float32" in str(dtype_err) and "torch.bfloat16" in str(dtype_err)
+    # Dtypes outside the wire table (voted as a digest of their name) print by name too.
+    from fastvideo.distributed.ulysses.contract import dtype_code
+
+    named = decide(votes(DTYPE=[dtype_code(torch.complex64), dtype_code(torch.uint64)])).error
+    assert "rank 0: torch.complex64, rank 1: torch.uint64" in str(named)
     phases = [mode_phase(0, Phase.FORWARD_GRAD), mode_phase(0, Phase.FORWARD_NO_GRAD)]
     phase_err = decide(votes(MODE_PHASE=phases)).error
     assert "forward_grad" in str(phase_err) and "forward_no_grad" in str(phase_err)

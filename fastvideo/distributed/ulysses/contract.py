@@ -148,7 +148,6 @@ DTYPE_CODES: dict[torch.dtype, int] = {
     torch.int32: 8,
     torch.int64: 9,
 }
-DTYPES_BY_CODE = {code: dtype for dtype, code in DTYPE_CODES.items()}
 
 
 def dtype_code(dtype: torch.dtype | None) -> int:
@@ -156,6 +155,10 @@ def dtype_code(dtype: torch.dtype | None) -> int:
     kinds), a code of its name with bit 31 set (the same on every rank, never a table code), so that two such dtypes
     still differ in the vote; 0 for none (None)."""
     return DTYPE_CODES.get(dtype) or (0 if dtype is None else 1 << 31 | zlib.crc32(str(dtype).encode()))
+
+
+# Every torch dtype by its code, the table's and the named ones alike: what a mismatch message prints.
+DTYPES_BY_CODE = {dtype_code(d): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
 
 
 def header(generation: int) -> int:
