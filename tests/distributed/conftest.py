@@ -311,6 +311,20 @@ def catch(fn, *args, **kw):
         return (type(exc).__name__, str(exc), field.name if field is not None else None)
 
 
+def script_env(**extra: str) -> dict[str, str]:
+    """The environment a check script under ``tests/distributed/`` runs in as a subprocess (its own torchrun, or
+    plain python): this repository on PYTHONPATH, NVLS off as on the GPU hosts, no rank variables of a launcher
+    this test may run under; ``extra`` on top."""
+    import os
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "NCCL_NVLS_ENABLE": "0", **extra}
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        env.pop(key, None)
+    return env
+
+
 # ---------------------------------------------------------------------------------------------------
 # The built kernel library the shared-memory vote tests load (scripts/build_kernel.sh 2.28.9 build/kernel;
 # FASTVIDEO_KERNEL_TEST_BUILD overrides), or why they skip.

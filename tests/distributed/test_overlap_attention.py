@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from fastvideo.distributed.ulysses.overlap_plan import Step, check_chunks, head_groups, schedule, schedule_model
-from tests.distributed.conftest import bit_equal, rank_input
+from tests.distributed.conftest import bit_equal, rank_input, script_env
 
 OVERLAP = "FASTVIDEO_ULYSSES_A2A_OVERLAP"
 
@@ -293,17 +293,13 @@ def test_the_gpu_overlap_check_passes_its_cpu_dry_run(nproc):
     """tests/distributed/check_overlap.py (scripts/gpu_overlap_smoke.sh at SP 1, gpu_overlap_sp2.sh at SP 2) over
     gloo: every check it can run on CPU passes, the CUDA-only ones say they were skipped, and the compiled block's
     every start owns its input (the check fails where one does not)."""
-    import os
     import pathlib
     import subprocess
     import sys
 
     script = pathlib.Path(__file__).with_name("check_overlap.py")
-    env = {**os.environ, "PYTHONPATH": str(script.parents[2]), "NCCL_NVLS_ENABLE": "0"}
-    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
-        env.pop(key, None)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                           str(script), "--cpu-dry-run"], env=env, capture_output=True, text=True, timeout=220)
+                           str(script), "--cpu-dry-run"], env=script_env(), capture_output=True, text=True, timeout=220)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "FAIL" not in proc.stdout and "PASS graph replay N=4: skipped on CPU" in proc.stdout
     assert "PASS compile fullgraph" in proc.stdout and "starts=8 (owning their input: 8) waits=8" in proc.stdout

@@ -5,7 +5,6 @@ multi-GPU host is spent on it."""
 
 from __future__ import annotations
 
-import os
 import pathlib
 import subprocess
 import sys
@@ -14,22 +13,16 @@ import time
 import pytest
 import torch
 
+from tests.distributed.conftest import script_env
+
 GATE = pathlib.Path(__file__).with_name("check_ulysses_h3_native.py")
-ROOT = GATE.parents[2]
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "NCCL_NVLS_ENABLE": "0", **extra}
-    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
-        env.pop(key, None)
-    return env
 
 
 def test_gate_refuses_to_pass_without_two_gpus():
     if GPUS >= 2:
         pytest.skip("this host has 2+ GPUs; the refusal path is for smaller hosts")
-    proc = subprocess.run([sys.executable, str(GATE)], env=_env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, str(GATE)], env=script_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "needs 2+ GPUs" in proc.stderr and "nothing was checked" in proc.stderr
 
@@ -39,7 +32,7 @@ def test_gate_logic_cpu_dry_run(nproc):
     """Every gate check over gloo with the CPU transport: SP2 in full, SP3 (padded heads) quick."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(GATE),
            "--cpu-dry-run", *(["--quick"] if nproc > 2 else [])]
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=280)
+    proc = subprocess.run(cmd, env=script_env(), capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert " 0 failed" in proc.stdout and "DRY RUN" in proc.stdout
     assert "PASS negative control" in proc.stdout and "PASS stress" in proc.stdout
@@ -58,8 +51,8 @@ def test_gate_fails_fast_and_together_cpu_dry_run():
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(GATE),
            "--cpu-dry-run", "--quick", "--inject-wrong-round", "3"]
     start = time.monotonic()
-    proc = subprocess.run(cmd, env=_env(FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S="300"), capture_output=True, text=True,
-                          timeout=240)
+    proc = subprocess.run(cmd, env=script_env(FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S="300"), capture_output=True,
+                          text=True, timeout=240)
     elapsed = time.monotonic() - start
     assert proc.returncode != 0, proc.stdout[-3000:]
     assert "FAIL stress" in proc.stdout and "rank 1: round 3" in proc.stdout and "(injected)" in proc.stdout
@@ -76,6 +69,6 @@ def test_native_gate_quick(route, tmp_path):
     out = tmp_path / "gate.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={min(GPUS, 8)}",
            str(GATE), "--quick", "--json", str(out)]
-    proc = subprocess.run(cmd, env=_env(FASTVIDEO_ULYSSES_A2A=route), capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, env=script_env(FASTVIDEO_ULYSSES_A2A=route), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert " 0 failed" in proc.stdout

@@ -38,6 +38,7 @@ from tests.distributed.conftest import (
     forced_capture,
     oracle,
     rank_input,
+    script_env,
 )
 from tests.plan_transport import GlooPlanTransport
 
@@ -293,17 +294,6 @@ def test_capture_bit_in_the_vote():
 # ---------------------------------------------------------------------- the 2-GPU check script's CPU dry run
 
 
-def _check_env(**extra: str) -> dict[str, str]:
-    import os
-    import pathlib
-
-    root = pathlib.Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": str(root), "NCCL_NVLS_ENABLE": "0", **extra}
-    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
-        env.pop(key, None)
-    return env
-
-
 def _run_check(*args: str, **env: str):
     import pathlib
     import subprocess
@@ -312,7 +302,7 @@ def _run_check(*args: str, **env: str):
     script = pathlib.Path(__file__).with_name("check_ulysses_graphs.py")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
            "--cpu-dry-run", "--quick", *args]
-    return subprocess.run(cmd, env=_check_env(**env), capture_output=True, text=True, timeout=240)
+    return subprocess.run(cmd, env=script_env(**env), capture_output=True, text=True, timeout=240)
 
 
 def test_graph_check_script_cpu_dry_run(tmp_path):
@@ -353,7 +343,7 @@ def test_graph_check_script_refuses_without_two_gpus():
     import sys
 
     script = pathlib.Path(__file__).with_name("check_ulysses_graphs.py")
-    proc = subprocess.run([sys.executable, str(script)], env=_check_env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, str(script)], env=script_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "needs 2+ GPUs" in proc.stderr and "nothing was checked" in proc.stderr
 
 
