@@ -157,10 +157,6 @@ def dtype_code(dtype: torch.dtype | None) -> int:
     return DTYPE_CODES.get(dtype) or (0 if dtype is None else 1 << 31 | zlib.crc32(str(dtype).encode()))
 
 
-# Every torch dtype by its code, the table's and the named ones alike: what a mismatch message prints.
-DTYPES_BY_CODE = {dtype_code(d): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
-
-
 def header(generation: int) -> int:
     return (CONTRACT_VERSION << 32) | (generation & 0xFFFFFFFF)
 
@@ -294,8 +290,9 @@ class ContractMismatchError(RuntimeError):
 
 
 def _describe(field: Field, value: int) -> str:
-    if field == Field.DTYPE:
-        return str(DTYPES_BY_CODE.get(value, value))
+    if field == Field.DTYPE:  # the dtype whose code it is (the table's or a named one), looked up only to raise
+        return str(next((d for d in vars(torch).values() if isinstance(d, torch.dtype) and dtype_code(d) == value),
+                        value))
     if field == Field.PHASE and value in tuple(Phase):
         return Phase(value).name.lower()
     if field == Field.HEADER:
