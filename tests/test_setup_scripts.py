@@ -337,17 +337,24 @@ if os.environ.get("FASTVIDEO_TEST_FAKE_GPU") == "1":
 '''
 
 
+def _one_gpu_host(tmp_path: pathlib.Path) -> dict[str, str]:
+    """The environment of a shim python (without ruff and clang-format) whose torch reports one GPU, visible, with
+    two pytest workers: run_tests.sh's two-session path, the GPU's library left to the command to find."""
+    _, env = _shim(tmp_path, "ruff clang_format")
+    (tmp_path / "hide" / "sitecustomize.py").write_text(HIDE + FAKE_GPU)
+    env.update(FASTVIDEO_TEST_FAKE_GPU="1", FASTVIDEO_PYTEST_WORKERS="2")
+    env.pop("CUDA_VISIBLE_DEVICES", None)  # the GPU visible, also where this test runs with a host's GPUs hidden
+    env.pop("FASTVIDEO_KERNEL_LIBRARY", None)
+    return env
+
+
 def test_on_a_gpu_host_the_gpu_tests_run_first_in_a_serial_session(tmp_path):
     """A python whose torch reports one GPU (a stand-in: torch.cuda answers as a one-GPU host's, and as a host with
     the GPUs hidden under CUDA_VISIBLE_DEVICES=''): the tests marked gpu run first, serially, then every other test
     on workers with the GPUs hidden; a session that collects nothing is fine when the other collected tests.
     Control: without the stand-in, one session (test_the_test_command_skips_what_the_python_lacks_and_says_so)."""
-    _, env = _shim(tmp_path, "ruff clang_format")
-    (tmp_path / "hide" / "sitecustomize.py").write_text(HIDE + FAKE_GPU)
-    env.update(FASTVIDEO_TEST_FAKE_GPU="1", FASTVIDEO_PYTEST_ARGS=TARGET,
-               FASTVIDEO_PYTEST_WORKERS="2")
-    env.pop("CUDA_VISIBLE_DEVICES", None)  # the GPU visible, also where this test runs with a host's GPUs hidden
-    env.pop("FASTVIDEO_KERNEL_LIBRARY", None)
+    env = _one_gpu_host(tmp_path)
+    env["FASTVIDEO_PYTEST_ARGS"] = TARGET
     proc = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -387,11 +394,9 @@ def test_on_a_gpu_host_the_whole_suite_without_a_gpu_test_fails(tmp_path, with_g
     (repo / "tests" / "test_one.py").write_text(
         "import pytest\n\n\ndef test_cpu():\n    pass\n" +
         ("\n\n@pytest.mark.gpu\ndef test_gpu():\n    pass\n" if with_gpu_test else ""))
-    _, env = _shim(tmp_path, "ruff clang_format")
-    (tmp_path / "hide" / "sitecustomize.py").write_text(HIDE + FAKE_GPU)
-    env.update(FASTVIDEO_TEST_FAKE_GPU="1", FASTVIDEO_PYTEST_WORKERS="2", PYTEST_ADDOPTS="-p no:cacheprovider")
-    for name in ("CUDA_VISIBLE_DEVICES", "FASTVIDEO_KERNEL_LIBRARY", "FASTVIDEO_PYTEST_ARGS"):
-        env.pop(name, None)
+    env = _one_gpu_host(tmp_path)
+    env["PYTEST_ADDOPTS"] = "-p no:cacheprovider"
+    env.pop("FASTVIDEO_PYTEST_ARGS", None)  # the whole suite
     proc = subprocess.run(["bash", "scripts/run_tests.sh"], cwd=repo, env=env, capture_output=True, text=True,
                           timeout=300)
     assert "== pytest, serial, the GPUs visible: the tests marked gpu" in proc.stdout, proc.stdout[-3000:]
