@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): set-up, ruff, clang-format, the kernel build, then pytest over the whole
-# suite (one session; two on a host with GPUs, below). Each test runs once; a test marked `ambient` (code under test reads
-# FASTVIDEO_ULYSSES_A2A or _LONG_TRAINING without the test setting it) runs once per value of each
-# variable it names, and every other test sees both pinned to their defaults (tests/conftest.py). Exit
-# code 5 (no tests collected) is a failure (see the two sessions below). On a python used as it is (scripts/setup_env.sh: a GPU host's)
-# a step whose tool is not installed, or whose NCCL release cannot be downloaded, is skipped with a note, and the
-# last line names what did not run; under CI=true either is a failure (CI installs and downloads them). On a host
-# with GPUs and pytest-xdist the GPU tests run first, in a serial session of their own (below).
+# suite (one session; two on a host with GPUs, below). Each test runs once; a test marked `ambient` (code under
+# test reads FASTVIDEO_ULYSSES_A2A or _LONG_TRAINING without the test setting it) runs once per value of each
+# variable it names, and every other test sees both pinned to their defaults (tests/conftest.py). Exit code 5
+# (no tests collected) is a failure (see the two sessions below). On a python used as it is (scripts/setup_env.sh:
+# a GPU host's) a step whose tool is not installed, or whose NCCL release cannot be downloaded, is skipped with a
+# note, and the last line names what did not run; under CI=true either is a failure (CI installs and downloads
+# them). On a host with GPUs and pytest-xdist the GPU tests run first, in a serial session of their own (below).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 cd "$ROOT"
