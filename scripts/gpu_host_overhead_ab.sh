@@ -20,7 +20,9 @@
 # HOST_PATH_BASE (another exported tree, e.g. an older one), also the helper's host path at P = 2 over the
 # shared-memory vote (host_path --vote shm), A/B between that tree and this one, each on its own library.
 # $OUT: summary.txt, commit.txt, logs.tar.gz (with every round's JSON under ab-NAME/), ab-NAME.json per base,
-# tags.json, decompose.json and host_path_ab.json (scripts/gpu_lib.sh).
+# tags.json, decompose.json and host_path_ab.json (scripts/gpu_lib.sh). More rounds than one call holds: run it
+# again (an even ROUNDS each time) and compare the parts' ab-NAME.json as one with --compare-merge
+# (docs/benchmarks.md).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_lib.sh"
 gpu_init host-overhead-ab
@@ -49,7 +51,9 @@ for base in $BASE; do
     step "build $name hot-path extension" 240 build.log "$python" "$base/fastvideo-kernel/build_hot.py" \
       --out "$base/build/kernel"
   fi
-  step "fused host overhead A/B ($name)" "${AB_LIMIT_S:-300}" "ab-$name.log" "$python" -m benchmarks.run \
+  # about 75 s a round on one H200 (both trees' rows in turns); AB_LIMIT_S overrides
+  step "fused host overhead A/B ($name)" "${AB_LIMIT_S:-$((60 + 90 * ${ROUNDS:-3}))}" "ab-$name.log" \
+    "$python" -m benchmarks.run \
     fused_host_overhead --compare-revs "$base" "$ROOT" --nproc 1 --tree-libraries --rounds "${ROUNDS:-3}" \
     --within 0.5,10 "${lanes[@]}" \
     --compare-out "$WORK/logs/ab-$name" --json "$WORK/logs/ab-$name.json"

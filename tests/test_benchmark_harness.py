@@ -7,9 +7,11 @@ counted, an invalid document is reported, a run with a wrong row exits 1.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
+import types
 from pathlib import Path
 
 import pytest
@@ -294,8 +296,9 @@ def test_parse_applies_case_defaults_quick_and_bounds() -> None:
     assert parse(Toy(), []).iters == 7
     quick = parse(Toy(), ["--quick"])
     assert (quick.iters, quick.repeat) == (2, 2)
-    with pytest.raises(SystemExit):
-        parse(Toy(), ["--iters", "0"])
+    for flag in ("--iters", "--rounds"):  # --rounds 0 ran no round and then read round 0
+        with pytest.raises(SystemExit):
+            parse(Toy(), [flag, "0"])
 
 
 def test_context_refuses_a_row_without_wrong() -> None:
@@ -483,6 +486,84 @@ def test_compare_revs_fails_where_a_run_failed_or_lost_a_row(tmp_path: Path, mon
     assert revs.run_failures("A0", 0, {"header": {"complete": False}, "rows": []}) == ["A0 did not complete"]
     assert revs.one_sided({(1,): 1.0, (2,): 0.0}, {(1,): 1.0, (3,): 2.0}) == ([(2,)], [(3,)])
 
+
+
+def test_compare_merge_compares_the_rounds_of_several_parts_as_one(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """An A/B split over two runs (two rounds each, A's metric 1..4 over the four rounds, B's 0.5 above) merges
+    into one comparison of four rounds: the medians and spreads over all of them, --within re-judged, the parts
+    named; a part whose run failed fails the merge under its file's name. Refused, naming the file: a part of
+    other commits, a JSON that is no comparison. Through the CLI (``--compare-merge``) on a real case's rows."""
+    from benchmarks.harness import revs
+    from benchmarks.harness.main import main
+
+    made = iter(range(100))
+
+    class FakeRun:
+        def __init__(self, cmd, env, cwd, stdout, stderr, preexec_fn) -> None:
+            value = 1.0 + next(made) // 2 + (0.5 if _fake_label(cwd) == "B" else 0.0)  # A and B of a round alike
+            header = {"commit": _fake_label(cwd), "case": "toy", "complete": True, "host": "h1"}
+            doc = {"header": header, "rows": [{"k": 1, "m": value}]}
+            Path(cmd[cmd.index("--json") + 1]).write_text(json.dumps(doc))
+
+        def wait(self) -> int:
+            return 0
+
+    parts = []
+    for n in range(2):
+        status, printed, doc = _compare_toy(tmp_path, monkeypatch, FakeRun, 2, (0.5, 10.0))
+        assert status == 0 and doc["header"]["rounds"] == 2 and doc["header"]["run_failures"] == []
+        parts.append(tmp_path / f"part{n}.json")
+        parts[-1].write_text(json.dumps(doc))
+    assert [r["m"] for run in json.loads(parts[1].read_text())["runs"]["A"] for r in run["rows"]] == [3.0, 4.0]
+    case = types.SimpleNamespace(name="toy", key=("k",), metric="m", saves_outputs=False, lane=lambda row: "lane")
+
+    def merge(files, within=(0.1, 0.0)):
+        args = argparse.Namespace(compare_merge=[str(f) for f in files], within=within, json=str(tmp_path / "m.json"))
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            status = revs.merge(case, args)
+        return status, printed.getvalue(), json.loads((tmp_path / "m.json").read_text())
+
+    status, printed, doc = merge(parts)
+    assert status == 0 and doc["rows"][0]["within"] is False  # B 0.5 above A, over the 0.1 bound: marked
+    status, printed, doc = merge(parts, (0.5, 0.0))
+    assert status == 0 and doc["header"]["rounds"] == 4 and len(doc["runs"]["B"]) == 4
+    row = doc["rows"][0]
+    assert (row["a_m"], row["b_m"], row["a_m_spread"], row["b_m_spread"], row["within"]) == (2.5, 3.0, 3.0, 3.0, True)
+    assert doc["header"]["merged_from"] == [str(p) for p in parts] and doc["header"]["hosts"] == ["h1"]
+    assert "part0.json (2 rounds), " in printed and "rounds 4" in printed
+
+    failed = json.loads(parts[1].read_text())
+    failed["header"]["run_failures"] = ["B1 exited 3"]
+    (tmp_path / "failed.json").write_text(json.dumps(failed))
+    status, printed, doc = merge([parts[0], tmp_path / "failed.json"], (0.5, 0.0))
+    assert status == 1 and doc["header"]["failures"] == [f"{tmp_path / 'failed.json'}: B1 exited 3"]
+
+    other = json.loads(parts[1].read_text())
+    other["header"]["commit_b"] = "C"
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match=r"other\.json's commit_b 'C' differs from .*part0\.json's 'B'"):
+        merge([parts[0], tmp_path / "other.json"])
+    (tmp_path / "plain.json").write_text(json.dumps({"header": {"case": "toy"}, "rows": []}))
+    with pytest.raises(SystemExit, match=r"plain\.json is not a --compare-revs JSON of case toy"):
+        merge([parts[0], tmp_path / "plain.json"])
+
+    # The CLI: a real case's rows (its key and lanes), one part each way round
+    rows = [{"geometry": "g", "mode": 0, "label": "floor copy", "paired_us": 1.0}]
+    real = {"header": {"case": "fused_host_overhead", "commit": "x", "commit_a": "x", "commit_b": "y",
+                       "bench_argv": [], "host": "h"},
+            "runs": {"A": [{"header": {"commit": "x"}, "rows": rows}],
+                     "B": [{"header": {"commit": "y"}, "rows": [dict(rows[0], paired_us=1.2)]}]}}
+    (tmp_path / "real.json").write_text(json.dumps(real))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        status = main(["--compare-merge", str(tmp_path / "real.json"), str(tmp_path / "real.json"), "--within",
+                       "0.5,10", "--json", str(tmp_path / "cli.json")], case_name="fused_host_overhead")
+    assert status == 0 and "floor 1 of 1" in printed.getvalue()
+    assert json.loads((tmp_path / "cli.json").read_text())["header"]["rounds"] == 2
+    with pytest.raises(SystemExit, match="exclude each other"):
+        main(["--compare-merge", "x.json", "--compare-revs", "a", "b"], case_name="fused_host_overhead")
 
 def test_within_bounds_b_against_a_by_the_larger_of_the_two_bounds() -> None:
     """B may exceed A by max(ABS, PCT % of A), no more; a lower B is always within; counts go per lane. The flag

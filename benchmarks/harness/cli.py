@@ -7,7 +7,8 @@ Common flags (each case adds its own; ``python -m benchmarks.run CASE --help`` l
 * ``--geometry NAME|B,S,H,D`` (repeatable), ``--dtype``;
 * ``--iters``, ``--warmup``, ``--repeat`` (rotated rounds), ``--quick`` (a smoke run);
 * ``--lineup auto|shm|gloo``; ``--seed``; ``--json PATH``; ``--progress-every S``;
-* ``--compare-revs DIR_A DIR_B`` with ``--rounds``, ``--tree-libraries``, ``--compare-out`` (cases with a row key).
+* ``--compare-revs DIR_A DIR_B`` with ``--rounds``, ``--tree-libraries``, ``--compare-out`` (cases with a row key);
+  ``--compare-merge FILE...``: several such comparisons' JSONs as one.
 
 Geometries are ``(B, S_global, H, D)``: the presets (``fastvideo/distributed/ulysses/geometries.py``), or
 ``B,S,H,D``. Mode 0 feeds ``[B, S/P, H, D]`` (before attention), mode 1 ``[B, S, H/P, D]`` (after); the ``h3``
@@ -110,6 +111,10 @@ def common_parser(description: str = "") -> argparse.ArgumentParser:
                    help="run this case with identical argv against two exported trees, A/B/A/B, and compare "
                         "(plain python, not torchrun)")
     r.add_argument("--rounds", type=int, default=2, help="--compare-revs: A/B rounds")
+    r.add_argument("--compare-merge", nargs="+", metavar="FILE",
+                   help="compare the rounds of several --compare-revs JSONs of this case (the same two commits, the "
+                        "same argv: an A/B split over several runs) as one comparison; runs nothing (takes --within, "
+                        "--json)")
     r.add_argument("--tree-libraries", action="store_true",
                    help="--compare-revs: each tree runs its own kernel loader (TREE/fastvideo-kernel first on "
                         "PYTHONPATH) and its own build (TREE/build/kernel/libfastvideo_ulysses_a2a.so, which must "

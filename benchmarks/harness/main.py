@@ -40,7 +40,7 @@ def parse(case, argv: list[str]) -> argparse.Namespace:
     if args.quick:
         for key, value in case.quick.items():
             setattr(args, key, value)
-    for name in ("iters", "repeat"):
+    for name in ("iters", "repeat", "rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1")
     if args.warmup < 0:
@@ -67,6 +67,12 @@ def main(argv: list[str] | None = None, *, case_name: str | None = None, entry: 
     tree = select_tree(early.tree)
     case = get_case(case_name)
     args = parse(case, argv)
+    if args.compare_merge:
+        if args.compare_revs:
+            raise SystemExit("--compare-merge and --compare-revs exclude each other (a merge runs nothing)")
+        from benchmarks.harness import revs
+
+        return revs.merge(case, args)
     status = case.offline(args)
     if status is not None:
         return status

@@ -198,6 +198,23 @@ def compare(case, args, argv: list[str], entry: str, prefix: list[str]) -> int:
             for label in order:
                 collect(label, rnd, start(label, rnd, {}))
 
+    header = dict(runs["A"][0]["header"], compare_revs=[str(tree_a), str(tree_b)], bench_argv=bench_args,
+                  argv=list(sys.argv), complete=True, command=shlex.join(sys.orig_argv), command_source="exact",
+                  interleaved=interleave)
+    if interleave:
+        header["turn_orders"] = turn_orders  # per round, the runs in the order they were given the turn
+        header["turn_cpus"] = cpus  # the CPUs both runs were pinned to ([]: as scheduled)
+    outputs = compare_saved(work / "A_outputs", work / "B_outputs") if case.saves_outputs else []
+    return summarize(case, args, runs, failed, header, outputs)
+
+
+def summarize(case, args, runs: dict[str, list[dict]], failed: list[str], header: dict, outputs: list[dict]) -> int:
+    """The comparison of ``runs`` (per tree label, each run's JSON document, one per round): per row key the
+    metric's median over the rounds for A and B, B/A, the spreads and ``--within``'s marks, printed as a table and
+    written to ``--json`` under ``header``; ``failed``: why any run failed, ``outputs``: ``compare_saved``'s
+    answer. Returns the exit status (1 where a run failed, a row A measured is missing in B, or an output
+    differs)."""
+
     def per_round(label: str) -> dict[tuple, list[float]]:
         acc: dict[tuple, list[float]] = collections.defaultdict(list)
         for run in runs[label]:
@@ -209,7 +226,8 @@ def compare(case, args, argv: list[str], entry: str, prefix: list[str]) -> int:
     rounds_a, rounds_b = per_round("A"), per_round("B")
     med_a, med_b = ({k: statistics.median(v) for k, v in acc.items()} for acc in (rounds_a, rounds_b))
     commit_a, commit_b = runs["A"][0]["header"]["commit"], runs["B"][0]["header"]["commit"]
-    print(f"# A commit {commit_a}   B commit {commit_b}")
+    print(f"# A commit {commit_a}   B commit {commit_b}   rounds {len(runs['A'])}")
+
     # Both revisions must be timed from the same line-up (a tree without the shared-memory vote lines up over
     # gloo, whose exit skew lands in every timed call): say so loudly where they differ.
     lineups = {label: sorted({(run["header"].get("lineup") or {}).get("kind", "unknown") for run in runs[label]})
@@ -243,7 +261,6 @@ def compare(case, args, argv: list[str], entry: str, prefix: list[str]) -> int:
         counts = within_counts(rows, case.lane)
         print(f"# B within max({args.within[0]:g}, {args.within[1]:g} % of A) of A: "
               + ", ".join(f"{lane} {n} of {total}" for lane, (n, total) in sorted(counts.items())))
-    outputs = compare_saved(work / "A_outputs", work / "B_outputs") if case.saves_outputs else []
     different = [o for o in outputs if not o["identical"]]
     if case.saves_outputs:
         print(f"# outputs compared bit for bit: {len(outputs)} tensors, {len(different)} differ")
@@ -254,19 +271,57 @@ def compare(case, args, argv: list[str], entry: str, prefix: list[str]) -> int:
     for label, keys in (("A", only_a), ("B", only_b)):
         for key in keys:
             print(f"# measured in {label} only: {dict(zip(case.key, key))}")
-    failed.extend(f"measured in A, not in B: {dict(zip(case.key, key))}" for key in only_a)
-    for why in failed:
+    failures = failed + [f"measured in A, not in B: {dict(zip(case.key, key))}" for key in only_a]
+    for why in failures:
         print(f"# FAILED: {why}")
-    header = dict(runs["A"][0]["header"], compare_revs=[str(tree_a), str(tree_b)], bench_argv=bench_args,
-                  commit_a=commit_a, commit_b=commit_b, lineups=lineups, argv=list(sys.argv), complete=True,
-                  command=shlex.join(sys.orig_argv), command_source="exact", interleaved=interleave)
+    header = dict(header, commit_a=commit_a, commit_b=commit_b, lineups=lineups, rounds=len(runs["A"]))
+    for key in ("within_bound", "within_counts", "round_spreads"):  # a merged comparison's inputs had their own
+        header.pop(key, None)
     if args.within:
         header.update(within_bound=list(args.within), within_counts=counts)
     if spreads:
         header["round_spreads"] = spreads
-    if interleave:
-        header["turn_orders"] = turn_orders  # per round, the runs in the order they were given the turn
-        header["turn_cpus"] = cpus  # the CPUs both runs were pinned to ([]: as scheduled)
-    header["failures"] = failed
+    header.update(failures=failures, run_failures=failed)  # the runs' own failures: what a merge reads again
     report.write_json(args.json, report.document(header, rows, {"outputs": outputs, "runs": runs}))
-    return 1 if failed or different or (case.saves_outputs and not outputs) else 0
+    return 1 if failures or different or (case.saves_outputs and not outputs) else 0
+
+
+def merge(case, args) -> int:
+    """``--compare-merge FILE...``: several ``--compare-revs`` JSONs of this case, made of the same two commits with
+    the same benchmark argv (for example the parts of an A/B split over several device calls), compared as one run of
+    all their rounds; nothing is run. Refused, naming the file, where one is no comparison of this case or
+    differs from the first in its commits or argv; different hosts are printed as a warning (each round still pairs
+    its A and B on one host). Returns ``summarize``'s exit status."""
+    docs = []
+    for name in args.compare_merge:
+        try:
+            doc = json.loads(Path(name).read_text())
+        except (OSError, ValueError) as err:
+            raise SystemExit(f"--compare-merge: cannot read {name}: {err}") from None
+        header = doc.get("header") or {}
+        if "runs" not in doc or "commit_a" not in header or header.get("case") != case.name:
+            raise SystemExit(f"--compare-merge: {name} is not a --compare-revs JSON of case {case.name} (its case: "
+                             f"{header.get('case')!r}; it needs the runs and commit_a a comparison writes)")
+        docs.append((name, doc))
+    first_name, first = docs[0]
+    for name, doc in docs[1:]:
+        for field in ("commit_a", "commit_b", "bench_argv"):
+            if doc["header"].get(field) != first["header"].get(field):
+                raise SystemExit(f"--compare-merge: {name}'s {field} {doc['header'].get(field)!r} differs from "
+                                 f"{first_name}'s {first['header'].get(field)!r}: only comparisons of the same two "
+                                 "commits with the same argv merge")
+    hosts = sorted({str(doc["header"].get("host")) for _, doc in docs})
+    if len(hosts) > 1:
+        print(f"# WARNING: the parts ran on different hosts ({', '.join(hosts)}): each round pairs A and B on one "
+              "host, but the rounds' spread takes in the hosts' difference")
+    print(f"# compare-merge ({case.name}): " + ", ".join(f"{name} ({len(doc['runs']['A'])} rounds)"
+                                                         for name, doc in docs))
+    runs = {label: [run for _, doc in docs for run in doc["runs"][label]] for label in ("A", "B")}
+    failed = [f"{name}: {why}" for name, doc in docs
+              for why in doc["header"].get("run_failures", doc["header"].get("failures", []))]
+    outputs = [dict(o, part=name) for name, doc in docs for o in doc.get("outputs", [])]
+    header = dict(first["header"], merged_from=[name for name, _ in docs], hosts=hosts, argv=list(sys.argv),
+                  command=shlex.join(sys.orig_argv), command_source="exact")
+    if "turn_orders" in header:  # each part's rounds' orders, in the merged rounds' order
+        header["turn_orders"] = [o for _, doc in docs for o in doc["header"].get("turn_orders", [])]
+    return summarize(case, args, runs, failed, header, outputs)
