@@ -20,9 +20,9 @@
 # HOST_PATH_BASE (another exported tree, e.g. an older one), also the helper's host path at P = 2 over the
 # shared-memory vote (host_path --vote shm), A/B between that tree and this one, each on its own library.
 # $OUT: summary.txt, commit.txt, logs.tar.gz (with every round's JSON under ab-NAME/), ab-NAME.json per base,
-# tags.json, decompose.json and host_path_ab.json (scripts/gpu_lib.sh). More rounds than one call holds: run it
-# again (an even ROUNDS each time) and compare the parts' ab-NAME.json as one with --compare-merge
-# (docs/benchmarks.md).
+# tags.json, decompose.json and host_path_ab.json (scripts/gpu_lib.sh). COMPARED_ONLY=1: the A/B times the compared
+# metric alone (--compared-only), so more rounds fit. More rounds than one call holds: run it again (an even ROUNDS
+# each time) and compare the parts' ab-NAME.json as one with --compare-merge (docs/benchmarks.md).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_lib.sh"
 gpu_init host-overhead-ab
@@ -44,6 +44,7 @@ fi
 lanes=()  # HOT=1: every A/B row twice, the Python lane and the hot lane of each tree
 [[ "${HOT:-0}" == 1 ]] && lanes=(--hot both)
 [[ "${DECOMPOSE:-0}" == 1 ]] && lanes+=(--decompose)  # each tree's rows cut at the call's layers, in turns too
+[[ "${COMPARED_ONLY:-0}" == 1 ]] && lanes+=(--compared-only)  # the compared metric alone: shorter rounds
 for base in $BASE; do
   name=$(basename "$base")
   step "build $name library" 240 build.log "$python" "$base/fastvideo-kernel/build_lib.py" --out "$base/build/kernel"

@@ -135,6 +135,11 @@ def test_fused_host_overhead_rows_carry_the_floor_the_paired_overhead_and_the_de
     # The CPU transport fuses no vote: the voted stage is absent there, the other two are measured and checked.
     assert all("call_us" in r and "launch_us" in r and "voted_us" not in r and r["wrong"] == 0 for r in fused)
     assert "call_us" not in floor
+    # --compared-only: the compared metric alone, every row still checked
+    _ran(_ranks(1, "fused_host_overhead", "--device", "cpu", "--quick", "--compared-only", "--json", str(out)))
+    rows = _document(out)["rows"]
+    assert len(rows) == 7 and all(r["wrong"] == 0 and r["paired_p25_us"] <= r["paired_us"] for r in rows), rows
+    assert not any(k in r for r in rows for k in ("host_ms", "device_ms", "busy_us")), rows
 
 
 @pytest.mark.timeout(200)

@@ -49,6 +49,9 @@ built (on where the extension is built for this torch), or ``both``: per plan an
 (``<plan> python``) and one with it on (``<plan> hot``), back to back on the same helper, which path ran asserted
 (``stats()["hot_calls"]``): the A/B of what it saves.
 
+``--compared-only``: each row times ``paired_us`` alone (no ``host_ms``, ``device_ms``, ``busy_us``), for an
+A/B that wants more rounds (processes) rather than more columns per round: what moves a row is the process.
+
 ``--tag untagged|tagged|both`` (default ``untagged``, the rows as before): ``tagged`` calls
 ``helper.all_to_all(x, mode, tag=...)`` with a call-site tag (the vote's SEQ is then the tag's own count: one dict
 lookup and one XOR more per call), its rows labelled ``<plan> tagged``; ``both`` measures the untagged and the
@@ -117,7 +120,9 @@ def sliced_paired(host_fn, device_fn, device: torch.device, args, turn: Callable
 def overhead_columns(host_fn, device_fn, device: torch.device, args, turn: Callable[[], None]) -> dict:
     """The timing columns of a row: ``host_fn``'s host-to-completion median, ``device_fn``'s event-timed median,
     the difference of the two, the paired overhead (``sliced_paired``, ``turn`` between slices) and the busy
-    overhead with their quartiles."""
+    overhead with their quartiles; with ``--compared-only`` the paired overhead alone."""
+    if args.compared_only:
+        return paired_columns(sliced_paired(host_fn, device_fn, device, args, turn))
     host = statistics.median(timing.host_latencies(host_fn, device, args.iters, args.warmup))
     dev = statistics.median(timing.device_times(device_fn, device, args.iters, args.warmup))
     busy = busy_columns(timing.busy_overhead(host_fn, device_fn, device, args.iters, args.warmup))
@@ -243,6 +248,10 @@ class FusedHostOverheadCase(Case):
                             help="per untagged row, also the paired overhead of the call cut at its layers: "
                                  "helper.call without the public checks, the hot lane's native call alone (hot rows), "
                                  "the voted launch alone, the launch without a vote (product.call_stages)")
+        parser.add_argument("--compared-only", action="store_true",
+                            help="time only the metric --compare-revs compares (paired_us; the vote's median is "
+                                 "read, not timed): no host_ms, device_ms or busy_us, so a round is shorter and an "
+                                 "A/B fits more rounds in a run")
         parser.add_argument("--hot", choices=HOT_CHOICES, default="built",
                             help="the hot path (fastvideo/distributed/ulysses/hot.py) as the helper was built, or "
                                  "both: a row with it off (labelled 'python') and one with it on ('hot') per plan and "
