@@ -488,6 +488,40 @@ def test_compare_revs_fails_where_a_run_failed_or_lost_a_row(tmp_path: Path, mon
 
 
 
+
+def test_compare_revs_stopped_part_way_keeps_the_rounds_it_finished(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A comparison whose third round fails (as a run stopped by a time limit does) has written its first two
+    rounds' comparison, marked incomplete; a merge takes them with a note. A whole run ends complete."""
+    from benchmarks.harness import revs
+
+    fail_round = [2]
+
+    class FakeRun:
+        def __init__(self, cmd, env, cwd, stdout, stderr, preexec_fn) -> None:
+            out = Path(cmd[cmd.index("--json") + 1])
+            self.code = 2 if int(out.stem[1:]) == fail_round[0] else 0
+            if not self.code:
+                header = {"commit": _fake_label(cwd), "case": "toy", "complete": True}
+                out.write_text(json.dumps({"header": header, "rows": [{"k": 1, "m": 1.0}]}))
+
+        def wait(self) -> int:
+            return self.code
+
+    with pytest.raises(SystemExit, match="run A2 failed with exit code 2"):
+        _compare_toy(tmp_path, monkeypatch, FakeRun, 4, None)
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert doc["header"]["complete"] is False and doc["header"]["rounds"] == 2 and len(doc["runs"]["B"]) == 2
+    case = types.SimpleNamespace(name="toy", key=("k",), metric="m", saves_outputs=False, lane=lambda row: "lane")
+    args = argparse.Namespace(compare_merge=[str(tmp_path / "c.json")], within=None, json=str(tmp_path / "m.json"))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert revs.merge(case, args) == 0
+    assert "c.json stopped after 2 round(s) (complete: false); they are merged" in printed.getvalue()
+    assert json.loads((tmp_path / "m.json").read_text())["header"]["complete"] is True
+    fail_round[0] = None
+    assert _compare_toy(tmp_path, monkeypatch, FakeRun, 4, None)[2]["header"]["complete"] is True
+
 def test_compare_merge_compares_the_rounds_of_several_parts_as_one(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """An A/B split over two runs (two rounds each, A's metric 1..4 over the four rounds, B's 0.5 above) merges

@@ -12,13 +12,17 @@ the shared host's swings over a run's minute land on both alike rather than on w
 output goes to ``<out>/<label><round>.log``. Per row key the medians of the case's metric across rounds, B/A, and
 each tree's spread across its rounds (max - min: what a single row's difference is read against), with each lane's
 median spread; a case that saves outputs (``--save-outputs``, round 0) has them compared bit for bit. Exit status 1
-when any output differs.
+when any output differs. After each round but the last the JSON is written with ``complete: false``, so a
+comparison stopped by a time limit keeps its finished rounds; ``merge`` (``--compare-merge``) compares the rounds of
+several comparisons as one.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
+import io
 import json
 import os
 import shlex
@@ -184,6 +188,16 @@ def compare(case, args, argv: list[str], entry: str, prefix: list[str]) -> int:
         runs[label].append(json.loads(out_json.read_text()))
         failed.extend(run_failures(f"{label}{rnd}", code, runs[label][-1]))
 
+    def summary(complete: bool) -> int:
+        header = dict(runs["A"][0]["header"], compare_revs=[str(tree_a), str(tree_b)], bench_argv=bench_args,
+                      argv=list(sys.argv), complete=complete, command=shlex.join(sys.orig_argv),
+                      command_source="exact", interleaved=interleave)
+        if interleave:
+            header["turn_orders"] = turn_orders  # per round, the runs in the order they were given the turn
+            header["turn_cpus"] = cpus  # the CPUs both runs were pinned to ([]: as scheduled)
+        outputs = compare_saved(work / "A_outputs", work / "B_outputs") if case.saves_outputs else []
+        return summarize(case, args, runs, failed, header, outputs)
+
     for rnd in range(args.rounds):
         order = timing.rotated(("A", "B"), rnd)  # A first in even rounds, B first in odd ones
         if interleave:
@@ -197,15 +211,10 @@ def compare(case, args, argv: list[str], entry: str, prefix: list[str]) -> int:
         else:
             for label in order:
                 collect(label, rnd, start(label, rnd, {}))
-
-    header = dict(runs["A"][0]["header"], compare_revs=[str(tree_a), str(tree_b)], bench_argv=bench_args,
-                  argv=list(sys.argv), complete=True, command=shlex.join(sys.orig_argv), command_source="exact",
-                  interleaved=interleave)
-    if interleave:
-        header["turn_orders"] = turn_orders  # per round, the runs in the order they were given the turn
-        header["turn_cpus"] = cpus  # the CPUs both runs were pinned to ([]: as scheduled)
-    outputs = compare_saved(work / "A_outputs", work / "B_outputs") if case.saves_outputs else []
-    return summarize(case, args, runs, failed, header, outputs)
+        if rnd + 1 < args.rounds:  # a comparison stopped later (a time limit) keeps the rounds it finished
+            with contextlib.redirect_stdout(io.StringIO()):
+                summary(complete=False)
+    return summary(complete=True)
 
 
 def summarize(case, args, runs: dict[str, list[dict]], failed: list[str], header: dict, outputs: list[dict]) -> int:
@@ -310,6 +319,9 @@ def merge(case, args) -> int:
                 raise SystemExit(f"--compare-merge: {name}'s {field} {doc['header'].get(field)!r} differs from "
                                  f"{first_name}'s {first['header'].get(field)!r}: only comparisons of the same two "
                                  "commits with the same argv merge")
+    for name, doc in docs:
+        if not doc["header"].get("complete", True):
+            print(f"# note: {name} stopped after {len(doc['runs']['A'])} round(s) (complete: false); they are merged")
     hosts = sorted({str(doc["header"].get("host")) for _, doc in docs})
     if len(hosts) > 1:
         print(f"# WARNING: the parts ran on different hosts ({', '.join(hosts)}): each round pairs A and B on one "
@@ -321,7 +333,7 @@ def merge(case, args) -> int:
               for why in doc["header"].get("run_failures", doc["header"].get("failures", []))]
     outputs = [dict(o, part=name) for name, doc in docs for o in doc.get("outputs", [])]
     header = dict(first["header"], merged_from=[name for name, _ in docs], hosts=hosts, argv=list(sys.argv),
-                  command=shlex.join(sys.orig_argv), command_source="exact")
+                  command=shlex.join(sys.orig_argv), command_source="exact", complete=True)
     if "turn_orders" in header:  # each part's rounds' orders, in the merged rounds' order
         header["turn_orders"] = [o for _, doc in docs for o in doc["header"].get("turn_orders", [])]
     return summarize(case, args, runs, failed, header, outputs)
