@@ -15,6 +15,7 @@ calls through a helper on the CPU plan transport, where that assertion fails.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -188,11 +189,14 @@ RECORDED_MISTAKES = {
 }
 
 
-def _recorded_mistakes(rank, world_size, async_op, fused=False):
-    """Each of ``RECORDED_MISTAKES`` on rank 1, in a call autograd records (the op path): what each rank raised,
-    how long it took, whether a matching recorded call right after is exact, and the route of that call
-    (``recorded_calls``). ``fused`` (the route assertion's negative control): through a helper on the CPU plan
-    transport."""
+def _recorded_mistakes(rank, world_size, async_op, fused=False, under_mode=False):
+    """Each of ``RECORDED_MISTAKES`` on rank 1, in a call through the op path: one autograd records, or with
+    ``under_mode`` one autograd does not record under a dispatch mode (``FlopCounterMode``, as a user counts a
+    step's flops): what each rank raised, how long it took, whether a matching call right after is exact, and the
+    route of that call (``recorded_calls``). ``fused`` (the route assertion's negative control): through a helper
+    on the CPU plan transport."""
+    from torch.utils.flop_counter import FlopCounterMode
+
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
     from fastvideo.distributed.ulysses import registry
 
@@ -200,19 +204,21 @@ def _recorded_mistakes(rank, world_size, async_op, fused=False):
         registry.install_default_helper(build_helper())
     seen = {}
     for mistake, wrong in RECORDED_MISTAKES.items():
-        x = rank_input(rank, SHAPE, seed=3, requires_grad=True)
+        x = rank_input(rank, SHAPE, seed=3, requires_grad=not under_mode)
         kw = {"seq_splits": [4, 4]} | (wrong if rank == 1 else {})
         if kw.pop("x", None) == "numpy":
             x = x.detach().numpy()
         start = time.monotonic()
         try:
-            y = a2a(x, 2, 1, async_op=async_op, **kw)
-            y = y.wait() if async_op else y
+            with FlopCounterMode(display=False) if under_mode else contextlib.nullcontext():
+                y = a2a(x, 2, 1, async_op=async_op, **kw)
+                y = y.wait() if async_op else y
             got = ("ok", "")
         except Exception as exc:  # noqa: BLE001 - the test asserts on what came back
             got = (type(exc).__name__, str(exc))
-        ok = rank_input(rank, SHAPE, seed=4, requires_grad=True)
-        with recorded_calls() as ran:
+        ok = rank_input(rank, SHAPE, seed=4, requires_grad=not under_mode)
+        counted = FlopCounterMode(display=False) if under_mode else contextlib.nullcontext()
+        with recorded_calls() as ran, counted:
             exact = bit_equal(a2a(ok, 2, 1), oracle(ok, 0))
         seen[mistake] = (*got, time.monotonic() - start, exact, ran)
     return seen
@@ -225,14 +231,17 @@ def nccl_route_ran(route: str, calls: int) -> list:
     return [("nccl", "disabled" if route == "off" else "transport_missing")] * calls
 
 
+@pytest.mark.parametrize("under_mode", [False, True], ids=["autograd", "dispatch-mode"])
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("route", ["off", "auto"])
-def test_caller_errors_of_a_recorded_call_are_voted_before_the_dispatcher(ranks, route, async_op):
-    """A call autograd records goes through the op: a table of floats or a tensor, a tag that is no str, an input
-    that is no tensor, on rank 1 only, raise the validation's error there (naming the argument) and
-    PeerCallError naming it on rank 0 within 10 s, never the dispatcher's schema error and a vote timeout; a
-    matching call right after is exact on both, and ran on the NCCL route (``nccl_route_ran``)."""
-    rank0, rank1 = ranks(2, _recorded_mistakes, async_op, env={**CHECKED_ON, A2A: route}, timeout_s=120)
+def test_caller_errors_of_a_recorded_call_are_voted_before_the_dispatcher(ranks, route, async_op, under_mode):
+    """A call autograd records goes through the op, and so does one under a dispatch mode: a table of floats or a
+    tensor, a tag that is no str, an input that is no tensor, on rank 1 only, raise the validation's error there
+    (naming the argument) and PeerCallError naming it on rank 0 within 10 s, never the dispatcher's schema error
+    and a vote timeout (or, at rank 1's next call, a silent pairing); a matching call right after is exact on
+    both, and ran on the NCCL route (``nccl_route_ran``)."""
+    rank0, rank1 = ranks(2, _recorded_mistakes, async_op, False, under_mode, env={**CHECKED_ON, A2A: route},
+                         timeout_s=120)
     names = {"float table": "seq_splits[0]", "tensor table": "seq_splits", "int tag": "tag=5", "not a tensor": "x "}
     for mistake, name in names.items():
         assert rank1[mistake][0] in ("ValueError", "TypeError") and name in rank1[mistake][1], rank1[mistake]
