@@ -379,7 +379,8 @@ def _destroy_groups(groups: list[dist.ProcessGroup | None]) -> None:
 
 
 def destroy_sequence_parallel() -> None:
-    """Tear down in a safe order: registered hooks (the Ulysses helper, collective) first, then the groups.
+    """Tear down in a safe order: registered hooks (every Ulysses helper built on the SP group, collective) first,
+    then the groups.
 
     Collective over each SP group. Safe to call when nothing was initialised.
     """

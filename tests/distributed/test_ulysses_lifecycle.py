@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from tests.distributed.conftest import a2a, build_helper, rank_input
+from tests.distributed.conftest import a2a, build_helper, oracle, rank_input
 from tests.plan_transport import GlooPlanTransport
 
 SHAPE = (3, 16, 12, 8)
@@ -176,3 +176,42 @@ def test_a_failed_vote_group_refuses_new_helpers_until_the_groups_are_rebuilt(ra
     assert first == "VoteTimeoutError"
     assert rebuilt[0] == "HelperDisposedError" and "initialize_sequence_parallel() on every rank" in rebuilt[1]
     assert route0 == route1 == "fused"
+
+
+def _helper_across_a_teardown(rank, world_size, new_sp):
+    """A helper the caller built (the CPU plan transport) and made the public op's route, exact on its SP group;
+    then the groups torn down and rebuilt at SP ``new_sp``: whether it is still alive, what its own call and a call
+    naming it raise, and whether the public op is exact on the new group (the oracle: its NCCL route)."""
+    import torch
+
+    from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D
+    from fastvideo.distributed.parallel_state import destroy_sequence_parallel, initialize_sequence_parallel
+    from fastvideo.distributed.ulysses import registry
+    from fastvideo.distributed.ulysses.runtime import HelperDisposedError
+
+    h = build_helper()
+    registry.use_route(h)
+    x = rank_input(rank, (2, 4, 8, 3))
+    before = torch.equal(sequence_model_parallel_all_to_all_4D(x, 2, 1), oracle(x, 0))
+    destroy_sequence_parallel()
+    initialize_sequence_parallel(new_sp)
+    raised = []
+    for call in (lambda: h.all_to_all(x, 0), lambda: a2a(h, x, 0)):
+        try:
+            call()
+            raised.append(None)
+        except HelperDisposedError as exc:
+            raised.append(str(exc))
+    after = torch.equal(sequence_model_parallel_all_to_all_4D(x, 2, 1), oracle(x, 0))
+    return before, h.alive, raised, after
+
+
+def test_the_groups_teardown_destroys_every_helper_built_on_them(ranks):
+    """A helper the caller built on the SP group does not outlive the group: ``destroy_sequence_parallel``
+    destroys it (collectively), so that after a rebuild at another SP size its calls raise HelperDisposedError on
+    every rank and the public op, whose route it was, resolves anew and is exact. Before, the helper lived on,
+    served the public op and exchanged over the old group's four ranks: outputs of the old group's shape, with
+    the other SP group's data, on every rank, and no error."""
+    for before, alive, raised, after in ranks(4, _helper_across_a_teardown, 2, sp_size=4, timeout_s=90):
+        assert before and not alive and after, (before, alive, after)
+        assert len(raised) == 2 and all(r is not None and "destroyed" in r for r in raised), raised

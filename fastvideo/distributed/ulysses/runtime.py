@@ -5,7 +5,7 @@ channel and the watchdog of its launches in flight; every vote and launch of a c
 failure has one rule. A vote that fails disposes the helper (rank-local): its vote group is unusable after a failed
 exchange. A launch that fails after every rank agreed to run it disposes it too: its peers may wait in theirs. A
 disposed helper takes no further call (``check`` raises). A destroyed one (collective) has released its transport
-and vote channels on every rank.
+and vote channels on every rank; its SP group's teardown (``destroy_sequence_parallel``) destroys it.
 """
 
 from __future__ import annotations
@@ -53,6 +53,10 @@ class Runtime:
         self._watchdog_s, self._on_watchdog = watchdog_timeout_s, on_watchdog_timeout
         self._watchdog: FusedCallWatchdog | None = None  # built at the first launch that leaves work in flight
         self.on_destroy: list[Callable[[], None]] = []  # told when ``destroy`` ran
+        # Its SP group's teardown destroys it (collective, as that teardown is; keyed by the generation, the same on
+        # every rank): no helper exchanges over groups that are gone. A destroyed runtime stays there until then: a
+        # no-op holding no transport resources.
+        sp.add_teardown(f"ulysses.gen{generation}", self.destroy)
 
     @property
     def alive(self) -> bool:
