@@ -279,8 +279,9 @@ def initialize_sequence_parallel(sp_size: int, *, timeout: datetime.timedelta | 
     every collective of the new groups (device, CPU and vote groups, gloo and NCCL); by default they take the
     default process group's timeout (``init_process_group(timeout=...)``), and so does the Ulysses vote unless
     ``FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S`` says otherwise (``docs/env_vars.md``, "Timeouts"). Raises
-    ``settings.SettingsError`` on every rank, before any later collective, when some rank holds an invalid
-    ``FASTVIDEO_*`` value; ranks that differ on a setting take its conservative value together, warning.
+    ``settings.SettingsError`` on every rank of an SP group, before any later collective, when one of its ranks
+    holds an invalid ``FASTVIDEO_*`` value (the other SP groups' ranks return: the agreement is per group); ranks
+    that differ on a setting take its conservative value together, warning.
     """
     global _SP, _DP
     if not dist.is_initialized():
