@@ -238,6 +238,8 @@ class DistributedAttention(_Attention):
         ``original_seq_len`` or the replicated tokens: those must be the same on every rank, as upstream's, and
         ranks that differ get wrong output (``original_seq_len``), or a replicated all-gather that fails or waits
         for its group's timeout (the replicated tokens present on some ranks, or of different lengths).
+        ``freqs_cis`` is applied after the first exchange: tables that do not fit the sequence raise there, on
+        their rank alone, and its peers wait in the next exchange's vote for its timeout.
         """
         with voted_errors(get_sp_group(), 0, torch.is_grad_enabled() and getattr(q, "requires_grad", False)):
             replicated = self._check(q, k, v, replicated_q, replicated_k, replicated_v)
@@ -319,7 +321,13 @@ class DistributedAttention(_Attention):
             x = self.attn_impl.preprocess_qkv(x, meta)
         if replicated is not None:
             x = torch.cat([x, replicated[:, :, layout.span(layout.rank)]], dim=1)
-        out = self._attend_local(*x.chunk(x.shape[0] // b, dim=0), meta=meta)  # [B, S0 (+ T), h, D]
+        # A rank may hold no head of a call (fewer heads than SP ranks, or a pipelined head group smaller than the SP
+        # size): its empty output is built without a kernel (older torch's CPU SDPA kernel divides by the head count:
+        # the process dies of SIGFPE; a sparse kernel may refuse it), differentiable in q, k and v (sums over no
+        # element), so that every rank's backward issues the same exchanges.
+        q, k, v, *gate = x.chunk(x.shape[0] // b, dim=0)
+        out = (self._attend_local(q, k, v, *gate, meta=meta) if q.shape[2] else  # [B, S0 (+ T), h, D]
+               q.new_zeros((*q.shape[:3], v.shape[-1])) + (q.sum() + k.sum() + v.sum()) * 0)
         replicated_out = None
         if replicated is not None:
             out, replicated_out = out[:, :layout.seq], out[:, layout.seq:]
@@ -328,18 +336,8 @@ class DistributedAttention(_Attention):
         return (F.pad(out, (0, 0, 0, 0, 0, layout.full - layout.seq)) if trimmed else out).contiguous(), replicated_out
 
     def _attend_local(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, meta: Any) -> torch.Tensor:
-        """Attention on this rank's heads ``[B, S, h, D]``: ``attend`` where given, else the upstream backend, else
-        dense attention. Local.
-
-        A rank may hold no head of a call (fewer heads than SP ranks, or a pipelined head group smaller than the
-        SP size): its empty output is built here without a kernel, since older torch's CPU SDPA kernel divides by
-        the head count (``_scaled_dot_product_flash_attention_for_cpu``: the process dies of SIGFPE). It stays
-        differentiable in q, k and v, so every rank's backward issues the same exchanges."""
-        if q.shape[2] == 0:
-            out = q.new_zeros((*q.shape[:3], v.shape[-1]))
-            if q.requires_grad or k.requires_grad or v.requires_grad:  # sums over no element: no kernel divides
-                out = out + (q.sum() + k.sum() + v.sum()) * 0
-            return out
+        """Attention on this rank's heads ``[B, S, h, D]``, at least one (``_attend_heads`` builds a rank's empty
+        output itself): ``attend`` where given, else the upstream backend, else dense attention. Local."""
         if self.attend is not None:
             return self.attend(q, k, v)
         return self._backend_attention(q, k, v, meta)
@@ -406,7 +404,12 @@ class DistributedAttention_VSA(DistributedAttention):
                                  f"got {tuple(gate_compress.shape)}.")
             layout = self._layout(q, original_seq_len, None)
         stack = [q, k, v] if gate_compress is None else [q, k, v, gate_compress]
-        return self._run_groups(stack, layout, freqs_cis, None, 1)[0], None
+        return self._run_groups(stack, layout, freqs_cis, None, self.overlap_groups())[0], None
+
+    def overlap_groups(self) -> int:
+        """1: this forward does not pipeline (all its heads in one exchange each way, whatever ``overlap_chunks`` or
+        ``FASTVIDEO_ULYSSES_A2A_OVERLAP`` say). Local."""
+        return 1
 
     def _attend_local(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor | None = None,
                       *, meta: Any) -> torch.Tensor:
@@ -419,7 +422,8 @@ class DistributedAttention_VSA(DistributedAttention):
 class LocalAttention(_Attention):
     """Attention on tensors that every rank holds whole: no collective. ``num_kv_heads`` may divide ``num_heads``
     (grouped-query attention). Upstream's arguments (``default_backend``, ``**extra_impl_args``) with upstream's
-    meaning where upstream FastVideo is installed (module docstring)."""
+    meaning where upstream FastVideo is installed (module docstring). As upstream's, ``forward`` checks only that q,
+    k, v are 4-D: ``head_size`` sets the default softmax scale whatever q's head size is."""
 
     def __init__(self, num_heads: int, head_size: int, num_kv_heads: int | None = None,
                  softmax_scale: float | None = None, causal: bool = False,

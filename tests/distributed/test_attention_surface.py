@@ -358,11 +358,11 @@ def test_forward_over_upstreams_machinery_matches_the_dense_layer_bit_for_bit(ra
         assert r["shapes"] == ((B, r["rows"], heads, D), (B, TEXT, heads, D))
 
 
-def _vsa(rank, world, seq, heads):
-    return [_vsa_case(rank, world, seq, heads, with_gate) for with_gate in (True, False)]
+def _vsa(rank, world, seq, heads, chunks=None):
+    return [_vsa_case(rank, world, seq, heads, with_gate, chunks) for with_gate in (True, False)]
 
 
-def _vsa_case(rank, world, seq, heads, with_gate):
+def _vsa_case(rank, world, seq, heads, with_gate, chunks=None):
     from fastvideo.attention.layer import DistributedAttention_VSA
 
     t, shard, rows = _inputs(seq, heads, world, rank)
@@ -377,7 +377,8 @@ def _vsa_case(rank, world, seq, heads, with_gate):
 
     local = {n: shard(t[n]).requires_grad_() for n in ("q", "k", "v", "gate")}
     with upstream_machinery():
-        layer = DistributedAttention_VSA(heads, D, supported_attention_backends=(Backends.VIDEO_SPARSE_ATTN,))
+        layer = DistributedAttention_VSA(heads, D, supported_attention_backends=(Backends.VIDEO_SPARSE_ATTN,),
+                                         overlap_chunks=chunks)
         out, none = layer(local["q"], local["k"], local["v"], seq, gate_compress=local["gate"] if with_gate else None,
                           freqs_cis=(t["cos"], t["sin"]))
     (out * shard(t["grad"])).sum().backward()
@@ -387,13 +388,26 @@ def _vsa_case(rank, world, seq, heads, with_gate):
     errs = {"out": (out[:, :n] - ref[:, mine]).abs().max().item(),
             "pad": out[:, n:].abs().max().item() if n < rows else 0.0,
             **{f"d{m}": (local[m].grad[:, :n] - leaves[m].grad[:, mine]).abs().max().item() for m in names}}
-    return errs, none, layer.backend.name, [c[0] for c in layer.attn_impl.calls], layer.attn_impl.calls[1][-1]
+    forwards = [c for c in layer.attn_impl.calls if c[0] == "forward"]
+    return (errs, none, layer.backend.name, [c[0] for c in layer.attn_impl.calls], [c[-1] for c in forwards],
+            [c[1][2] for c in forwards], layer.overlap_groups())
 
 
 def test_vsa_on_the_same_exchange_matches_the_single_device_reference(ranks):
     """The gate packed as a fourth tensor, and left out (None): each against the single-device reference."""
     for cases in ranks(2, _vsa, 13, 6):
-        for with_gate, (errs, none, backend, steps, gate_seen) in zip((True, False), cases, strict=True):
+        for with_gate, (errs, none, backend, steps, gate_seen, _, _) in zip((True, False), cases, strict=True):
             assert max(errs.values()) < 1e-12, errs
-            assert none is None and backend == "VIDEO_SPARSE_ATTN" and gate_seen is with_gate
+            assert none is None and backend == "VIDEO_SPARSE_ATTN" and gate_seen == [with_gate]
             assert steps == ["preprocess_qkv", "forward", "postprocess_output"]
+
+
+def test_vsa_with_a_rank_holding_no_head_and_overlap_asked_for(ranks):
+    """2 heads over 3 ranks, overlap_chunks=2 asked: the sparse backend never sees a call with no head (rank 2
+    builds its empty output itself, as the dense layer does: a kernel may refuse zero heads), and the layer says
+    what it does (``overlap_groups()`` 1: its forward does not pipeline); exact against the reference, forward and
+    gradients, gate or none."""
+    for rank, cases in enumerate(ranks(3, _vsa, 7, 2, 2)):
+        for errs, _, _, _, _, heads_seen, overlap in cases:
+            assert max(errs.values()) < 1e-12, errs
+            assert heads_seen == ([1] if rank < 2 else []) and overlap == 1, (rank, heads_seen, overlap)
