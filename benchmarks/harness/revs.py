@@ -188,14 +188,18 @@ def compare(case, args, argv: list[str], entry: str, prefix: list[str]) -> int:
         runs[label].append(json.loads(out_json.read_text()))
         failed.extend(run_failures(f"{label}{rnd}", code, runs[label][-1]))
 
+    outputs: list[dict] | None = None  # round 0's outputs compared once, whatever the checkpoints after it
+
     def summary(complete: bool) -> int:
+        nonlocal outputs
         header = dict(runs["A"][0]["header"], compare_revs=[str(tree_a), str(tree_b)], bench_argv=bench_args,
                       argv=list(sys.argv), complete=complete, command=shlex.join(sys.orig_argv),
                       command_source="exact", interleaved=interleave)
         if interleave:
             header["turn_orders"] = turn_orders  # per round, the runs in the order they were given the turn
             header["turn_cpus"] = cpus  # the CPUs both runs were pinned to ([]: as scheduled)
-        outputs = compare_saved(work / "A_outputs", work / "B_outputs") if case.saves_outputs else []
+        if outputs is None:
+            outputs = compare_saved(work / "A_outputs", work / "B_outputs") if case.saves_outputs else []
         return summarize(case, args, runs, failed, header, outputs)
 
     for rnd in range(args.rounds):
