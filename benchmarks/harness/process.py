@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -69,21 +68,20 @@ def init(device: str, backend: str = "device") -> Ranks:
             initialize_sequence_parallel(dist.get_world_size())
         dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
         return Ranks(dist.get_rank(), dist.get_world_size(), dev, owned=False)
+    # One plain process (no launcher's WORLD_SIZE): a store in this process, no port. A free port picked here and
+    # bound later by the store could be taken in between by any other process on a busy host.
+    plain = "WORLD_SIZE" not in os.environ
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    store = {"store": dist.HashStore(), "rank": 0, "world_size": 1} if plain else {}
     if device == "cuda":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         dev = torch.device("cuda", torch.cuda.current_device())
-        dist.init_process_group("nccl", device_id=dev)
+        dist.init_process_group("nccl", device_id=dev, **store)
     else:
         dev = torch.device("cpu")
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", **store)
     initialize_sequence_parallel(dist.get_world_size())
     return Ranks(dist.get_rank(), dist.get_world_size(), dev, owned=True)
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -55,12 +54,10 @@ def one_rank() -> None:
     from fastvideo.distributed.parallel_state import initialize_sequence_parallel
     from fastvideo.distributed.ulysses import construction, policy
 
-    os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     torch.cuda.set_device(0)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", 0))  # as the benchmarks' one-rank runs
+    # As the benchmarks' one-rank runs: a store in this process, no port another process could take first.
+    dist.init_process_group("nccl", device_id=torch.device("cuda", 0), store=dist.HashStore(), rank=0, world_size=1)
     initialize_sequence_parallel(1)
     policy.MIN_WORLD_SIZE = construction.MIN_WORLD_SIZE = 1
 
