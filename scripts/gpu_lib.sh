@@ -58,7 +58,9 @@ step() {
   fi
   echo "=== $name (limit ${limit}s): $*" | tee -a "$WORK/logs/$log"
   local start=$SECONDS
-  timeout --kill-after=15 "$limit" "$@" 2>&1 | tee -a "$WORK/logs/$log"
+  # SIGINT at the limit, not SIGTERM: pytest (and any Python step) then prints what it has, the failures' text
+  # included, before it stops; SIGKILL 15 s later for whatever does not.
+  timeout --signal=INT --kill-after=15 "$limit" "$@" 2>&1 | tee -a "$WORK/logs/$log"
   local rc=${PIPESTATUS[0]}
   printf '%-34s rc=%-3s %4ss\n' "$name" "$rc" "$((SECONDS - start))" | tee -a "$WORK/logs/summary.txt"
   [[ $rc == 0 ]] || failed=1

@@ -13,8 +13,10 @@ archive`` where HEAD is the tree's commit, whatever a stale stamp says.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -151,6 +153,23 @@ def test_fresh_export_archives_head_whatever_a_stale_stamp_says(tmp_path: Path) 
     assert "exported: git archive HEAD" in (work / "logs" / "export.txt").read_text()
     assert (work / "tree" / "COMMIT").read_text().strip() == b
     assert (work / "tree" / "a.txt").read_text() == "2\n"
+
+
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="needs coreutils' timeout")
+def test_a_step_cut_at_its_limit_keeps_what_it_prints_on_the_way_out(tmp_path: Path) -> None:
+    """``step`` stops a command at its limit with SIGINT, so a Python step (pytest's summary with its failures'
+    text) prints what it has before it stops; the line in summary.txt says the limit's exit status, 124."""
+    work = tmp_path / "work"
+    # The text it prints on the way out is built at run time: the log echoes the command, code included.
+    code = ("import time\ntry:\n    print('started', flush=True); time.sleep(60)\n"
+            "except KeyboardInterrupt:\n    print('-'.join(('failures', 'so', 'far')), flush=True)")
+    script = f'source scripts/gpu_lib.sh && gpu_init t && step cut 2 cut.log {shlex.quote(sys.executable)} -c "$CODE"'
+    proc = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "WORK": str(work), "OUT": str(work / "out"), "CODE": code})
+    assert proc.returncode == 124, proc.stderr
+    log = (work / "logs" / "cut.log").read_text()
+    assert "started" in log and "failures-so-far" in log
+    assert (work / "logs" / "summary.txt").read_text().split()[:2] == ["cut", "rc=124"]
 
 
 def test_the_header_carries_and_prints_the_note(capsys: pytest.CaptureFixture[str]) -> None:
