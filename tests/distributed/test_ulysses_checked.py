@@ -189,12 +189,12 @@ RECORDED_MISTAKES = {
 }
 
 
-def _recorded_mistakes(rank, world_size, async_op, fused=False, under_mode=False):
-    """Each of ``RECORDED_MISTAKES`` on rank 1, in a call through the op path: one autograd records, or with
-    ``under_mode`` one autograd does not record under a dispatch mode (``FlopCounterMode``, as a user counts a
-    step's flops): what each rank raised, how long it took, whether a matching call right after is exact, and the
-    route of that call (``recorded_calls``). ``fused`` (the route assertion's negative control): through a helper
-    on the CPU plan transport."""
+def _recorded_mistakes(rank, world_size, async_op, fused=False, kind="autograd"):
+    """Each of ``RECORDED_MISTAKES`` on rank 1, in a call through the op path: one autograd records (``kind``
+    "autograd"; "parameter": on an ``nn.Parameter``, a tensor subclass), or ("dispatch-mode") one autograd does not
+    record under a dispatch mode (``FlopCounterMode``, as a user counts a step's flops): what each rank raised, how
+    long it took, whether a matching call right after is exact, and the route of that call (``recorded_calls``).
+    ``fused`` (the route assertion's negative control): through a helper on the CPU plan transport."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
@@ -202,9 +202,11 @@ def _recorded_mistakes(rank, world_size, async_op, fused=False, under_mode=False
 
     if fused:
         registry.install_default_helper(build_helper())
+    under_mode = kind == "dispatch-mode"
     seen = {}
     for mistake, wrong in RECORDED_MISTAKES.items():
         x = rank_input(rank, SHAPE, seed=3, requires_grad=not under_mode)
+        x = torch.nn.Parameter(x) if kind == "parameter" else x
         kw = {"seq_splits": [4, 4]} | (wrong if rank == 1 else {})
         if kw.pop("x", None) == "numpy":
             x = x.detach().numpy()
@@ -231,16 +233,16 @@ def nccl_route_ran(route: str, calls: int) -> list:
     return [("nccl", "disabled" if route == "off" else "transport_missing")] * calls
 
 
-@pytest.mark.parametrize("under_mode", [False, True], ids=["autograd", "dispatch-mode"])
+@pytest.mark.parametrize("kind", ["autograd", "parameter", "dispatch-mode"])
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("route", ["off", "auto"])
-def test_caller_errors_of_a_recorded_call_are_voted_before_the_dispatcher(ranks, route, async_op, under_mode):
-    """A call autograd records goes through the op, and so does one under a dispatch mode: a table of floats or a
-    tensor, a tag that is no str, an input that is no tensor, on rank 1 only, raise the validation's error there
-    (naming the argument) and PeerCallError naming it on rank 0 within 10 s, never the dispatcher's schema error
-    and a vote timeout (or, at rank 1's next call, a silent pairing); a matching call right after is exact on
+def test_caller_errors_of_a_recorded_call_are_voted_before_the_dispatcher(ranks, route, async_op, kind):
+    """A call autograd records goes through the op (on a plain tensor or an ``nn.Parameter``), and so does one
+    under a dispatch mode: a table of floats or a tensor, a tag that is no str, an input that is no tensor, on rank
+    1 only, raise the validation's error there (naming the argument) and PeerCallError naming it on rank 0 within
+    10 s, never the dispatcher's schema error and a vote timeout (or, at rank 1's next call, a silent pairing); a matching call right after is exact on
     both, and ran on the NCCL route (``nccl_route_ran``)."""
-    rank0, rank1 = ranks(2, _recorded_mistakes, async_op, False, under_mode, env={**CHECKED_ON, A2A: route},
+    rank0, rank1 = ranks(2, _recorded_mistakes, async_op, False, kind, env={**CHECKED_ON, A2A: route},
                          timeout_s=120)
     names = {"float table": "seq_splits[0]", "tensor table": "seq_splits", "int tag": "tag=5", "not a tensor": "x "}
     for mistake, name in names.items():

@@ -73,6 +73,9 @@ _TAGS = tuple(t for t in (getattr(torch.Tag, "cudagraph_unsafe", None),) if t is
 _TRACED: dict[str, object] = {}
 
 
+_UNWRAPPED = (torch.Tensor, torch.nn.Parameter)  # the tensor itself reaches the op body: checked as it is
+
+
 def _eager(x: torch.Tensor) -> bool:
     """A plain ``torch.Tensor`` outside compilation and every dispatch mode (FakeTensorMode, make_fx,
     functionalization): what the eager path may take without the dispatcher."""
@@ -112,10 +115,10 @@ def call(x: torch.Tensor, mode: int, route_id: int, seq_splits: Sequence[int] | 
          async_op: bool = False) -> torch.Tensor | AllToAllHandle:
     """The Ulysses all-to-all on ``x`` in ``mode`` through route ``route_id`` (0: the agreed route; a helper's
     ``id``): collective; blocks the host for the vote; differentiable. Validated in the core (the op body, or the
-    eager path's ``exchange.issue``), and a plain tensor's call through the dispatcher (autograd records it, or a
-    dispatch mode is active) before it as well (its schema parse would raise a caller's error unvoted, leaving the
-    peers in the vote). SP size 1 returns ``x`` (or a handle whose
-    ``wait`` does; a traced start's wait is the wait op's copy). The eager path (a plain tensor autograd does not
+    eager path's ``exchange.issue``), and a plain tensor's or a Parameter's call through the dispatcher (autograd
+    records it, or a dispatch mode is active) before it as well (its schema parse would raise a caller's error
+    unvoted, leaving the peers in the vote). SP size 1 returns ``x`` (or a handle whose ``wait`` does; a traced
+    start's wait is the wait op's copy). The eager path (a plain tensor autograd does not
     record, at any SP size 1 call but a traced start) skips the dispatcher: the core directly."""
     eager = _eager(x)  # before the SP group: the call leaves this module once
     sp = get_sp_group()
@@ -123,9 +126,10 @@ def call(x: torch.Tensor, mode: int, route_id: int, seq_splits: Sequence[int] | 
     # Through the ops: what autograd records or a compiler traces (at SP size 1 too for a traced start: its wait
     # must be a node of the graph)
     if (grad or not eager) and (sp.world_size > 1 or (async_op and not eager)):
-        # Validated before the dispatcher, whose parse raises unvoted: a plain tensor (under a dispatch mode too,
-        # CommDebugMode's) or none; a subclass (a fake or functional one while tracing) in the op body and the fake
-        if not isinstance(x, torch.Tensor) or (type(x) is torch.Tensor and not torch.compiler.is_compiling()):
+        # Validated before the dispatcher, whose parse raises unvoted: a plain tensor or a Parameter (under a
+        # dispatch mode too, CommDebugMode's) or none; another subclass (a fake or functional one while tracing, a
+        # wrapper whose op body sees what it wraps) in the op body and the fake
+        if not isinstance(x, torch.Tensor) or (type(x) in _UNWRAPPED and not torch.compiler.is_compiling()):
             seq_splits, head_splits = exchange.validated(sp, x, mode, grad, seq_splits, head_splits, tag)
         kw = {"seq_splits": None if seq_splits is None else list(seq_splits),
               "head_splits": None if head_splits is None else list(head_splits), "tag": tag}
