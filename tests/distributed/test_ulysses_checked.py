@@ -240,8 +240,8 @@ def test_caller_errors_of_a_recorded_call_are_voted_before_the_dispatcher(ranks,
     """A call autograd records goes through the op (on a plain tensor or an ``nn.Parameter``), and so does one
     under a dispatch mode: a table of floats or a tensor, a tag that is no str, an input that is no tensor, on rank
     1 only, raise the validation's error there (naming the argument) and PeerCallError naming it on rank 0 within
-    10 s, never the dispatcher's schema error and a vote timeout (or, at rank 1's next call, a silent pairing); a matching call right after is exact on
-    both, and ran on the NCCL route (``nccl_route_ran``)."""
+    10 s, never the dispatcher's schema error and a vote timeout (or, at rank 1's next call, a silent pairing); a
+    matching call right after is exact on both, and ran on the NCCL route (``nccl_route_ran``)."""
     rank0, rank1 = ranks(2, _recorded_mistakes, async_op, False, kind, env={**CHECKED_ON, A2A: route},
                          timeout_s=120)
     names = {"float table": "seq_splits[0]", "tensor table": "seq_splits", "int tag": "tag=5", "not a tensor": "x "}
