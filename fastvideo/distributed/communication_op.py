@@ -110,7 +110,9 @@ def sequence_model_parallel_all_to_all_4D(input_: torch.Tensor, scatter_dim: int
     which raises ``InputModifiedError`` on the rank that wrote (the version counter; not under
     ``torch.inference_mode``, whose tensors have none, nor writes through ``.data``: ``ulysses/exchange.py``); on
     CUDA its peers may have received the written data, so that error must end the step (on CPU the exchange sends
-    a copy and every output is the input as it stood at the call). ``record_stream`` keeps the input's memory
+    a copy and every output is the input as it stood at the call). An ``nn.Parameter`` or another tensor subclass,
+    or any input under a dispatch mode (``FlopCounterMode``), is copied at the start instead: a write in between is
+    no error, and every output is the input as it stood at the call. ``record_stream`` keeps the input's memory
     from the allocator until the communication stream has read it, and the output's (allocated on the
     communication stream) until the stream that waited has used it. On CPU (gloo) the NCCL route runs in gloo's
     threads and ``wait()`` blocks until it landed. A handle dropped without ``wait()`` is released with a

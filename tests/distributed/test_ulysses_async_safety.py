@@ -37,11 +37,12 @@ OFF_CHECKED = {"FASTVIDEO_ULYSSES_A2A": "off", "FASTVIDEO_ULYSSES_A2A_CHECKED": 
 
 
 def _two_in_flight(rank, p, opposite, tag, fused=False):
-    """Two same-shape exchanges in flight, waited in issue order, or (``opposite``) in the reverse order on rank 0;
-    the loss uses both outputs. Returns ("ok", gradients exact, what ran) or (error type, field, seconds). What ran:
-    the route of each start in flight (the forwards' and the backwards', ``in_flight_routes``) and the (route, decline
-    reason) of each call the route's helper recorded (``recorded_calls``). ``fused`` (the route assertion's negative
-    control): through a helper on the CPU plan transport."""
+    """Two same-shape exchanges in flight (tagged ``tag``; a pair: each its own), waited in issue order, or
+    (``opposite``) in the reverse order on rank 0; the loss uses both outputs. Returns ("ok", gradients exact, what
+    ran) or (error type, field, seconds, message). What ran: the route of each start in flight (the forwards' and the
+    backwards', ``in_flight_routes``) and the (route, decline reason) of each call the route's helper recorded
+    (``recorded_calls``). ``fused`` (the route assertion's negative control): through a helper on the CPU plan
+    transport."""
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
     from fastvideo.distributed.ulysses import registry
     from tests.distributed.conftest import recorded_calls
@@ -51,7 +52,8 @@ def _two_in_flight(rank, p, opposite, tag, fused=False):
     xs = [rank_input(rank, (B, S, H, D), seed=10 + i, requires_grad=True) for i in range(2)]
     ws = [rank_input(rank, (B, S * p, H // p, D), seed=20 + i) for i in range(2)]
     with in_flight_routes() as started, recorded_calls() as recorded:
-        handles = [a2a(x, 2, 1, tag=tag, async_op=True) for x in xs]
+        tags = tag if isinstance(tag, tuple) else (tag, tag)
+        handles = [a2a(x, 2, 1, tag=t, async_op=True) for x, t in zip(xs, tags, strict=True)]
         order = [1, 0] if opposite and rank == 0 else [0, 1]
         ys = {i: handles[i].wait() for i in order}
         loss = sum((ys[i] * ws[i]).sum() for i in range(2))
@@ -75,6 +77,19 @@ def test_backwards_in_opposite_orders_raise_on_every_rank(ranks, world_size, tag
         assert "backward of different calls" in result[3], result
 
 
+@pytest.mark.parametrize("env", [AUTO, OFF_CHECKED], ids=["auto", "off-checked"])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_tagged_and_an_untagged_backward_in_opposite_orders_name_their_forwards(ranks, world_size, env):
+    """One exchange tagged, one untagged, waited in opposite orders on rank 0: every rank raises on SEQ, and the
+    message names each rank's backward by its forward (the untagged one's is forward call 1, the SEQ word it voted,
+    not the backward's own call number)."""
+    for result in ranks(world_size, _two_in_flight, True, ("blocks.0.attn.qkv", None), env=env, timeout_s=90):
+        assert result[:2] == ("ContractMismatchError", "SEQ") and result[2] < 30.0, result
+        assert "the backward of untagged call 1" in result[3], result
+        assert "'blocks.0.attn.qkv', the backward of its forward call 0" in result[3], result
+        assert "untagged call 2" not in result[3], result
+
+
 def nccl_route_ran(env) -> tuple:
     """What ``_two_in_flight`` reports as ran where the NCCL route ran every call: each of the 4 starts in flight (2
     forwards, their 2 backwards) on gloo's threads (``nccl-async``), and the 4 calls recorded on the NCCL route by the
@@ -93,12 +108,13 @@ def test_negative_control_the_same_order_is_exact(ranks, tag, env):
         assert result == ("ok", True, nccl_route_ran(env)), result
 
 
-def _write_between(rank, p, writers, runs, fused=False):
+def _write_between(rank, p, writers, runs, fused=False, parameter=False):
     """``runs`` exchanges of a [1, S * p, H / p, D] input in mode (1, 2) (the layout where gloo would send ``x``'s
     own memory), each followed on the ranks in ``writers`` by an in-place write to ``x`` before ``wait()``: what
     each run gave, the route each start took (gloo's threads in flight, ``nccl-async``: the route still running
     after the start returns), and what the same write gave under ``torch.inference_mode`` (no version counter).
-    ``fused`` (the route assertions' negative control): through a helper on the CPU plan transport."""
+    ``fused`` (the route assertions' negative control): through a helper on the CPU plan transport. ``parameter``:
+    ``x`` is an ``nn.Parameter`` (no grad, so that it may be written in place), which takes the op path."""
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
     from fastvideo.distributed.ulysses import registry
     from fastvideo.distributed.ulysses.exchange import InputModifiedError, in_flight
@@ -110,9 +126,10 @@ def _write_between(rank, p, writers, runs, fused=False):
         inference = run == runs
         with torch.inference_mode(inference):
             x = rank_input(rank, (1, S * p, H // p, D), seed=run)
+            x = torch.nn.Parameter(x, requires_grad=False) if parameter and not inference else x
             expected = oracle(x, 1)
             handle = a2a(x, 1, 2, async_op=True)
-            routes.add(handle.route)
+            routes.add(getattr(handle, "route", type(handle).__name__))  # the op path's handle: its type
             if rank in writers:
                 x.add_(1.0)
             try:
@@ -129,6 +146,18 @@ def test_a_write_between_start_and_wait_raises_every_time(ranks, world_size):
     for outcomes, left, inference, routes in ranks(world_size, _write_between, range(world_size), 20, env=AUTO,
                                                     timeout_s=120):
         assert outcomes == ["raised"] * 20 and left == 0 and inference == "exact" and routes == {"nccl-async"}
+
+
+@pytest.mark.parametrize("env", [AUTO, OFF_CHECKED], ids=["auto", "off-checked"])
+def test_a_parameters_start_owns_a_copy_so_its_write_is_no_error(ranks, env):
+    """An ``nn.Parameter`` takes the op path (its handle a ``TracedHandle``), whose start copies its input: every
+    rank writes it between start and wait, every run returns the input as it stood at the start, on every rank,
+    with no error."""
+    for outcomes, left, inference, routes in ranks(2, _write_between, range(2), 20, False, True, env=env,
+                                                    timeout_s=120):
+        # the Parameter's runs: the op path; the inference-mode run (a plain tensor): gloo's threads
+        assert outcomes == ["exact"] * 20 and left == 0 and inference == "exact"
+        assert routes == {"TracedHandle", "nccl-async"}, routes
 
 
 @pytest.mark.parametrize("world_size", [2, 3])

@@ -22,7 +22,9 @@ caller's to keep (a copy per call would cost the compute stream a pass over the 
 never read ``x`` after the start (they send a copy where they would send its own memory), so every rank's output
 is the input as it stood at the start, and the write still raises where the counter saw it. Traced code (``own``:
 ``torch.compile``, make_fx) passes ownership instead: a compiler plans buffer reuse by graph liveness, so the
-start copies its input where the route would read the caller's buffer after returning.
+start copies its input where the route would read the caller's buffer after returning. So does every start through
+the op that is not eager (an ``nn.Parameter`` or another subclass, a plain tensor under a dispatch mode): its write
+between start and wait is no error, and every rank's output is the input as it stood at the start.
 
 **A dropped start is released.** An exchange whose ``wait`` is never called is released when nothing can wait
 for it any more (its handle or token is collected): a ``ResourceWarning`` and one log line name where it was

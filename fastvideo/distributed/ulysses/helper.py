@@ -238,7 +238,7 @@ class UlyssesHelper:
             if decision.verdict is Verdict.RAISE:
                 self._stats.raised += 1
                 count = self._tags.rollback(tag, phase, word)
-                raise mismatch.with_detail(self._runtime.gather, decision.error, proposal, seq, phase, tag, count,
+                raise mismatch.with_detail(self._runtime.gather, decision.error, proposal, word, phase, tag, count,
                                            error) from error
             if decision.verdict is Verdict.DECLINE:
                 return self._declined(seq, phase, mode, decision.reason, word, proposal, tag)

@@ -26,7 +26,8 @@ def with_detail(gather: Gather, error: BaseException, proposal: Proposal, seq: i
     otherwise: the error a RAISE verdict raises. For those three, the same error naming each failing rank's error,
     each rank's tables, or tag and count (one more exchange, which every rank enters: every rank reached this
     verdict); else ``error``. ``count``: the call's count for ``tag`` (0 untagged); ``local``: this rank's own error
-    in the call, if any (what it voted ``LOCAL_ERROR`` for); for a backward, its forward's count."""
+    in the call, if any (what it voted ``LOCAL_ERROR`` for); for a backward, its forward's count. ``seq``: the
+    call's SEQ word untagged (a backward's: its forward's call number)."""
     if isinstance(error, PeerCallError):
         return peer_errors(gather, error, local)
     # Else a ContractMismatchError: the only other error a RAISE verdict carries (``contract.decide``).
@@ -51,8 +52,8 @@ def with_detail(gather: Gather, error: BaseException, proposal: Proposal, seq: i
 
 
 def _call_text(tag: str | None, phase: Phase, count: int, seq: int) -> str:
-    if tag is None:
-        return f"untagged call {seq}"
+    if tag is None:  # ``seq``: the SEQ word it voted (a backward's: its forward's call number)
+        return f"{'the backward of ' if phase is Phase.BACKWARD else ''}untagged call {seq}"
     if phase is Phase.BACKWARD:
         return f"tag {tag!r}, the backward of its forward call {count}"
     return f"tag {tag!r}, {phase.name.lower()} call {count}"

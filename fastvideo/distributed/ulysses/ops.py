@@ -27,7 +27,8 @@ each body one call into the core (``exchange.py``).
 * The start and wait are torch's functional-collective pattern (``all_to_all_single`` then ``wait_tensor``): the
   compiler sees two nodes joined by ``token`` (a one-element float64 CPU tensor naming the exchange in flight in
   this process), so it may schedule compute between them; the output exists only as the wait's result.
-  ``own_input`` (set where the caller is traced, baked into the graph): the start owns its input (``exchange.py``).
+  ``own_input`` (set where the caller is traced, baked into the graph, or not eager: a subclass, a dispatch
+  mode): the start owns its input (``exchange.py``).
 
 Collective over the SP group; blocks the host for the vote where there is one. **Autograd**: the synchronous op's
 backward is this same op in the inverse mode with the forward's outcome, so it is itself differentiable; the
