@@ -68,9 +68,9 @@ def init(device: str, backend: str = "device") -> Ranks:
             initialize_sequence_parallel(dist.get_world_size())
         dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
         return Ranks(dist.get_rank(), dist.get_world_size(), dev, owned=False)
-    # One plain process (no launcher's WORLD_SIZE): a store in this process, no port. A free port picked here and
-    # bound later by the store could be taken in between by any other process on a busy host.
-    plain = "WORLD_SIZE" not in os.environ
+    # One rank (a plain process, or WORLD_SIZE=1 set by hand): a store in this process, no port. A free port picked
+    # here and bound later by the store could be taken in between by any other process on a busy host.
+    plain = os.environ.get("WORLD_SIZE", "1") == "1"
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", "0")

@@ -20,14 +20,14 @@ Gather = Callable[[object], "list[object] | None"]
 ERROR_TEXT_MAX = 500  # characters of each rank's error carried to its peers (the exchange is one 4 KiB slot)
 
 
-def with_detail(gather: Gather, error: BaseException, proposal: Proposal, seq: int, phase: Phase, tag: str | None,
+def with_detail(gather: Gather, error: BaseException, proposal: Proposal, word: int, phase: Phase, tag: str | None,
                 count: int, local: BaseException | None = None) -> BaseException:
     """Collective and blocking for a peer's local error, a SPLITS mismatch or a SEQ mismatch of tagged calls, local
     otherwise: the error a RAISE verdict raises. For those three, the same error naming each failing rank's error,
     each rank's tables, or tag and count (one more exchange, which every rank enters: every rank reached this
     verdict); else ``error``. ``count``: the call's count for ``tag`` (0 untagged); ``local``: this rank's own error
-    in the call, if any (what it voted ``LOCAL_ERROR`` for); for a backward, its forward's count. ``seq``: the
-    call's SEQ word untagged (a backward's: its forward's call number)."""
+    in the call, if any (what it voted ``LOCAL_ERROR`` for); for a backward, its forward's count. ``word``: the
+    SEQ word the call voted (untagged, a call number: a backward's is its forward's)."""
     if isinstance(error, PeerCallError):
         return peer_errors(gather, error, local)
     # Else a ContractMismatchError: the only other error a RAISE verdict carries (``contract.decide``).
@@ -40,10 +40,10 @@ def with_detail(gather: Gather, error: BaseException, proposal: Proposal, seq: i
         per_rank = [f"seq_splits={list(seq)}, head_splits={list(heads)}" for seq, heads in tables]
         return ContractMismatchError(Field.SPLITS, error.values, per_rank)
     if error.field is Field.SEQ and any(contract.is_tagged(v) for v in error.values):
-        calls = gather((tag, int(phase), count, seq))
+        calls = gather((tag, int(phase), count, word))
         if calls is None:
             return error
-        per_rank = [_call_text(t, Phase(p), n, s) for t, p, n, s in calls]
+        per_rank = [_call_text(t, Phase(p), n, w) for t, p, n, w in calls]
         tags = list(dict.fromkeys(t for t, *_ in calls if t is not None))
         backward = any(p == Phase.BACKWARD for _, p, _, _ in calls)
         return ContractMismatchError(Field.SEQ, error.values, per_rank, tags=tags,
@@ -51,9 +51,9 @@ def with_detail(gather: Gather, error: BaseException, proposal: Proposal, seq: i
     return error
 
 
-def _call_text(tag: str | None, phase: Phase, count: int, seq: int) -> str:
-    if tag is None:  # ``seq``: the SEQ word it voted (a backward's: its forward's call number)
-        return f"{'the backward of ' if phase is Phase.BACKWARD else ''}untagged call {seq}"
+def _call_text(tag: str | None, phase: Phase, count: int, word: int) -> str:
+    if tag is None:  # untagged, the word is a call number (a backward votes its forward's)
+        return f"{'the backward of ' if phase is Phase.BACKWARD else ''}untagged call {word}"
     if phase is Phase.BACKWARD:
         return f"tag {tag!r}, the backward of its forward call {count}"
     return f"tag {tag!r}, {phase.name.lower()} call {count}"
