@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -27,6 +28,12 @@ SOURCE = "hot_calls.cpp"
 
 def csrc_root() -> Path:
     return Path(os.environ.get("FASTVIDEO_KERNEL_CSRC_ROOT") or Path(__file__).resolve().parent.parent / "csrc")
+
+
+def built_arches(flags: str) -> str:
+    """``TORCH_CUDA_ARCH_LIST`` for the arches a torch build names (``"sm_80 sm_90a"`` -> ``"8.0;9.0a"``)."""
+    arches = [re.fullmatch(r"(?:sm|compute)_(\d+)(\d)([a-z]?)", flag) for flag in flags.split()]
+    return ";".join(dict.fromkeys(f"{m[1]}.{m[2]}{m[3]}" for m in arches if m))
 
 
 def build(out: Path, *, verbose: bool = False) -> Path:
@@ -43,6 +50,15 @@ def build(out: Path, *, verbose: bool = False) -> Path:
     if not source.is_file():
         raise SystemExit(f"build_hot: {source} not found; build from the repository checkout")
     cuda = torch.version.cuda is not None
+    home = cpp_extension.CUDA_HOME
+    if cuda and not (home and Path(home, "include", "cuda_runtime_api.h").is_file()):
+        raise SystemExit(f"build_hot: this torch has CUDA, and its builder's CUDA_HOME ({home}) has no "
+                         "include/cuda_runtime_api.h: set CUDA_HOME to CUDA's toolkit (the directory with bin/nvcc)")
+    if cuda and not torch.cuda.is_available() and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        # The extension has no device code, but torch's builder asks the visible GPUs for an arch list and fails
+        # on a host with none (a CUDA torch on a CPU node): name the arches this torch was built for instead.
+        if arches := built_arches(torch._C._cuda_getArchFlags()):
+            os.environ["TORCH_CUDA_ARCH_LIST"] = arches
     out.mkdir(parents=True, exist_ok=True)
     work = out / f"{NAME}.build"
     work.mkdir(exist_ok=True)
