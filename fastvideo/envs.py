@@ -247,8 +247,8 @@ _REGISTRY: dict[str, EnvVar] = {var.name: var for var in (
         "FASTVIDEO_ULYSSES_A2A_OVERLAP",
         0,
         "Head groups `DistributedAttention` pipelines its all-to-alls over (each group's exchanges in flight on the "
-        "communication stream under its neighbours' attention; the same result): `0` or `1` off (default), `N` "
-        "groups (capped at the layer's heads). A layer's own `overlap_chunks` wins. Agreed across the SP group.",
+        "communication stream under its neighbours' attention; the same output: docs/overlap.md): `0` or `1` off "
+        "(default), `N` groups (capped at its heads); a layer's `overlap_chunks` wins. Agreed across the SP group.",
         minimum=0,
         agreed=True,
     ),

@@ -492,7 +492,8 @@ def test_doctor_subprocess_reports_a_bad_setting_without_a_traceback():
 
 def test_overlap_plan_lists_each_groups_exchanges(capsys):
     """``--overlap 3`` for 8 heads at SP2: groups of 3, 3, 2 heads, each with its q/k/v and output exchange (the
-    uneven groups with their head splits), every one with a route and kind; 9 groups of 8 heads is an error."""
+    uneven groups with their head splits), every one with a route and kind; 9 groups of 8 heads are capped at the
+    heads, as the layer caps the setting that --overlap stands for."""
     rc, out = explain(capsys, "--world-size", "2", "--shape", "3,4096,8,64", "--overlap", "3", *PINNED)
     assert rc == 0
     assert line(out, "overlap").startswith("overlap    3 head groups of [3, 3, 2] heads")
@@ -503,7 +504,33 @@ def test_overlap_plan_lists_each_groups_exchanges(capsys):
             assert any(k in line(out, f"group {g} {role}") for k in ("fused, SM kind", "fused, copy engines",
                                                                       "nccl route"))
     rc, out = explain(capsys, "--world-size", "2", "--shape", "3,4096,8,64", "--overlap", "9", *PINNED)
-    assert rc == 2 and "must be in 2..H (8)" in out
+    assert rc == 0, out
+    assert line(out, "overlap").startswith("overlap    8 head groups (capped at H) of [1, 1, 1, 1, 1, 1, 1, 1]")
+
+
+def test_overlap_from_the_setting_is_capped_at_the_heads_as_the_layer_caps_it(capsys, monkeypatch):
+    """FASTVIDEO_ULYSSES_A2A_OVERLAP=8 (valid) on a 4-head layer: the layer runs 4 groups, and so does explain (it
+    exited 2 naming --overlap, a flag not passed); a 1-head layer has nothing to pipeline: an error, exit 2."""
+    monkeypatch.setenv("FASTVIDEO_ULYSSES_A2A_OVERLAP", "8")
+    rc, out = explain(capsys, "--world-size", "2", "--shape", "6,8,4,16", *PINNED)
+    assert rc == 0 and line(out, "overlap").startswith("overlap    4 head groups (capped at H) of [1, 1, 1, 1]"), out
+    rc, out = explain(capsys, "--world-size", "1", "--shape", "6,8,1,16", *PINNED)
+    assert rc == 2 and "error: --overlap 8 needs a layer of 2 heads or more to pipeline (H = 1)" in out, out
+
+
+def test_overlap_of_heads_the_sp_size_does_not_divide_takes_the_layers_head_split(capsys):
+    """5 heads at SP2: the op needs head_splits, and --overlap takes the layer's own (3, 2: larger shares first),
+    describing the groups the layer runs (3 + 2 heads; group 0's split 2 + 1); another split is an error naming it."""
+    rc, out = explain(capsys, "--world-size", "2", "--shape", "3,4096,5,64", "--overlap", "2", *PINNED)
+    assert rc == 2 and "pass head_splits" in out
+    rc, out = explain(capsys, "--world-size", "2", "--shape", "3,4096,5,64", "--head-splits", "3,2", "--overlap", "2",
+                      *PINNED)
+    assert rc == 0 and line(out, "overlap").startswith("overlap    2 head groups of [3, 2] heads"), out
+    assert line(out, "group 0 qkv").startswith("group 0 qkv [3, 4096, 3, 64] mode 0, head splits [2, 1]: ")
+    assert line(out, "group 1 qkv").startswith("group 1 qkv [3, 4096, 2, 64] mode 0: ")
+    rc, out = explain(capsys, "--world-size", "2", "--shape", "3,4096,5,64", "--head-splits", "2,3", "--overlap", "2",
+                      *PINNED)
+    assert rc == 2 and "the layer's head split (even, or --head-splits 3,2)" in out, out
 
 
 @pytest.mark.parametrize("batch", [1, 2, 4])

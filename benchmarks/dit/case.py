@@ -150,7 +150,7 @@ class DitStepCase(Case):
         from fastvideo.distributed.ulysses.overlap_plan import check_chunks
 
         for block in model.blocks:
-            block.attn.overlap_chunks = check_chunks(args.heads, args.overlap)
+            block.attn.overlap_chunks = check_chunks("--overlap", args.heads, args.overlap)
         overlap = model.blocks[0].attn.overlap_groups()
         steps = runner.Runner(args, model, device, probe)
         ctx.header.update(

@@ -168,7 +168,8 @@ class DistributedAttention(_Attention):
     under its neighbours' attention (module docstring; the same result); None: the agreed
     ``FASTVIDEO_ULYSSES_A2A_OVERLAP`` (0, off, by default); 0 or 1: off (``overlap_groups``). An ``all_to_all``
     override must then take ``async_op=True`` and return a handle with ``wait()``, as the public op does, and the
-    calls' tags get the group's ``.g{group}``.
+    calls' tags get the group's ``.g{group}``. Every SP rank must pass the same value: ranks that differ raise
+    ``ContractMismatchError`` on every rank wherever the calls vote (docs/overlap.md says on which field).
     """
 
     def __init__(self, num_heads: int, head_size: int, num_kv_heads: int | None = None,
@@ -189,7 +190,7 @@ class DistributedAttention(_Attention):
         self.tags = {role: f"{prefix}.{role}" if prefix else None for role in ("qkv", "out")}
         self.all_to_all = all_to_all or _public_all_to_all  # a module function: the module holds no reference cycle
         self.attend = attend
-        self.overlap_chunks = check_chunks(num_heads, overlap_chunks)
+        self.overlap_chunks = check_chunks(cls, num_heads, overlap_chunks)
         # Upstream's compile boundary, per instance (module docstring).
         self._compile_forward_enabled = not _attention_compile_disabled()
 
@@ -349,9 +350,9 @@ class DistributedAttention(_Attention):
         if not q.shape == k.shape == v.shape:
             raise ValueError(f"{cls}: q, k, v must have one shape (they are packed into one all-to-all), got "
                              f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}.")
-        if (q.shape[2], q.shape[3]) != (self.num_heads, self.head_size):
+        if (q.shape[2], q.shape[3]) != (self.num_heads, self.head_size) or not q.shape[0]:
             raise ValueError(f"{cls}: q is {tuple(q.shape)}, expected [B, S/P, {self.num_heads}, {self.head_size}] "
-                             "(num_heads, head_size).")
+                             "(B >= 1; num_heads, head_size).")
         given = [t is not None for t in (rq, rk, rv)]
         if any(given) and not all(given):
             raise ValueError(f"{cls}: pass replicated_q, replicated_k and replicated_v together.")

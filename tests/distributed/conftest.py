@@ -223,6 +223,20 @@ def recorded_calls():
             calls.extend((r.route, None if r.reason is None else r.reason.label) for r in list(helper.history)[since:])
 
 
+def log_lines(logger_name: str) -> list[str]:
+    """A list that the named logger's records are appended to (their messages), from now on in this process."""
+    import logging
+
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logging.getLogger(logger_name).addHandler(Collect())
+    return lines
+
+
 def rank_input(rank: int, shape, dtype=None, seed: int = 0, requires_grad: bool = False):
     """Deterministic, rank-distinct input (any rank can rebuild any other rank's input)."""
     import torch

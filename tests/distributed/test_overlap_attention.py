@@ -9,7 +9,10 @@ neighbours' attention (``DistributedAttention._run_groups``, planned in ``distri
   it attended, which the grouping changes: their sum over the ranks is compared (a sum of disjoint supports,
   exact). Every run asserts the exchanges the pipeline made (per-group tags, ``async_op=True``); the control shows
   the comparison catches a head grouping put back in the wrong order.
-* The agreed setting: a layer without ``overlap_chunks`` follows it; ranks that disagree raise together.
+* The agreed setting: a layer without ``overlap_chunks`` follows it; ranks that disagree on it take the smallest
+  value together, warning. Ranks that pass different ``overlap_chunks`` raise on every rank wherever the calls vote.
+* Errors: a subclass names itself; a batch of 0 is refused before any exchange; the exchanges a pipelined forward
+  that raised leaves in flight are released naming where the layer was called, not the layer.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import pytest
 import torch
 
 from fastvideo.distributed.ulysses.overlap_plan import Step, check_chunks, head_groups, schedule, schedule_model
-from tests.distributed.conftest import bit_equal, rank_input, script_env
+from tests.distributed.conftest import bit_equal, log_lines, rank_input, script_env
 
 OVERLAP = "FASTVIDEO_ULYSSES_A2A_OVERLAP"
 
@@ -65,8 +68,8 @@ def test_head_groups_and_bad_chunk_counts():
     assert head_groups(7, 3) == (3, 2, 2) and head_groups(8, 8) == (1,) * 8
     for bad in (-1, 13, 2.0, True):
         with pytest.raises(ValueError, match="overlap_chunks"):
-            check_chunks(12, bad)
-    assert check_chunks(12, None) is None and check_chunks(12, 0) == 0
+            check_chunks("DistributedAttention", 12, bad)
+    assert check_chunks("DistributedAttention", 12, None) is None and check_chunks("DistributedAttention", 12, 0) == 0
 
 
 # ------------------------------------------------------------------------------------- pipelined against unpipelined
@@ -209,6 +212,94 @@ def _agreed_overlap(rank, p):
     from fastvideo.distributed.parallel_state import get_sp_group
 
     return get_sp_group().settings[OVERLAP], get_sp_group().settings.differing
+
+
+def _different_chunks(rank, p, prefix):
+    from fastvideo.attention.layer import DistributedAttention
+
+    q = rank_input(rank, (1, 3, 4, 2), seed=1)
+    try:
+        DistributedAttention(4, 2, prefix=prefix, overlap_chunks=2 if rank == 0 else 0)(q, q, q)
+    except Exception as exc:  # noqa: BLE001 - the rank's outcome is the result
+        return type(exc).__name__, getattr(getattr(exc, "field", None), "name", None), str(exc)
+    return None
+
+
+AUTO = {"FASTVIDEO_ULYSSES_A2A": "auto", "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S": "20"}
+OFF_CHECKED = {"FASTVIDEO_ULYSSES_A2A": "off", "FASTVIDEO_ULYSSES_A2A_CHECKED": "1",
+               "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S": "20"}
+
+
+@pytest.mark.parametrize("env", [AUTO, OFF_CHECKED], ids=["auto", "off-checked"])
+@pytest.mark.parametrize("prefix", ["blk", ""], ids=["tagged", "untagged"])
+def test_ranks_that_pass_different_overlap_chunks_raise_on_every_rank(ranks, env, prefix):
+    """Rank 0 pipelines in 2 groups, rank 1 not: their first exchanges differ (a group's ``.g0`` tag against the
+    layer's, or 2 heads against 4), which the vote names on every rank (the docstring's promise)."""
+    for rank, result in enumerate(ranks(2, _different_chunks, prefix, env=env, timeout_s=60)):
+        assert result is not None, rank
+        name, field, text = result
+        assert name == "ContractMismatchError", result
+        assert (field, "blk.qkv.g0" in text) == (("SEQ", True) if prefix else ("H", False)), result
+
+
+def _subclass_and_batch_errors(rank, p):
+    from fastvideo.attention.layer import DistributedAttention, DistributedAttention_VSA
+
+    errors = []
+    try:
+        DistributedAttention_VSA(4, 2, overlap_chunks=5, attend=lambda q, k, v, g: q)
+    except ValueError as exc:
+        errors.append(str(exc))
+    layer = DistributedAttention(4, 2, prefix="b", overlap_chunks=2)
+    empty = rank_input(rank, (0, 3, 4, 2))
+    try:
+        layer(empty, empty, empty)
+    except ValueError as exc:
+        errors.append(str(exc))
+    q = rank_input(rank, (1, 3, 4, 2))
+    return errors, bit_equal(layer(q, q, q)[0], DistributedAttention(4, 2, prefix="c")(q, q, q)[0])
+
+
+def test_a_subclass_names_itself_and_a_batch_of_zero_is_refused_before_any_exchange(ranks):
+    """The VSA layer's bad ``overlap_chunks`` names ``DistributedAttention_VSA`` (it named its base); a batch of 0
+    raises a ValueError naming B on every rank (it raised ZeroDivisionError after the first exchange), and the next
+    call, pipelined, is exact against the synchronous layer."""
+    for errors, exact in ranks(2, _subclass_and_batch_errors, env=AUTO, timeout_s=60):
+        assert errors[0].startswith("DistributedAttention_VSA: overlap_chunks=5 must be an int in 0..num_heads")
+        assert errors[1].startswith("DistributedAttention: q is (0, 3, 4, 2), expected [B, S/P, 4, 2] (B >= 1;")
+        assert exact
+
+
+def _raised_mid_pipeline(rank, p):
+    import gc
+    import warnings
+
+    from fastvideo.attention.layer import DistributedAttention
+    from fastvideo.distributed.ulysses import exchange
+
+    lines = log_lines(exchange.__name__)
+    before = exchange.in_flight()
+    q = rank_input(rank, (1, 3, 4, 2))
+    bad_rotary = (torch.ones(7, 1), torch.ones(7, 1))  # tables that do not fit: attend 0 raises on every rank
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            DistributedAttention(4, 2, prefix="r", overlap_chunks=2)(q, q, q, freqs_cis=bad_rotary)  # the site
+            raised = None
+        except ValueError as exc:
+            raised = type(exc).__name__
+        gc.collect()
+    resource = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    return raised, before, exchange.in_flight(), resource, lines
+
+
+def test_a_pipelined_forward_that_raised_releases_its_exchanges_naming_the_layers_caller(ranks):
+    """Attention of group 0 raises (rotary tables of the wrong length) with group 1's exchange in flight: it is
+    released, and the warning names the line that called the layer (this file), not the layer's own start line."""
+    for raised, before, after, resource, lines in ranks(2, _raised_mid_pipeline, env=AUTO, timeout_s=60):
+        assert raised == "ValueError" and after == before
+        assert resource and all("test_overlap_attention.py" in w and "layer.py" not in w for w in resource), resource
+        assert len(lines) == 1 and "a pipelined DistributedAttention's too" in lines[0], lines
 
 
 def test_ranks_that_disagree_on_the_setting_take_the_smallest_together(ranks):

@@ -28,7 +28,15 @@ import time
 import pytest
 import torch
 
-from tests.distributed.conftest import bit_equal, build_helper, in_flight_routes, nccl_reference, oracle, rank_input
+from tests.distributed.conftest import (
+    bit_equal,
+    build_helper,
+    in_flight_routes,
+    log_lines,
+    nccl_reference,
+    oracle,
+    rank_input,
+)
 
 B, S, H, D = 2, 4, 6, 3
 AUTO = {"FASTVIDEO_ULYSSES_A2A": "auto", "FASTVIDEO_ULYSSES_A2A_VOTE_TIMEOUT_S": "20"}
@@ -194,19 +202,12 @@ def test_negative_control_the_route_assertions_fail_where_another_route_ran(rank
 def _dropped(rank, p, grad):
     """Drop a started exchange's handle without waiting (``grad``: through the op, so the token carries it)."""
     import gc
-    import logging
     import warnings
 
     from fastvideo.distributed.communication_op import sequence_model_parallel_all_to_all_4D as a2a
     from fastvideo.distributed.ulysses import exchange
 
-    lines: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(record.getMessage())
-
-    logging.getLogger(exchange.__name__).addHandler(Collect())
+    lines = log_lines(exchange.__name__)
     before = exchange.in_flight()
     x = rank_input(rank, (B, S, H, D), seed=5, requires_grad=grad)
     with warnings.catch_warnings(record=True) as caught:

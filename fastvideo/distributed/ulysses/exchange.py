@@ -61,9 +61,10 @@ _STREAMS: dict[int, torch.cuda.Stream] = {}  # device index -> this process's co
 # (the start op's, through the release hook), never by this table.
 _PENDING: weakref.WeakValueDictionary[int, AllToAllHandle] = weakref.WeakValueDictionary()
 _WARNED: set[str] = set()  # start sites whose dropped exchange was logged
-# Frames of this package and of torch (modules named so, or inside them) are skipped when naming where a start was
-# made: a user module whose name merely begins alike ("torch_step") is the user's.
-_SKIPPED = (__name__.rsplit(".", 2)[0] + ".", "torch.")
+# Frames of this package's distributed and attention layers (a pipelined DistributedAttention starts exchanges for its
+# caller) and of torch (modules named so, or inside them) are skipped when naming where a start was made: a user
+# module whose name merely begins alike ("torch_step") is the user's.
+_SKIPPED = (__name__.rsplit(".", 2)[0] + ".", "fastvideo.attention.", "torch.")
 _TORCH = (os.path.join(os.path.dirname(torch.__file__), ""), "<")  # torch's files; code compiled from a string
 
 
@@ -241,8 +242,8 @@ def release_when_dropped(owner: object, handle: AllToAllHandle) -> None:
 def _dropped(ident: int, where: str, _kept: AllToAllHandle | None) -> None:
     _PENDING.pop(ident, None)
     message = (f"Ulysses all-to-all started at {where} (async_op=True, or the backward of one) was never waited "
-               "for; it is released now. Call handle.wait() once for every start (a backward that raised before its "
-               "wait leaves its exchange to this release; the peers' exchange completed regardless).")
+               "for; it is released now. Call handle.wait() once for every start (a forward or backward that raised "
+               "before its wait, a pipelined DistributedAttention's too, leaves it to the release; peers finished it).")
     warnings.warn(message, ResourceWarning, stacklevel=2)
     if where not in _WARNED:
         _WARNED.add(where)
@@ -250,8 +251,9 @@ def _dropped(ident: int, where: str, _kept: AllToAllHandle | None) -> None:
 
 
 def _caller() -> str:
-    """``file:line`` of the innermost frame outside this package and torch (its modules and the code its compilers
-    generate): where the user started the exchange."""
+    """``file:line`` of the innermost frame outside this package's distributed and attention layers and torch (its
+    modules and the code its compilers generate): where the user started the exchange, or called the layer that
+    did."""
     # Inductor's generated modules live in its cache folder, which it writes to TORCHINDUCTOR_CACHE_DIR when it
     # first compiles (not the whole temporary folder: the user's own code may live there).
     cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")

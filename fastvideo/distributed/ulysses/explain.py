@@ -117,9 +117,8 @@ def explain_rows(args: argparse.Namespace) -> tuple[int, list[tuple[str, str]]]:
         # sequence_model_parallel_all_to_all_4D returns x itself at SP1: no route, no vote, no plan.
         rows.append(("route", "identity (SP size 1: the op returns its input unchanged; no collective, no vote)"))
         return 0, rows
-    choice = choose_plan(
-        geom, gpu=args.gpu, window_bytes=args.window_bytes, grad=args.grad, long_training=args.long_training
-    )
+    choice = choose_plan(geom, gpu=args.gpu, window_bytes=args.window_bytes, grad=args.grad,
+                         long_training=args.long_training)
     share = "S_local" if geom.seq_splits is None else "largest S_local share"
     rows.append(("geometry", f"SP {p}, B={geom.B} planes, {share}={geom.S}, H={geom.H}, D={geom.D}, "
                              f"plane {geom.plane_bytes} B, operand {geom.operand_bytes} B"))

@@ -45,12 +45,13 @@ def head_groups(num_heads: int, chunks: int) -> tuple[int, ...]:
     return balanced_splits(num_heads, chunks)
 
 
-def check_chunks(num_heads: int, chunks: int | None) -> int | None:
-    """``chunks`` (``DistributedAttention(overlap_chunks=)``) if valid: None, or an int in 0..``num_heads``."""
+def check_chunks(cls: str, num_heads: int, chunks: int | None) -> int | None:
+    """``chunks`` (``DistributedAttention(overlap_chunks=)``, or a subclass's: ``cls`` names it in the error) if
+    valid: None, or an int in 0..``num_heads``."""
     if chunks is None:
         return None
     if isinstance(chunks, bool) or not isinstance(chunks, int) or not 0 <= chunks <= num_heads:
-        raise ValueError(f"DistributedAttention: overlap_chunks={chunks!r} must be an int in 0..num_heads "
+        raise ValueError(f"{cls}: overlap_chunks={chunks!r} must be an int in 0..num_heads "
                          f"({num_heads}): the number of head groups to pipeline (0 or 1: off; None: the agreed "
                          f"{SETTING}).")
     return chunks
@@ -178,26 +179,28 @@ def schedule_model(steps: Sequence[Step]) -> ScheduleReport:
 def describe_plan(args: argparse.Namespace, world_size: int, dtype: torch.dtype) -> tuple[int, list[str]]:
     """``explain --overlap N``'s exit status and lines (``args``: its parsed arguments; ``shape`` a layer's packed
     q/k/v exchange input): the head groups, and each group's two exchanges with the policy's route and kind for
-    them; status 2 and an error line for arguments that describe no such layer. Pure."""
-    shape, chunks = args.shape, args.overlap
-    if args.mode != 0 or args.seq_splits is not None or args.head_splits is not None:
-        return 2, ["error: --overlap explains a layer's packed q/k/v exchange: mode 0 with even shards (no splits)"]
-    if shape[0] % 3 or not 1 < chunks <= shape[2]:  # the batch's error first
+    them; status 2 and an error line for arguments that describe no such layer. ``--overlap`` stands for the
+    setting (its default), which the layer caps at its heads: so is it here. Pure."""
+    shape, chunks = args.shape, min(args.overlap, args.shape[2])
+    split = list(balanced_splits(shape[2], world_size))  # the layer's heads: uneven where P does not divide H
+    if args.mode != 0 or args.seq_splits is not None or args.head_splits not in (None, split):
+        return 2, ["error: --overlap explains a layer's packed q/k/v exchange: mode 0, even sequence shards and the "
+                   f"layer's head split (even, or --head-splits {','.join(map(str, split))})"]
+    if shape[0] % 3 or chunks < 2:  # the batch's error first
         why = (f"explains --shape as a layer's packed q/k/v [3B, S_local, H, D]: its batch {shape[0]} must be 3B"
-               if shape[0] % 3 else f"must be in 2..H ({shape[2]}): each group needs a head ({SETTING} sets its "
-               "default)")
-        return 2, [f"error: --overlap {chunks} {why}"]
+               if shape[0] % 3 else f"needs a layer of 2 heads or more to pipeline (H = {shape[2]})")
+        return 2, [f"error: --overlap {args.overlap} {why}"]
     if world_size == 1:
         return 0, [f"overlap    {chunks} head groups; SP size 1: nothing is exchanged (the op returns its input)"]
 
-    # Each head group's two exchanges (even shards): the packed q/k/v input [3B, S_local, h, D] and rank 0's
+    # Each head group's two exchanges (even sequence shards): the packed q/k/v input [3B, S_local, h, D] and rank 0's
     # output input [B, S, h_0, D], with the group's head splits (None: even).
-    b, s, h, d = shape
-    layer = CallLayout(world_size, 0, balanced_splits(h, world_size), None, s * world_size, s * world_size)
-    groups = layer.groups(chunks)
-    lines = [f"overlap    {chunks} head groups of {[sum(g.heads) for g in groups]} heads; each group's q/k/v and "
-             "output exchanges run on the communication stream (started before, waited after, the neighbouring "
-             "group's attention on the compute stream)"]
+    b, s, _, d = shape
+    groups = CallLayout(world_size, 0, tuple(split), None, s * world_size, s * world_size).groups(chunks)
+    lines = [f"overlap    {chunks} head groups{' (capped at H)' * (args.overlap > chunks)} of "
+             f"{[sum(g.heads) for g in groups]} heads; each group's q/k/v and output exchanges run on the "
+             "communication stream (started before, waited after, the neighbouring group's attention on the compute "
+             "stream)"]
     for g, group in enumerate(groups):
         heads = group.uneven.get("head_splits")
         calls = (("qkv", (b, s, sum(group.heads), d), 0), ("out", (b // 3, s * world_size, group.heads[0], d), 1))
