@@ -573,7 +573,8 @@ def test_doctor_names_the_first_blocker_the_host_before_the_kernel(capsys, fake_
 
 
 def test_doctor_advises_only_what_this_host_can_change(capsys, fake_kernel, settings, tmp_path):
-    """A CPU build of torch where the driver lists GPUs: install a CUDA torch. One GPU visible under
+    """A CPU build of torch where the driver lists GPUs: install a CUDA torch. A CUDA torch that sees none of the
+    driver's GPUs under ``CUDA_VISIBLE_DEVICES`` ("" or "-1"): the variable hides them. One GPU visible under
     ``CUDA_VISIBLE_DEVICES``: the variable may hide the others. Controls: neither, and nothing to advise."""
     driver = tmp_path / "nvidia-gpus"
     (driver / "0000:18:00.0").mkdir(parents=True)
@@ -582,6 +583,14 @@ def test_doctor_advises_only_what_this_host_can_change(capsys, fake_kernel, sett
     assert line(doctor(capsys)[1], "fused").endswith("this torch is a CPU build and the driver lists GPUs: install a "
                                                      "CUDA build of torch")
     fake_gpus(settings, 0)
+    assert line(doctor(capsys)[1], "fused").endswith("nothing on this host can change that")
+    settings.setattr(cli.torch.version, "cuda", "13.0")
+    for hidden in ("", "-1"):
+        fake_gpus(settings, 0, driver=driver)
+        settings.setenv("CUDA_VISIBLE_DEVICES", hidden)
+        assert line(doctor(capsys)[1], "fused").endswith(f"the driver lists GPUs: CUDA_VISIBLE_DEVICES={hidden!r} "
+                                                         "hides them")
+    fake_gpus(settings, 0, driver=driver)  # the variable unset: a CUDA torch that sees none of them, no advice
     assert line(doctor(capsys)[1], "fused").endswith("nothing on this host can change that")
     fake_gpus(settings, 1)
     settings.setenv("CUDA_VISIBLE_DEVICES", "3")
@@ -609,6 +618,8 @@ def test_doctor_blocker_5_is_a_library_this_package_cannot_drive(capsys, fake_ke
     settings.setenv("FASTVIDEO_ULYSSES_A2A", "auto")
     rc, out = doctor(capsys)
     assert rc == 1 and line(out, "fused").startswith(f"fused      blocked at 5 of 6: kernel library unusable: {why}")
+    # the helper's transport declines such a library transport_too_old or nccl_runtime_mismatch, not as missing
+    assert "declined: transport_missing" not in out and "every call takes the NCCL route" in out
     settings.setattr(cli, "_loader", lambda: _loader_with({"path": str(fake_kernel.dev), "abi_version": 5,
                                                            "nccl_build": 22809, "nccl_runtime": 22809}))
     rc, out = doctor(capsys)
@@ -687,6 +698,8 @@ def test_explain_geometry_in_mode_1_and_with_uneven_shares(capsys):
     (("--world-size", "3", "--geometry", "1,100,8,64", "--seq-splits", "40,30,20"),
      "--geometry 1,100,8,64: --seq-splits sums to 90, not S=100"),
     (("--world-size", "2", "--geometry", "wan720p", "--shape", "1,37800,40,128"), "not allowed with argument"),
+    # a negative first value reaches the type check (argparse alone said only "expected one argument")
+    (("--world-size", "2", "--geometry", "-1,8,4,8"), "argument --geometry: '-1,8,4,8': shapes are positive; B=-1"),
 ])
 def test_explain_bad_geometry_is_an_argparse_error_naming_the_fix(capsys, argv, needle):
     assert needle in explain_error(capsys, *argv, *EXPLAIN)

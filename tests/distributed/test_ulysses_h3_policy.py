@@ -79,6 +79,36 @@ def test_original_plan_declines_window_when_the_operand_does_not_fit():
     assert "exceeds the window" in choice.why
 
 
+def test_original_plan_of_more_planes_than_the_plan_word_holds_moves_them_in_chunks():
+    """B = 65536 planes (the plan word's plane field holds 65535): the original plan moves them in chunks of
+    65535, the last one short (the kernel clamps it), where the plan raised "Plan out of range" and the helper
+    raised on every rank instead of moving or declining the call. One plane fewer stays one chunk."""
+    for planes, chunks in ((65535, 1), (65536, 2), (2 * 65535 + 1, 3)):
+        g = geom((planes, 1, 2, 8), 2)
+        choice = choose_plan(g, gpu="NVIDIA H200")
+        assert choice.plan == Plan(ORIGINAL_CTAS, min(planes, 65535), 1, tuned=False), choice
+        assert choice.plan.num_chunks(g) == chunks and choice.plan.window_bytes(g) <= g.operand_bytes
+
+
+def _many_planes(rank, p, planes):
+    from tests.distributed.conftest import bit_equal, build_helper, last, oracle, rank_input
+
+    helper = build_helper(window_bytes=1 << 24, tuned=False)
+    x = rank_input(rank, (planes, 1, 2, 1))
+    exact = bit_equal(helper.all_to_all(x, 0), oracle(x, 0))
+    record = last(helper)
+    helper.destroy()
+    return exact, record[0], Plan.from_word(record[1]) if record[1] else None, record[3]
+
+
+def test_a_call_of_more_planes_than_the_plan_word_holds_is_exact_through_the_helper(ranks):
+    """65537 planes at P = 2 through the helper and the CPU plan transport: fused, in the original plan's 2
+    chunks of 65535 and 2 planes, bit-exact against the NCCL route's output."""
+    for exact, route, plan, chunks in ranks(2, _many_planes, 65537, timeout_s=120):
+        assert exact and route == "fused" and chunks == 2, (exact, route, plan, chunks)
+        assert plan == Plan(ORIGINAL_CTAS, 65535, 1, tuned=False)
+
+
 def test_original_plan_boundary_is_inclusive():
     """An operand of exactly the window's size fits; one byte of window less declines."""
     g = geom((2, 4, 8, 16), 2, torch.float32)

@@ -176,9 +176,10 @@ Blocker = tuple[int, str]  # doctor's blockers in the order a user must fix them
 def host_blocker(gpus: int, peers: bool) -> Blocker | None:
     """Blockers 1-3, the host's GPUs, with advice only where this host can change them; None: none."""
     if gpus == 0:
-        cpu_torch = torch.version.cuda is None and _NVIDIA_GPUS.is_dir() and any(_NVIDIA_GPUS.iterdir())
-        fix = "this torch is a CPU build and the driver lists GPUs: install a CUDA build of torch" if cpu_torch \
-            else _NONE_HERE
+        listed, hidden = _NVIDIA_GPUS.is_dir() and any(_NVIDIA_GPUS.iterdir()), os.environ.get("CUDA_VISIBLE_DEVICES")
+        fix = ("this torch is a CPU build and the driver lists GPUs: install a CUDA build of torch" if listed and
+               torch.version.cuda is None else f"the driver lists GPUs: CUDA_VISIBLE_DEVICES={hidden!r} hides them"
+               if listed and hidden is not None else _NONE_HERE)
         return 1, f"no CUDA GPU: the fused route runs on 2+ CUDA GPUs of one host; {fix}"
     if gpus == 1:
         hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -263,8 +264,8 @@ def _doctor_kernel(doc: _Doctor, checkout: Path | None, switch: str | None, fixa
     if override and index == 4:  # the user named a library: whatever the host, that is a mistake to fix
         doc.finding("kernel", f"${_ENV_LIBRARY} is set but unusable: {text}")
     elif switch == "auto" and fixable:
-        doc.finding("kernel", f"{text}; while {ROUTE}=auto every call takes the NCCL route (declined: "
-                              "transport_missing)")
+        doc.finding("kernel", f"{text}; while {ROUTE}=auto every call takes the NCCL route"  # the reason: index 4's
+                              f"{' (declined: transport_missing)' if index == 4 else ''}")
     else:
         need = f"not needed while {ROUTE}=off" if switch == "off" else f"{ROUTE} is invalid (above)"
         doc.line("kernel", f"not available: {text} ({need if fixable else 'of no use on this host: fused, below'})")
@@ -384,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"head groups of a DistributedAttention's pipeline (default: {OVERLAP})")
     sub.add_parser("doctor", help="versions, kernel library, GPUs, host, env; exits 1 if it found a problem")
     args = parser.parse_args(_negative_values_as_values(sys.argv[1:] if argv is None else argv, (
-        "--shape", "--world-size", "--window-bytes", "--seq-splits", "--head-splits", "--rank", "--overlap")))
+        "--shape", "--geometry", "--world-size", "--window-bytes", "--seq-splits", "--head-splits", "--rank",
+        "--overlap")))
     if args.command == "explain":
         if args.rank >= args.world_size:
             ex.error(f"--rank: rank={args.rank} is outside the SP group of size {args.world_size} (0 <= rank < it)")

@@ -304,15 +304,14 @@ class Choice:
 
 
 def original_plan(geom: Geometry, window_bytes: int, note: str = "") -> Choice:
-    """The untuned plan: the whole operand in one chunk if it fits the window, else the NCCL route (``WINDOW``).
-    ``note`` (e.g. why a tuned row was not used) leads ``why``."""
+    """The untuned plan: the whole operand in one chunk if it fits the window, else the NCCL route (``WINDOW``);
+    a batch of more planes than the plan word holds moves in chunks of as many as it holds. ``note`` (e.g. why a
+    tuned row was not used) leads ``why``."""
     if geom.operand_bytes <= window_bytes:
-        return Choice(Plan(ORIGINAL_CTAS, geom.B, geom.S, tuned=False), None, f"{note}original policy")
-    return Choice(
-        None,
-        DeclineReason.WINDOW,
-        f"{note}original policy: the whole operand ({geom.operand_bytes} B) exceeds the window ({window_bytes} B)",
-    )
+        plan = Plan(ORIGINAL_CTAS, min(geom.B, (1 << _PLANE_BITS) - 1), geom.S, tuned=False)
+        return Choice(plan, None, f"{note}original policy")
+    return Choice(None, DeclineReason.WINDOW, f"{note}original policy: the whole operand ({geom.operand_bytes} B) "
+                  f"exceeds the window ({window_bytes} B)")
 
 
 def choose_plan(
