@@ -257,7 +257,8 @@ def test_explain_with_a_gpu_plans_for_gpu_0(capsys, monkeypatch):
 def test_explain_lists_a_gpus_rows_once_each_naming_their_kind(capsys):
     """H200 has a copy-engine row and an SM row per key: listed without a kind they read as duplicates."""
     rc, out = explain(capsys, "--world-size", "8", "--shape", "1,3276,40,128", "--gpu", "H200", *PINNED)
-    listed = line(out, "tuned row").split("H200 rows: ")[1].removesuffix(". The original policy applies.").split("; ")
+    note = ". Where the call is eligible (route, below), the original policy applies."
+    listed = line(out, "tuned row").split("H200 rows: ")[1].removesuffix(note).split("; ")
     h200 = [r for r in TUNED_TABLE if r.gpu == "H200"]
     assert rc == 0 and len(listed) == len(h200) == len(set(listed))  # control: the same rows without kinds repeat
     assert len({f"SP{r.world_size} {r.dtype} H={r.heads} D={r.head_dim}" for r in h200}) < len(h200)
@@ -510,12 +511,18 @@ def test_overlap_plan_lists_each_groups_exchanges(capsys):
 
 def test_overlap_from_the_setting_is_capped_at_the_heads_as_the_layer_caps_it(capsys, monkeypatch):
     """FASTVIDEO_ULYSSES_A2A_OVERLAP=8 (valid) on a 4-head layer: the layer runs 4 groups, and so does explain (it
-    exited 2 naming --overlap, a flag not passed); a 1-head layer has nothing to pipeline: an error, exit 2."""
+    exited 2 naming --overlap, a flag not passed); a 1-head layer has nothing to pipeline: the setting's line
+    says so (exit 0), --overlap's is an error (exit 2)."""
     monkeypatch.setenv("FASTVIDEO_ULYSSES_A2A_OVERLAP", "8")
     rc, out = explain(capsys, "--world-size", "2", "--shape", "6,8,4,16", *PINNED)
     assert rc == 0 and line(out, "overlap").startswith("overlap    4 head groups (capped at H) of [1, 1, 1, 1]"), out
     rc, out = explain(capsys, "--world-size", "1", "--shape", "6,8,1,16", *PINNED)
-    assert rc == 2 and "error: --overlap 8 needs a layer of 2 heads or more to pipeline (H = 1)" in out, out
+    assert rc == 0 and line(out, "overlap").startswith("overlap    none: FASTVIDEO_ULYSSES_A2A_OVERLAP=8 pipelines "
+                                                       "DistributedAttention layers, whose packed q/k/v exchange "
+                                                       "needs a layer of 2 heads or more (H = 1)"), out
+    rc, out = explain(capsys, "--world-size", "1", "--shape", "6,8,1,16", "--overlap", "8", *PINNED)
+    assert rc == 2 and "error: --overlap 8 explains a layer's packed q/k/v [3B, S_local, H, D]: a layer of 2 " \
+                       "heads or more (H = 1)" in out, out
 
 
 def test_overlap_of_heads_the_sp_size_does_not_divide_takes_the_layers_head_split(capsys):
@@ -535,12 +542,18 @@ def test_overlap_of_heads_the_sp_size_does_not_divide_takes_the_layers_head_spli
 
 @pytest.mark.parametrize("batch", [1, 2, 4])
 def test_overlap_of_an_input_that_is_no_packed_qkv_is_an_error_not_a_traceback(capsys, monkeypatch, batch):
-    """A layer's packed q/k/v has a batch of 3B: ``--overlap`` (here from FASTVIDEO_ULYSSES_A2A_OVERLAP, its
-    default) with a batch that is no multiple of 3 exits 2 naming --shape's batch, the op's rows printed first;
-    the control, batch 3, describes the groups."""
+    """A layer's packed q/k/v has a batch of 3B. ``--overlap`` with a batch that is no multiple of 3 exits 2
+    naming the batch, the op's rows printed first. FASTVIDEO_ULYSSES_A2A_OVERLAP (--overlap's default) applies to
+    layers alone: the same call, a plain op call, exits 0 with a line saying why no groups are described (it
+    exited 2, and so did the README's explain of wan720p with the variable set). Control: batch 3 describes the
+    groups."""
+    rc, out = explain(capsys, "--world-size", "2", "--shape", f"{batch},4096,8,64", "--overlap", "2", *PINNED)
+    assert rc == 2 and f"a batch of 3B (this input's is {batch})" in line(out, "error:") and line(out, "route"), out
     monkeypatch.setenv("FASTVIDEO_ULYSSES_A2A_OVERLAP", "2")
     rc, out = explain(capsys, "--world-size", "2", "--shape", f"{batch},4096,8,64", *PINNED)
-    assert rc == 2 and f"its batch {batch} must be 3B" in out and line(out, "route"), out
+    assert rc == 0 and f"needs a batch of 3B (this input's is {batch}); this call is no such exchange" in out, out
+    rc, out = explain(capsys, "--world-size", "2", "--geometry", "wan720p", *PINNED)
+    assert rc == 0 and line(out, "overlap").startswith("overlap    none: FASTVIDEO_ULYSSES_A2A_OVERLAP=2"), out
     rc, out = explain(capsys, "--world-size", "2", "--shape", "3,4096,8,64", *PINNED)
     assert rc == 0 and line(out, "overlap").startswith("overlap    2 head groups"), out
 

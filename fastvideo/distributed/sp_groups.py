@@ -287,9 +287,8 @@ def initialize_sequence_parallel(sp_size: int, *, timeout: datetime.timedelta | 
     if not dist.is_initialized():
         raise RuntimeError("initialize_sequence_parallel: call torch.distributed.init_process_group first.")
     if _SP is not None:
-        raise RuntimeError(
-            "initialize_sequence_parallel: SP groups already exist; call destroy_sequence_parallel first."
-        )
+        raise RuntimeError("initialize_sequence_parallel: SP groups already exist; call destroy_sequence_parallel "
+                           "first.")
     world = dist.get_world_size()
     backend = dist.get_backend()
     # The job's timeout unless told otherwise: a stopped peer then ends this rank's collectives within it.

@@ -65,7 +65,7 @@ def tuned_row_note(gpu: str, geom: Geometry, table: tuple[TunedRow, ...] = TUNED
         rows = "; ".join(f"SP{r.world_size} {r.dtype} H={r.heads} D={r.head_dim} ({KIND_NAMES[r.engine]})"
                          for r in same_gpu)
         why = f"none for {name} at SP{geom.world_size} {geom.dtype} H={geom.H} D={geom.D}; {name} rows: {rows}"
-    return f"{why}. The original policy applies."
+    return f"{why}. Where the call is eligible (route, below), the original policy applies."
 
 
 def kind_note(plan: Plan, geom: Geometry, window_bytes: int) -> str:

@@ -179,17 +179,20 @@ def schedule_model(steps: Sequence[Step]) -> ScheduleReport:
 def describe_plan(args: argparse.Namespace, world_size: int, dtype: torch.dtype) -> tuple[int, list[str]]:
     """``explain --overlap N``'s exit status and lines (``args``: its parsed arguments; ``shape`` a layer's packed
     q/k/v exchange input): the head groups, and each group's two exchanges with the policy's route and kind for
-    them; status 2 and an error line for arguments that describe no such layer. ``--overlap`` stands for the
-    setting (its default), which the layer caps at its heads: so is it here. Pure."""
+    them. ``--overlap`` stands for the setting (its default), which the layer caps at its heads: so is it here.
+    Arguments that describe no such layer: given as ``--overlap``, status 2 and an error line; taken from the
+    setting, which applies to layers alone, status 0 and a line saying why nothing is described. Pure."""
     shape, chunks = args.shape, min(args.overlap, args.shape[2])
     split = list(balanced_splits(shape[2], world_size))  # the layer's heads: uneven where P does not divide H
-    if args.mode != 0 or args.seq_splits is not None or args.head_splits not in (None, split):
-        return 2, ["error: --overlap explains a layer's packed q/k/v exchange: mode 0, even sequence shards and the "
-                   f"layer's head split (even, or --head-splits {','.join(map(str, split))})"]
-    if shape[0] % 3 or chunks < 2:  # the batch's error first
-        why = (f"explains --shape as a layer's packed q/k/v [3B, S_local, H, D]: its batch {shape[0]} must be 3B"
-               if shape[0] % 3 else f"needs a layer of 2 heads or more to pipeline (H = {shape[2]})")
-        return 2, [f"error: --overlap {args.overlap} {why}"]
+    why = (("mode 0, even sequence shards and the layer's head split (even, or --head-splits "
+            f"{','.join(map(str, split))})") if args.mode != 0 or args.seq_splits is not None
+           or args.head_splits not in (None, split) else f"a batch of 3B (this input's is {shape[0]})" if shape[0] % 3
+           else f"a layer of 2 heads or more (H = {shape[2]})" if chunks < 2 else None)
+    if why:
+        flag = getattr(args, "sources", {}).get("overlap", "--overlap") == "--overlap"
+        return (2, [f"error: --overlap {args.overlap} explains a layer's packed q/k/v [3B, S_local, H, D]: {why}"]) \
+            if flag else (0, [f"overlap    none: {SETTING}={args.overlap} pipelines DistributedAttention layers, "
+                              f"whose packed q/k/v exchange needs {why}; this call is no such exchange"])
     if world_size == 1:
         return 0, [f"overlap    {chunks} head groups; SP size 1: nothing is exchanged (the op returns its input)"]
 

@@ -327,9 +327,8 @@ def choose_plan(
     if long_training not in ("auto", "chunked"):
         raise ValueError(f"choose_plan: long_training={long_training!r}; choose 'auto' or 'chunked'.")
     if not MIN_WORLD_SIZE <= geom.world_size <= MAX_WORLD_SIZE:
-        return Choice(
-            None, DeclineReason.WORLD_SIZE, f"SP size {geom.world_size} outside {MIN_WORLD_SIZE}..{MAX_WORLD_SIZE}"
-        )
+        return Choice(None, DeclineReason.WORLD_SIZE,
+                      f"SP size {geom.world_size} outside {MIN_WORLD_SIZE}..{MAX_WORLD_SIZE}")
     if geom.dtype not in KERNEL_DTYPES:
         return Choice(None, DeclineReason.DTYPE, f"dtype {geom.dtype} not moved by the kernel")
     row = lookup(table, gpu, geom)
