@@ -310,10 +310,21 @@ def test_unknown_dtype_lists_the_choices(capsys):
     assert "argument --dtype" in err and "bfloat16" in err and "fp32" in err
 
 
-@pytest.mark.parametrize("shape", ["-1,62500,56,128", "3,0,56,128", "3,62500,-56,128"])
+@pytest.mark.parametrize("shape", ["-1,62500,56,128", "0,62500,56,128", "3,-1,56,128", "3,62500,-56,128"])
 def test_shape_not_positive_says_shapes_are_positive(capsys, shape):
     err = explain_error(capsys, "--world-size", "4", "--shape", shape, *PINNED)
     assert "argument --shape" in err and "shapes are positive" in err and "expected one argument" not in err
+
+
+def test_an_idle_ranks_empty_share_is_an_input_and_an_empty_operand_declines_empty(capsys):
+    """S_local = 0: an idle rank's input under --seq-splits (which --geometry prints and the helper runs) is
+    explained, not refused; every share empty is the op's empty call, which declines ``empty``."""
+    rc, out = explain(capsys, "--world-size", "2", "--shape", "3,0,56,128", "--seq-splits", "16,0", "--rank", "1",
+                      "--a2a", "auto", *PINNED)
+    assert rc == 0 and "per rank [3, 0, 56, 128] (rank 1's input to the op)" in line(out, "input"), out
+    assert line(out, "route").startswith("route      fused"), out
+    rc, out = explain(capsys, "--world-size", "2", "--shape", "3,0,56,128", "--a2a", "auto", *PINNED)
+    assert rc == 0 and line(out, "route") == "route      nccl (declined: empty)", out
 
 
 def test_shape_with_three_dims_says_four_are_needed(capsys):

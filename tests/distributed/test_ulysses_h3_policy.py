@@ -109,6 +109,36 @@ def test_a_call_of_more_planes_than_the_plan_word_holds_is_exact_through_the_hel
         assert plan == Plan(ORIGINAL_CTAS, 65535, 1, tuned=False)
 
 
+@pytest.mark.parametrize("shape", [(3, 0, 8, 16), (0, 4, 8, 16), (2, 4, 8, 0)], ids=["S0", "B0", "D0"])
+def test_an_operand_of_no_element_declines_empty(shape):
+    """Nothing to move: the NCCL route (``empty``), on the tuned and the untuned path (it raised "Plan out of
+    range" untuned, ZeroDivisionError where a tuned row applies)."""
+    for gpu in ("NVIDIA H200", "B200"):
+        choice = choose_plan(geom(shape, 2), gpu=gpu)
+        assert choice.plan is None and choice.reason is DeclineReason.EMPTY, choice
+
+
+def _empty(rank, p, shape):
+    import torch
+
+    from tests.distributed.conftest import bit_equal, build_helper, last, oracle
+
+    helper = build_helper()
+    x = torch.zeros(shape)
+    out = helper.all_to_all(x, 0)
+    record = last(helper)
+    helper.destroy()
+    return bit_equal(out, oracle(x, 0)), tuple(out.shape), record[0], record[2]
+
+
+def test_an_empty_call_through_the_helper_takes_the_nccl_route_on_every_rank(ranks):
+    """An all-to-all of an empty sequence (S_local 0 on every rank) and of a zero batch at P = 2: the NCCL route's
+    empty output of the call's shape on every rank, declined ``empty`` (it raised PeerCallError on every rank)."""
+    for shape, expected in (((3, 0, 4, 8), (3, 0, 2, 8)), ((0, 5, 4, 8), (0, 10, 2, 8))):
+        for exact, out_shape, route, reason in ranks(2, _empty, shape, timeout_s=60):
+            assert exact and out_shape == expected and (route, reason) == ("nccl", "empty"), (shape, route, reason)
+
+
 def test_original_plan_boundary_is_inclusive():
     """An operand of exactly the window's size fits; one byte of window less declines."""
     g = geom((2, 4, 8, 16), 2, torch.float32)

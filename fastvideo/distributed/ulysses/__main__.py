@@ -63,7 +63,7 @@ def _shape(text: str) -> tuple[int, int, int, int]:
     dims = tuple(_ints(text, "four positive integers B,S,H,D"))
     if len(dims) != 4:
         raise argparse.ArgumentTypeError(f"{text!r}: expected four positive integers B,S,H,D, got {len(dims)} value(s)")
-    bad = [f"{name}={v}" for name, v in zip("BSHD", dims) if v < 1]
+    bad = [f"{name}={v}" for name, v in zip("BSHD", dims) if v < (name != "S")]  # S: an idle rank's share may be 0
     if bad:
         raise argparse.ArgumentTypeError(f"{text!r}: shapes are positive; {', '.join(bad)} (use e.g. 3,62500,56,128)")
     return dims  # type: ignore[return-value]

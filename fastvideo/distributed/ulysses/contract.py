@@ -122,6 +122,7 @@ class DeclineReason(enum.IntEnum):
     CONSTRUCTION_FAILED = 17  # a collective construction step failed on some rank
     LOCAL_ERROR = 18  # not a decline: a rank-local step of the call raised; every rank raises
     UNEVEN_SPLITS = 19  # uneven seq_splits/head_splits, which this transport's kernels do not move
+    EMPTY = 20  # an operand of no element (every share empty, or B, H or D zero): nothing for the kernel to move
 
     @property
     def bit(self) -> int:
@@ -340,11 +341,9 @@ class PeerCallError(RuntimeError):
         self.ranks = ranks
         self.errors = dict(errors or {})
         named = "; ".join(f"rank {r}: {e}" for r, e in sorted(self.errors.items()))
-        super().__init__(
-            f"Ulysses all-to-all: rank(s) {ranks} raised while preparing this call "
-            f"({named or 'their own traceback has the cause'}); every rank raises so that no rank is left a call "
-            "ahead of its peers."
-        )
+        super().__init__(f"Ulysses all-to-all: rank(s) {ranks} raised while preparing this call "
+                         f"({named or 'their own traceback has the cause'}); every rank raises so that no rank is "
+                         "left a call ahead of its peers.")
 
 
 class Verdict(enum.Enum):

@@ -331,6 +331,8 @@ def choose_plan(
                       f"SP size {geom.world_size} outside {MIN_WORLD_SIZE}..{MAX_WORLD_SIZE}")
     if geom.dtype not in KERNEL_DTYPES:
         return Choice(None, DeclineReason.DTYPE, f"dtype {geom.dtype} not moved by the kernel")
+    if not geom.operand_bytes:  # the NCCL route returns an empty output of the right shape
+        return Choice(None, DeclineReason.EMPTY, "an operand of no element: nothing to move")
     row = lookup(table, gpu, geom)
     if row is None:
         return original_plan(geom, window_bytes)
@@ -354,7 +356,5 @@ def choose_plan(
     rows = even_rows(geom.S, min(max_rows, -(-geom.S // row.row_chunks)))
     limit = (f"the usable window, half the window for the copy-engine kind ({usable} of {window_bytes} B)"
              if row.engine == ENGINE_CE else f"the window ({window_bytes} B)")
-    return Choice(
-        Plan(row.ctas, 1, rows, tuned=True, engine=row.engine), None,
-        f"{name}, plane ({geom.plane_bytes} B) exceeds {limit}: even row chunks of at most {max_rows} rows",
-    )
+    return Choice(Plan(row.ctas, 1, rows, tuned=True, engine=row.engine), None,
+                  f"{name}, plane ({geom.plane_bytes} B) exceeds {limit}: even row chunks of at most {max_rows} rows")
