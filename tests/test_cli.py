@@ -316,6 +316,11 @@ def test_shape_not_positive_says_shapes_are_positive(capsys, shape):
     assert "argument --shape" in err and "shapes are positive" in err and "expected one argument" not in err
 
 
+def test_a_shape_whose_size_overflows_is_an_error_row_not_a_traceback(capsys):
+    rc, out = explain(capsys, "--world-size", "2", "--shape", "99999999999,99999999999,4,8", *PINNED)
+    assert rc == 2 and line(out, "error:").startswith("error:     Storage size calculation overflowed"), out
+
+
 def test_an_idle_ranks_empty_share_is_an_input_and_an_empty_operand_declines_empty(capsys):
     """S_local = 0: an idle rank's input under --seq-splits (which --geometry prints and the helper runs) is
     explained, not refused; every share empty is the op's empty call, which declines ``empty``."""

@@ -243,9 +243,11 @@ def load() -> ctypes.CDLL:
 
     Raises ``KernelUnavailable`` when the file is missing or the dynamic loader rejects it; a build this code
     cannot drive loads, and says so in ``probe(lib).problem``."""
-    source = f"${ENV_LIBRARY}" if os.environ.get(ENV_LIBRARY) else "the fastvideo-kernel wheel"
-    return open_library(library_path(), SIGNATURES, f"it comes from {source}: build it with "
-                        "`pip install --no-build-isolation --no-deps ./fastvideo-kernel`")
+    # Where the variable names the library, the wheel's is not what loads: point it at a build, or unset it.
+    hint = (f"it comes from ${ENV_LIBRARY}: point it at a built library (scripts/build_kernel.sh writes one), or "
+            "unset it to load the installed wheel's" if os.environ.get(ENV_LIBRARY) else "it comes from the "
+            "fastvideo-kernel wheel: build it with `pip install --no-build-isolation --no-deps ./fastvideo-kernel`")
+    return open_library(library_path(), SIGNATURES, hint)
 
 
 def _probe(lib) -> Probe:

@@ -47,8 +47,10 @@ def test_importing_native_loads_no_library():
 def test_missing_library_is_a_decline_not_an_error(monkeypatch):
     monkeypatch.setenv(fastvideo_kernel.ENV_LIBRARY, "/nonexistent/dir/libfastvideo_ulysses_a2a.so")
     assert fastvideo_kernel.library_path() == Path("/nonexistent/dir/libfastvideo_ulysses_a2a.so")
-    with pytest.raises(fastvideo_kernel.KernelUnavailable, match="no kernel library at /nonexistent/dir"):
+    with pytest.raises(fastvideo_kernel.KernelUnavailable, match="no kernel library at /nonexistent/dir") as raised:
         fastvideo_kernel.load()
+    # The variable names the library: the advice is about it (installing the wheel would not change what loads).
+    assert "point it at a built library" in str(raised.value) and "pip install" not in str(raised.value)
     cap = NativeTransport().capability()
     assert not cap.present and cap.decline is DeclineReason.TRANSPORT_MISSING
     assert "/nonexistent/dir" in cap.detail

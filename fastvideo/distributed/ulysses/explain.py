@@ -105,7 +105,7 @@ def explain_rows(args: argparse.Namespace) -> tuple[int, list[tuple[str, str]]]:
     try:
         splits = validate_input(torch.empty(args.shape, device="meta"), mode, p, rank=args.rank,
                                 seq_splits=args.seq_splits, head_splits=args.head_splits, allow_meta=True)
-    except ValueError as exc:
+    except (ValueError, RuntimeError) as exc:  # RuntimeError: torch's, for a shape whose size overflows
         return 2, [("error:", str(exc))]
     geom = Geometry.from_input(args.shape, mode, p, dtype, seq_splits=splits.seq, head_splits=splits.heads)
     glob = [geom.B, geom.S_global, geom.H, geom.D]  # the global operand: every rank's share of S or H
