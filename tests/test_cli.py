@@ -629,9 +629,11 @@ def test_doctor_advises_only_what_this_host_can_change(capsys, fake_kernel, sett
 
 
 def _loader_with(info: dict):
+    from fastvideo_kernel import nccl_version_tuple  # the real loader's (the caller puts it on the path)
+
     path = info["path"]
     return types.SimpleNamespace(__file__=str(Path(path).parent / "fastvideo_kernel" / "__init__.py"),
-                                 info=lambda: {"exists": True, **info})
+                                 info=lambda: {"exists": True, **info}, nccl_version_tuple=nccl_version_tuple)
 
 
 @pytest.mark.parametrize("info, why", [
@@ -649,6 +651,10 @@ def test_doctor_blocker_5_is_a_library_this_package_cannot_drive(capsys, fake_ke
     assert rc == 1 and line(out, "fused").startswith(f"fused      blocked at 5 of 6: kernel library unusable: {why}")
     # the helper's transport declines such a library transport_too_old or nccl_runtime_mismatch, not as missing
     assert "declined: transport_missing" not in out and "every call takes the NCCL route" in out
+    fake_kernel.dev.unlink()  # no development build to point at: the fix is to make one
+    rc, out = doctor(capsys)
+    built = "2.30.7" if "nccl_runtime" in info else "2.28.9"  # the NCCL the process runs, where the library says
+    assert rc == 1 and f"bash scripts/build_kernel.sh {built} build/kernel; set FASTVIDEO_KERNEL_LIBRARY to it" in out
     settings.setattr(cli, "_loader", lambda: _loader_with({"path": str(fake_kernel.dev), "abi_version": 5,
                                                            "nccl_build": 22809, "nccl_runtime": 22809}))
     rc, out = doctor(capsys)

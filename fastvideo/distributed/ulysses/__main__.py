@@ -45,7 +45,8 @@ _WINDOW = envs.registry()[WINDOW]  # --window-bytes parses and defaults by its r
 # Kept in step with fastvideo_kernel.LIBRARY_NAME / ENV_LIBRARY; doctor must work without that package.
 _LIBRARY_NAME = "libfastvideo_ulysses_a2a.so"
 _ENV_LIBRARY = "FASTVIDEO_KERNEL_LIBRARY"
-_BUILD_HINT = "bash scripts/build_kernel.sh 2.28.9 build/kernel"
+# A development build against the NCCL the process runs, where the library reports it, else the pinned release.
+_BUILD_HINT, _BUILD_NCCL = "bash scripts/build_kernel.sh {}.{}.{} build/kernel", (2, 28, 9)
 
 
 # ----------------------------------------------------------------------------------- argument types
@@ -257,7 +258,8 @@ def _doctor_kernel(doc: _Doctor, checkout: Path | None, switch: str | None, fixa
     elif dev and not override:
         fix = f"to use a development build: export {_ENV_LIBRARY}={dev[0]}"
     else:
-        fix = f"to make a development build: cd {checkout} && {_BUILD_HINT} (then set {_ENV_LIBRARY} to its path)"
+        runs = loader.nccl_version_tuple(info["nccl_runtime"]) if "nccl_runtime" in info else _BUILD_NCCL
+        fix = f"to make a development build: cd {checkout} && {_BUILD_HINT.format(*runs)}; set {_ENV_LIBRARY} to it"
     index, text = (4, f"no kernel library: {info['error']}") if "error" in info else \
         (5, f"kernel library unusable: {why}")
     text += f"; {fix}" if fixable else ""
