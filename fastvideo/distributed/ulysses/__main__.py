@@ -176,14 +176,14 @@ Blocker = tuple[int, str]  # doctor's blockers in the order a user must fix them
 
 def host_blocker(gpus: int, peers: bool) -> Blocker | None:
     """Blockers 1-3, the host's GPUs, with advice only where this host can change them; None: none."""
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")  # what may hide the driver's GPUs, in either case below
     if gpus == 0:
-        listed, hidden = _NVIDIA_GPUS.is_dir() and any(_NVIDIA_GPUS.iterdir()), os.environ.get("CUDA_VISIBLE_DEVICES")
+        listed = _NVIDIA_GPUS.is_dir() and any(_NVIDIA_GPUS.iterdir())
         fix = ("this torch is a CPU build and the driver lists GPUs: install a CUDA build of torch" if listed and
                torch.version.cuda is None else f"the driver lists GPUs: CUDA_VISIBLE_DEVICES={hidden!r} hides them"
                if listed and hidden is not None else _NONE_HERE)
         return 1, f"no CUDA GPU: the fused route runs on 2+ CUDA GPUs of one host; {fix}"
     if gpus == 1:
-        hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
         fix = f"CUDA_VISIBLE_DEVICES={hidden} may hide the others" if hidden else _NONE_HERE
         return 2, f"one GPU only: the fused route needs 2+ (one SP rank each); {fix}"
     return None if peers else (3, f"no NVLink peer: no two of this host's GPUs have peer access; {_NONE_HERE}")
