@@ -617,6 +617,40 @@ def test_within_bounds_b_against_a_by_the_larger_of_the_two_bounds() -> None:
             cli.parse_bound(text)
 
 
+def test_paired_difference_cancels_a_rounds_swing_and_still_catches_a_shift(tmp_path: Path) -> None:
+    """Each row also carries the median over rounds of B - A, A's and B's runs of a round paired (they ran together):
+    a host swing that lifts a round's A and B alike cancels there, where the difference of the two medians reads it
+    as B's (row 1: not within, paired within); a constant shift of B is caught either way (row 2, the negative
+    control); a round where one run has no value for the row is left out of its pairs (row 3)."""
+    from benchmarks.harness import revs
+
+    a = {1: [4.0, 4.0, 8.0], 2: [4.0, 4.0, 8.0], 3: [4.0, 4.0, 8.0]}
+    b = {1: [4.1, 8.1, 8.1], 2: [5.0, 5.0, 9.0], 3: [None, 9.0, 8.2]}
+
+    def run(values: dict, rnd: int, commit: str) -> dict:
+        return {"header": {"commit": commit}, "rows": [{"k": k, "m": v[rnd]} for k, v in values.items()]}
+
+    runs = {"A": [run(a, r, "x") for r in range(3)], "B": [run(b, r, "y") for r in range(3)]}
+    assert revs.round_differences(runs, "m", ("k",)) == {(1,): pytest.approx([0.1, 4.1, 0.1]),
+                                                         (2,): pytest.approx([1.0, 1.0, 1.0]),
+                                                         (3,): pytest.approx([5.0, 0.2])}
+    case = types.SimpleNamespace(name="toy", key=("k",), metric="m", saves_outputs=False, lane=lambda row: "lane")
+    args = argparse.Namespace(within=(0.5, 10.0), json=str(tmp_path / "c.json"))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert revs.summarize(case, args, runs, [], {}, []) == 0
+    rows = {row["k"]: row for row in json.loads((tmp_path / "c.json").read_text())["rows"]}
+    assert rows[1]["paired_diff_m"] == pytest.approx(0.1) and (rows[1]["within"], rows[1]["within_paired"]) == (
+        False, True)
+    assert rows[2]["paired_diff_m"] == pytest.approx(1.0) and (rows[2]["within"], rows[2]["within_paired"]) == (
+        False, False)
+    assert rows[3]["paired_diff_m"] == pytest.approx(2.6)
+    header = json.loads((tmp_path / "c.json").read_text())["header"]
+    assert header["within_paired_counts"] == {"lane": [1, 3]} and header["within_counts"] == {"lane": [0, 3]}
+    assert "paired by round (the median of each round's B - A) within max(0.5, 10 % of A): lane 1 of 3" in (
+        printed.getvalue())
+
+
 # ---------------------------------------------------------------------------------------------- turns
 
 # A run that takes ROWS turns, each timed row a short sleep, and logs its rows' (start, end) on the system-wide

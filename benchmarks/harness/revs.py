@@ -11,8 +11,9 @@ both trees of a round together instead, their rows in alternation (``harness.tur
 the shared host's swings over a run's minute land on both alike rather than on whichever ran then. Each run's
 output goes to ``<out>/<label><round>.log``. Per row key the medians of the case's metric across rounds, B/A, and
 each tree's spread across its rounds (max - min: what a single row's difference is read against), with each lane's
-median spread; a case that saves outputs (``--save-outputs``, round 0) has them compared bit for bit. Exit status 1
-when any output differs. After each round but the last the JSON is written with ``complete: false``, so a
+median spread, and the median of the row's per-round differences B - A (``round_differences``: the pair a round's
+interleaving makes); a case that saves outputs (``--save-outputs``, round 0) has them compared bit for bit. Exit
+status 1 when any output differs. After each round but the last the JSON is written with ``complete: false``, so a
 comparison stopped by a time limit keeps its finished rounds; ``merge`` (``--compare-merge``) compares the rounds of
 several comparisons as one.
 """
@@ -81,14 +82,29 @@ def one_sided(med_a: dict, med_b: dict) -> tuple[list, list]:
     return sorted(set(med_a) - set(med_b), key=str), sorted(set(med_b) - set(med_a), key=str)
 
 
-def within_counts(rows: list[dict], lane) -> dict[str, list[int]]:
-    """Per lane (``lane(row)``), ``[rows within, rows]`` of rows that carry ``within``. Pure."""
+def within_counts(rows: list[dict], lane, mark: str = "within") -> dict[str, list[int]]:
+    """Per lane (``lane(row)``), ``[rows within, rows]`` of rows whose ``mark`` is not None. Pure."""
     counts: dict[str, list[int]] = {}
     for row in rows:
-        count = counts.setdefault(lane(row), [0, 0])
-        count[0] += bool(row["within"])
-        count[1] += 1
+        if row.get(mark) is not None:
+            count = counts.setdefault(lane(row), [0, 0])
+            count[0] += bool(row[mark])
+            count[1] += 1
     return counts
+
+
+def round_differences(runs: dict[str, list[dict]], metric: str, key: tuple[str, ...]) -> dict[tuple, list[float]]:
+    """Per row key, B - A of ``metric`` in each round where both runs measured the row: A's run i and B's run i are
+    round i, which ran together (in turns) or back to back, so a swing of the host over the round lands on both and
+    cancels in its difference, as it cannot in a difference of the two trees' medians. Pure."""
+    diffs: dict[tuple, list[float]] = collections.defaultdict(list)
+    for run_a, run_b in zip(runs["A"], runs["B"]):
+        values_b = {tuple(row.get(k) for k in key): row[metric] for row in run_b["rows"] if row.get(metric) is not None}
+        for row in run_a["rows"]:
+            row_key = tuple(row.get(k) for k in key)
+            if row.get(metric) is not None and row_key in values_b:
+                diffs[row_key].append(values_b[row_key] - row[metric])
+    return diffs
 
 
 def spread(values: list[float]) -> float | None:
@@ -223,10 +239,11 @@ def compare(case, args, argv: list[str], entry: str, prefix: list[str]) -> int:
 
 def summarize(case, args, runs: dict[str, list[dict]], failed: list[str], header: dict, outputs: list[dict]) -> int:
     """The comparison of ``runs`` (per tree label, each run's JSON document, one per round): per row key the
-    metric's median over the rounds for A and B, B/A, the spreads and ``--within``'s marks, printed as a table and
-    written to ``--json`` under ``header``; ``failed``: why any run failed, ``outputs``: ``compare_saved``'s
-    answer. Returns the exit status (1 where a run failed, a row A measured is missing in B, or an output
-    differs)."""
+    metric's median over the rounds for A and B, B/A, the spreads, the median of the per-round differences B - A and
+    ``--within``'s marks on both (``within``: B's median against A's; ``within_paired``: A's median plus that paired
+    difference against A's), printed as a table and written to ``--json`` under ``header``; ``failed``: why any
+    run failed, ``outputs``: ``compare_saved``'s answer. Returns the exit status (1 where a run failed, a row A
+    measured is missing in B, or an output differs)."""
 
     def per_round(label: str) -> dict[tuple, list[float]]:
         acc: dict[tuple, list[float]] = collections.defaultdict(list)
@@ -238,6 +255,7 @@ def summarize(case, args, runs: dict[str, list[dict]], failed: list[str], header
 
     rounds_a, rounds_b = per_round("A"), per_round("B")
     med_a, med_b = ({k: statistics.median(v) for k, v in acc.items()} for acc in (rounds_a, rounds_b))
+    paired = {k: statistics.median(v) for k, v in round_differences(runs, case.metric, case.key).items()}
     commit_a, commit_b = runs["A"][0]["header"]["commit"], runs["B"][0]["header"]["commit"]
     print(f"# A commit {commit_a}   B commit {commit_b}   rounds {len(runs['A'])}")
 
@@ -255,14 +273,18 @@ def summarize(case, args, runs: dict[str, list[dict]], failed: list[str], header
                      "wrong_oracle": "revision B's outputs vs A's",
                      "wrong_note": "outputs are compared per tensor in 'outputs'",
                      f"a_{case.metric}_spread": spread(rounds_a[key]),
-                     f"b_{case.metric}_spread": spread(rounds_b[key])})
+                     f"b_{case.metric}_spread": spread(rounds_b[key]),
+                     f"paired_diff_{case.metric}": paired.get(key)})
         if args.within:
             rows[-1]["within"] = within(med_a[key], med_b[key], args.within)
+            rows[-1]["within_paired"] = None if key not in paired else within(
+                med_a[key], med_a[key] + paired[key], args.within)
     columns = [report.Column(k, k, fmt="") for k in case.key] + [
         report.Column(f"a_{case.metric}", f"A {case.metric}"), report.Column(f"b_{case.metric}", f"B {case.metric}"),
         report.Column("ratio_b_over_a", "B/A"), report.Column(f"a_{case.metric}_spread", "A spread"),
-        report.Column(f"b_{case.metric}_spread", "B spread")] + (
-        [report.Column("within", "within", fmt="")] if args.within else [])
+        report.Column(f"b_{case.metric}_spread", "B spread"), report.Column(f"paired_diff_{case.metric}", "B-A paired")]
+    if args.within:
+        columns += [report.Column("within", "within", fmt=""), report.Column("within_paired", "paired within", fmt="")]
     for line in report.table_lines(columns, rows, key_columns=len(case.key)):
         print(line)
     spreads = lane_spreads(rows, case.metric, case.lane)
@@ -270,10 +292,15 @@ def summarize(case, args, runs: dict[str, list[dict]], failed: list[str], header
         print("# spread across rounds (max - min of a row's rounds; each lane's median row): "
               + ", ".join(f"{lane} A {a:.3g} / B {b:.3g}" for lane, (a, b) in sorted(spreads.items())))
     counts: dict[str, list[int]] = {}
+    paired_counts: dict[str, list[int]] = {}
     if args.within:
         counts = within_counts(rows, case.lane)
-        print(f"# B within max({args.within[0]:g}, {args.within[1]:g} % of A) of A: "
+        paired_counts = within_counts(rows, case.lane, "within_paired")
+        bound = f"max({args.within[0]:g}, {args.within[1]:g} % of A)"
+        print(f"# B within {bound} of A: "
               + ", ".join(f"{lane} {n} of {total}" for lane, (n, total) in sorted(counts.items())))
+        print(f"# paired by round (the median of each round's B - A) within {bound}: "
+              + ", ".join(f"{lane} {n} of {total}" for lane, (n, total) in sorted(paired_counts.items())))
     different = [o for o in outputs if not o["identical"]]
     if case.saves_outputs:
         print(f"# outputs compared bit for bit: {len(outputs)} tensors, {len(different)} differ")
@@ -288,10 +315,10 @@ def summarize(case, args, runs: dict[str, list[dict]], failed: list[str], header
     for why in failures:
         print(f"# FAILED: {why}")
     header = dict(header, commit_a=commit_a, commit_b=commit_b, lineups=lineups, rounds=len(runs["A"]))
-    for key in ("within_bound", "within_counts", "round_spreads"):  # a merged comparison's inputs had their own
-        header.pop(key, None)
+    for key in ("within_bound", "within_counts", "within_paired_counts", "round_spreads"):  # a merged comparison's
+        header.pop(key, None)  # inputs had their own
     if args.within:
-        header.update(within_bound=list(args.within), within_counts=counts)
+        header.update(within_bound=list(args.within), within_counts=counts, within_paired_counts=paired_counts)
     if spreads:
         header["round_spreads"] = spreads
     header.update(failures=failures, run_failures=failed)  # the runs' own failures: what a merge reads again
