@@ -93,17 +93,22 @@ def within_counts(rows: list[dict], lane, mark: str = "within") -> dict[str, lis
     return counts
 
 
+def run_values(run: dict, metric: str, key: tuple[str, ...]) -> list[tuple[tuple, float]]:
+    """One run's ``(row key, metric)`` pairs in row order, rows without the metric left out (a skipped row has none;
+    a 0 is a value). Pure."""
+    return [(tuple(row.get(k) for k in key), row[metric]) for row in run["rows"] if row.get(metric) is not None]
+
+
 def round_differences(runs: dict[str, list[dict]], metric: str, key: tuple[str, ...]) -> dict[tuple, list[float]]:
     """Per row key, B - A of ``metric`` in each round where both runs measured the row: A's run i and B's run i are
     round i, which ran together (in turns) or back to back, so a swing of the host over the round lands on both and
     cancels in its difference, as it cannot in a difference of the two trees' medians. Pure."""
     diffs: dict[tuple, list[float]] = collections.defaultdict(list)
     for run_a, run_b in zip(runs["A"], runs["B"]):
-        values_b = {tuple(row.get(k) for k in key): row[metric] for row in run_b["rows"] if row.get(metric) is not None}
-        for row in run_a["rows"]:
-            row_key = tuple(row.get(k) for k in key)
-            if row.get(metric) is not None and row_key in values_b:
-                diffs[row_key].append(values_b[row_key] - row[metric])
+        values_b = dict(run_values(run_b, metric, key))
+        for row_key, value in run_values(run_a, metric, key):
+            if row_key in values_b:
+                diffs[row_key].append(values_b[row_key] - value)
     return diffs
 
 
@@ -248,9 +253,8 @@ def summarize(case, args, runs: dict[str, list[dict]], failed: list[str], header
     def per_round(label: str) -> dict[tuple, list[float]]:
         acc: dict[tuple, list[float]] = collections.defaultdict(list)
         for run in runs[label]:
-            for row in run["rows"]:
-                if row.get(case.metric) is not None:  # a skipped row has none (a 0 is a value)
-                    acc[tuple(row.get(k) for k in case.key)].append(row[case.metric])
+            for row_key, value in run_values(run, case.metric, case.key):
+                acc[row_key].append(value)
         return acc
 
     rounds_a, rounds_b = per_round("A"), per_round("B")
